@@ -1,0 +1,174 @@
+"""JobConfig: one validated record of everything a job needs, from YAML plus CLI overrides.
+
+Precedence: built-in defaults < config file (--config) < command-line flags. The merge and all
+validation live here so the CLI stays thin and tests can build configs directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchgen.errors import ConfigError
+
+MODES = ("continuous", "static")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LONG_PROMPT_POLICIES = ("truncate", "error")
+
+
+@dataclass(slots=True)
+class JobConfig:
+    inputs: list[str] = field(default_factory=list)
+    output: str | None = None
+    model: str | None = None  # None = the embedded default model
+    trust_remote_code: bool = False
+    prompt_column: str = "text"
+    id_column: str | None = None  # None = "<file name>:<row index>", stable across runs
+    template: str | None = None  # "{column}" placeholders only
+    system: str | None = None
+    chat: bool | None = None  # None = on when the tokenizer has a chat template
+    max_new_tokens: int = 256
+    max_new_tokens_column: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    batch_size: int = 32  # static: rows per batch; continuous: max running sequences
+    max_num_batched_tokens: int = 2048  # continuous: token budget per step
+    block_size: int = 16
+    kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
+    enable_prefix_caching: bool = True
+    mode: str = "continuous"
+    device: str = "auto"
+    dtype: str = "auto"
+    max_rows: int | None = None
+    on_long_prompt: str = "truncate"
+    keep_columns: list[str] | None = None  # None = pass every other input column through
+    rows_per_part: int = 1000  # rows per output Parquet part file
+    read_batch_size: int = 256  # rows per input record batch
+    quiet: bool = False
+    log_every_s: float = 30.0
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def replace(self, **changes: Any) -> JobConfig:
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> JobConfig:
+        """Raise ConfigError naming the first invalid setting; return self for chaining."""
+        if not self.inputs:
+            raise ConfigError("no input given: pass --input PATH (a file, directory or glob)")
+        if not self.output:
+            raise ConfigError("no output directory given: pass --output DIR")
+        _positive("max_new_tokens", self.max_new_tokens)
+        _positive("batch_size", self.batch_size)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("block_size", self.block_size)
+        _positive("rows_per_part", self.rows_per_part)
+        _positive("read_batch_size", self.read_batch_size)
+        if self.max_rows is not None and self.max_rows < 0:
+            raise ConfigError(f"max_rows must be >= 0, got {self.max_rows}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1 (or unset), got {self.top_k}")
+        _choice("mode", self.mode, MODES)
+        _choice("device", self.device, DEVICES)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("on_long_prompt", self.on_long_prompt, LONG_PROMPT_POLICIES)
+        if any(s == "" for s in self.stop):
+            raise ConfigError("stop strings must not be empty")
+        if self.kv_cache_memory is not None:
+            parse_bytes(self.kv_cache_memory)
+        return self
+
+
+def parse_bytes(text: str) -> int:
+    """'512MiB', '2GiB', '1.5GB', '1000000' -> bytes."""
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+             "gib": 2**30}
+    s = str(text).strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ConfigError(f"kv_cache_memory: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
+    return int(value * units[unit])
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config into a dict of JobConfig fields (dashes accepted in keys)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))  # safe_load: data is never executed
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a mapping of settings, got {type(raw).__name__}")
+    out: dict[str, Any] = {}
+    known = JobConfig.field_names()
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name == "input":
+            name = "inputs"
+        if name not in known:
+            raise ConfigError(f"{p}: unknown setting {key!r} (known: {', '.join(sorted(known))})")
+        out[name] = value
+    if isinstance(out.get("inputs"), str):
+        out["inputs"] = [out["inputs"]]
+    if isinstance(out.get("stop"), str):
+        out["stop"] = [out["stop"]]
+    return out
+
+
+def build_config(config_file: str | Path | None = None, **overrides: Any) -> JobConfig:
+    """Defaults < config file < overrides (None overrides mean 'not given' and are skipped)."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(load_config_file(config_file))
+    for key, value in overrides.items():
+        if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+            continue
+        values[key] = list(value) if isinstance(value, tuple) else value
+    try:
+        config = JobConfig(**values)
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+    _check_types(config)
+    return config.validate()
+
+
+def _check_types(config: JobConfig) -> None:
+    for name, kind in (("max_new_tokens", int), ("batch_size", int), ("seed", int),
+                       ("temperature", (int, float)), ("top_p", (int, float))):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

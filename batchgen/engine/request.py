@@ -1,0 +1,67 @@
+"""What goes into the engine and what comes out: plain data, no torch.
+
+The engine contract, shared by the static and the continuous policy:
+
+    engine.generate(requests: Iterable[Request]) -> Iterator[Completion]
+
+`generate` pulls requests lazily (only as many as it can admit soon), so a caller may pass a
+generator over millions of rows with bounded memory. Completions come out in finishing order, not
+input order: the caller joins them back by `request_id`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # an EOS token or a stop string
+    LENGTH = "length"  # max_new_tokens reached (or the context length)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # 1.0 = off
+    top_k: int | None = None  # None = off
+    seed: int | None = None  # per-request seed: a row's text does not depend on its batch-mates
+    stop: tuple[str, ...] = ()  # stop strings; the text is cut before the match
+    ignore_eos: bool = False  # keep generating through EOS (benchmarks)
+
+    def __post_init__(self):
+        assert self.max_new_tokens >= 1, self.max_new_tokens
+        assert self.temperature >= 0.0, self.temperature
+        assert 0.0 < self.top_p <= 1.0, self.top_p
+        assert self.top_k is None or self.top_k >= 1, self.top_k
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(slots=True)
+class Completion:
+    request_id: str
+    # every sampled token, a final EOS included (it cost a step), so len() counts real work;
+    # with a stop string the tokens after the match are dropped
+    token_ids: list[int]
+    text: str  # decoded without special tokens, cut before a stop string
+    finish_reason: FinishReason
+    num_prompt_tokens: int
+    # how many prompt tokens came from the prefix cache instead of being computed
+    num_cached_prompt_tokens: int = 0
+    # how many times the request was preempted and recomputed
+    num_preemptions: int = 0
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return len(self.token_ids)

@@ -1,0 +1,71 @@
+"""Typed errors. Each user-facing error carries the exit code the CLI returns for it.
+
+Exit codes (documented in README):
+    0  the job finished
+    1  unexpected failure (a bug, an engine crash)
+    2  usage, config or input error: nothing was generated for it, fix the command or the data
+    3  the job finished but more rows failed than --max-error-rate allows
+"""
+
+from __future__ import annotations
+
+
+class BatchgenError(Exception):
+    """Base of every error batchgen raises on purpose."""
+
+    exit_code: int = 1
+
+
+class UsageError(BatchgenError):
+    """The user asked for something impossible: bad flag, bad config value."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A config file or merged config value is invalid."""
+
+
+class InputError(UsageError):
+    """An input file is missing, unreadable or malformed.
+
+    The message always names the file, and where known the row and the column.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, row: int | None = None,
+                 column: str | None = None):
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if row is not None:
+            where.append(f"row {row}")
+        if column is not None:
+            where.append(f"column {column!r}")
+        super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")
+        self.path = path
+        self.row = row
+        self.column = column
+
+
+class ModelLoadError(UsageError):
+    """The model or tokenizer could not be loaded (missing, wrong path, missing optional package)."""
+
+
+class UnsupportedModelError(UsageError):
+    """The model uses a feature the engine does not implement (e.g. sliding-window attention)."""
+
+
+class OutputError(UsageError):
+    """The output directory cannot be used (not writable, holds another job's output, locked)."""
+
+
+class EngineError(BatchgenError):
+    """The engine failed on valid input (an internal failure, not the user's mistake)."""
+
+    exit_code = 1
+
+
+class ErrorRateExceeded(BatchgenError):
+    """More rows failed than the configured maximum error rate."""
+
+    exit_code = 3
