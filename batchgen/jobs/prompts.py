@@ -1,0 +1,272 @@
+"""One input row -> prompt token ids for the engine, or a RowError for that row alone.
+
+Templates are parsed here, never by str.format or Jinja: a placeholder is a column name and nothing
+else, so no row value and no template can reach attribute access, indexing or code.
+The model's own chat template (Jinja, from the tokenizer) only ever receives row text as a message
+content string.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from batchgen.config import LONG_PROMPT_POLICIES
+from batchgen.errors import ConfigError
+
+# Characters a placeholder name may not hold: braces end it, and ':' '!' '.' '[' ']' are what
+# str.format reads as format spec, conversion, attribute and index. Rejecting them (rather than
+# treating them as part of a column name) keeps `{x.__class__}` or `{x:>10}` from ever meaning
+# something a reader of the template might expect.
+_FORBIDDEN_IN_NAME = set("{}:!.[]\n\r")
+_MAX_TRUNCATION_ROUNDS = 8
+
+
+class RowError(Exception):
+    """A problem with one row that becomes an error row in the output (finish_reason='error').
+
+    The job goes on. str(e) is the one-line message for the output's `error` column.
+    """
+
+    def __init__(self, message: str, *, column: str | None = None):
+        super().__init__(message)
+        self.column = column
+
+
+class Template:
+    """A prompt template with `{column}` placeholders; `{{` and `}}` are literal braces.
+
+    A name is any text between single braces that is non-empty, has no surrounding whitespace and
+    holds none of `{ } : ! . [ ]` or a line break; names with spaces or dashes are fine.
+    `text=None` means the prompt column's value alone.
+
+    `document_column` is the one column cut when a prompt is too long: the prompt column if the
+    template uses it, else the template's last placeholder.
+    """
+
+    def __init__(self, text: str | None, prompt_column: str):
+        self.text = text
+        self.prompt_column = prompt_column
+        # Pieces alternate literal text (str) and column names (1-tuples) so render is one pass.
+        self._pieces: list[str | tuple[str]] = [(prompt_column,)] if text is None else _parse(text)
+        names = [p[0] for p in self._pieces if isinstance(p, tuple)]
+        if not names:
+            raise ConfigError(f"template {text!r} names no column, so every row would get the same "
+                              f"prompt; use e.g. {{{prompt_column}}}")
+        self.columns: list[str] = list(dict.fromkeys(names))
+        self.document_column: str = prompt_column if prompt_column in names else names[-1]
+        self.document_uses = names.count(self.document_column)
+
+    def check_columns(self, available: list[str], source: str) -> None:
+        missing = [c for c in self.columns if c not in available]
+        if not missing:
+            return
+        what = (f"column {missing[0]!r}, which does not exist" if len(missing) == 1 else
+                f"columns {', '.join(map(repr, missing))}, which do not exist")
+        raise ConfigError(f"{source}: template names {what}; columns: {', '.join(available)}")
+
+    def render(self, row: Mapping[str, Any], *, document_override: str | None = None) -> str:
+        """Fill the placeholders from `row`; `document_override` replaces the document's value."""
+        values = {}
+        for name in self.columns:
+            if name == self.document_column and document_override is not None:
+                values[name] = document_override
+            else:
+                values[name] = self._value(name, row)
+        return "".join(p if isinstance(p, str) else values[p[0]] for p in self._pieces)
+
+    def document_value(self, row: Mapping[str, Any]) -> str:
+        return self._value(self.document_column, row)
+
+    def _value(self, name: str, row: Mapping[str, Any]) -> str:
+        is_doc = name == self.document_column
+        label = f"prompt column {name!r}" if name == self.prompt_column else f"column {name!r}"
+        if name not in row:  # check_columns runs per file; a JSONL row may still lack a key
+            raise RowError(f"{label} is missing from this row", column=name)
+        value = row[name]
+        if value is None:
+            raise RowError(f"{label} is null", column=name)
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, numbers.Real):  # int, float, bool and numpy scalars read as text
+            text = str(value)
+        else:
+            raise RowError(f"{label} holds a {type(value).__name__}, not text", column=name)
+        if is_doc and text == "":
+            raise RowError(f"{label} is empty", column=name)
+        if is_doc and text.isspace():
+            raise RowError(f"{label} is whitespace only", column=name)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # lone surrogates: the tokenizer would fail or mangle them
+            raise RowError(f"{label} holds text that is not valid Unicode (at character {e.start})",
+                           column=name) from None
+        return text
+
+
+def _parse(text: str) -> list[str | tuple[str]]:
+    pieces: list[str | tuple[str]] = []
+    literal: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in "{}" and text.startswith(ch * 2, i):
+            literal.append(ch)
+            i += 2
+        elif ch == "}":
+            raise ConfigError(f"template: single '}}' at character {i}; write '}}}}' for a literal brace")
+        elif ch == "{":
+            end = text.find("}", i + 1)
+            inner = text[i + 1:end] if end != -1 else ""
+            if end == -1 or "{" in inner:
+                raise ConfigError(f"template: '{{' at character {i} is never closed; "
+                                  "write '{{' for a literal brace")
+            _check_name(inner, i)
+            if literal:
+                pieces.append("".join(literal))
+                literal = []
+            pieces.append((inner,))
+            i = end + 1
+        else:
+            literal.append(ch)
+            i += 1
+    if literal:
+        pieces.append("".join(literal))
+    return pieces
+
+
+def _check_name(name: str, pos: int) -> None:
+    where = f"template: placeholder {{{name}}} at character {pos}"
+    if not name.strip():
+        raise ConfigError(f"{where} names no column; placeholders are {{column}}")
+    bad = sorted(_FORBIDDEN_IN_NAME & set(name))
+    if bad:
+        raise ConfigError(f"{where}: {' '.join(map(repr, bad))} not allowed; placeholders are plain "
+                          "{column} names, with no attribute, index, conversion or format spec")
+    if name != name.strip():
+        raise ConfigError(f"{where} has spaces around the name; write {{{name.strip()}}}")
+
+
+@dataclass(slots=True)
+class BuiltPrompt:
+    token_ids: list[int]
+    num_truncated_tokens: int  # document tokens cut to fit; 0 when not truncated
+
+
+class PromptBuilder:
+    """Template + optional chat template + tokenizer -> token ids that fit the context."""
+
+    def __init__(self, tokenizer, template: Template, *, system: str | None, chat: bool | None,
+                 max_context_tokens: int, on_long_prompt: str = "truncate"):
+        has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        if chat is None:
+            chat = has_chat_template
+        if chat and not has_chat_template:
+            raise ConfigError("the tokenizer of this model has no chat template; pass --no-chat")
+        if system is not None and not chat:
+            raise ConfigError("a system prompt needs the chat template, which is off for this job "
+                              "(no chat template, or --no-chat); put the text in --template instead")
+        if on_long_prompt not in LONG_PROMPT_POLICIES:
+            raise ConfigError(f"on_long_prompt must be one of {', '.join(LONG_PROMPT_POLICIES)}; "
+                              f"got {on_long_prompt!r}")
+        if max_context_tokens < 1:
+            raise ConfigError(f"max_context_tokens must be positive, got {max_context_tokens}")
+        self.tokenizer = tokenizer
+        self.template = template
+        self.system = system
+        self.chat = chat
+        self.max_context_tokens = max_context_tokens
+        self.on_long_prompt = on_long_prompt
+        if chat:
+            # Render once now: a chat template that rejects our message shape (some refuse a
+            # system role) fails the job at start with a config error, not every row.
+            try:
+                self._tokenize("x")
+            except Exception as e:
+                raise ConfigError(f"the model's chat template failed on a test message: {e}") from None
+
+    def build(self, row: Mapping[str, Any], max_new_tokens: int) -> BuiltPrompt:
+        max_prompt_tokens = self.max_context_tokens - max_new_tokens
+        if max_prompt_tokens < 1:
+            raise RowError(f"max_new_tokens {max_new_tokens} leaves no room for the prompt in the "
+                           f"model's context of {self.max_context_tokens} tokens")
+        token_ids = self._tokenize(self.template.render(row))
+        if len(token_ids) <= max_prompt_tokens:
+            return BuiltPrompt(token_ids, 0)
+        if self.on_long_prompt == "error":
+            raise RowError(f"prompt has {len(token_ids)} tokens; the model's context of "
+                           f"{self.max_context_tokens} tokens minus max_new_tokens {max_new_tokens} "
+                           f"leaves room for {max_prompt_tokens}")
+        return self._truncate(row, token_ids, max_prompt_tokens)
+
+    def _tokenize(self, text: str) -> list[int]:
+        if not self.chat:
+            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages.append({"role": "user", "content": text})
+        # Render to text and tokenize ourselves: apply_chat_template(tokenize=True) returns a
+        # BatchEncoding in transformers 5.x but a list in 4.x. The rendered text already holds
+        # BOS and the like, so the tokenizer must not add them again.
+        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      tokenize=False)
+        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+    def _truncate(self, row: Mapping[str, Any], token_ids: list[int],
+                  max_prompt_tokens: int) -> BuiltPrompt:
+        """Cut the end of the document column only, so the instruction and chat wrapper survive."""
+        doc = self.template.document_value(row)
+        column = self.template.document_column
+        doc_ids, ends = self._document_tokens(doc)
+        uses = self.template.document_uses
+        # Tokens at the joins can merge differently once the document is cut, so the first cut is
+        # an estimate; each further round cuts the measured excess until the prompt fits.
+        overhead = len(token_ids) - uses * len(doc_ids)
+        keep = min(len(doc_ids) - 1, (max_prompt_tokens - overhead) // uses)
+        for _ in range(_MAX_TRUNCATION_ROUNDS):
+            cut = ""
+            if keep >= 1:
+                cut = doc[:ends[keep - 1]] if ends is not None else self.tokenizer.decode(doc_ids[:keep])
+            # A prompt whose document is cut to nothing (or to blanks) would still generate, but
+            # from the instruction alone: that is an error row, never a silent garbage answer.
+            if not cut.strip():
+                rest = len(self._tokenize(self.template.render(row, document_override="")))
+                raise RowError(f"prompt has {len(token_ids)} tokens; the context leaves room for "
+                               f"{max_prompt_tokens}, and the prompt without column {column!r} already "
+                               f"has {rest}, leaving too little room for any of it", column=column)
+            ids = self._tokenize(self.template.render(row, document_override=cut))
+            excess = len(ids) - max_prompt_tokens
+            if excess <= 0:
+                return BuiltPrompt(ids, len(doc_ids) - keep)
+            keep -= max(1, -(-excess // uses))
+        raise RowError(f"could not cut column {column!r} to fit the prompt into {max_prompt_tokens} "
+                       f"tokens in {_MAX_TRUNCATION_ROUNDS} tries", column=column)
+
+    def _document_tokens(self, doc: str) -> tuple[list[int], list[int] | None]:
+        """The document's token ids and, from fast tokenizers, each token's end in characters.
+
+        Cutting the original string at a token's end keeps the text exact; decoding a cut token
+        list instead can leave a broken character (U+FFFD) or altered spacing.
+        """
+        if getattr(self.tokenizer, "is_fast", False):
+            enc = self.tokenizer(doc, add_special_tokens=False, return_offsets_mapping=True)
+            return list(enc["input_ids"]), [end for _, end in enc["offset_mapping"]]
+        return list(self.tokenizer(doc, add_special_tokens=False)["input_ids"]), None
+
+
+def row_max_new_tokens(row: Mapping[str, Any], column: str | None, default: int) -> int:
+    """The row's own max_new_tokens from `column`; null (or no column set) means `default`."""
+    if column is None:
+        return default
+    value = row.get(column)
+    if value is None:
+        return default
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        as_float = float(value)
+        # is_integer is False for nan and inf too, so those are rejected with fractions.
+        if as_float.is_integer() and as_float >= 1:
+            return int(value)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise RowError(f"column {column!r} must hold a positive integer max_new_tokens, got {shown}",
+                   column=column)
