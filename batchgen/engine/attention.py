@@ -1,0 +1,141 @@
+"""Paged attention for unmodified Hugging Face models, registered as "batchgen_paged".
+
+The model runner packs every sequence of a step into one row (`input_ids [1, T]`) and sets an
+`AttentionMetadata` in a forward context; transformers then calls `paged_attention_forward` once
+per layer with that layer's q/k/v (RoPE already applied). With no mask function registered for
+our name, transformers passes `attention_mask=None`: causality and the isolation between the
+sequences packed into one row are enforced here.
+
+Per layer the function
+  1. writes the step's new K/V into the paged cache at `slot_mapping`;
+  2. attends: sequences with one new token (decode, or the last token of a chunk) in one batched
+     SDPA over their gathered blocks, padded to the group's longest context and masked;
+     sequences with several new tokens (prefill chunks) one SDPA each, causal, with the query
+     offset by the tokens already cached.
+
+The torch SDPA backend runs everywhere (the CPU default, and correct on CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLEMENTATION = "batchgen_paged"
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Sequences that each have exactly one query token this step."""
+
+    token_idx: torch.Tensor  # [B] positions of their query tokens in the packed row
+    gather_slots: torch.Tensor  # [B * max_seqlen_k] cache slots of each context, padded
+    mask: torch.Tensor  # [B, 1, 1, max_seqlen_k] True where the key is real
+    max_seqlen_k: int
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    """One sequence with several query tokens this step (a prompt or a chunk of one)."""
+
+    start: int  # its first query token in the packed row
+    end: int
+    # cache slots of its whole context [0, context_len), or None when it has no cached past,
+    # so its new K/V are the whole context and need no gather
+    gather_slots: torch.Tensor | None
+    mask: torch.Tensor | None  # [num_new, context_len] causal with offset; None = plain causal
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] cache slot for each new token
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, kv_heads, head_dim]
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    prefills: list[PrefillSeq] = field(default_factory=list)
+
+
+_forward_metadata: AttentionMetadata | None = None
+
+
+@contextlib.contextmanager
+def forward_context(metadata: AttentionMetadata) -> Iterator[None]:
+    """Make `metadata` visible to the attention function for one forward pass."""
+    global _forward_metadata
+    assert _forward_metadata is None, "forward contexts do not nest"
+    _forward_metadata = metadata
+    try:
+        yield
+    finally:
+        _forward_metadata = None
+
+
+class UnsupportedAttentionFeature(RuntimeError):
+    """The model asked for an attention feature this engine does not implement."""
+
+
+def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, attention_mask: torch.Tensor | None,
+                            scaling: float | None = None, dropout: float = 0.0,
+                            **kwargs) -> tuple[torch.Tensor, None]:
+    # query: [1, num_heads, T, head_dim]; key/value: [1, num_kv_heads, T, head_dim]
+    meta = _forward_metadata
+    if meta is None:
+        raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention runs only inside batchgen's engine; "
+                           "call model.set_attn_implementation('sdpa') to use the model directly")
+    _reject_unsupported(module, kwargs)
+    k_cache, v_cache = meta.kv_caches[module.layer_idx]
+    q = query[0].transpose(0, 1)  # [T, num_heads, head_dim]
+    k = key[0].transpose(0, 1)  # [T, num_kv_heads, head_dim]
+    v = value[0].transpose(0, 1)
+    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+
+    out = torch.empty_like(q)  # [T, num_heads, head_dim]
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    for group in meta.decode_groups:
+        batch = group.token_idx.shape[0]
+        qd = q.index_select(0, group.token_idx).unsqueeze(2)  # [B, num_heads, 1, head_dim]
+        shape = (batch, group.max_seqlen_k, num_kv_heads, head_dim)
+        kd = k_cache.index_select(0, group.gather_slots).view(shape).transpose(1, 2).to(q.dtype)
+        vd = v_cache.index_select(0, group.gather_slots).view(shape).transpose(1, 2).to(q.dtype)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scaling,
+                                            enable_gqa=True)  # [B, num_heads, 1, head_dim]
+        out.index_copy_(0, group.token_idx, od.squeeze(2))
+    for p in meta.prefills:
+        qp = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, num_heads, n, head_dim]
+        if p.gather_slots is None:
+            kp = k[p.start:p.end]
+            vp = v[p.start:p.end]
+        else:
+            kp = k_cache.index_select(0, p.gather_slots).to(q.dtype)  # [ctx, num_kv_heads, head_dim]
+            vp = v_cache.index_select(0, p.gather_slots).to(q.dtype)
+        kp = kp.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, ctx, head_dim]
+        vp = vp.transpose(0, 1).unsqueeze(0)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
+                                            scale=scaling, enable_gqa=True)
+        out[p.start:p.end] = op[0].transpose(0, 1)
+    return out.unsqueeze(0), None  # [1, T, num_heads, head_dim]
+
+
+def _reject_unsupported(module: torch.nn.Module, kwargs: dict) -> None:
+    model_type = getattr(getattr(module, "config", None), "model_type", type(module).__name__)
+    if kwargs.get("sliding_window") is not None:
+        raise UnsupportedAttentionFeature(
+            f"model type {model_type!r} uses sliding-window attention, which batchgen does not support yet")
+    if kwargs.get("softcap") is not None:
+        raise UnsupportedAttentionFeature(
+            f"model type {model_type!r} uses attention logit softcapping, which batchgen does not support")
+    if kwargs.get("s_aux") is not None:
+        raise UnsupportedAttentionFeature(
+            f"model type {model_type!r} uses attention sinks, which batchgen does not support")
+
+
+def register() -> None:
+    """Register the attention function with transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)

@@ -1,0 +1,182 @@
+"""LLMEngine: requests in, completions out, one scheduled forward step at a time.
+
+    while engine.has_unfinished():
+        out = scheduler.schedule()           # which sequences, how many tokens each
+        token_ids = runner.run(out)          # one packed forward + sampling
+        scheduler.update(out, token_ids)     # advance, then stop checks free finished ones
+
+The static and the continuous policy share everything but the scheduler's admission rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from batchgen.engine import attention
+from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks
+from batchgen.engine.metrics import EngineMetrics, StepStats
+from batchgen.engine.model_runner import ModelRunner
+from batchgen.engine.request import Completion, FinishReason, Request
+from batchgen.engine.scheduler import Policy, Scheduler
+from batchgen.engine.sequence import Sequence
+from batchgen.engine.stopping import StopChecker
+from batchgen.errors import EngineError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+
+class RequestRejected(ValueError):
+    """This one request cannot run (too long for the context or the KV cache); others can."""
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    policy: Policy = Policy.CONTINUOUS
+    max_num_seqs: int = 64  # sequences running at once (the static policy's batch size)
+    max_num_batched_tokens: int = 2048  # token budget of one step
+    block_size: int = 16
+    kv_cache_bytes: int | None = None  # None: sized from free memory
+    num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+
+class LLMEngine:
+    def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None, *,
+                 eos_token_ids: list[int] | None = None):
+        self.config = config = config or EngineConfig()
+        _check_model_supported(model)
+        attention.register()
+        model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        text_config = getattr(model.config, "text_config", None) or model.config
+        self.max_model_len = config.max_model_len or text_config.max_position_embeddings
+        if eos_token_ids is None:
+            eos_token_ids = _eos_ids(model, tokenizer)
+        spec = KVCacheSpec.from_model_config(model.config, model.dtype, config.block_size)
+        num_blocks = config.num_kv_blocks or plan_num_blocks(spec, self.device, config.kv_cache_bytes)
+        self.kv_cache = KVCache(spec, num_blocks, self.device)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len, policy=config.policy)
+        self.runner = ModelRunner(model, self.kv_cache, self.device)
+        self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
+        self.metrics = EngineMetrics()
+        self._seq_ids = itertools.count()
+
+    @property
+    def max_tokens_per_seq(self) -> int:
+        """The longest prompt + output one sequence can reach: the context or the whole cache."""
+        return min(self.max_model_len, self.block_manager.num_blocks * self.config.block_size)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestRejected("empty prompt")
+        if num_prompt >= self.max_tokens_per_seq:
+            raise RequestRejected(
+                f"prompt of {num_prompt} tokens leaves no room to generate (limit {self.max_tokens_per_seq} "
+                "tokens: the model's context or the KV cache)")
+        self.scheduler.add(Sequence.from_request(next(self._seq_ids), request))
+        self.metrics.num_prompt_tokens += num_prompt
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Run requests to completion, pulling them lazily; yields in finishing order."""
+        source = iter(requests)
+        lookahead = 2 * self.config.max_num_seqs  # enough waiting rows to refill the batch
+        exhausted = False
+        while True:
+            while not exhausted and self.scheduler.num_waiting < lookahead:
+                request = next(source, None)
+                if request is None:
+                    exhausted = True
+                else:
+                    self.add_request(request)
+            if not self.has_unfinished():
+                return
+            yield from self.step()
+
+    # ---- one step ------------------------------------------------------------------------------
+    def step(self) -> list[Completion]:
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        finished: list[Completion] = []
+        for seq in out.out_of_memory:
+            log.warning("request %s stopped early: the KV cache cannot hold it", seq.request.request_id)
+            finished.append(self._finish(seq, FinishReason.LENGTH))
+        samplers: list[Sequence] = []
+        if out.scheduled:
+            token_ids = self.runner.run(out)
+            samplers = self.scheduler.update(out, token_ids)
+            for seq in samplers:
+                reason = self.stop_checker.check(seq)
+                if reason is not None:
+                    finished.append(self._finish(seq, reason))
+        elif not finished:
+            raise EngineError("scheduler made no progress: nothing scheduled while requests wait")
+        bm = self.block_manager
+        self.metrics.num_prefix_hit_tokens = bm.num_prefix_hit_tokens
+        self.metrics.record(StepStats(
+            step_seconds=time.perf_counter() - t0, num_running=len(self.scheduler.running),
+            num_waiting=self.scheduler.num_waiting, num_batched_tokens=out.num_batched_tokens,
+            num_sampled_tokens=len(samplers), num_kv_blocks_used=bm.num_used_blocks,
+            num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted))
+        return finished
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:
+        self.scheduler.finish(seq, reason)
+        self.runner.release(seq)
+        token_ids, text = self.stop_checker.finalize(seq)
+        self.metrics.num_generated_tokens += len(token_ids)
+        self.metrics.num_requests_finished += 1
+        return Completion(request_id=seq.request.request_id, token_ids=token_ids, text=text,
+                          finish_reason=reason, num_prompt_tokens=seq.num_prompt_tokens,
+                          num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+                          num_preemptions=seq.num_preemptions)
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: list[int] = []
+    for value in (getattr(model.generation_config, "eos_token_id", None), model.config.eos_token_id,
+                  tokenizer.eos_token_id):
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and v not in ids:
+                ids.append(int(v))
+    return ids
+
+
+def _check_model_supported(model) -> None:
+    config = getattr(model.config, "text_config", None) or model.config
+    name = getattr(model.config, "name_or_path", None) or config.model_type
+    if not getattr(model, "_supports_attention_backend", False):
+        raise UnsupportedModelError(f"model {name!r} does not use transformers' attention interface")
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise UnsupportedModelError(
+            f"model {name!r} ({config.model_type}) uses {sorted(set(layer_types) - {'full_attention'})} "
+            "layers; batchgen supports full-attention decoder models only")
+    if getattr(config, "use_sliding_window", False) or (
+            getattr(config, "sliding_window", None) and not hasattr(config, "use_sliding_window")
+            and not layer_types):
+        raise UnsupportedModelError(f"model {name!r} ({config.model_type}) uses sliding-window attention, "
+                                    "which batchgen does not support")
+    if getattr(config, "attn_logit_softcapping", None):
+        raise UnsupportedModelError(f"model {name!r} ({config.model_type}) uses attention softcapping, "
+                                    "which batchgen does not support")

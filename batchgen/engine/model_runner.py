@@ -1,0 +1,124 @@
+"""The only place where scheduled sequences become tensors: pack, run the model, sample.
+
+One step is one forward over all scheduled tokens packed into a single row:
+
+    input_ids     [1, T]  the new tokens of every scheduled sequence, back to back
+    position_ids  [1, T]  absolute positions within each sequence (RoPE needs them)
+    slot_mapping  [T]     where each new token's K/V goes in the paged cache
+    logits_to_keep [S]    the last token of each sequence that samples this step, so the LM head
+                          runs on S rows instead of T
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchgen.engine.attention import AttentionMetadata, DecodeGroup, PrefillSeq, forward_context
+from batchgen.engine.kv_cache import KVCache
+from batchgen.engine.sampling import Sampler
+from batchgen.engine.scheduler import SchedulerOutput
+
+# decode sequences are grouped by context length so that padding to a group's longest context
+# wastes little; a new group starts when the longest would exceed this multiple of the shortest
+DECODE_GROUP_MAX_RATIO = 2.0
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.spec.block_size
+        self.device = device
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput) -> list[int]:
+        """Run one step; return the sampled token of each sampler, in `out.samplers` order."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        logits_idx: list[int] = []
+        decode: list[tuple[int, list[int], int]] = []  # (token index, block_table, context_len)
+        prefills: list[PrefillSeq] = []
+        t = 0
+        for s in out.scheduled:
+            seq, n = s.seq, s.num_new_tokens
+            start = seq.num_computed_tokens
+            context_len = start + n
+            block_table = seq.block_table
+            input_ids.extend(seq.token_ids[start:context_len])
+            positions.extend(range(start, context_len))
+            slot_mapping.extend(block_table[p // bs] * bs + p % bs for p in range(start, context_len))
+            if n == 1:
+                decode.append((t, block_table, context_len))
+            else:
+                prefills.append(self._prefill_seq(t, n, start, block_table))
+            if s.samples:
+                logits_idx.append(t + n - 1)
+            t += n
+
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long).to(dev, non_blocking=True),
+            kv_caches=self.kv_cache.layers,
+            decode_groups=self._decode_groups(decode),
+            prefills=prefills,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
+        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
+        keep = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
+        with forward_context(meta):
+            logits = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False,
+                                logits_to_keep=keep).logits[0]  # [S, vocab_size]
+        return self.sampler.sample(logits, out.samplers)
+
+    def _prefill_seq(self, start_token: int, num_new: int, num_past: int,
+                     block_table: list[int]) -> PrefillSeq:
+        if num_past == 0:
+            # no cached past: the new K/V are the whole context, plain causal attention
+            return PrefillSeq(start_token, start_token + num_new, None, None)
+        context_len = num_past + num_new
+        slots = self._slots(torch.tensor([block_table[: -(-context_len // self.block_size)]]),
+                            context_len)[0]
+        q_pos = torch.arange(num_past, context_len)
+        mask = torch.arange(context_len)[None, :] <= q_pos[:, None]  # [num_new, context_len]
+        return PrefillSeq(start_token, start_token + num_new, slots.to(self.device),
+                          mask.to(self.device))
+
+    def _decode_groups(self, decode: list[tuple[int, list[int], int]]) -> list[DecodeGroup]:
+        if not decode:
+            return []
+        decode = sorted(decode, key=lambda d: d[2])
+        groups, current = [], [decode[0]]
+        for d in decode[1:]:
+            if d[2] > DECODE_GROUP_MAX_RATIO * current[0][2]:
+                groups.append(current)
+                current = []
+            current.append(d)
+        groups.append(current)
+        return [self._decode_group(g) for g in groups]
+
+    def _decode_group(self, group: list[tuple[int, list[int], int]]) -> DecodeGroup:
+        max_seqlen_k = group[-1][2]
+        max_blocks = -(-max_seqlen_k // self.block_size)
+        block_tables = torch.tensor([bt[:max_blocks] + [0] * (max_blocks - len(bt[:max_blocks]))
+                                     for _, bt, _ in group])  # [B, max_blocks]; pad block 0 is masked
+        context_lens = torch.tensor([c for _, _, c in group])
+        slots = self._slots(block_tables, max_seqlen_k)  # [B, max_seqlen_k]
+        mask = torch.arange(max_seqlen_k)[None, :] < context_lens[:, None]
+        dev = self.device
+        return DecodeGroup(
+            token_idx=torch.tensor([i for i, _, _ in group]).to(dev),
+            gather_slots=slots.reshape(-1).to(dev),
+            mask=mask[:, None, None, :].to(dev),
+            max_seqlen_k=max_seqlen_k,
+        )
+
+    def _slots(self, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        # block_tables: [B, num_blocks] -> slots of tokens [0, num_tokens): [B, num_tokens]
+        pos = torch.arange(num_tokens)
+        return block_tables[:, pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def release(self, seq) -> None:
+        self.sampler.release(seq)

@@ -1,0 +1,75 @@
+"""Per-request state inside the engine. No torch: tested on plain ints.
+
+A sequence has no prefill or decode phase. It has `num_tokens` (prompt + generated) and
+`num_computed_tokens` (how many of them have their K/V in the cache); each step the scheduler
+gives it some of the difference. It samples a token only in a step that brings the two level.
+
+    | <-- computed (K/V cached) --> | <-- scheduled this step --> | <-- still to compute --> |
+    0                     num_computed_tokens                                      num_tokens
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+from batchgen.engine.request import FinishReason, Request
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()  # not admitted yet, or preempted (holds no blocks)
+    RUNNING = auto()  # holds blocks, gets tokens scheduled
+    FINISHED = auto()  # done; blocks returned
+
+
+@dataclass(slots=True)
+class Sequence:
+    seq_id: int
+    request: Request
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)  # physical block ids, in token order
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    # full blocks of this sequence already registered in the prefix cache (a prefix of block_table)
+    num_hashed_blocks: int = 0
+    # hash of each registered full block, chained: hash i covers tokens [0, (i+1)*block_size)
+    block_hashes: list[int] = field(default_factory=list)
+    num_cached_prompt_tokens: int = 0  # prefix-cache hit at first admission
+    num_preemptions: int = 0
+
+    @classmethod
+    def from_request(cls, seq_id: int, request: Request) -> Sequence:
+        assert len(request.prompt_token_ids) >= 1, "a prompt needs at least one token"
+        return cls(seq_id=seq_id, request=request, token_ids=list(request.prompt_token_ids),
+                   num_prompt_tokens=len(request.prompt_token_ids))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def generated_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Prompt plus the most tokens this request may generate."""
+        return self.num_prompt_tokens + self.request.sampling.max_new_tokens
+
+    def num_blocks_for(self, num_tokens: int, block_size: int) -> int:
+        return -(-num_tokens // block_size)
+
+    def append_token(self, token_id: int) -> None:
+        assert self.status is SequenceStatus.RUNNING
+        assert self.num_computed_tokens == len(self.token_ids), "sampled before catching up"
+        self.token_ids.append(token_id)
