@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 # the CPU default when no budget is given: a fraction of the memory the OS reports available,
 # capped so a shared machine keeps room for the model, the activations and the reader
 CPU_KV_FRACTION = 0.25
-CPU_KV_CAP_BYTES = 4 * 2**30
+CPU_KV_CAP_BYTES = 2 * 2**30
 CUDA_MEMORY_UTILIZATION = 0.90
 
 

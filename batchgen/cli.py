@@ -1,0 +1,139 @@
+"""The `batchgen` command line: thin Typer commands over batchgen.jobs.
+
+User mistakes (BatchgenError) become one line on stderr and the error's exit code; see
+batchgen.errors for the table. Anything else is a bug: exit 1 with the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from batchgen import __version__
+from batchgen.errors import BatchgenError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Offline batch LLM generation: Parquet/JSONL prompts in, Parquet out.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"batchgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """batchgen pushes millions of prompts through a causal LM and never loses a row."""
+
+
+@app.command()
+def run(
+    input: Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob "
+                     "(.parquet, .jsonl, .jsonl.gz); repeatable.")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Output directory.")] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML config (see configs/); flags override it.")] = None,
+    model: Annotated[str | None, typer.Option(help="HF model id, local dir or .gguf; default: the "
+                     "embedded SmolLM2-135M-Instruct.")] = None,
+    trust_remote_code: Annotated[bool | None, typer.Option("--trust-remote-code", help="Allow the "
+                                 "model's own Python code to run (off unless asked).")] = None,
+    prompt_column: Annotated[str | None, typer.Option(help="Column holding the prompt [text].")] = None,
+    id_column: Annotated[str | None, typer.Option(help="Column of unique row ids [derived: "
+                         "file name + row index].")] = None,
+    template: Annotated[str | None, typer.Option(help='Prompt template with {column} placeholders, '
+                        'e.g. "Summarize:\\n\\n{text}".')] = None,
+    system: Annotated[str | None, typer.Option(help="System prompt (chat models).")] = None,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Apply the tokenizer's chat "
+                    "template [on when it has one].")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per row [256].")] = None,
+    max_new_tokens_column: Annotated[str | None, typer.Option(help="Column with a per-row "
+                                     "max_new_tokens (null = the default).")] = None,
+    temperature: Annotated[float | None, typer.Option(help="0 = greedy [0].")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass [1.0].")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Sample from the k likeliest tokens [off].")] = None,
+    seed: Annotated[int | None, typer.Option(help="Job seed; each row's seed derives from it and "
+                    "the row id [0].")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string; repeatable.")] = None,
+    ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos", help="Generate through EOS "
+                          "(benchmarks).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences running at once [32].")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Token budget per engine step "
+                                      "[2048].")] = None,
+    kv_cache_memory: Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")] = None,
+    mode: Annotated[str | None, typer.Option(help="continuous | static [continuous].")] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda [auto].")] = None,
+    dtype: Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16 [auto].")] = None,
+    max_rows: Annotated[int | None, typer.Option(help="Process only the first N rows.")] = None,
+    on_long_prompt: Annotated[str | None, typer.Option(help="truncate | error [truncate].")] = None,
+    keep_columns: Annotated[list[str] | None, typer.Option(help="Input column to copy to the output; "
+                            "repeatable [all].")] = None,
+    rows_per_part: Annotated[int | None, typer.Option(help="Rows per output part file [1000].")] = None,
+    quiet: Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bar; a log line "
+                     "every 30 s.")] = None,
+) -> None:
+    """Generate a completion for every input row and write Parquet parts to --output."""
+    from batchgen.config import build_config
+    from batchgen.jobs.run import run_job
+
+    if template is not None:
+        # shells pass "\n" literally; a template flag is where users mean a newline
+        template = template.replace("\\n", "\n").replace("\\t", "\t")
+    overrides = dict(
+        inputs=input, output=output, model=model, trust_remote_code=trust_remote_code,
+        prompt_column=prompt_column, id_column=id_column, template=template, system=system,
+        chat=chat, max_new_tokens=max_new_tokens, max_new_tokens_column=max_new_tokens_column,
+        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
+        ignore_eos=ignore_eos, batch_size=batch_size, max_num_batched_tokens=max_num_batched_tokens,
+        kv_cache_memory=kv_cache_memory, mode=mode, device=device, dtype=dtype, max_rows=max_rows,
+        on_long_prompt=on_long_prompt, keep_columns=keep_columns, rows_per_part=rows_per_part,
+        quiet=quiet,
+    )
+    with _user_errors():
+        job_config = build_config(config, **overrides)
+        _setup_logging(job_config.quiet)
+        summary = run_job(job_config)
+    for line in summary.lines():
+        typer.echo(line, err=True)
+    typer.echo(json.dumps({"output": summary.output_dir, "rows": summary.num_rows,
+                           "errors": summary.num_rows_error}))
+
+
+class _user_errors:
+    """Turn BatchgenError into one line on stderr and its exit code; Ctrl-C into 130."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            return False
+        if issubclass(exc_type, BatchgenError):
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=exc.exit_code) from None
+        if issubclass(exc_type, KeyboardInterrupt):
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(code=130) from None
+        return False
+
+
+def _setup_logging(quiet: bool) -> None:
+    level = os.environ.get("BATCHGEN_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    # transformers' own loading bars and notices are noise in a batch job's log
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def main() -> None:
+    app()

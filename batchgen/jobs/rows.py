@@ -1,0 +1,124 @@
+"""Input rows of a job: checked up front, then streamed shard by shard with stable ids.
+
+Everything a user can get wrong about the input (missing file, missing column, corrupt footer,
+empty file, a template naming a column that does not exist) is checked by `RowSource.open`,
+before a model is loaded or an output directory is touched.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from batchgen.config import JobConfig
+from batchgen.errors import ConfigError, InputError
+from batchgen.io.readers import InputShard, iter_batches, read_schema, resolve_inputs
+from batchgen.io.writers import OUTPUT_FIXED_FIELDS
+from batchgen.jobs.prompts import Template
+
+DERIVED_ID_COLUMN = "row_id"  # output id column when ids are derived from file name + row index
+
+
+@dataclass(slots=True)
+class InputRow:
+    row_id: Any  # the id column's value, or "<file>:<row index>"
+    shard: InputShard
+    row_index: int  # 0-based within the shard
+    values: dict[str, Any]  # the columns read (template, max-tokens and passthrough columns)
+
+
+class RowSource:
+    def __init__(self, config: JobConfig, shards: list[InputShard], schema: pa.Schema,
+                 template: Template):
+        self.config = config
+        self.shards = shards
+        self.template = template
+        self.id_field = (schema.field(config.id_column) if config.id_column
+                         else pa.field(DERIVED_ID_COLUMN, pa.string()))
+        self.passthrough_fields = _passthrough(config, schema, self.id_field.name)
+        optional = [config.max_new_tokens_column, config.id_column]
+        needed = [*template.columns, *[c for c in optional if c], *[f.name for f in self.passthrough_fields]]
+        self.read_columns = list(dict.fromkeys(needed))
+        self._shard_labels = _shard_labels(shards)
+
+    @classmethod
+    def open(cls, config: JobConfig) -> RowSource:
+        shards = resolve_inputs(config.inputs)
+        template = Template(config.template, config.prompt_column)
+        schemas = []
+        for shard in shards:
+            schema = read_schema(shard)  # empty / corrupt files fail here, naming the file
+            _check_columns(config, template, schema.names, shard.path)
+            schemas.append(schema)
+        try:
+            schema = pa.unify_schemas(schemas, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise InputError(f"input files disagree on column types: {e}") from None
+        return cls(config, shards, schema, template)
+
+    @property
+    def num_rows(self) -> int | None:
+        """Total rows if every shard knows its count (Parquet), capped by --max-rows."""
+        counts = [s.num_rows for s in self.shards]
+        total = None if any(c is None for c in counts) else sum(counts)
+        if self.config.max_rows is not None:
+            return self.config.max_rows if total is None else min(total, self.config.max_rows)
+        return total
+
+    def __iter__(self) -> Iterator[InputRow]:
+        remaining = self.config.max_rows
+        for shard, label in zip(self.shards, self._shard_labels, strict=True):
+            row_index = 0
+            for batch in iter_batches(shard, self.read_columns, self.config.read_batch_size):
+                for values in batch.to_pylist():
+                    if remaining is not None and remaining <= 0:
+                        return
+                    if self.config.id_column:
+                        row_id = values[self.config.id_column]
+                        if row_id is None:
+                            raise InputError("id is null; every row needs an id", path=shard.path,
+                                             row=row_index, column=self.config.id_column)
+                    else:
+                        row_id = f"{label}:{row_index}"
+                    yield InputRow(row_id, shard, row_index, values)
+                    row_index += 1
+                    if remaining is not None:
+                        remaining -= 1
+
+
+def _check_columns(config: JobConfig, template: Template, names: list[str], path: str) -> None:
+    listed = ", ".join(names)
+    if config.prompt_column not in names and config.template is None:
+        raise InputError(f"prompt column {config.prompt_column!r} not found; columns: {listed}",
+                         path=path)
+    template.check_columns(names, path)
+    for flag, column in (("--id-column", config.id_column),
+                         ("--max-new-tokens-column", config.max_new_tokens_column)):
+        if column is not None and column not in names:
+            raise InputError(f"{flag} {column!r} not found; columns: {listed}", path=path)
+    for column in config.keep_columns or []:
+        if column not in names:
+            raise InputError(f"--keep-columns {column!r} not found; columns: {listed}", path=path)
+
+
+def _passthrough(config: JobConfig, schema: pa.Schema, id_name: str) -> list[pa.Field]:
+    names = config.keep_columns if config.keep_columns is not None else schema.names
+    fields = [schema.field(n) for n in names if n != id_name]
+    reserved = {f.name for f in OUTPUT_FIXED_FIELDS} | {id_name}
+    clash = [f.name for f in fields if f.name in reserved]
+    if clash:
+        raise ConfigError(f"input column(s) {', '.join(map(repr, clash))} would overwrite output columns; "
+                          "choose the columns to keep with --keep-columns")
+    return fields
+
+
+def _shard_labels(shards: list[InputShard]) -> list[str]:
+    """A short stable label per shard for derived ids: the file name, or the path if names repeat."""
+    names = [os.path.basename(s.path.rstrip("/")) for s in shards]
+    repeated = {n for n, c in Counter(names).items() if c > 1}
+    return [s.path if n in repeated else n for s, n in zip(shards, names, strict=True)]
