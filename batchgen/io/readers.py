@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 # File name suffix -> format. ".json" means JSON Lines too (one object per line), as in most
 # batch tools; a file holding one JSON array fails with a message that says so.
 FORMAT_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".json": "jsonl"}
+SUPPORTED_SUFFIXES = ", ".join(FORMAT_BY_SUFFIX)  # for error messages
 # A directory may also hold configs, _SUCCESS markers and .crc files: take only unambiguous inputs.
 DIRECTORY_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
 # Records read to decide a JSONL shard's columns and types; they are held in memory meanwhile,
@@ -166,7 +167,7 @@ def _glob(fs: pafs.FileSystem, head: str, glob_parts: list[str], display: str) -
             files.setdefault(info.path, info)
     if not files:
         raise InputError(
-            f"pattern matched {len(matched)} entries but no input files (supported: {_supported()})",
+            f"pattern matched {len(matched)} entries but no input files (supported: {SUPPORTED_SUFFIXES})",
             path=display,
         )
     return sorted(files.values(), key=lambda info: info.path)
@@ -193,17 +194,13 @@ def _match_parts(pattern_parts: list[str], name_parts: list[str]) -> bool:
     return fnmatch.fnmatchcase(name, first) and _match_parts(rest, name_parts[1:])
 
 
-def _supported() -> str:
-    return ", ".join(FORMAT_BY_SUFFIX)
-
-
 def _format_of(path: str, display: str) -> str:
     lowered = path.lower()
     # Longest suffix first, so "x.jsonl.gz" is not taken for something ending in ".gz" alone.
     for suffix in sorted(FORMAT_BY_SUFFIX, key=len, reverse=True):
         if lowered.endswith(suffix):
             return FORMAT_BY_SUFFIX[suffix]
-    raise InputError(f"unsupported file type (supported: {_supported()})", path=display)
+    raise InputError(f"unsupported file type (supported: {SUPPORTED_SUFFIXES})", path=display)
 
 
 def _open_shard(fs: pafs.FileSystem, info: pafs.FileInfo, display: str) -> InputShard:
