@@ -14,11 +14,8 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -43,7 +40,6 @@ MAX_SANE_TOKENIZER_LENGTH = 1_000_000  # tokenizers without a limit report 1e30
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _file_digests: dict[tuple[str, int, int], str] = {}  # (realpath, size, mtime_ns) -> sha256 hex
-_convert_lock = threading.Lock()  # the accelerate-check patch below touches a module global
 
 
 @dataclass(slots=True)
@@ -203,8 +199,7 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     except (ImportError, TypeError):
         pass
-    with _convert_lock, _allow_gguf_without_accelerate():
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True, gguf_file=gguf.name)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # transformers 5 refuses to save a model that still carries one
@@ -215,18 +210,6 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     reloaded = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
     if (reloaded.chat_template, reloaded.eos_token_id) != (tokenizer.chat_template, tokenizer.eos_token_id):
         raise ModelLoadError(f"the tokenizer of {gguf.name} lost its chat template or eos on saving")
-
-
-def _allow_gguf_without_accelerate():
-    """transformers refuses GGUF loads without accelerate, yet its GGUF path never uses it.
-
-    Checked on transformers 5.24: with the pre-flight check bypassed the load and the outputs are
-    the same. Only the check is patched, only during our call; with accelerate installed, nothing.
-    """
-    import transformers.modeling_utils as mu
-    if getattr(mu, "is_accelerate_available", lambda: True)():
-        return nullcontext()
-    return mock.patch.object(mu, "is_accelerate_available", lambda: True)
 
 
 def _hub_offline() -> bool:
