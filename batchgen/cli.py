@@ -74,8 +74,12 @@ def run(
     dtype: Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16 [auto].")] = None,
     max_rows: Annotated[int | None, typer.Option(help="Process only the first N rows.")] = None,
     on_long_prompt: Annotated[str | None, typer.Option(help="truncate | error [truncate].")] = None,
+    max_prompt_tokens: Annotated[int | None, typer.Option(help="Cut longer prompts (in their document "
+                                 "part) to this many tokens [the context].")] = None,
     keep_columns: Annotated[list[str] | None, typer.Option(help="Input column to copy to the output; "
                             "repeatable [all].")] = None,
+    max_error_rate: Annotated[float | None, typer.Option(help="Exit 3 when more than this fraction of "
+                              "rows fail [off].")] = None,
     rows_per_part: Annotated[int | None, typer.Option(help="Rows per output part file [1000].")] = None,
     quiet: Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bar; a log line "
                      "every 30 s.")] = None,
@@ -94,7 +98,8 @@ def run(
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
         ignore_eos=ignore_eos, batch_size=batch_size, max_num_batched_tokens=max_num_batched_tokens,
         kv_cache_memory=kv_cache_memory, mode=mode, device=device, dtype=dtype, max_rows=max_rows,
-        on_long_prompt=on_long_prompt, keep_columns=keep_columns, rows_per_part=rows_per_part,
+        on_long_prompt=on_long_prompt, max_prompt_tokens=max_prompt_tokens, keep_columns=keep_columns,
+        rows_per_part=rows_per_part, max_error_rate=max_error_rate,
         quiet=quiet,
     )
     with _user_errors():

@@ -50,7 +50,9 @@ class JobConfig:
     dtype: str = "auto"
     max_rows: int | None = None
     on_long_prompt: str = "truncate"
+    max_prompt_tokens: int | None = None  # cap prompts below the context (cut in the document part)
     keep_columns: list[str] | None = None  # None = pass every other input column through
+    max_error_rate: float | None = None  # fail (exit 3) when error rows exceed this fraction
     rows_per_part: int = 1000  # rows per output Parquet part file
     read_batch_size: int = 256  # rows per input record batch
     quiet: bool = False
@@ -77,6 +79,10 @@ class JobConfig:
         _positive("read_batch_size", self.read_batch_size)
         if self.max_rows is not None and self.max_rows < 0:
             raise ConfigError(f"max_rows must be >= 0, got {self.max_rows}")
+        if self.max_prompt_tokens is not None:
+            _positive("max_prompt_tokens", self.max_prompt_tokens)
+        if self.max_error_rate is not None and not 0.0 <= self.max_error_rate <= 1.0:
+            raise ConfigError(f"max_error_rate must be in [0, 1], got {self.max_error_rate}")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

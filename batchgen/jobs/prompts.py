@@ -159,7 +159,8 @@ class PromptBuilder:
     """Template + optional chat template + tokenizer -> token ids that fit the context."""
 
     def __init__(self, tokenizer, template: Template, *, system: str | None, chat: bool | None,
-                 max_context_tokens: int, on_long_prompt: str = "truncate"):
+                 max_context_tokens: int, on_long_prompt: str = "truncate",
+                 max_prompt_tokens: int | None = None):
         has_chat_template = bool(getattr(tokenizer, "chat_template", None))
         if chat is None:
             chat = has_chat_template
@@ -178,6 +179,7 @@ class PromptBuilder:
         self.system = system
         self.chat = chat
         self.max_context_tokens = max_context_tokens
+        self.max_prompt_tokens = max_prompt_tokens  # the user's own cap, below the context's
         self.on_long_prompt = on_long_prompt
         if chat:
             # Render once now: a chat template that rejects our message shape (some refuse a
@@ -192,6 +194,8 @@ class PromptBuilder:
         if max_prompt_tokens < 1:
             raise RowError(f"max_new_tokens {max_new_tokens} leaves no room for the prompt in the "
                            f"model's context of {self.max_context_tokens} tokens")
+        if self.max_prompt_tokens is not None:
+            max_prompt_tokens = min(max_prompt_tokens, self.max_prompt_tokens)
         token_ids = self._tokenize(self.template.render(row))
         if len(token_ids) <= max_prompt_tokens:
             return BuiltPrompt(token_ids, 0)

