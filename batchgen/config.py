@@ -138,10 +138,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         if name not in known:
             raise ConfigError(f"{p}: unknown setting {key!r} (known: {', '.join(sorted(known))})")
         out[name] = value
-    if isinstance(out.get("inputs"), str):
-        out["inputs"] = [out["inputs"]]
-    if isinstance(out.get("stop"), str):
-        out["stop"] = [out["stop"]]
+    for name in ("inputs", "stop", "keep_columns"):  # one string = a list of one, not of characters
+        if isinstance(out.get(name), str):
+            out[name] = [out[name]]
     return out
 
 
@@ -168,6 +167,12 @@ def _check_types(config: JobConfig) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, kind):
             raise ConfigError(f"{name} must be a number, got {value!r}")
+    # Optional numbers: validate() compares them with <, which a YAML string would turn into a TypeError.
+    for name, kind in (("top_k", int), ("max_rows", int), ("max_error_rate", (int, float))):
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            what = "an integer" if kind is int else "a number"
+            raise ConfigError(f"{name} must be {what} or unset, got {value!r}")
 
 
 def _positive(name: str, value: int) -> None:
