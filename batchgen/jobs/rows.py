@@ -108,7 +108,9 @@ def _check_columns(config: JobConfig, template: Template, names: list[str], path
 
 def _passthrough(config: JobConfig, schema: pa.Schema, id_name: str) -> list[pa.Field]:
     names = config.keep_columns if config.keep_columns is not None else schema.names
-    fields = [schema.field(n) for n in names if n != id_name]
+    # only a real --id-column is dropped from the passthrough; an input column that merely shares the
+    # derived id's name would be lost silently, so it is reported as a clash below instead
+    fields = [schema.field(n) for n in names if n != config.id_column]
     reserved = {f.name for f in OUTPUT_FIXED_FIELDS} | {id_name}
     clash = [f.name for f in fields if f.name in reserved]
     if clash:
