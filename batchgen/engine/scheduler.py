@@ -101,8 +101,12 @@ class Scheduler:
                 victim = self.running[-1]
                 if victim is seq:
                     if len(self.running) == 1:
-                        # alone and still out of blocks: the cache cannot hold this sequence
+                        # alone and still out of blocks: the cache cannot hold this sequence.
+                        # Release it like a waiting sequence that can never fit: no blocks, in no
+                        # queue, so the caller's finish() has nothing left to free or dequeue.
                         self.running.pop()
+                        self.block_manager.free(seq)
+                        seq.status = SequenceStatus.WAITING
                         out.out_of_memory.append(seq)
                     else:
                         self._preempt(seq)
