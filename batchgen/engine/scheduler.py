@@ -130,8 +130,11 @@ class Scheduler:
             cached = bm.find_cached_prefix(seq)
             num_cached_tokens = len(cached) * bm.block_size
             num_new = min(seq.num_tokens - num_cached_tokens, budget)
-            if not bm.can_admit(seq, cached, num_new, watermark_blocks=self.watermark_blocks):
-                if not self.running and not bm.can_admit(seq, cached, num_new):
+            # the watermark keeps room for running sequences to grow; with none running it
+            # would only stop a sequence that fits from ever starting
+            watermark = self.watermark_blocks if self.running else 0
+            if not bm.can_admit(seq, cached, num_new, watermark_blocks=watermark):
+                if not self.running:
                     # nothing runs and it still cannot start: it can never run
                     self.waiting.popleft()
                     out.out_of_memory.append(seq)
