@@ -154,7 +154,8 @@ class Scheduler:
             seq = self.waiting[0]
             cached = bm.find_cached_prefix(seq)
             reserve = min(seq.max_num_tokens, self.max_model_len)
-            if not bm.can_admit(seq, cached, 0, reserve_tokens=reserve):
+            fully_reserved = bm.can_admit(seq, cached, 0, reserve_tokens=reserve)
+            if not fully_reserved:
                 if self.running:
                     break
                 # alone it does not fit either: run it with what there is (it stops at "length")
@@ -164,6 +165,10 @@ class Scheduler:
             self.waiting.popleft()
             bm.admit(seq, cached, 0, reserve_tokens=reserve)
             self._start(seq, len(cached) * bm.block_size)
+            if not fully_reserved:
+                # it grows into blocks it has not reserved: batch-mates would be preempted for
+                # them, so it runs alone
+                break
 
     def _start(self, seq: Sequence, num_cached_tokens: int) -> None:
         if seq.num_preemptions == 0:
