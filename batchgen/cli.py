@@ -18,7 +18,10 @@ import typer
 from batchgen import __version__
 from batchgen.errors import BatchgenError
 
+# rich_markup_mode=None: plain click help. Rich markup reads the "[text]", "[auto]" defaults in the
+# option help as style tags and drops them, and its table cuts long flag names on 80 columns.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Offline batch LLM generation: Parquet/JSONL prompts in, Parquet out.")
 
 
