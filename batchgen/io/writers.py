@@ -156,7 +156,7 @@ def _next_seq(out_dir: Path, prefix: str) -> int:
     pattern = re.compile(rf"{re.escape(prefix)}-(\d+)-[0-9a-f]{{8}}\.parquet")
     try:
         names = os.listdir(out_dir)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # check_output_dir reports a file in the way
         return 0
     seqs = [int(m.group(1)) for name in names if (m := pattern.fullmatch(name))]
     return max(seqs, default=-1) + 1
