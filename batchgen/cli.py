@@ -133,9 +133,25 @@ class _user_errors:
         return False
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a record is emitted, not as it was at set-up.
+
+    basicConfig runs once per process; a handler bound to the first run's stderr breaks every later
+    in-process run that swaps stderr (CliRunner, contextlib.redirect_stderr) with a closed stream.
+    """
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def _setup_logging(quiet: bool) -> None:
     level = os.environ.get("BATCHGEN_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(level=level, handlers=[_StderrHandler()], format="%(asctime)s %(levelname)s %(message)s")
     # transformers' own loading bars and notices are noise in a batch job's log
     from transformers.utils import logging as hf_logging
 
