@@ -5,9 +5,13 @@ Exit codes (documented in README):
     1  unexpected failure (a bug, an engine crash)
     2  usage, config or input error: nothing was generated for it, fix the command or the data
     3  the job finished but more rows failed than --max-error-rate allows
+  130  interrupted by SIGINT (Ctrl-C): finished rows were committed, rerun the command to resume
+  143  interrupted by SIGTERM: the same
 """
 
 from __future__ import annotations
+
+import signal
 
 
 class BatchgenError(Exception):
@@ -59,6 +63,14 @@ class OutputError(UsageError):
     """The output directory cannot be used (not writable, holds another job's output, locked)."""
 
 
+class OutputLocked(OutputError):
+    """Another live batchgen process holds the output directory's lock."""
+
+
+class FingerprintMismatch(OutputError):
+    """The output directory holds rows committed under a different job config."""
+
+
 class EngineError(BatchgenError):
     """The engine failed on valid input (an internal failure, not the user's mistake)."""
 
@@ -69,3 +81,13 @@ class ErrorRateExceeded(BatchgenError):
     """More rows failed than the configured maximum error rate."""
 
     exit_code = 3
+
+
+class JobInterrupted(BatchgenError):
+    """SIGINT or SIGTERM stopped the job after it committed its finished rows (exit 130 / 143)."""
+
+    def __init__(self, signum: int, message: str | None = None):
+        self.signum = signum
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+        name = signal.Signals(signum).name
+        super().__init__(message or f"interrupted by {name}")
