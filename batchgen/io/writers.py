@@ -6,15 +6,23 @@ on POSIX), then the directory is fsynced so the rename itself survives a power c
 sees a complete part or nothing, and `write_part` either returns the final path or raises
 OutputError and leaves no file of that part behind, so a caller may treat "raised" as "not
 committed" and write those rows again.
+
+A job does not use write_part: it stages its parts (`stage_part`: written and fsynced under a
+hidden temporary name), records them in the manifest (batchgen.io.manifest), and only then
+publishes them (`publish_staged`: rename + directory fsync). The manifest is the commit point;
+see batchgen.io.manifest for why and for what recovery does with the temps a crash leaves.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +46,9 @@ TEMP_SUFFIX = ".tmp"
 _SEQ_DIGITS = 5  # names sort in write order up to 99999 parts per prefix
 
 # Tests set this to inject faults: called with "write", "fsync", "rename", "fsync_dir" before
-# each stage of write_part, it may raise OSError(errno.ENOSPC, ...) and the like.
+# each stage of a part's write, and with "file_write", "file_fsync", "file_rename",
+# "file_fsync_dir" before each stage of write_file_atomic (manifest entries, _SUCCESS); it may
+# raise OSError(errno.ENOSPC, ...) and the like.
 _fault_hook: Callable[[str], None] | None = None
 
 
@@ -49,6 +59,17 @@ def output_schema(id_field: pa.Field, passthrough: list[pa.Field]) -> pa.Schema:
     # The CLI rejects colliding names with a usage error; reaching here with one is a bug.
     assert len(set(names)) == len(names), f"output column names collide: {names}"
     return pa.schema(fields)
+
+
+@dataclass(slots=True)
+class StagedPart:
+    """A part written and fsynced under its temporary name, not yet visible."""
+
+    final_path: Path
+    temp_path: Path
+    num_rows: int
+    num_bytes: int
+    sha256: str  # hex digest of the file's bytes
 
 
 class PartWriter:
@@ -68,32 +89,71 @@ class PartWriter:
 
     def write_part(self, rows: pa.Table | pa.RecordBatch | list[dict[str, Any]]) -> Path:
         """Write `rows` as one complete part and return its final path (see the module docstring)."""
-        table = self._to_table(rows)
+        seq = self.next_seq
+        try:
+            staged = self.stage_part(rows)
+            try:
+                publish_staged([staged])
+            except BaseException:  # not durable yet, and the caller will write these rows again
+                _remove_quietly(staged.temp_path)
+                _remove_quietly(staged.final_path)
+                raise
+        except BaseException:
+            self.next_seq = seq  # a retry takes the same sequence number
+            raise
+        return staged.final_path
+
+    def new_name(self) -> str:
+        """The next unused part name; names sort in the order they were handed out."""
         name = f"{self.prefix}-{self.next_seq:0{_SEQ_DIGITS}d}-{uuid.uuid4().hex[:8]}.parquet"
+        self.next_seq += 1
+        return name
+
+    def stage_part(self, rows: pa.Table | pa.RecordBatch | list[dict[str, Any]], *, name: str | None = None,
+                   tag: str = "") -> StagedPart:
+        """Write `rows` under the hidden name `.{name}{tag}.tmp`, fsynced, and return what it wrote.
+
+        `name` defaults to a new one; an existing part's name stages its replacement. On any
+        failure the temp file is removed and OSError becomes OutputError.
+        """
+        table = self._to_table(rows)
+        staged = self._stage(lambda file: pq.write_table(table, file, compression=self.compression), name, tag)
+        staged.num_rows = table.num_rows
+        return staged
+
+    def stage_tables(self, tables: Iterable[pa.Table], *, name: str | None = None, tag: str = "") -> StagedPart:
+        """stage_part for rows that arrive in pieces (bounded memory): one part, one row group per piece."""
+        num_rows = 0
+
+        def write(file) -> None:
+            nonlocal num_rows
+            with pq.ParquetWriter(file, self.schema, compression=self.compression) as parquet:
+                for table in tables:
+                    parquet.write_table(self._to_table(table))
+                    num_rows += table.num_rows
+
+        staged = self._stage(write, name, tag)
+        staged.num_rows = num_rows
+        return staged
+
+    def _stage(self, write: Callable[[Any], None], name: str | None, tag: str) -> StagedPart:
+        name = name or self.new_name()
         final_path = self.out_dir / name
-        temp_path = self.out_dir / f".{name}{TEMP_SUFFIX}"
-        renamed = False
+        temp_path = self.out_dir / f".{name}{tag}{TEMP_SUFFIX}"
         try:
             with open(temp_path, "xb") as file:  # "x": a name collision is a bug, never overwrite
                 _stage("write")
-                pq.write_table(table, file, compression=self.compression)
+                write(file)
                 _stage("fsync")
                 file.flush()
                 os.fsync(file.fileno())
-            _stage("rename")
-            os.replace(temp_path, final_path)
-            renamed = True
-            _stage("fsync_dir")
-            _fsync_dir(self.out_dir)
+            num_bytes, sha256 = file_digest(temp_path)
         except BaseException as e:  # KeyboardInterrupt too: never leave a partial part behind
             _remove_quietly(temp_path)
-            if renamed:  # not durable yet, and the caller will write these rows again
-                _remove_quietly(final_path)
             if isinstance(e, OSError):
                 raise OutputError(f"cannot write output part {final_path}: {e.strerror or e}") from e
             raise
-        self.next_seq += 1
-        return final_path
+        return StagedPart(final_path, temp_path, 0, num_bytes, sha256)
 
     def _to_table(self, rows: pa.Table | pa.RecordBatch | list[dict[str, Any]]) -> pa.Table:
         """Cast to the explicit schema, never infer; a dict may omit a key to mean null."""
@@ -130,6 +190,92 @@ def check_output_dir(out_dir: str | Path) -> Path:
     except OSError as e:
         raise OutputError(f"output directory is not writable: {path}: {e.strerror or e}") from e
     return path
+
+
+def publish_staged(staged: list[StagedPart]) -> None:
+    """Rename staged parts to their final names (in the order given), then fsync the directory.
+
+    os.replace is atomic, so a reader sees each part whole or not at all; an existing final name
+    (a part being rewritten) is swapped in one step. OSError becomes OutputError; nothing is
+    removed, because a job calls this only after the manifest committed these parts.
+    """
+    try:
+        for part in staged:
+            _stage("rename")
+            os.replace(part.temp_path, part.final_path)
+        _stage("fsync_dir")
+        for directory in {part.final_path.parent for part in staged}:
+            _fsync_dir(directory)
+    except OSError as e:
+        raise OutputError(f"cannot publish output part {part.final_path}: {e.strerror or e}") from e
+
+
+def write_file_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> None:
+    """Write `data` to `path` so that a crash leaves the old file, or no file, or the new one.
+
+    Temp file in the same directory, fsync, rename, directory fsync. `exclusive` refuses to
+    replace an existing file (a hard link instead of a rename: put-if-absent), which keeps a
+    second writer that got past the lock from silently overwriting a manifest entry.
+    """
+    temp_path = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+    placed = False
+    try:
+        with open(temp_path, "xb") as file:
+            _stage("file_write")
+            file.write(data)
+            _stage("file_fsync")
+            file.flush()
+            os.fsync(file.fileno())
+        _stage("file_rename")
+        if exclusive:
+            _link_exclusive(temp_path, path)
+        else:
+            os.replace(temp_path, path)
+        placed = True
+        _stage("file_fsync_dir")
+        _fsync_dir(path.parent)
+    except BaseException as e:
+        _remove_quietly(temp_path)
+        if isinstance(e, FileExistsError):
+            raise OutputError(f"{path} appeared while this job was writing it: another process is "
+                              "writing to this output directory") from e
+        if isinstance(e, OSError):
+            if placed:  # renamed but maybe not durable: undo, so "raised" means "not written"
+                _remove_quietly(path)
+            raise OutputError(f"cannot write {path}: {e.strerror or e}") from e
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> None:
+    write_file_atomic(path, (json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n").encode(),
+                      exclusive=exclusive)
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of a file, read in bounded chunks."""
+    digest = hashlib.sha256()
+    num_bytes = 0
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+            num_bytes += len(chunk)
+    return num_bytes, digest.hexdigest()
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make renames and unlinks in `path` durable."""
+    _fsync_dir(Path(path))
+
+
+def _link_exclusive(temp_path: Path, path: Path) -> None:
+    try:
+        os.link(temp_path, path)  # fails with FileExistsError if `path` exists
+    except FileExistsError:
+        raise
+    except OSError:  # a filesystem without hard links: the lock alone keeps writers apart
+        os.replace(temp_path, path)
+        return
+    os.unlink(temp_path)
 
 
 def cleanup_temp_files(out_dir: str | Path) -> int:
