@@ -33,9 +33,9 @@ class DecodeGroup:
     """Sequences that each have exactly one query token this step."""
 
     token_idx: torch.Tensor  # [B] positions of their query tokens in the packed row
-    gather_slots: torch.Tensor  # [B * max_seqlen_k] cache slots of each context, padded
-    mask: torch.Tensor  # [B, 1, 1, max_seqlen_k] True where the key is real
-    max_seqlen_k: int
+    block_ids: torch.Tensor  # [B * max_num_blocks] each one's block table, padded with block 0
+    mask: torch.Tensor  # [B, 1, 1, max_num_blocks * block_size] True where the key is real
+    max_num_blocks: int
 
 
 @dataclass(slots=True)
@@ -44,9 +44,10 @@ class PrefillSeq:
 
     start: int  # its first query token in the packed row
     end: int
-    # cache slots of its whole context [0, context_len), or None when it has no cached past,
-    # so its new K/V are the whole context and need no gather
-    gather_slots: torch.Tensor | None
+    context_len: int  # cached past + new tokens
+    # its block table covering [0, context_len), or None when it has no cached past, so its
+    # new K/V are the whole context and need no gather
+    block_ids: torch.Tensor | None
     mask: torch.Tensor | None  # [num_new, context_len] causal with offset; None = plain causal
 
 
@@ -54,6 +55,7 @@ class PrefillSeq:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot for each new token
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, kv_heads, head_dim]
+    block_size: int
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
 
@@ -94,26 +96,36 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
 
-    out = torch.empty_like(q)  # [T, num_heads, head_dim]
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    # NOTE: torch.empty_like(q) would copy q's transposed strides; the output must be dense
+    out = q.new_empty(q.shape)  # [T, num_heads, head_dim]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[1]
+    bs = meta.block_size
+    # gather whole blocks (contiguous block_size * kv_heads * head_dim runs), not single slots
+    k_blocks = k_cache.view(-1, bs, num_kv_heads, head_dim)  # [num_blocks, block_size, kv_heads, head_dim]
+    v_blocks = v_cache.view(-1, bs, num_kv_heads, head_dim)
+    group_size = num_heads // num_kv_heads
     for group in meta.decode_groups:
         batch = group.token_idx.shape[0]
-        qd = q.index_select(0, group.token_idx).unsqueeze(2)  # [B, num_heads, 1, head_dim]
-        shape = (batch, group.max_seqlen_k, num_kv_heads, head_dim)
-        kd = k_cache.index_select(0, group.gather_slots).view(shape).transpose(1, 2).to(q.dtype)
-        vd = v_cache.index_select(0, group.gather_slots).view(shape).transpose(1, 2).to(q.dtype)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scaling,
-                                            enable_gqa=True)  # [B, num_heads, 1, head_dim]
-        out.index_copy_(0, group.token_idx, od.squeeze(2))
+        max_seqlen_k = group.max_num_blocks * bs
+        shape = (batch, max_seqlen_k, num_kv_heads, head_dim)
+        kd = k_blocks.index_select(0, group.block_ids).view(shape).transpose(1, 2).to(q.dtype)
+        vd = v_blocks.index_select(0, group.block_ids).view(shape).transpose(1, 2).to(q.dtype)
+        # One query token per sequence: the query heads sharing a KV head become that head's
+        # "query positions" ([B, kv_heads, group_size, head_dim]), so GQA needs no repeated K/V.
+        # Head h reads KV head h // group_size, as transformers' repeat_kv lays them out.
+        qd = q.index_select(0, group.token_idx).view(batch, num_kv_heads, group_size, head_dim)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scaling)
+        out.index_copy_(0, group.token_idx, od.reshape(batch, num_heads, head_dim))
     for p in meta.prefills:
         qp = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, num_heads, n, head_dim]
-        if p.gather_slots is None:
+        if p.block_ids is None:
             kp = k[p.start:p.end]
             vp = v[p.start:p.end]
-        else:
-            kp = k_cache.index_select(0, p.gather_slots).to(q.dtype)  # [ctx, num_kv_heads, head_dim]
-            vp = v_cache.index_select(0, p.gather_slots).to(q.dtype)
-        kp = kp.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, ctx, head_dim]
+        else:  # [context_len, kv_heads, head_dim]
+            kp = k_blocks.index_select(0, p.block_ids).flatten(0, 1)[: p.context_len].to(q.dtype)
+            vp = v_blocks.index_select(0, p.block_ids).flatten(0, 1)[: p.context_len].to(q.dtype)
+        kp = kp.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context_len, head_dim]
         vp = vp.transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
                                             scale=scaling, enable_gqa=True)

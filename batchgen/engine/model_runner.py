@@ -62,6 +62,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.long).to(dev, non_blocking=True),
             kv_caches=self.kv_cache.layers,
+            block_size=bs,
             decode_groups=self._decode_groups(decode),
             prefills=prefills,
         )
@@ -75,16 +76,15 @@ class ModelRunner:
 
     def _prefill_seq(self, start_token: int, num_new: int, num_past: int,
                      block_table: list[int]) -> PrefillSeq:
+        context_len = num_past + num_new
         if num_past == 0:
             # no cached past: the new K/V are the whole context, plain causal attention
-            return PrefillSeq(start_token, start_token + num_new, None, None)
-        context_len = num_past + num_new
-        slots = self._slots(torch.tensor([block_table[: -(-context_len // self.block_size)]]),
-                            context_len)[0]
+            return PrefillSeq(start_token, start_token + num_new, context_len, None, None)
+        num_blocks = -(-context_len // self.block_size)
         q_pos = torch.arange(num_past, context_len)
         mask = torch.arange(context_len)[None, :] <= q_pos[:, None]  # [num_new, context_len]
-        return PrefillSeq(start_token, start_token + num_new, slots.to(self.device),
-                          mask.to(self.device))
+        return PrefillSeq(start_token, start_token + num_new, context_len,
+                          torch.tensor(block_table[:num_blocks]).to(self.device), mask.to(self.device))
 
     def _decode_groups(self, decode: list[tuple[int, list[int], int]]) -> list[DecodeGroup]:
         if not decode:
@@ -100,25 +100,21 @@ class ModelRunner:
         return [self._decode_group(g) for g in groups]
 
     def _decode_group(self, group: list[tuple[int, list[int], int]]) -> DecodeGroup:
-        max_seqlen_k = group[-1][2]
-        max_blocks = -(-max_seqlen_k // self.block_size)
-        block_tables = torch.tensor([bt[:max_blocks] + [0] * (max_blocks - len(bt[:max_blocks]))
-                                     for _, bt, _ in group])  # [B, max_blocks]; pad block 0 is masked
+        max_num_blocks = -(-group[-1][2] // self.block_size)
+        block_ids: list[int] = []
+        for _, block_table, context_len in group:
+            n = -(-context_len // self.block_size)
+            block_ids.extend(block_table[:n])
+            block_ids.extend([0] * (max_num_blocks - n))  # padding block 0, masked below
         context_lens = torch.tensor([c for _, _, c in group])
-        slots = self._slots(block_tables, max_seqlen_k)  # [B, max_seqlen_k]
-        mask = torch.arange(max_seqlen_k)[None, :] < context_lens[:, None]
+        mask = torch.arange(max_num_blocks * self.block_size)[None, :] < context_lens[:, None]
         dev = self.device
         return DecodeGroup(
             token_idx=torch.tensor([i for i, _, _ in group]).to(dev),
-            gather_slots=slots.reshape(-1).to(dev),
+            block_ids=torch.tensor(block_ids).to(dev),
             mask=mask[:, None, None, :].to(dev),
-            max_seqlen_k=max_seqlen_k,
+            max_num_blocks=max_num_blocks,
         )
-
-    def _slots(self, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        # block_tables: [B, num_blocks] -> slots of tokens [0, num_tokens): [B, num_tokens]
-        pos = torch.arange(num_tokens)
-        return block_tables[:, pos // self.block_size] * self.block_size + pos % self.block_size
 
     def release(self, seq) -> None:
         self.sampler.release(seq)
