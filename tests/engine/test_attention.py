@@ -32,6 +32,15 @@ TINY = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hi
             pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny tensors gain nothing from intra-op threads; on a busy shared machine they cost ~10x
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def build(config, attn_implementation: str = "sdpa"):
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
                                             dtype=torch.float32).eval()
