@@ -223,3 +223,8 @@ def test_engine_context_length_is_length(model, tokenizer, free_run):
     engine = LLMEngine(copy.deepcopy(model), tokenizer, EngineConfig(num_kv_blocks=64, max_model_len=16))
     with pytest.raises(RequestRejected):
         engine.add_request(Request("r", encode(tokenizer, prompt), SamplingParams(max_new_tokens=1)))
+
+
+def test_engine_default_eos_ids_come_from_the_model_and_tokenizer(model, tokenizer):
+    engine = LLMEngine(copy.deepcopy(model), tokenizer, EngineConfig(num_kv_blocks=8))
+    assert engine.stop_checker.eos_token_ids == {EOS}
