@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import itertools
+import json
 import logging
 import os
 import re
@@ -36,7 +37,10 @@ DIRECTORY_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
 # Records read to decide a JSONL shard's columns and types; they are held in memory meanwhile,
 # so this bounds memory as well as how late in a file a new key or a type conflict can hide.
 JSONL_SCHEMA_SAMPLE_RECORDS = 1000
+# Batch schema metadata listing the cells that did not hold valid text (see iter_batches).
+INVALID_CELLS_KEY = b"batchgen.invalid_cells"
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -249,7 +253,38 @@ def _parquet_batches(
                 raise InputError(f"cannot read Parquet data: {e}", path=shard.path, row=num_rows_read) from e
             if batch.num_rows:  # a row group may be empty; callers count rows, not batches
                 num_rows_read += batch.num_rows
-                yield batch
+                yield _repair_utf8(batch)
+
+
+def _repair_utf8(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Parquet does not check that string cells are UTF-8; to_pylist would crash on one that is not.
+
+    Such a cell is decoded with U+FFFD replacements and listed under INVALID_CELLS_KEY.
+    """
+    invalid = []
+    columns = list(batch.columns)
+    for i, field in enumerate(batch.schema):
+        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+            continue
+        try:
+            columns[i].validate(full=True)  # a vectorised UTF-8 check; the slow path below is rare
+            continue
+        except pa.ArrowInvalid:
+            pass
+        raw_type = pa.binary() if pa.types.is_string(field.type) else pa.large_binary()
+        values = []
+        for row, raw in enumerate(columns[i].view(raw_type).to_pylist()):
+            try:
+                values.append(None if raw is None else raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                values.append(raw.decode("utf-8", "replace"))
+                invalid.append([row, field.name, f"column {field.name!r} is not valid UTF-8 (byte "
+                                                 f"{raw[e.start]:#04x} at offset {e.start})"])
+        columns[i] = pa.array(values, field.type)
+    if not invalid:
+        return batch
+    metadata = {**(batch.schema.metadata or {}), INVALID_CELLS_KEY: json.dumps(invalid)}
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema.with_metadata(metadata))
 
 
 # ---------------------------------------------------------------- JSON Lines
@@ -318,7 +353,14 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
       - columns and types come from the first JSONL_SCHEMA_SAMPLE_RECORDS records; keys absent
         from a record read as null; a column whose JSON kinds conflict becomes a string column
         holding JSON text (nothing is dropped or rounded); a later value that cannot fit its
-        column's type raises InputError with file, row and column.
+        column's type raises InputError with file, row and column;
+      - a lone surrogate (a "\\ud800" escape with no partner) is not Unicode text and cannot be
+        stored as UTF-8: it is replaced by U+FFFD and the cell listed as invalid (below).
+
+    Cells that did not hold valid text (invalid UTF-8 in a Parquet string column, a lone
+    surrogate in JSON) are read with U+FFFD replacements, so one bad cell cannot stop a job; the
+    batch lists them in its schema metadata under INVALID_CELLS_KEY as JSON
+    [[row in batch, column, message], ...], and RowSource turns each such row into an error row.
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
@@ -333,10 +375,68 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
         raise
     if columns is not None:
         schema = pa.schema([schema.field(name) for name in columns])
-    return records_to_batches(
-        itertools.chain(sample, records), schema, batch_size, shard.path,
-        num_sample_records=JSONL_SCHEMA_SAMPLE_RECORDS, warn_new_keys=columns is None,
+    invalid: dict[int, list] = {}
+    batches = records_to_batches(
+        _scrub_surrogates(itertools.chain(sample, records), schema.names, invalid), schema, batch_size,
+        shard.path, num_sample_records=JSONL_SCHEMA_SAMPLE_RECORDS, warn_new_keys=columns is None,
     )
+    return _mark_invalid(batches, invalid)
+
+
+def _scrub_surrogates(records: Iterator[tuple[int, dict]], names: list[str], invalid: dict[int, list]
+                      ) -> Iterator[tuple[int, dict]]:
+    for row, record in records:
+        for name in names:
+            value = record.get(name)
+            if value is not None and not isinstance(value, (int, float)) and _has_surrogate(value):
+                record[name] = _scrub(value)
+                invalid.setdefault(row, []).append(
+                    [name, f"column {name!r} holds a lone surrogate escape, which is not valid Unicode"])
+        yield row, record
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return not value.isascii() and _SURROGATE_RE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE_RE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def _mark_invalid(batches: Iterator[pa.RecordBatch], invalid: dict[int, list]) -> Iterator[pa.RecordBatch]:
+    first_row = 0
+    for batch in batches:
+        end = first_row + batch.num_rows
+        cells = [[row - first_row, name, message] for row in sorted(r for r in invalid if r < end)
+                 for name, message in invalid.pop(row)] if invalid else []
+        first_row = end
+        if cells:
+            metadata = {**(batch.schema.metadata or {}), INVALID_CELLS_KEY: json.dumps(cells)}
+            batch = batch.replace_schema_metadata(metadata)
+        yield batch
+
+
+def invalid_cells(batch: pa.RecordBatch) -> dict[int, str]:
+    """{row in batch: message} for the cells iter_batches had to repair (see its docstring)."""
+    raw = (batch.schema.metadata or {}).get(INVALID_CELLS_KEY)
+    if raw is None:
+        return {}
+    out: dict[int, str] = {}
+    for row, _column, message in json.loads(raw):
+        out[row] = f"{out[row]}; {message}" if row in out else message
+    return out
 
 
 def _check_columns(shard: InputShard, columns: list[str] | None, existing: list[str]) -> None:

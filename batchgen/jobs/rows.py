@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from batchgen.config import JobConfig
 from batchgen.errors import ConfigError, InputError
-from batchgen.io.readers import InputShard, iter_batches, read_schema, resolve_inputs
+from batchgen.io.readers import InputShard, invalid_cells, iter_batches, read_schema, resolve_inputs
 from batchgen.io.writers import OUTPUT_FIXED_FIELDS
 from batchgen.jobs.prompts import Template
 
@@ -30,6 +30,7 @@ class InputRow:
     shard: InputShard
     row_index: int  # 0-based within the shard
     values: dict[str, Any]  # the columns read (template, max-tokens and passthrough columns)
+    error: str | None = None  # a cell did not hold valid text (read with U+FFFD): an error row
 
 
 class RowSource:
@@ -75,7 +76,8 @@ class RowSource:
         for shard, label in zip(self.shards, self._shard_labels, strict=True):
             row_index = 0
             for batch in iter_batches(shard, self.read_columns, self.config.read_batch_size):
-                for values in batch.to_pylist():
+                invalid = invalid_cells(batch)
+                for i, values in enumerate(batch.to_pylist()):
                     if remaining is not None and remaining <= 0:
                         return
                     if self.config.id_column:
@@ -85,7 +87,7 @@ class RowSource:
                                              row=row_index, column=self.config.id_column)
                     else:
                         row_id = f"{label}:{row_index}"
-                    yield InputRow(row_id, shard, row_index, values)
+                    yield InputRow(row_id, shard, row_index, values, invalid.get(i))
                     row_index += 1
                     if remaining is not None:
                         remaining -= 1
