@@ -54,6 +54,10 @@ class JobConfig:
     keep_columns: list[str] | None = None  # None = pass every other input column through
     max_error_rate: float | None = None  # fail (exit 3) when error rows exceed this fraction
     rows_per_part: int = 1000  # rows per output Parquet part file
+    commit_every_rows: int | None = None  # commit after this many finished rows; None = rows_per_part
+    commit_every_s: float | None = 60.0  # also commit finished rows this often; None or 0 = off
+    retry_errors: bool = True  # a resumed run generates committed error rows again
+    overwrite: bool = False  # drop what an earlier job committed to the output directory
     read_batch_size: int = 256  # rows per input record batch
     quiet: bool = False
     log_every_s: float = 30.0
@@ -77,6 +81,12 @@ class JobConfig:
         _positive("block_size", self.block_size)
         _positive("rows_per_part", self.rows_per_part)
         _positive("read_batch_size", self.read_batch_size)
+        if self.commit_every_rows is not None:
+            _positive("commit_every_rows", self.commit_every_rows)
+        if self.commit_every_s is not None and (isinstance(self.commit_every_s, bool)
+                                                or not isinstance(self.commit_every_s, (int, float))
+                                                or self.commit_every_s < 0):
+            raise ConfigError(f"commit_every_s must be a number of seconds >= 0 (0 = off), got {self.commit_every_s!r}")
         if self.max_rows is not None and self.max_rows < 0:
             raise ConfigError(f"max_rows must be >= 0, got {self.max_rows}")
         if self.max_prompt_tokens is not None:
