@@ -84,6 +84,14 @@ def run(
     max_error_rate: Annotated[float | None, typer.Option(help="Exit 3 when more than this fraction of "
                               "rows fail [off].")] = None,
     rows_per_part: Annotated[int | None, typer.Option(help="Rows per output part file [1000].")] = None,
+    commit_every: Annotated[int | None, typer.Option("--commit-every", help="Commit finished rows after this "
+                            "many, so a crash loses at most that much work [--rows-per-part].")] = None,
+    commit_every_seconds: Annotated[float | None, typer.Option("--commit-every-seconds", help="Also commit "
+                                    "finished rows this often; 0 = off [60].")] = None,
+    retry_errors: Annotated[bool | None, typer.Option("--retry-errors/--no-retry-errors", help="On resume, "
+                            "generate committed error rows again [on].")] = None,
+    overwrite: Annotated[bool | None, typer.Option("--overwrite", help="Drop what an earlier job committed "
+                         "to --output and start over.")] = None,
     quiet: Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bar; a log line "
                      "every 30 s.")] = None,
 ) -> None:
@@ -102,7 +110,8 @@ def run(
         ignore_eos=ignore_eos, batch_size=batch_size, max_num_batched_tokens=max_num_batched_tokens,
         kv_cache_memory=kv_cache_memory, mode=mode, device=device, dtype=dtype, max_rows=max_rows,
         on_long_prompt=on_long_prompt, max_prompt_tokens=max_prompt_tokens, keep_columns=keep_columns,
-        rows_per_part=rows_per_part, max_error_rate=max_error_rate,
+        rows_per_part=rows_per_part, max_error_rate=max_error_rate, commit_every_rows=commit_every,
+        commit_every_s=commit_every_seconds, retry_errors=retry_errors, overwrite=overwrite,
         quiet=quiet,
     )
     with _user_errors():
@@ -113,6 +122,38 @@ def run(
         typer.echo(line, err=True)
     typer.echo(json.dumps({"output": summary.output_dir, "rows": summary.num_rows,
                            "errors": summary.num_rows_error}))
+
+
+@app.command()
+def status(
+    output: Annotated[str, typer.Option("--output", "-o", help="Output directory of a job.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object (for Airflow sensors and scripts).")]
+    = False,
+) -> None:
+    """Rows done, errored and remaining per input shard, the config fingerprint, the last commit."""
+    from batchgen.jobs.status import job_status, status_lines
+
+    with _user_errors():
+        result = job_status(output)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for line in status_lines(result):
+            typer.echo(line)
+
+
+@app.command()
+def compact(
+    output: Annotated[str, typer.Option("--output", "-o", help="Output directory of a finished job.")],
+) -> None:
+    """Rewrite a finished output directory as one part per input shard, rows in input order."""
+    from batchgen.jobs.compact import compact_output
+
+    with _user_errors():
+        _setup_logging(quiet=False)
+        result = compact_output(output)
+    typer.echo(json.dumps({"output": result.output_dir, "parts_before": result.num_parts_before,
+                           "parts_after": result.num_parts_after, "rows": result.num_rows}))
 
 
 class _user_errors:

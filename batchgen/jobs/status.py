@@ -1,0 +1,93 @@
+"""`batchgen status`: what an output directory holds, for Airflow sensors and for people.
+
+Read-only: it takes no lock and changes nothing, so it is safe to poll while a job runs. The
+counts come from the manifest (batchgen.io.manifest): committed rows per input shard, split
+into ok ("done") and error rows, against the row counts the latest run recorded for its inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from batchgen.errors import OutputError
+from batchgen.io.lock import lock_holder
+from batchgen.io.manifest import SUCCESS_FILE, fingerprint_digest, is_job_dir, load_manifest
+
+
+def job_status(out_dir: str | Path) -> dict[str, Any]:
+    """The status as plain JSON-ready data (the `--json` output)."""
+    out_dir = Path(out_dir)
+    if not is_job_dir(out_dir):
+        raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
+    state = load_manifest(out_dir)
+    done: dict[str, list[int]] = {}
+    for record in state.parts.values():
+        for path, (num_ok, num_error) in record.shard_counts.items():
+            counts = done.setdefault(path, [0, 0])
+            counts[0] += num_ok
+            counts[1] += num_error
+    inputs = state.inputs["inputs"] if state.inputs else []
+    shards = []
+    for shard in inputs:
+        num_ok, num_error = done.pop(shard["path"], (0, 0))
+        shards.append(_shard(shard["path"], shard["num_rows"], num_ok, num_error))
+    for path, (num_ok, num_error) in sorted(done.items()):  # committed by a run with other inputs
+        shards.append(_shard(path, None, num_ok, num_error))
+    holder = lock_holder(out_dir)
+    complete = (out_dir / SUCCESS_FILE).is_file()
+    totals = {key: sum(s[key] or 0 for s in shards) for key in ("rows", "done", "errored", "remaining")}
+    return {
+        "output": str(out_dir),
+        "state": "running" if holder is not None else "complete" if complete else "incomplete",
+        "complete": complete,
+        "running": holder,
+        "max_rows": state.inputs.get("max_rows") if state.inputs else None,
+        **totals,
+        "shards": shards,
+        "fingerprint": None if state.fingerprint is None else {
+            "digest": fingerprint_digest(state.fingerprint), **state.fingerprint},
+        "last_commit_time": state.last_commit_time,
+        "num_parts": len(state.parts),
+        "num_entries": state.last_seq,
+    }
+
+
+def _shard(path: str, num_rows: int | None, num_ok: int, num_error: int) -> dict[str, Any]:
+    remaining = None if num_rows is None else max(num_rows - num_ok - num_error, 0)
+    return {"path": path, "rows": num_rows, "done": num_ok, "errored": num_error, "remaining": remaining}
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    """The same, for a terminal."""
+    state = status["state"]
+    if state == "running":
+        holder = status["running"] or {}
+        state = f"running (pid {holder.get('pid')} on {holder.get('host')})"
+    elif state == "incomplete":
+        state = "incomplete: run the same `batchgen run` command again to resume"
+    limit = f" (--max-rows {status['max_rows']})" if status["max_rows"] is not None else ""
+    lines = [
+        f"output: {status['output']}",
+        f"state: {state}",
+        f"rows{limit}: {status['rows']} in the input, {status['done']} done, {status['errored']} errored, "
+        f"{status['remaining']} remaining",
+    ]
+    for shard in status["shards"]:
+        rows = "?" if shard["rows"] is None else shard["rows"]
+        remaining = "?" if shard["remaining"] is None else shard["remaining"]
+        lines.append(f"  {shard['path']}: {rows} rows, {shard['done']} done, {shard['errored']} errored, "
+                     f"{remaining} remaining")
+    fingerprint = status["fingerprint"]
+    if fingerprint is not None:
+        lines.append(f"fingerprint: {fingerprint['digest']} (model {fingerprint.get('model')} revision "
+                     f"{fingerprint.get('model_revision')}, max_new_tokens {fingerprint.get('max_new_tokens')}, "
+                     f"temperature {fingerprint.get('temperature')}, batchgen {fingerprint.get('batchgen_version')})")
+    last = status["last_commit_time"]
+    if last is None:
+        lines.append("last commit: none yet")
+    else:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
+        lines.append(f"last commit: {stamp} ({time.time() - last:.0f} s ago); {status['num_parts']} parts")
+    return lines
