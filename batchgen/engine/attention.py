@@ -52,12 +52,24 @@ class PrefillSeq:
 
 
 @dataclass(slots=True)
+class FlashMetadata:
+    """flash-attn's paged varlen call: every scheduled sequence in one kernel launch."""
+
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32, query tokens per sequence, cumulated
+    cu_seqlens_k: torch.Tensor  # [B + 1] int32, context (cached + new) per sequence, cumulated
+    max_seqlen_q: int
+    max_seqlen_k: int
+    block_table: torch.Tensor  # [B, max_num_blocks] int32
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot for each new token
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, kv_heads, head_dim]
     block_size: int
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
+    flash: FlashMetadata | None = None  # set: use flash-attn instead of the torch SDPA path
 
 
 _forward_metadata: AttentionMetadata | None = None
@@ -96,14 +108,16 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
 
-    # NOTE: torch.empty_like(q) would copy q's transposed strides; the output must be dense
-    out = q.new_empty(q.shape)  # [T, num_heads, head_dim]
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     bs = meta.block_size
-    # gather whole blocks (contiguous block_size * kv_heads * head_dim runs), not single slots
-    k_blocks = k_cache.view(-1, bs, num_kv_heads, head_dim)  # [num_blocks, block_size, kv_heads, head_dim]
+    # the cache seen as pages: [num_blocks, block_size, kv_heads, head_dim] (flash-attn's layout)
+    k_blocks = k_cache.view(-1, bs, num_kv_heads, head_dim)
     v_blocks = v_cache.view(-1, bs, num_kv_heads, head_dim)
+    if meta.flash is not None:
+        return _flash_forward(q, k_blocks, v_blocks, meta.flash, scaling).unsqueeze(0), None
+    # NOTE: torch.empty_like(q) would copy q's transposed strides; the output must be dense
+    out = q.new_empty(q.shape)  # [T, num_heads, head_dim]
     group_size = num_heads // num_kv_heads
     for group in meta.decode_groups:
         batch = group.token_idx.shape[0]
@@ -131,6 +145,54 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                                             scale=scaling, enable_gqa=True)
         out[p.start:p.end] = op[0].transpose(0, 1)
     return out.unsqueeze(0), None  # [1, T, num_heads, head_dim]
+
+
+def _flash_forward(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, flash: FlashMetadata,
+                   scaling: float | None) -> torch.Tensor:
+    # q: [T, num_heads, head_dim]; k/v_blocks: [num_blocks, block_size, kv_heads, head_dim]
+    # flash-attn aligns causal masks bottom-right when seqlen_q < seqlen_k (>= 2.1), which is
+    # exactly "query i of a chunk sees the cached past plus new tokens up to itself".
+    return flash_attn_varlen_func()(
+        q.contiguous(), k_blocks, v_blocks, flash.cu_seqlens_q, flash.cu_seqlens_k, flash.max_seqlen_q,
+        flash.max_seqlen_k, softmax_scale=scaling, causal=True, block_table=flash.block_table)
+
+
+def flash_attn_varlen_func():
+    """flash-attn's varlen function, imported on first use (tests may replace this hook)."""
+    from flash_attn import flash_attn_varlen_func as fn
+
+    return fn
+
+
+FLASH_BLOCK_SIZE_MULTIPLE = 256  # flash-attn 2 paged KV needs pages of a multiple of 256 tokens
+
+
+def flash_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(backend: str, device: torch.device, block_size: int | None) -> tuple[str, int]:
+    """Pick the attention backend and the block size it needs: ("torch"|"flash", block_size)."""
+    if backend not in ("auto", "torch", "flash"):
+        raise ValueError(f"attention backend must be auto, torch or flash; got {backend!r}")
+    if backend == "auto":
+        use_flash = flash_available(device) and (block_size is None or block_size % FLASH_BLOCK_SIZE_MULTIPLE == 0)
+        backend = "flash" if use_flash else "torch"
+    if backend == "flash":
+        if not flash_available(device):
+            raise ValueError("the flash attention backend needs CUDA and the flash-attn package")
+        block_size = block_size or FLASH_BLOCK_SIZE_MULTIPLE
+        if block_size % FLASH_BLOCK_SIZE_MULTIPLE:
+            raise ValueError(f"flash-attn's paged KV needs a block size that is a multiple of "
+                             f"{FLASH_BLOCK_SIZE_MULTIPLE}, got {block_size}")
+        return backend, block_size
+    return backend, block_size or 16
 
 
 def _reject_unsupported(module: torch.nn.Module, kwargs: dict) -> None:

@@ -27,7 +27,7 @@ from batchgen.engine.request import Completion, FinishReason, Request
 from batchgen.engine.scheduler import Policy, Scheduler
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.stopping import StopChecker
-from batchgen.errors import EngineError, UnsupportedModelError
+from batchgen.errors import ConfigError, EngineError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ class EngineConfig:
     policy: Policy = Policy.CONTINUOUS
     max_num_seqs: int = 64  # sequences running at once (the static policy's batch size)
     max_num_batched_tokens: int = 2048  # token budget of one step
-    block_size: int = 16
+    block_size: int | None = None  # None: 16 for the torch backend, 256 for flash-attn
+    attention_backend: str = "auto"  # auto | torch | flash (flash-attn, CUDA only)
     kv_cache_bytes: int | None = None  # None: sized from free memory
     num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
     enable_prefix_caching: bool = True
@@ -62,14 +63,29 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
         if eos_token_ids is None:
             eos_token_ids = _eos_ids(model, tokenizer)
-        spec = KVCacheSpec.from_model_config(model.config, model.dtype, config.block_size)
-        num_blocks = config.num_kv_blocks or plan_num_blocks(spec, self.device, config.kv_cache_bytes)
+        try:
+            backend, block_size = attention.resolve_backend(config.attention_backend, self.device, config.block_size)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.block_size = block_size
+        spec = KVCacheSpec.from_model_config(model.config, model.dtype, block_size)
+        num_blocks = config.num_kv_blocks
+        if num_blocks is None:
+            peak = 0
+            if self.device.type == "cuda" and config.kv_cache_bytes is None:
+                peak = _profile_activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs)
+            try:
+                num_blocks = plan_num_blocks(spec, self.device, config.kv_cache_bytes, peak)
+            except ValueError as e:
+                raise ConfigError(f"KV cache: {e}") from None
         self.kv_cache = KVCache(spec, num_blocks, self.device)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, policy=config.policy)
-        self.runner = ModelRunner(model, self.kv_cache, self.device)
+        self.runner = ModelRunner(model, self.kv_cache, self.device, backend)
+        log.info("engine: %s policy, %s attention, %d KV blocks of %d tokens", config.policy.value, backend,
+                 num_blocks, block_size)
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.metrics = EngineMetrics()
         self._seq_ids = itertools.count()
@@ -77,7 +93,7 @@ class LLMEngine:
     @property
     def max_tokens_per_seq(self) -> int:
         """The longest prompt + output one sequence can reach: the context or the whole cache."""
-        return min(self.max_model_len, self.block_manager.num_blocks * self.config.block_size)
+        return min(self.max_model_len, self.block_manager.num_blocks * self.block_size)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -150,6 +166,30 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+
+
+def _profile_activation_bytes(model, num_tokens: int, num_seqs: int) -> int:
+    """Peak activation memory of one full-budget step, so the KV cache leaves room for it.
+
+    Runs the model once on `num_tokens` dummy tokens with plain SDPA attention (whose memory is
+    close to ours) and `num_seqs` logits rows, then restores our attention function.
+    """
+    device = next(model.parameters()).device
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.inference_mode():
+            ids = torch.zeros((1, num_tokens), dtype=torch.long, device=device)
+            keep = torch.arange(num_tokens - min(num_seqs, num_tokens), num_tokens, device=device)
+            model(input_ids=ids, use_cache=False, logits_to_keep=keep)
+        torch.cuda.synchronize(device)
+    finally:
+        model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    torch.cuda.empty_cache()
+    return int(peak)
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

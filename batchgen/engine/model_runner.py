@@ -11,9 +11,11 @@ One step is one forward over all scheduled tokens packed into a single row:
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
-from batchgen.engine.attention import AttentionMetadata, DecodeGroup, PrefillSeq, forward_context
+from batchgen.engine.attention import AttentionMetadata, DecodeGroup, FlashMetadata, PrefillSeq, forward_context
 from batchgen.engine.kv_cache import KVCache
 from batchgen.engine.sampling import Sampler
 from batchgen.engine.scheduler import SchedulerOutput
@@ -24,11 +26,14 @@ DECODE_GROUP_MAX_RATIO = 2.0
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device):
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device,
+                 backend: str = "torch"):
+        assert backend in ("torch", "flash")
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.spec.block_size
         self.device = device
+        self.backend = backend
         self.sampler = Sampler()
 
     @torch.inference_mode()
@@ -63,9 +68,12 @@ class ModelRunner:
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.long).to(dev, non_blocking=True),
             kv_caches=self.kv_cache.layers,
             block_size=bs,
-            decode_groups=self._decode_groups(decode),
-            prefills=prefills,
         )
+        if self.backend == "flash":
+            meta.flash = self._flash_metadata(out)
+        else:
+            meta.decode_groups = self._decode_groups(decode)
+            meta.prefills = prefills
         ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
         keep = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
@@ -73,6 +81,21 @@ class ModelRunner:
             logits = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False,
                                 logits_to_keep=keep).logits[0]  # [S, vocab_size]
         return self.sampler.sample(logits, out.samplers)
+
+    def _flash_metadata(self, out: SchedulerOutput) -> FlashMetadata:
+        seqlens_q = [s.num_new_tokens for s in out.scheduled]
+        seqlens_k = [s.seq.num_computed_tokens + s.num_new_tokens for s in out.scheduled]
+        max_num_blocks = -(-max(seqlens_k) // self.block_size)
+        block_table = []
+        for s in out.scheduled:
+            row = s.seq.block_table[:max_num_blocks]
+            block_table.append(row + [0] * (max_num_blocks - len(row)))
+        cu_q = torch.tensor([0, *itertools.accumulate(seqlens_q)], dtype=torch.int32)
+        cu_k = torch.tensor([0, *itertools.accumulate(seqlens_k)], dtype=torch.int32)
+        dev = self.device
+        return FlashMetadata(cu_seqlens_q=cu_q.to(dev), cu_seqlens_k=cu_k.to(dev), max_seqlen_q=max(seqlens_q),
+                             max_seqlen_k=max(seqlens_k),
+                             block_table=torch.tensor(block_table, dtype=torch.int32).to(dev))
 
     def _prefill_seq(self, start_token: int, num_new: int, num_past: int,
                      block_table: list[int]) -> PrefillSeq:
