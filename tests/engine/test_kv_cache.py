@@ -11,6 +11,7 @@ from transformers import LlamaConfig, Qwen2Config
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.kv_cache import CPU_KV_CAP_BYTES, KVCache, KVCacheSpec, plan_num_blocks
+from batchgen.errors import ConfigError
 
 CPU = torch.device("cpu")
 
@@ -97,5 +98,6 @@ def test_engine_sizes_its_cache_from_the_budget(tokenizer):
 
 
 def test_engine_with_a_budget_below_one_block_fails_clearly(tokenizer):
-    with pytest.raises(ValueError, match="holds no block"):
+    # a user's --kv-cache-memory too small for one block is a config error (exit 2), not a crash
+    with pytest.raises(ConfigError, match="holds no block"):
         LLMEngine(make_tiny_model("llama"), tokenizer, EngineConfig(kv_cache_bytes=100))
