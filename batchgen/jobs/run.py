@@ -34,7 +34,7 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion, Request, SamplingParams
 from batchgen.engine.scheduler import Policy
-from batchgen.errors import ErrorRateExceeded, JobInterrupted
+from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
 from batchgen.io.manifest import fingerprint_digest, write_success
 from batchgen.io.writers import PartWriter, output_schema, write_json_atomic
 from batchgen.jobs.progress import Progress
@@ -164,6 +164,14 @@ class _Job:
             with self.guard.critical():
                 self.committer.commit()  # the rows that finished before the signal
             raise
+        except Exception as e:
+            if not isinstance(e, OutputError):  # an engine failure: keep the work that did finish
+                try:
+                    with self.guard.critical():
+                        self.committer.commit()
+                except OutputError:
+                    log.warning("could not commit the %d finished rows", len(self.committer))
+            raise
         finally:
             self.progress.close()
             self._count_commits()
@@ -217,28 +225,36 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     source = RowSource.open(config)  # every input problem surfaces here or in the scan, before any output
     scan = scan_inputs(source)
     session = OutputSession(Path(config.output), overwrite=config.overwrite)
+    summary: RunSummary | None = None
     with SignalGuard() as guard:
         try:
-            with guard.critical():
-                session.open()
-            schema = output_schema(source.id_field, source.passthrough_fields)
-            session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
-            if loaded is None:
-                loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                                    trust_remote_code=config.trust_remote_code)
-            job = _Job(config, source, loaded, session, guard)
-            with guard.critical():
-                session.start(job.fingerprint, scan, config.max_rows)
-            summary = job.run(scan)
-            with guard.critical():
-                _finish(config, session, summary)
+            try:
+                with guard.critical():
+                    session.open()
+                schema = output_schema(source.id_field, source.passthrough_fields)
+                session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
+                if loaded is None:
+                    loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                                        trust_remote_code=config.trust_remote_code)
+                job = _Job(config, source, loaded, session, guard)
+                with guard.critical():
+                    session.start(job.fingerprint, scan, config.max_rows)
+                if session.state.num_committed_rows:
+                    log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,
+                             session.state.num_committed_rows, len(session.state.error_ids))
+                summary = job.run(scan)
+                with guard.critical():
+                    _finish(config, session, summary)
+            finally:
+                with guard.critical():
+                    session.close()
         except Interrupt as stop:
+            if summary is not None and summary.complete:
+                return summary  # the signal came after the job was done: nothing is left to stop
             state = session.state if session.manifest is not None else None
             committed = f"; {state.num_committed_rows} rows are committed" if state is not None else ""
             raise JobInterrupted(stop.signum, f"interrupted by {signal.Signals(stop.signum).name}{committed}; "
                                  "run the same command again to resume") from None
-        finally:
-            session.close()
     return summary
 
 

@@ -264,3 +264,28 @@ def test_status_of_a_finished_job_is_written_in_the_manifest(tiny_model_dir, loa
     assert [len(p.ids) for p in state.parts.values()] == [10, 10, 3]
     assert state.inputs["inputs"] == [{"path": str(src), "num_rows": len(TEXTS)}]
     assert state.fingerprint["model_revision"] == loaded.revision and state.fingerprint["id_column"] == "id"
+
+
+def test_an_engine_failure_keeps_the_rows_that_finished(tiny_model_dir, loaded, tmp_path, monkeypatch, reference):
+    from batchgen.engine.engine import LLMEngine
+    from batchgen.errors import EngineError
+
+    src = write_input(tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    real_step = LLMEngine.step
+    steps = []
+
+    def failing_step(self):
+        steps.append(1)
+        if len(steps) == 10:
+            raise EngineError("the engine fell over")
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", failing_step)
+    with pytest.raises(EngineError):
+        run_job(config(src, out, tiny_model_dir, commit_every_rows=1000), loaded=loaded)  # no commit on the way
+    monkeypatch.setattr(LLMEngine, "step", real_step)
+    committed = load_manifest(out).num_committed_rows
+    assert committed > 0  # the rows finished before the failure were committed on the way out
+    summary = run_job(config(src, out, tiny_model_dir), loaded=loaded)
+    assert summary.num_rows_skipped == committed and output(out) == reference
