@@ -1,13 +1,14 @@
 """kill -9 soak: a `batchgen run` subprocess SIGKILLed at random moments, resumed until done.
 
-    python benchmarks/soak_kill.py --seeds 100            # the closing-note figures
-    python benchmarks/soak_kill.py --seeds 5 --kills 2    # a quick look
+    python benchmarks/soak_kill.py --seeds 100 --kills 2   # the closing-note figures
+    python benchmarks/soak_kill.py --seeds 5               # a quick look
 
 A tiny random-weight Llama (tests/conftest.py) and an input of --rows rows are built in a temp
 dir; an uninterrupted greedy run gives the reference output. Per seed the job is started as
 `python -m batchgen run ...` with --commit-every 8, and SIGKILLed after a random delay once it
 holds the output directory's lock (so the kill lands anywhere from model loading through
 streaming and committing), up to --kills times, each time restarted; then it runs to the end.
+--jobs seeds run at once.
 
 After every kill: every part the manifest lists is readable and matches its checksum, no id is
 visible twice, and no row committed before the kill is missing after it ("rows lost"). At the
@@ -21,11 +22,13 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -208,6 +211,7 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--rows", type=int, default=240)
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per seed before the run to the end")
+    parser.add_argument("--jobs", type=int, default=2, help="seeds run at once (each in its own directory)")
     parser.add_argument("--json", type=Path, help="write the per-seed results here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="batchgen-soak-") as tmp:
@@ -215,22 +219,22 @@ def main() -> None:
         fixture = make_fixture(tmp, args.rows)
         reference, job_s = timed_reference(fixture, tmp / "reference")
         print(f"reference run: {args.rows} rows, {job_s:.2f} s from taking the lock to _SUCCESS", flush=True)
-        results = []
         t0 = time.monotonic()
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
+
+        def one_seed(seed: int) -> SeedResult:
             out = tmp / f"seed-{seed}"
-            result = kill_cycle(fixture, out, seed, kills=args.kills, max_delay_s=job_s * 1.1)
+            result = kill_cycle(fixture, out, seed, kills=args.kills, max_delay_s=job_s)
             run_to_end_subprocess(fixture, out)
             check_final(out, fixture, reference, result)
             result.rerun_rows = run_to_end_subprocess(fixture, out)
-            results.append(result)
             print(f"seed {seed}: {result.kills} kills at {result.kill_delays_s} s, committed then "
                   f"{result.committed_at_kill}; lost {result.rows_lost}, duplicated {result.rows_duplicated}, "
                   f"missing {result.rows_missing}, wrong {result.rows_wrong}, rerun {result.rerun_rows}", flush=True)
-            for name in os.listdir(out):  # keep the temp dir small
-                path = out / name
-                if path.is_file():
-                    path.unlink()
+            shutil.rmtree(out)  # keep the temp dir small
+            return result
+
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(one_seed, range(args.first_seed, args.first_seed + args.seeds)))
         totals = {key: sum(getattr(r, key) for r in results)
                   for key in ("kills", "rows_lost", "rows_duplicated", "rows_missing", "rows_wrong", "rerun_rows")}
         mid_commit = sum(0 < c < args.rows for r in results for c in r.committed_at_kill)
