@@ -11,11 +11,13 @@ An output directory holds:
 
 The manifest is the single source of truth; part files follow it. A commit is:
 
-    1. stage   every new part, and every rewritten part, under a hidden temp name, fsynced;
+    1. stage   every new part, and every rewritten part, under a hidden temp name, fsynced,
+               then fsync the directory, so the temps' names are durable too;
     2. commit  one entry `_manifest/{seq}.json` listing them (temp + fsync + link + dir fsync):
                the commit point;
     3. publish the entry: delete the parts it removes, rename its rewrites over their old
-               files, then rename its new parts into place; fsync the directory.
+               files, then rename its new parts into place. No fsync: a rename or unlink that a
+               power cut undoes is redone by recovery from the durable entry.
 
 A crash before 2 leaves only hidden temps, which recovery deletes: the rows were never committed
 and are generated again. A crash after 2 leaves a committed entry whose temps recovery finishes
@@ -59,6 +61,7 @@ from batchgen.errors import OutputError
 from batchgen.io.writers import (
     TEMP_SUFFIX,
     StagedPart,
+    _stage,
     file_digest,
     fsync_dir,
     publish_staged,
@@ -279,17 +282,26 @@ class Manifest:
         if not parts and not remove:
             return
         clear_success(self.out_dir)  # the visible output is about to change
+        try:
+            _stage("fsync_staged")
+            fsync_dir(self.out_dir)  # the staged temps' names: an entry must never outlive its files
+        except OSError as e:
+            raise OutputError(f"cannot sync {self.out_dir}: {e.strerror or e}") from e
         shard_paths = sorted({s for _, r in parts for s in r.shards})
         index = {path: i for i, path in enumerate(shard_paths)}
         self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
         self.publish([s for s, _ in parts], remove)
 
-    def publish(self, staged: list[StagedPart], remove: list[str]) -> None:
-        """Step 3: removals, then rewrites of existing names, then new names (never a duplicate)."""
+    def publish(self, staged: list[StagedPart], remove: list[str], *, durable: bool = False) -> None:
+        """Step 3: removals, then rewrites of existing names, then new names (never a duplicate).
+
+        Not fsynced unless `durable`: after a power cut a lost rename or unlink is redone by
+        recovery, because the entry that asked for it is durable.
+        """
         for name in remove:
             _unlink(self.out_dir / name)
         staged = sorted(staged, key=lambda s: not s.final_path.exists())
-        publish_staged(staged)
+        publish_staged(staged, durable=durable)
 
     def recover(self) -> list[PartRecord]:
         """Finish what a crash interrupted; return committed parts that are missing or damaged.

@@ -46,9 +46,10 @@ TEMP_SUFFIX = ".tmp"
 _SEQ_DIGITS = 5  # names sort in write order up to 99999 parts per prefix
 
 # Tests set this to inject faults: called with "write", "fsync", "rename", "fsync_dir" before
-# each stage of a part's write, and with "file_write", "file_fsync", "file_rename",
-# "file_fsync_dir" before each stage of write_file_atomic (manifest entries, _SUCCESS); it may
-# raise OSError(errno.ENOSPC, ...) and the like.
+# each stage of a part's write, with "file_write", "file_fsync", "file_rename",
+# "file_fsync_dir" before each stage of write_file_atomic (manifest entries, _SUCCESS), and with
+# "fsync_staged" before a manifest commit fsyncs the staged parts' directory; it may raise
+# OSError(errno.ENOSPC, ...) and the like.
 _fault_hook: Callable[[str], None] | None = None
 
 
@@ -192,17 +193,21 @@ def check_output_dir(out_dir: str | Path) -> Path:
     return path
 
 
-def publish_staged(staged: list[StagedPart]) -> None:
+def publish_staged(staged: list[StagedPart], *, durable: bool = True) -> None:
     """Rename staged parts to their final names (in the order given), then fsync the directory.
 
     os.replace is atomic, so a reader sees each part whole or not at all; an existing final name
     (a part being rewritten) is swapped in one step. OSError becomes OutputError; nothing is
-    removed, because a job calls this only after the manifest committed these parts.
+    removed, because a job calls this only after the manifest committed these parts. A job skips
+    the directory fsync (`durable=False`): a rename lost in a power cut leaves the temp, which
+    recovery publishes again.
     """
     try:
         for part in staged:
             _stage("rename")
             os.replace(part.temp_path, part.final_path)
+        if not durable:
+            return
         _stage("fsync_dir")
         for directory in {part.final_path.parent for part in staged}:
             _fsync_dir(directory)

@@ -263,7 +263,7 @@ def test_unreadable_input_file(tiny_model_dir, loaded, tmp_path, monkeypatch, na
 # ---------------------------------------------------------------- bad disks
 
 
-@pytest.mark.parametrize("stage", ["write", "fsync", "file_write", "file_rename", "rename", "fsync_dir"])
+@pytest.mark.parametrize("stage", ["write", "fsync", "file_write", "file_rename", "rename", "fsync_staged"])
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
 def test_disk_errors_while_writing_then_resume(tiny_model_dir, loaded, tmp_path, monkeypatch, stage, code):
     src = tmp_path / "in.parquet"

@@ -88,7 +88,7 @@ def test_max_rows_then_the_rest(tiny_model_dir, loaded, tmp_path, reference):
 
 
 @pytest.mark.parametrize("stage", ["write", "fsync", "file_write", "file_rename", "file_fsync_dir", "rename",
-                                   "fsync_dir"])
+                                   "fsync_staged"])
 @pytest.mark.parametrize("nth", [1, 3])
 def test_a_crash_at_any_commit_stage_resumes_to_the_same_output(tiny_model_dir, loaded, tmp_path, monkeypatch,
                                                                  reference, stage, nth):
