@@ -160,10 +160,11 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
 
 
 def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """'key old -> new' for each compared key that differs (keys missing from `new` are skipped)."""
+    """'key old -> new' for each compared key that differs. Only the keys of `new` are compared,
+    so a fingerprint made before the model is loaded checks everything but MODEL_KEYS."""
     changes = []
     for key in new:
-        if key in INFO_KEYS or key not in new:
+        if key in INFO_KEYS:
             continue
         if old.get(key) != new[key]:
             changes.append(f"{key} {_short(old.get(key))} -> {_short(new[key])}")
