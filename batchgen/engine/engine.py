@@ -150,7 +150,8 @@ class LLMEngine:
             step_seconds=time.perf_counter() - t0, num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting, num_batched_tokens=out.num_batched_tokens,
             num_sampled_tokens=len(samplers), num_kv_blocks_used=bm.num_used_blocks,
-            num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted))
+            num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
+            num_overruns=out.num_overruns))
         return finished
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:

@@ -16,6 +16,7 @@ class StepStats:
     num_kv_blocks_used: int
     num_kv_blocks_free: int
     num_preempted: int
+    num_overruns: int = 0
 
 
 @dataclass(slots=True)
@@ -51,6 +52,7 @@ class EngineMetrics:
             "kv_blocks_used_max": max(s.num_kv_blocks_used for s in steps),
             "kv_blocks_total": steps[-1].num_kv_blocks_used + steps[-1].num_kv_blocks_free,
             "num_preemptions": sum(s.num_preempted for s in steps),
+            "num_overruns": sum(s.num_overruns for s in steps),
             "num_prefix_hit_tokens": self.num_prefix_hit_tokens,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_generated_tokens": self.num_generated_tokens,

@@ -46,6 +46,10 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # a length planner's guess at the output length: the static policy reserves KV memory for
+    # prompt + this instead of prompt + max_new_tokens; a row that runs past it is parked and
+    # finished in a later batch, never cut short. None = reserve for max_new_tokens.
+    predicted_num_output_tokens: int | None = None
 
 
 @dataclass(slots=True)

@@ -8,8 +8,10 @@ are admitted while the budget, `max_num_seqs` and free blocks allow. A finished 
 its blocks the step it finishes.
 
 Static policy: a batch is admitted only when nothing is running; each member reserves blocks for
-its whole prompt + max_new_tokens up front, so the batch never preempts, and it runs until its
-last member finishes.
+its whole prompt + max_new_tokens up front (or prompt + a planner's predicted output length), so
+the batch never preempts, and it runs until its last member finishes. A member that outgrows a
+predicted reservation is parked at the back of the queue with its tokens, and finished in a
+later batch with a full reservation: never cut short, never taking a batch-mate's memory.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     num_batched_tokens: int = 0
     num_preempted: int = 0
+    num_overruns: int = 0  # static: sequences parked for running past their reservation
     # finished without running: the KV cache cannot hold even this one sequence's next token
     out_of_memory: list[Sequence] = field(default_factory=list)
 
@@ -62,6 +65,7 @@ class Scheduler:
         # keep a few blocks free at admission so running sequences can grow without preempting
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
         self.num_preemptions = 0
+        self.num_overruns = 0
 
     # ---- queue -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -80,8 +84,12 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         if self.policy is Policy.STATIC and not self.running:
-            self._admit_static_batch()
+            self._admit_static_batch(out)
         budget = self._schedule_running(out, budget)
+        if self.policy is Policy.STATIC and not self.running and self.waiting:
+            # every member of the batch overran and was parked: start the next batch now
+            self._admit_static_batch(out)
+            budget = self._schedule_running(out, budget)
         if self.policy is Policy.CONTINUOUS and out.num_preempted == 0:
             self._admit_waiting(out, budget)
         out.num_batched_tokens = sum(s.num_new_tokens for s in out.scheduled)
@@ -96,6 +104,10 @@ class Scheduler:
             num_new = min(seq.num_uncomputed_tokens, budget)
             assert num_new >= 1
             target = seq.num_computed_tokens + num_new
+            if seq.reserved_for_prediction and bm.blocks_needed(seq, target):
+                self._park_overrun(seq)  # past its reservation: finish it in a later batch
+                out.num_overruns += 1
+                continue
             scheduled = True
             while not bm.can_allocate(seq, target):
                 victim = self.running[-1]
@@ -147,13 +159,13 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new, samples))
             budget -= num_new
 
-    def _admit_static_batch(self) -> None:
+    def _admit_static_batch(self, out: SchedulerOutput) -> None:
         """Admit up to max_num_seqs waiting sequences, each with its full final size reserved."""
         bm = self.block_manager
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             cached = bm.find_cached_prefix(seq)
-            reserve = min(seq.max_num_tokens, self.max_model_len)
+            reserve = seq.num_tokens_to_reserve(self.max_model_len)
             fully_reserved = bm.can_admit(seq, cached, 0, reserve_tokens=reserve)
             if not fully_reserved:
                 if self.running:
@@ -161,10 +173,15 @@ class Scheduler:
                 # alone it does not fit either: run it with what there is (it stops at "length")
                 reserve = seq.num_tokens
                 if not bm.can_admit(seq, cached, 0, reserve_tokens=reserve):
-                    break  # the caller's size check should have rejected it; avoid a hang
+                    # even its tokens so far do not fit the whole cache (it grew past it in an
+                    # earlier batch): it can never run again
+                    self.waiting.popleft()
+                    out.out_of_memory.append(seq)
+                    continue
             self.waiting.popleft()
             bm.admit(seq, cached, 0, reserve_tokens=reserve)
             self._start(seq, len(cached) * bm.block_size)
+            seq.reserved_for_prediction = fully_reserved and reserve < min(seq.max_num_tokens, self.max_model_len)
             if not fully_reserved:
                 # it grows into blocks it has not reserved: batch-mates would be preempted for
                 # them, so it runs alone
@@ -175,6 +192,16 @@ class Scheduler:
             seq.num_cached_prompt_tokens = num_cached_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+
+    def _park_overrun(self, seq: Sequence) -> None:
+        seq.reserved_for_prediction = False
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_overruns += 1
+        self.num_overruns += 1
+        self.waiting.append(seq)  # behind the rows not yet started: they keep their batch order
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -38,6 +38,10 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0  # prefix-cache hit at first admission
     num_preemptions: int = 0
+    # static policy: ran past its predicted length, so its next reservation is the full maximum
+    num_overruns: int = 0
+    # static policy: its blocks cover a predicted length only; outgrowing them parks it
+    reserved_for_prediction: bool = False
 
     @classmethod
     def from_request(cls, seq_id: int, request: Request) -> Sequence:
@@ -66,8 +70,14 @@ class Sequence:
         """Prompt plus the most tokens this request may generate."""
         return self.num_prompt_tokens + self.request.sampling.max_new_tokens
 
-    def num_blocks_for(self, num_tokens: int, block_size: int) -> int:
-        return -(-num_tokens // block_size)
+    def num_tokens_to_reserve(self, max_model_len: int) -> int:
+        """Static policy: how many token slots to reserve when this sequence is admitted."""
+        full = min(self.max_num_tokens, max_model_len)
+        predicted = self.request.predicted_num_output_tokens
+        if predicted is None or self.num_overruns:
+            return full
+        # at least one slot past what is already computed, so the sequence can always advance
+        return max(min(self.num_prompt_tokens + max(predicted, 1), full), min(self.num_tokens + 1, full))
 
     def append_token(self, token_id: int) -> None:
         assert self.status is SequenceStatus.RUNNING

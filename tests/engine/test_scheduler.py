@@ -15,8 +15,9 @@ from batchgen.engine.scheduler import Policy, Scheduler
 from batchgen.engine.sequence import Sequence, SequenceStatus
 
 
-def make_seq(seq_id: int, prompt: list[int], max_new_tokens: int) -> Sequence:
-    request = Request(str(seq_id), list(prompt), SamplingParams(max_new_tokens=max_new_tokens))
+def make_seq(seq_id: int, prompt: list[int], max_new_tokens: int, predicted: int | None = None) -> Sequence:
+    request = Request(str(seq_id), list(prompt), SamplingParams(max_new_tokens=max_new_tokens),
+                      predicted_num_output_tokens=predicted)
     return Sequence.from_request(seq_id, request)
 
 
@@ -67,6 +68,7 @@ def drive(sched: Scheduler, seqs: list[Sequence], *, rng: random.Random, max_ste
         trace.num_steps += 1
         assert trace.num_steps <= max_steps, "the scheduler does not finish its work"
         running_before = {s.seq_id: s.num_computed_tokens for s in sched.running}
+        overruns_before = {s.seq_id: s.num_overruns for s in sched.running}
         out = sched.schedule()
         sched.check_integrity()
 
@@ -79,7 +81,11 @@ def drive(sched: Scheduler, seqs: list[Sequence], *, rng: random.Random, max_ste
         if sched.policy is Policy.STATIC:
             assert out.num_preempted == 0, "the static policy preempted"
             admitted = {s.seq_id for s in sched.running} - running_before.keys()
-            assert not admitted or not running_before, "static admitted while a batch was running"
+            # a new batch starts only once every member of the last one has left (finished,
+            # parked after overrunning its predicted reservation, or out of memory)
+            still_running = {s.seq_id for s in sched.running
+                             if s.seq_id in running_before and s.num_overruns == overruns_before[s.seq_id]}
+            assert not admitted or not still_running, "static admitted while a batch was running"
         assert out.scheduled or out.out_of_memory, "a step with work left scheduled nothing"
 
         for seq in out.out_of_memory:
@@ -95,7 +101,10 @@ def drive(sched: Scheduler, seqs: list[Sequence], *, rng: random.Random, max_ste
             seq, n = s.seq, s.num_new_tokens
             start = seq.num_computed_tokens
             assert n >= 1 and start + n <= seq.num_tokens
-            if seq.seq_id in running_before:  # in order, no gap, no repeat
+            if seq.num_overruns != overruns_before.get(seq.seq_id, seq.num_overruns):
+                # parked and restarted in the same step: recomputed from 0 or a prefix-cache hit
+                assert start % bs == 0 and start < seq.num_tokens
+            elif seq.seq_id in running_before:  # in order, no gap, no repeat
                 assert start == running_before[seq.seq_id]
             else:  # freshly admitted: from 0 or from a prefix-cache hit of whole blocks
                 assert start % bs == 0 and start < seq.num_tokens
@@ -147,7 +156,9 @@ def workloads(draw):
         length = draw(st.integers(1, max_prompt))
         prompt = (shared if draw(st.booleans()) else []) + draw(st.lists(st.integers(0, 2), min_size=length,
                                                                          max_size=length))
-        seqs.append(make_seq(i, prompt[:length], draw(st.integers(1, 24))))
+        # a planner's guess, often wrong: static reservations then overrun and park
+        predicted = draw(st.one_of(st.none(), st.integers(1, 30)))
+        seqs.append(make_seq(i, prompt[:length], draw(st.integers(1, 24)), predicted))
     config = dict(
         num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
         max_num_seqs=draw(st.integers(1, 6)), max_num_batched_tokens=draw(st.integers(1, 64)),
@@ -317,3 +328,34 @@ def test_static_policy_with_a_request_too_big_for_its_reservation():
     assert trace.num_preemptions == 0
     assert trace.out_of_memory == [0] and big.num_tokens == 33
     assert all(s.num_generated_tokens == 12 for s in small)
+
+
+def test_static_overrun_parks_the_row_and_finishes_it_later():
+    """A predicted reservation that is too small never cuts a row short or touches batch-mates."""
+    from batchgen.engine.request import Request, SamplingParams
+    from batchgen.engine.sequence import Sequence
+
+    bm = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, policy=Policy.STATIC)
+    seqs = []
+    for i, predicted in enumerate([2, 20, 20]):
+        req = Request(str(i), [7] * 6, SamplingParams(max_new_tokens=20), predicted_num_output_tokens=predicted)
+        seqs.append(Sequence.from_request(i, req))
+        sched.add(seqs[-1])
+    finished, steps, parked = [], 0, 0
+    while sched.has_unfinished():
+        out = sched.schedule()
+        parked += out.num_overruns
+        assert out.num_preempted == 0
+        sched.update(out, [1] * len(out.samplers))
+        for seq in out.samplers:
+            if seq.num_generated_tokens >= seq.request.sampling.max_new_tokens:
+                sched.finish(seq, FinishReason.LENGTH)
+                finished.append(seq.seq_id)
+        sched.check_integrity()
+        steps += 1
+        assert steps < 500
+    assert parked == 1 and seqs[0].num_overruns == 1
+    assert all(s.num_generated_tokens == 20 for s in seqs)
+    assert finished[-1] == 0  # the overrun row finished last, in a later batch
+    assert bm.num_free_blocks == bm.num_blocks
