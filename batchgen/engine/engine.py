@@ -84,7 +84,7 @@ class LLMEngine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, policy=config.policy)
         self.runner = ModelRunner(model, self.kv_cache, self.device, backend)
-        log.info("engine: %s policy, %s attention, %d KV blocks of %d tokens", config.policy.value, backend,
+        log.info("engine: %s policy, %s attention, %d KV blocks of %d tokens", Policy(config.policy).value, backend,
                  num_blocks, block_size)
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.metrics = EngineMetrics()
