@@ -1,0 +1,27 @@
+"""batchgen bench: both policies generate exactly the workload's tokens and report throughput."""
+
+from __future__ import annotations
+
+import torch
+from conftest import VOCAB_SIZE, make_tiny_model
+
+from batchgen.engine.loader import LoadedModel
+from batchgen.jobs.bench import default_engine_configs, make_workload, run_bench
+
+
+def test_bench_runs_both_policies_round_robin(tokenizer):
+    model = make_tiny_model("llama")
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name="tiny", revision="x", device=torch.device("cpu"),
+                         dtype=torch.float32, eos_token_ids=[2], max_context_tokens=512)
+    workload = make_workload(12, mean_prompt_tokens=20, mean_output_tokens=8, mixed=True, vocab_size=VOCAB_SIZE,
+                             max_tokens=200)
+    result = run_bench(loaded, workload, default_engine_configs(4, 64, 4 << 20), repeats=2)
+    assert set(result) == {"continuous", "static"}
+    for r in result.values():
+        assert len(r["runs"]) == 2 and r["tokens_per_s_min"] > 0
+
+
+def test_uniform_workload_has_equal_lengths():
+    w = make_workload(5, mean_prompt_tokens=7, mean_output_tokens=3, mixed=False, vocab_size=100)
+    assert {len(p) for p in w.prompt_token_ids} == {7} and set(w.output_lens) == {3}
+    assert w.num_output_tokens == 15
