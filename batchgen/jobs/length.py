@@ -1,0 +1,295 @@
+"""Output-length predictor: quantiles of output tokens given prompt tokens, learned as rows finish.
+
+A prediction is two quantiles of the row's output length (generated tokens, a final EOS
+included), never a mean: output lengths are heavy-tailed. The planner sorts rows by p50 and the
+static policy reserves KV memory for p90 (a row that runs past it is parked and finished later,
+never cut short). Sources, most specific first:
+
+  exact   --ignore-eos (every row generates its max_new_tokens) or a --length-column value
+  bin     >= MIN_SAMPLES finished rows whose prompt length fell in the same log-spaced bin
+  global  >= MIN_SAMPLES finished rows of this job, any prompt length
+  prior   nothing learned yet: p50 = half of max_new_tokens, p90 = max_new_tokens
+
+Bins are half-octaves of prompt tokens (1, 2, 3, 4-5, 6-7, 8-11, ...): what a prompt of 40 tokens
+yields says little about one of 4000. Each bin keeps a bounded uniform sample (a reservoir) of
+the output lengths it saw, so memory stays fixed however long the job runs. Every prediction is
+clamped to [1, the row's max_new_tokens]. Observations at the cap ("length") are kept as they are:
+a later row with a larger cap may be predicted short, which costs an overrun, not a wrong row.
+
+The learned state is written to `_length_model.json` in the output directory (temp file, fsync,
+rename) and read back by a resumed run or the next job on the same directory, but only when it
+was learned with the same key (model, template, system prompt, chat template use): lengths learned
+for one prompt say little about another's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import os
+import random
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchgen.jobs.prompts import RowError
+
+log = logging.getLogger("batchgen")
+
+LENGTH_MODEL_FILE = "_length_model.json"
+FORMAT = "batchgen.length_model"
+VERSION = 1
+MIN_SAMPLES = 8  # finished rows a bin (or the job) needs before its quantiles replace the prior
+BIN_SAMPLES = 64  # reservoir size per prompt-length bin
+GLOBAL_SAMPLES = 512  # reservoir size over all rows
+ERROR_SAMPLES = 4096  # (predicted, actual) pairs kept for the rank correlation
+PRIOR_P50_FRACTION = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class LengthPrediction:
+    p50: int  # median output tokens: the sort key and the error's reference
+    p90: int  # the static policy's reservation
+    source: str  # exact | bin | global | prior
+
+
+class _Reservoir:
+    """A uniform sample of at most `size` values out of `count` seen (Vitter's algorithm R)."""
+
+    __slots__ = ("size", "count", "values", "_sorted")
+
+    def __init__(self, size: int, count: int = 0, values: list[int] | None = None):
+        self.size = size
+        self.count = count
+        self.values = list(values or [])[:size]
+        self._sorted: list[int] | None = None
+
+    def add(self, value: int, rng: random.Random) -> None:
+        self.count += 1
+        if len(self.values) < self.size:
+            self.values.append(value)
+        else:
+            i = rng.randrange(self.count)
+            if i >= self.size:
+                return
+            self.values[i] = value
+        self._sorted = None
+
+    def quantile(self, q: float) -> int:
+        if self._sorted is None:
+            self._sorted = sorted(self.values)
+        s = self._sorted
+        return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]  # nearest rank
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "values": self.values}
+
+    @classmethod
+    def from_json(cls, size: int, data: dict[str, Any]) -> _Reservoir:
+        values = [int(v) for v in data["values"]]
+        return cls(size, max(int(data["count"]), len(values)), values)
+
+
+def prompt_bin(num_prompt_tokens: int) -> int:
+    """Half-octave bin of a prompt length: 0 for 1 token, 2 for 2, 3 for 3, 4 for 4-5, 5 for 6-7, ..."""
+    return int(2 * math.log2(max(1, num_prompt_tokens)))
+
+
+@dataclass(frozen=True, slots=True)
+class LengthError:
+    num_rows: int
+    mae: float | None  # mean |p50 - actual| over every observed row
+    spearman: float | None  # rank correlation of p50 and actual (a bounded sample); None if constant
+
+
+class LengthPredictor:
+    def __init__(self, key: dict[str, Any] | None = None, *, ignore_eos: bool = False, seed: int = 0):
+        self.key = dict(key or {})
+        self.ignore_eos = ignore_eos
+        self.bins: dict[int, _Reservoir] = {}
+        self.overall = _Reservoir(GLOBAL_SAMPLES)
+        self.num_observed_since_save = 0
+        self._rng = random.Random(seed)
+        # this run's error: every |p50 - actual|, and a bounded sample of pairs for the ranks
+        self._abs_error_sum = 0
+        self._num_errors = 0
+        self._pairs = _PairSample(ERROR_SAMPLES, self._rng)
+
+    # ---- predicting ------------------------------------------------------------------------
+    def predict(self, num_prompt_tokens: int, max_new_tokens: int, known: int | None = None) -> LengthPrediction:
+        def clamp(n: float) -> int:
+            return min(max_new_tokens, max(1, int(round(n))))
+
+        if known is not None:
+            n = clamp(known)
+            return LengthPrediction(n, n, "exact")
+        if self.ignore_eos:
+            return LengthPrediction(max_new_tokens, max_new_tokens, "exact")
+        sample = self.bins.get(prompt_bin(num_prompt_tokens))
+        source = "bin"
+        if sample is None or len(sample.values) < MIN_SAMPLES:
+            sample, source = self.overall, "global"
+        if len(sample.values) < MIN_SAMPLES:
+            return LengthPrediction(clamp(PRIOR_P50_FRACTION * max_new_tokens), max_new_tokens, "prior")
+        return LengthPrediction(clamp(sample.quantile(0.5)), clamp(sample.quantile(0.9)), source)
+
+    # ---- learning --------------------------------------------------------------------------
+    def observe(self, num_prompt_tokens: int, num_output_tokens: int,
+                prediction: LengthPrediction | None = None) -> None:
+        """Learn from a finished row; with its prediction, also count the prediction's error."""
+        b = prompt_bin(num_prompt_tokens)
+        if b not in self.bins:
+            self.bins[b] = _Reservoir(BIN_SAMPLES)
+        self.bins[b].add(num_output_tokens, self._rng)
+        self.overall.add(num_output_tokens, self._rng)
+        self.num_observed_since_save += 1
+        if prediction is not None:
+            self._abs_error_sum += abs(prediction.p50 - num_output_tokens)
+            self._num_errors += 1
+            self._pairs.add(prediction.p50, num_output_tokens)
+
+    def error(self) -> LengthError:
+        n = self._num_errors
+        return LengthError(n, self._abs_error_sum / n if n else None, self._pairs.spearman())
+
+    # ---- persistence -----------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "key": self.key,
+                "bins": {str(b): r.to_json() for b, r in sorted(self.bins.items())},
+                "global": self.overall.to_json()}
+
+    def load_state(self, data: dict[str, Any]) -> None:
+        self.bins = {int(b): _Reservoir.from_json(BIN_SAMPLES, r) for b, r in data["bins"].items()}
+        self.overall = _Reservoir.from_json(GLOBAL_SAMPLES, data["global"])
+
+    @property
+    def num_learned_rows(self) -> int:
+        return self.overall.count
+
+    def save(self, out_dir: str | Path) -> bool:
+        """Write the learned state atomically; False (and a warning) if it could not be written.
+
+        Best effort on purpose: the file only speeds up the next run's planning, so a full disk
+        fails the job at its next commit, not here. It uses its own temp-file write rather than
+        batchgen.io.writers so that it never counts as, or fails like, a commit.
+        """
+        path = Path(out_dir) / LENGTH_MODEL_FILE
+        temp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"  # recovery deletes stale ones
+        try:
+            try:
+                with open(temp, "xb") as f:
+                    f.write((json.dumps(self.to_json(), separators=(",", ":")) + "\n").encode())
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(temp, path)
+            finally:
+                temp.unlink(missing_ok=True)
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warning("could not save the output-length model to %s: %s", path, e.strerror or e)
+            return False
+        self.num_observed_since_save = 0
+        return True
+
+    @classmethod
+    def load(cls, out_dir: str | Path | None, key: dict[str, Any], *, ignore_eos: bool = False) -> LengthPredictor:
+        """The state saved in `out_dir` if it was learned under the same key, else a fresh predictor."""
+        predictor = cls(key, ignore_eos=ignore_eos)
+        if out_dir is None:
+            return predictor
+        path = Path(out_dir) / LENGTH_MODEL_FILE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return predictor
+        except (OSError, ValueError) as e:
+            log.warning("ignoring %s: cannot read it (%s)", path, e)
+            return predictor
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
+            log.warning("ignoring %s: not a version-%d batchgen length model", path, VERSION)
+            return predictor
+        if data.get("key") != predictor.key:
+            log.info("output-length model in %s was learned for another model or prompt; starting from the prior",
+                     path)
+            return predictor
+        try:
+            predictor.load_state(data)
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("ignoring %s: malformed (%s)", path, e)
+            return cls(key, ignore_eos=ignore_eos)
+        log.info("output-length model: %d finished rows learned by an earlier run", predictor.num_learned_rows)
+        return predictor
+
+
+class _PairSample:
+    """A bounded uniform sample of (predicted, actual) pairs, for the rank correlation."""
+
+    def __init__(self, size: int, rng: random.Random):
+        self.size = size
+        self.count = 0
+        self.pairs: list[tuple[int, int]] = []
+        self._rng = rng
+
+    def add(self, predicted: int, actual: int) -> None:
+        self.count += 1
+        if len(self.pairs) < self.size:
+            self.pairs.append((predicted, actual))
+        else:
+            i = self._rng.randrange(self.count)
+            if i < self.size:
+                self.pairs[i] = (predicted, actual)
+
+    def spearman(self) -> float | None:
+        if len(self.pairs) < 2:
+            return None
+        return spearman([p for p, _ in self.pairs], [a for _, a in self.pairs])
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (ties get their average rank); None when either side is constant."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    n = len(rx)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    if vx == 0 or vy == 0:
+        return None
+    return cov / math.sqrt(vx * vy)
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def parse_known_length(value: Any, column: str) -> int | None:
+    """A --length-column cell: null = unknown; otherwise a whole number of tokens >= 0.
+
+    A bad cell is a RowError, like a bad --max-new-tokens-column cell: the column is the user's
+    claim about the data, and a claim that cannot be read is worth saying so."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        as_float = float(value)
+        if as_float.is_integer() and as_float >= 0:
+            return int(value)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise RowError(f"column {column!r} must hold a whole number of output tokens >= 0 (or null), got {shown}",
+                   column=column)
