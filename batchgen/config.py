@@ -15,7 +15,7 @@ import yaml
 
 from batchgen.errors import ConfigError
 
-MODES = ("continuous", "static")
+MODES = ("auto", "continuous", "static")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LONG_PROMPT_POLICIES = ("truncate", "error")
@@ -45,7 +45,11 @@ class JobConfig:
     block_size: int = 16
     kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
     enable_prefix_caching: bool = True
-    mode: str = "continuous"
+    mode: str = "auto"  # auto = chosen per shard by the length planner (batchgen.jobs.plan)
+    window_rows: int = 1024  # planning window: rows sorted by predicted length together (bounds memory)
+    length_column: str | None = None  # known output lengths (tokens) per row; null cells are predicted
+    sort_by_length: bool = True  # static shards run their rows longest predicted output first
+    static_min_occupancy: float = 0.9  # auto: static when its batches would keep this share of slots busy
     device: str = "auto"
     dtype: str = "auto"
     max_rows: int | None = None
@@ -69,11 +73,13 @@ class JobConfig:
     def replace(self, **changes: Any) -> JobConfig:
         return dataclasses.replace(self, **changes)
 
-    def validate(self) -> JobConfig:
-        """Raise ConfigError naming the first invalid setting; return self for chaining."""
+    def validate(self, *, need_output: bool = True) -> JobConfig:
+        """Raise ConfigError naming the first invalid setting; return self for chaining.
+
+        `need_output=False`: a dry run (`batchgen plan`) writes nothing."""
         if not self.inputs:
             raise ConfigError("no input given: pass --input PATH (a file, directory or glob)")
-        if not self.output:
+        if need_output and not self.output:
             raise ConfigError("no output directory given: pass --output DIR")
         _positive("max_new_tokens", self.max_new_tokens)
         _positive("batch_size", self.batch_size)
@@ -81,6 +87,10 @@ class JobConfig:
         _positive("block_size", self.block_size)
         _positive("rows_per_part", self.rows_per_part)
         _positive("read_batch_size", self.read_batch_size)
+        _positive("window_rows", self.window_rows)
+        if (isinstance(self.static_min_occupancy, bool) or not isinstance(self.static_min_occupancy, (int, float))
+                or not 0.0 <= self.static_min_occupancy <= 1.0):
+            raise ConfigError(f"static_min_occupancy must be a number in [0, 1], got {self.static_min_occupancy!r}")
         if self.commit_every_rows is not None:
             _positive("commit_every_rows", self.commit_every_rows)
         if self.commit_every_s is not None and (isinstance(self.commit_every_s, bool)
@@ -154,7 +164,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def build_config(config_file: str | Path | None = None, **overrides: Any) -> JobConfig:
+def build_config(config_file: str | Path | None = None, *, need_output: bool = True, **overrides: Any) -> JobConfig:
     """Defaults < config file < overrides (None overrides mean 'not given' and are skipped)."""
     values: dict[str, Any] = {}
     if config_file is not None:
@@ -168,7 +178,7 @@ def build_config(config_file: str | Path | None = None, **overrides: Any) -> Job
     except TypeError as e:
         raise ConfigError(str(e)) from None
     _check_types(config)
-    return config.validate()
+    return config.validate(need_output=need_output)
 
 
 def _check_types(config: JobConfig) -> None:

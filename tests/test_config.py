@@ -23,7 +23,7 @@ def test_defaults_apply_when_nothing_is_given():
     config = build_config(None, **REQUIRED)
     defaults = JobConfig()
     assert config.max_new_tokens == defaults.max_new_tokens == 256
-    assert config.mode == "continuous"
+    assert config.mode == "auto"  # the length planner chooses per shard
     assert config.prompt_column == "text"
     assert config.inputs == ["in.parquet"]
 
@@ -103,7 +103,7 @@ def test_parse_bytes_rejects(text):
     (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(top_k=0), "top_k must be >= 1"),
-    (dict(mode="fast"), "mode must be one of continuous, static; got 'fast'"),
+    (dict(mode="fast"), "mode must be one of auto, continuous, static; got 'fast'"),
     (dict(device="tpu"), "device must be one of auto, cpu, cuda"),
     (dict(dtype="int4"), "dtype must be one of auto, float32, bfloat16, float16"),
     (dict(on_long_prompt="skip"), "on_long_prompt must be one of truncate, error"),

@@ -19,6 +19,15 @@ class JobSummary:
     num_parts_written: int = 0
     wall_seconds: float = 0.0
     engine: dict = field(default_factory=dict)
+    # the length planner (batchgen.jobs.plan): shards by mode, static reruns of failed continuous runs
+    num_shards_static: int = 0
+    num_shards_continuous: int = 0
+    num_static_fallbacks: int = 0
+    # predicted (p50) vs actual output tokens of the rows generated in this run
+    num_length_predictions: int = 0
+    length_mae: float | None = None
+    length_spearman: float | None = None
+    length_sources: dict = field(default_factory=dict)  # rows per prediction source (exact, bin, ...)
 
     @property
     def generated_tokens_per_s(self) -> float:
@@ -43,5 +52,12 @@ class JobSummary:
                 f"{e['running_mean']} running on average (max {e['running_max']}), "
                 f"KV blocks used max {e['kv_blocks_used_max']}/{e['kv_blocks_total']}, "
                 f"{e['num_preemptions']} preemptions, {e['num_prefix_hit_tokens']} prefix-cache hit tokens")
+        if self.num_shards_static or self.num_shards_continuous:
+            mae = "n/a" if self.length_mae is None else f"{self.length_mae:.1f}"
+            rho = "n/a" if self.length_spearman is None else f"{self.length_spearman:.2f}"
+            sources = ", ".join(f"{k} {v}" for k, v in sorted(self.length_sources.items())) or "none"
+            out.append(f"plan: {self.num_shards_static} static and {self.num_shards_continuous} continuous shards, "
+                       f"{self.num_static_fallbacks} static fallbacks; output length predicted (p50) vs actual: "
+                       f"MAE {mae} tokens, Spearman {rho} over {self.num_length_predictions} rows ({sources})")
         out.append(f"output: {self.output_dir}")
         return out

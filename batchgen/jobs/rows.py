@@ -42,7 +42,7 @@ class RowSource:
         self.id_field = (schema.field(config.id_column) if config.id_column
                          else pa.field(DERIVED_ID_COLUMN, pa.string()))
         self.passthrough_fields = _passthrough(config, schema, self.id_field.name)
-        optional = [config.max_new_tokens_column, config.id_column]
+        optional = [config.max_new_tokens_column, config.length_column, config.id_column]
         needed = [*template.columns, *[c for c in optional if c], *[f.name for f in self.passthrough_fields]]
         self.read_columns = list(dict.fromkeys(needed))
         self._shard_labels = _shard_labels(shards)
@@ -100,7 +100,8 @@ def _check_columns(config: JobConfig, template: Template, names: list[str], path
                          path=path)
     template.check_columns(names, path)
     for flag, column in (("--id-column", config.id_column),
-                         ("--max-new-tokens-column", config.max_new_tokens_column)):
+                         ("--max-new-tokens-column", config.max_new_tokens_column),
+                         ("--length-column", config.length_column)):
         if column is not None and column not in names:
             raise InputError(f"{flag} {column!r} not found; columns: {listed}", path=path)
     for column in config.keep_columns or []:

@@ -15,10 +15,20 @@ same command again resumes: committed rows are skipped by id, error rows are gen
 (unless --no-retry-errors) and replace their old row. `_SUCCESS` is written last, once every
 input row has a committed output row and the error rate is within --max-error-rate.
 SIGTERM / SIGINT commit the finished rows and exit 143 / 130 (batchgen.jobs.signals).
+
+Rows reach the engine through the length planner (batchgen.jobs.plan): windows of rows become
+shards with predicted output lengths, a run order and a mode each. Consecutive shards in one mode
+stream through one `engine.generate` call, so no shard boundary drains the engine. The job holds
+one engine at a time: a shard in the other mode drops it and builds one with the other policy over
+the same model (see _EngineSlot). If the continuous engine fails with an engine error (not a
+user's error), the rows it had not finished and the rest of that shard run again in static mode,
+and the job goes on. Finished rows teach the output-length predictor, whose state is saved with
+each commit (`_length_model.json`).
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import itertools
 import logging
@@ -29,16 +39,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from batchgen.config import JobConfig, parse_bytes
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import LoadedModel, load_model
+from batchgen.engine.metrics import EngineMetrics
 from batchgen.engine.request import Completion, Request, SamplingParams
 from batchgen.engine.scheduler import Policy
-from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
+from batchgen.errors import BatchgenError, EngineError, ErrorRateExceeded, JobInterrupted, OutputError
 from batchgen.io.manifest import fingerprint_digest, write_success
 from batchgen.io.writers import PartWriter, output_schema, write_json_atomic
+from batchgen.jobs.length import LengthPredictor
+from batchgen.jobs.plan import CONTINUOUS, STATIC, PlannedRow, Planner, ShardPlan, prepare_row
 from batchgen.jobs.progress import Progress
-from batchgen.jobs.prompts import PromptBuilder, RowError, row_max_new_tokens
+from batchgen.jobs.prompts import PromptBuilder, RowError
 from batchgen.jobs.report import JobSummary
 from batchgen.jobs.resume import (
     SUMMARY_FILE,
@@ -77,15 +92,20 @@ class RunSummary(JobSummary):
         return out
 
 
-def build_engine(config: JobConfig, loaded: LoadedModel) -> LLMEngine:
+def build_engine(config: JobConfig, loaded: LoadedModel, mode: str | None = None, *,
+                 num_kv_blocks: int | None = None) -> LLMEngine:
+    """An engine with `mode`'s policy (default: the config's; continuous for auto)."""
+    if mode is None:
+        mode = CONTINUOUS if config.mode == "auto" else config.mode
     engine_config = EngineConfig(
-        policy=Policy(config.mode),
+        policy=Policy(mode),
         max_num_seqs=config.batch_size,
         max_num_batched_tokens=config.max_num_batched_tokens,
         block_size=config.block_size,
         kv_cache_bytes=parse_bytes(config.kv_cache_memory) if config.kv_cache_memory else None,
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=loaded.max_context_tokens,
+        num_kv_blocks=num_kv_blocks,
     )
     return LLMEngine(loaded.model, loaded.tokenizer, engine_config, eos_token_ids=loaded.eos_token_ids)
 
@@ -96,6 +116,100 @@ def row_seed(base_seed: int, row_id: Any) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def length_model_key(loaded: LoadedModel, builder: PromptBuilder) -> dict[str, Any]:
+    """What the learned output lengths depend on: another model or prompt starts from the prior."""
+    template = builder.template
+    return {"model": loaded.name, "model_revision": loaded.revision, "template": template.text,
+            "prompt_column": template.prompt_column, "system": builder.system, "chat": builder.chat}
+
+
+class _EngineSlot:
+    """The job's engine: one at a time, built for the mode of the shards it runs.
+
+    A shard in the other mode drops the engine and builds one with the other policy over the same
+    model. So only one KV cache is ever allocated, sized exactly as a one-mode job's (two caches
+    side by side would each get half the memory, or need a split of the budget); the price is one
+    cache allocation per mode switch, which consecutive same-mode shards never pay. Every engine
+    after the first gets the first one's block count, so each prompt built for the first one fits.
+    """
+
+    def __init__(self, config: JobConfig, loaded: LoadedModel):
+        self.config = config
+        self.loaded = loaded
+        self.engine: LLMEngine | None = None
+        self.num_kv_blocks: int | None = None
+        self.metrics: list[EngineMetrics] = []
+
+    def get(self, mode: str) -> LLMEngine:
+        if self.engine is not None and self.engine.config.policy.value == mode:
+            return self.engine
+        self.drop()
+        self.engine = build_engine(self.config, self.loaded, mode, num_kv_blocks=self.num_kv_blocks)
+        self.num_kv_blocks = self.engine.kv_cache.num_blocks
+        self.metrics.append(self.engine.metrics)
+        return self.engine
+
+    def drop(self) -> None:
+        """Free the engine (and its KV cache) before another is built."""
+        if self.engine is None:
+            return
+        self.engine = None
+        gc.collect()
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def summary(self) -> dict:
+        if len(self.metrics) == 1:
+            return self.metrics[0].summary()
+        merged = EngineMetrics(steps=[step for m in self.metrics for step in m.steps])
+        for m in self.metrics:
+            merged.num_prefix_hit_tokens += m.num_prefix_hit_tokens
+            merged.num_prompt_tokens += m.num_prompt_tokens
+            merged.num_generated_tokens += m.num_generated_tokens
+            merged.num_requests_finished += m.num_requests_finished
+        return merged.summary()
+
+
+class _Segment:
+    """The requests of consecutive shards planned in one mode: what one engine.generate call pulls.
+
+    It stops before the first shard planned in the other mode (`next_plan`, the next segment's
+    first). `shard_rest` is the shard in progress' remaining requests, which a static fallback
+    takes over. `failed` marks an exception raised on our side of the engine (reading, planning,
+    committing error rows): that one is never blamed on the engine.
+    """
+
+    def __init__(self, job: _Job, first: ShardPlan, plans: Iterator[ShardPlan]):
+        self.job = job
+        self.mode = first.mode
+        self.next_plan: ShardPlan | None = None
+        self.shard_rest: Iterator[Request] = iter(())
+        self.failed = False
+        self.done = False  # every request of the segment has been handed out
+        self._plans = plans
+        self._requests = self._iter(first)
+
+    def __iter__(self) -> _Segment:
+        return self
+
+    def __next__(self) -> Request:
+        return next(self._requests)
+
+    def _iter(self, plan: ShardPlan | None) -> Iterator[Request]:
+        try:
+            while plan is not None:
+                self.shard_rest = self.job.shard_requests(plan)
+                yield from self.shard_rest
+                plan = next(self._plans, None)
+                if plan is not None and plan.mode != self.mode:
+                    self.next_plan = plan
+                    break
+            self.done = True
+        except Exception:
+            self.failed = True
+            raise
+
+
 class _Job:
     def __init__(self, config: JobConfig, source: RowSource, loaded: LoadedModel, session: OutputSession,
                  guard: SignalGuard):
@@ -103,11 +217,16 @@ class _Job:
         self.source = source
         self.session = session
         self.guard = guard
-        self.engine = build_engine(config, loaded)
+        self.engines = _EngineSlot(config, loaded)
+        first = self.engines.get(STATIC if config.mode == STATIC else CONTINUOUS)
         self.builder = PromptBuilder(
             loaded.tokenizer, source.template, system=config.system, chat=config.chat,
-            max_context_tokens=self.engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,
+            max_context_tokens=first.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,
             max_prompt_tokens=config.max_prompt_tokens)
+        self.predictor = LengthPredictor.load(session.out_dir, length_model_key(loaded, self.builder),
+                                              ignore_eos=config.ignore_eos)
+        self.planner = Planner(config, self.predictor, kv_capacity_tokens=first.kv_cache.num_blocks * first.block_size,
+                               block_size=first.block_size)
         schema = output_schema(source.id_field, source.passthrough_fields)
         self.fingerprint = job_fingerprint(config, source, schema, model={
             "model": loaded.name, "model_revision": loaded.revision, "dtype": str(loaded.dtype).removeprefix("torch."),
@@ -119,14 +238,15 @@ class _Job:
         self.last_commit = time.monotonic()
         self.id_name = source.id_field.name
         self.passthrough = [f.name for f in source.passthrough_fields]
-        self.pending: dict[str, tuple[InputRow, int]] = {}  # request id -> (row, truncated tokens)
+        self.pending: dict[str, tuple[PlannedRow, Request]] = {}  # request id -> (row, its request)
+        self.keys = itertools.count()
         self.summary = RunSummary(output_dir=str(session.out_dir), model=loaded.name, mode=config.mode)
         self.progress: Progress | None = None
 
-    def requests(self) -> Iterator[Request]:
+    def rows(self) -> Iterator[PlannedRow]:
+        """The rows to generate, prompts built; committed rows skipped, error rows emitted here."""
         config = self.config
         state = self.session.state
-        keys = itertools.count()
         for row in self.source:
             if row.row_id in state.ok_ids or (not config.retry_errors and row.row_id in state.error_ids):
                 self.summary.num_rows_skipped += 1
@@ -135,17 +255,73 @@ class _Job:
             try:
                 if row.error is not None:
                     raise RowError(row.error)
-                max_new = row_max_new_tokens(row.values, config.max_new_tokens_column, config.max_new_tokens)
-                prompt = self.builder.build(row.values, max_new)
+                planned = prepare_row(row, self.builder, config)
             except RowError as e:
                 self.emit(row, self.output_row(row, error=str(e)))
                 continue
-            key = str(next(keys))
-            self.pending[key] = (row, prompt.num_truncated_tokens)
-            yield Request(key, prompt.token_ids, SamplingParams(
-                max_new_tokens=max_new, temperature=config.temperature, top_p=config.top_p,
-                top_k=config.top_k, seed=row_seed(config.seed, row.row_id), stop=tuple(config.stop),
-                ignore_eos=config.ignore_eos))
+            yield planned
+
+    def shard_requests(self, plan: ShardPlan) -> Iterator[Request]:
+        config = self.config
+        if plan.mode == STATIC:
+            self.summary.num_shards_static += 1
+        else:
+            self.summary.num_shards_continuous += 1
+        log.info("shard %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
+                 plan.first_row_index, plan.mode, plan.reason)
+        for planned in plan.rows:
+            key = str(next(self.keys))
+            request = Request(key, planned.prompt_token_ids, SamplingParams(
+                max_new_tokens=planned.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+                top_k=config.top_k, seed=row_seed(config.seed, planned.row.row_id), stop=tuple(config.stop),
+                ignore_eos=config.ignore_eos), predicted_num_output_tokens=planned.prediction.p90)
+            self.pending[key] = (planned, request)
+            yield request
+
+    def run_segment(self, segment: _Segment) -> None:
+        """Run the segment's rows; a continuous engine's fault sends the shard in progress to static."""
+        while True:
+            completions = self.engines.get(segment.mode).generate(segment)
+            failure = None
+            while True:
+                try:
+                    completion = next(completions)
+                except StopIteration:
+                    return
+                except Exception as e:
+                    if not self._is_engine_fault(segment, e):
+                        raise
+                    failure = f"{type(e).__name__}: {e}"
+                    break
+                self.finish(completion)
+            completions = None  # the failed engine's frames go, so drop() frees its memory
+            self.fall_back(segment, failure)
+            if segment.done:
+                return
+
+    def _is_engine_fault(self, segment: _Segment, e: Exception) -> bool:
+        """A continuous engine's own failure: an EngineError or a non-batchgen exception raised by
+        the engine, not by our request stream, and not a user's mistake."""
+        if segment.mode != CONTINUOUS or segment.failed:
+            return False
+        return isinstance(e, EngineError) or not isinstance(e, BatchgenError)
+
+    def fall_back(self, segment: _Segment, failure: str) -> None:
+        unfinished = [request for _, request in self.pending.values()]
+        log.warning("the continuous engine failed (%s); running its %d unfinished rows and the rest of the shard "
+                    "in static mode", failure, len(unfinished))
+        self.summary.num_static_fallbacks += 1
+        self.engines.drop()
+        for completion in self.engines.get(STATIC).generate(itertools.chain(unfinished, segment.shard_rest)):
+            self.finish(completion)
+
+    def finish(self, completion: Completion) -> None:
+        planned, _ = self.pending.pop(completion.request_id)
+        prediction = planned.prediction
+        self.summary.num_rows_truncated += int(planned.num_truncated_tokens > 0)
+        self.summary.length_sources[prediction.source] = self.summary.length_sources.get(prediction.source, 0) + 1
+        self.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
+        self.emit(planned.row, self.output_row(planned.row, completion=completion))
 
     def run(self, scan: InputScan) -> RunSummary:
         state = self.session.state
@@ -154,21 +330,25 @@ class _Job:
                                  log_every_s=self.config.log_every_s)
         started = time.monotonic()
         try:
-            for completion in self.engine.generate(self.requests()):
-                row, num_truncated = self.pending.pop(completion.request_id)
-                self.summary.num_rows_truncated += int(num_truncated > 0)
-                self.emit(row, self.output_row(row, completion=completion))
+            plans = self.planner.plans(self.rows())
+            plan = next(plans, None)
+            while plan is not None:
+                segment = _Segment(self, plan, plans)
+                self.run_segment(segment)
+                plan = segment.next_plan
             assert not self.pending, f"{len(self.pending)} rows lost in the engine"
             self.commit()
         except Interrupt:
             with self.guard.critical():
                 self.committer.commit()  # the rows that finished before the signal
+                self._save_lengths()
             raise
         except Exception as e:
             if not isinstance(e, OutputError):  # an engine failure: keep the work that did finish
                 try:
                     with self.guard.critical():
                         self.committer.commit()
+                        self._save_lengths()
                 except OutputError:
                     log.warning("could not commit the %d finished rows", len(self.committer))
             raise
@@ -176,7 +356,11 @@ class _Job:
             self.progress.close()
             self._count_commits()
             self.summary.wall_seconds = time.monotonic() - started
-            self.summary.engine = self.engine.metrics.summary()
+            self.summary.engine = self.engines.summary()
+            error = self.predictor.error()
+            self.summary.num_length_predictions = error.num_rows
+            self.summary.length_mae = None if error.mae is None else round(error.mae, 3)
+            self.summary.length_spearman = None if error.spearman is None else round(error.spearman, 4)
         return self.summary
 
     def output_row(self, row: InputRow, *, completion: Completion | None = None,
@@ -210,7 +394,12 @@ class _Job:
     def commit(self) -> None:
         with self.guard.critical():
             self.committer.commit()
+            self._save_lengths()
         self.last_commit = time.monotonic()
+
+    def _save_lengths(self) -> None:
+        if self.predictor.num_observed_since_save:
+            self.predictor.save(self.session.out_dir)
 
     def _count_commits(self) -> None:
         counts, s = self.committer.counts, self.summary
