@@ -25,6 +25,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Offline batch LLM generation: Parquet/JSONL prompts in, Parquet out.")
 
 
+MODE_HELP = ("auto | continuous | static [auto]: auto runs each shard static where its predicted lengths "
+             "are alike, continuous where they are mixed.")
+WINDOW_ROWS_HELP = "Rows planned together (sorted by predicted length, one mode); bounds memory [1024]."
+LENGTH_COLUMN_HELP = "Column of known output lengths in tokens (null cells are predicted)."
+SORT_HELP = "Run a static shard's rows longest predicted output first, so batches hold alike rows [on]."
+OCCUPANCY_HELP = "auto: static when its batches would keep at least this share of slots busy [0.9]."
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"batchgen {__version__}")
@@ -72,7 +80,12 @@ def run(
     max_num_batched_tokens: Annotated[int | None, typer.Option(help="Token budget per engine step "
                                       "[2048].")] = None,
     kv_cache_memory: Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")] = None,
-    mode: Annotated[str | None, typer.Option(help="continuous | static [continuous].")] = None,
+    mode: Annotated[str | None, typer.Option(help=MODE_HELP)] = None,
+    window_rows: Annotated[int | None, typer.Option(help=WINDOW_ROWS_HELP)] = None,
+    length_column: Annotated[str | None, typer.Option(help=LENGTH_COLUMN_HELP)] = None,
+    sort_by_length: Annotated[bool | None, typer.Option("--sort-by-length/--no-sort-by-length",
+                              help=SORT_HELP)] = None,
+    static_min_occupancy: Annotated[float | None, typer.Option(help=OCCUPANCY_HELP)] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda [auto].")] = None,
     dtype: Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16 [auto].")] = None,
     max_rows: Annotated[int | None, typer.Option(help="Process only the first N rows.")] = None,
@@ -99,9 +112,7 @@ def run(
     from batchgen.config import build_config
     from batchgen.jobs.run import run_job
 
-    if template is not None:
-        # shells pass "\n" literally; a template flag is where users mean a newline
-        template = template.replace("\\n", "\n").replace("\\t", "\t")
+    template = _template_flag(template)
     overrides = dict(
         inputs=input, output=output, model=model, trust_remote_code=trust_remote_code,
         prompt_column=prompt_column, id_column=id_column, template=template, system=system,
@@ -112,7 +123,8 @@ def run(
         on_long_prompt=on_long_prompt, max_prompt_tokens=max_prompt_tokens, keep_columns=keep_columns,
         rows_per_part=rows_per_part, max_error_rate=max_error_rate, commit_every_rows=commit_every,
         commit_every_s=commit_every_seconds, retry_errors=retry_errors, overwrite=overwrite,
-        quiet=quiet,
+        quiet=quiet, window_rows=window_rows, length_column=length_column, sort_by_length=sort_by_length,
+        static_min_occupancy=static_min_occupancy,
     )
     with _user_errors():
         job_config = build_config(config, **overrides)
@@ -122,6 +134,72 @@ def run(
         typer.echo(line, err=True)
     typer.echo(json.dumps({"output": summary.output_dir, "rows": summary.num_rows,
                            "errors": summary.num_rows_error}))
+
+
+@app.command()
+def plan(
+    input: Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob "
+                     "(.parquet, .jsonl, .jsonl.gz); repeatable.")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="The job's output directory, if it "
+                      "exists: its learned output lengths are used. Nothing is written.")] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML config (see configs/); flags override it.")] = None,
+    model: Annotated[str | None, typer.Option(help="HF model id, local dir or .gguf; default: the "
+                     "embedded SmolLM2-135M-Instruct.")] = None,
+    trust_remote_code: Annotated[bool | None, typer.Option("--trust-remote-code", help="Allow the "
+                                 "model's own Python code to run (off unless asked).")] = None,
+    prompt_column: Annotated[str | None, typer.Option(help="Column holding the prompt [text].")] = None,
+    id_column: Annotated[str | None, typer.Option(help="Column of unique row ids [derived].")] = None,
+    template: Annotated[str | None, typer.Option(help="Prompt template with {column} placeholders.")] = None,
+    system: Annotated[str | None, typer.Option(help="System prompt (chat models).")] = None,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Apply the tokenizer's chat "
+                    "template [on when it has one].")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per row [256].")] = None,
+    max_new_tokens_column: Annotated[str | None, typer.Option(help="Column with a per-row "
+                                     "max_new_tokens (null = the default).")] = None,
+    ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos", help="Generate through EOS "
+                          "(benchmarks): every row's length is known.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences running at once [32].")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Token budget per engine step "
+                                      "[2048].")] = None,
+    kv_cache_memory: Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")] = None,
+    mode: Annotated[str | None, typer.Option(help=MODE_HELP)] = None,
+    window_rows: Annotated[int | None, typer.Option(help=WINDOW_ROWS_HELP)] = None,
+    length_column: Annotated[str | None, typer.Option(help=LENGTH_COLUMN_HELP)] = None,
+    sort_by_length: Annotated[bool | None, typer.Option("--sort-by-length/--no-sort-by-length",
+                              help=SORT_HELP)] = None,
+    static_min_occupancy: Annotated[float | None, typer.Option(help=OCCUPANCY_HELP)] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda [auto].")] = None,
+    dtype: Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16 [auto].")] = None,
+    max_rows: Annotated[int | None, typer.Option(help="Plan only the first N rows.")] = None,
+    on_long_prompt: Annotated[str | None, typer.Option(help="truncate | error [truncate].")] = None,
+    max_prompt_tokens: Annotated[int | None, typer.Option(help="Cut longer prompts to this many tokens "
+                                 "[the context].")] = None,
+    calibration_rows: Annotated[int, typer.Option(help="Rows of the first shard the calibration run "
+                                "generates a few tokens for (0 = no calibration, no time estimate).")] = 16,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Dry run: shards, prompt and predicted output lengths, mode per shard and why, KV memory, time."""
+    from batchgen.config import build_config
+    from batchgen.jobs.plan_report import plan_job, plan_lines
+
+    overrides = dict(
+        inputs=input, output=output, model=model, trust_remote_code=trust_remote_code,
+        prompt_column=prompt_column, id_column=id_column, template=_template_flag(template), system=system,
+        chat=chat, max_new_tokens=max_new_tokens, max_new_tokens_column=max_new_tokens_column,
+        ignore_eos=ignore_eos, batch_size=batch_size, max_num_batched_tokens=max_num_batched_tokens,
+        kv_cache_memory=kv_cache_memory, mode=mode, window_rows=window_rows, length_column=length_column,
+        sort_by_length=sort_by_length, static_min_occupancy=static_min_occupancy, device=device, dtype=dtype,
+        max_rows=max_rows, on_long_prompt=on_long_prompt, max_prompt_tokens=max_prompt_tokens,
+    )
+    with _user_errors():
+        job_config = build_config(config, need_output=False, **overrides)
+        _setup_logging(quiet=True)
+        report = plan_job(job_config, calibration_rows=calibration_rows)
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        for line in plan_lines(report):
+            typer.echo(line)
 
 
 @app.command()
@@ -154,6 +232,11 @@ def compact(
         result = compact_output(output)
     typer.echo(json.dumps({"output": result.output_dir, "parts_before": result.num_parts_before,
                            "parts_after": result.num_parts_after, "rows": result.num_rows}))
+
+
+def _template_flag(template: str | None) -> str | None:
+    # shells pass "\n" literally; a template flag is where users mean a newline
+    return None if template is None else template.replace("\\n", "\n").replace("\\t", "\t")
 
 
 class _user_errors:

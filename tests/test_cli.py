@@ -459,7 +459,7 @@ def test_output_path_that_is_a_file(runner, tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize(("flags", "needle"), [
     (["--max-new-tokens", "-3"], "max_new_tokens must be a positive integer, got -3"),
-    (["--mode", "fast"], "mode must be one of continuous, static; got 'fast'"),
+    (["--mode", "fast"], "mode must be one of auto, continuous, static; got 'fast'"),
     (["--top-p", "0"], "top_p must be in (0, 1]"),
     (["--on-long-prompt", "skip"], "on_long_prompt must be one of truncate, error"),
     (["--kv-cache-memory", "lots"], "kv_cache_memory: cannot read 'lots'"),
@@ -539,7 +539,8 @@ RUN_FLAGS = [
     "--template", "--system", "--chat", "--no-chat", "--max-new-tokens", "--max-new-tokens-column",
     "--temperature", "--top-p", "--top-k", "--seed", "--stop", "--ignore-eos", "--batch-size",
     "--max-num-batched-tokens", "--kv-cache-memory", "--mode", "--device", "--dtype", "--max-rows",
-    "--on-long-prompt", "--keep-columns", "--rows-per-part", "--quiet",
+    "--on-long-prompt", "--keep-columns", "--rows-per-part", "--quiet", "--window-rows", "--length-column",
+    "--sort-by-length", "--no-sort-by-length", "--static-min-occupancy",
 ]
 
 
@@ -549,7 +550,7 @@ def test_run_help_lists_the_flags(runner):
     for flag in RUN_FLAGS:
         assert flag in result.output, flag
     # defaults written as [value] in the help text must survive (rich markup would eat "[text]")
-    for default in ("[text]", "[256]", "[continuous]", "[truncate]"):
+    for default in ("[text]", "[256]", "[auto]", "[truncate]"):
         assert default in result.output, default
 
 

@@ -1,0 +1,101 @@
+"""`batchgen plan`: the dry run's JSON shape and text, through the Typer app on the tiny random Llama.
+
+The tokenizer is byte-level (one token per UTF-8 byte), so prompt token counts are byte counts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from batchgen.cli import app
+from batchgen.jobs.length import LENGTH_MODEL_FILE
+
+SHARD_KEYS = {"mode", "reason", "num_rows", "predicted_output_tokens", "estimated_seconds"}
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """Two files: 7 rows whose budgets are alike, 3 rows whose budgets are not (one a null prompt)."""
+    tmp = tmp_path_factory.mktemp("plan-inputs")
+    pq.write_table(pa.table({"text": [f"row {i} " + "x" * i for i in range(7)], "n": [5] * 7}), tmp / "a.parquet")
+    pq.write_table(pa.table({"text": ["short", None, "a longer prompt " * 3], "n": [1, 1, 20]}), tmp / "b.parquet")
+    return tmp
+
+
+def plan(runner, model_dir, inputs, *args):
+    argv = ["plan", "--input", str(inputs / "a.parquet"), "--input", str(inputs / "b.parquet"),
+            "--model", str(model_dir), "--device", "cpu", "--dtype", "float32", "--no-chat",
+            "--kv-cache-memory", "16MiB", "--batch-size", "4", "--calibration-rows", "4", *map(str, args)]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+    return result
+
+
+def test_plan_json_shape(runner, tiny_model_dir, inputs, tmp_path):
+    out = tmp_path / "never-created"
+    result = plan(runner, tiny_model_dir, inputs, "--json", "--ignore-eos", "--max-new-tokens-column", "n",
+                  "--window-rows", "4", "--output", out)
+    report = json.loads(result.stdout)
+    assert not out.exists()  # a dry run writes nothing
+    shards = report["shards"]
+    assert [(s["path"].rsplit("/", 1)[1], s["first_row"], s["num_rows"]) for s in shards] == [
+        ("a.parquet", 0, 4), ("a.parquet", 4, 3), ("b.parquet", 0, 2)]
+    for s in shards:
+        assert SHARD_KEYS <= set(s), s
+        assert s["mode"] in ("static", "continuous") and s["reason"]
+        assert isinstance(s["predicted_output_tokens"], int)
+        assert isinstance(s["estimated_seconds"], float) and s["estimated_seconds"] > 0
+        assert set(s["estimates"]) == {"static", "continuous"}
+        assert s["kv_bytes"]["needed"] > 0
+    # ignore-EOS: every length is exact. File a is uniform; in b one batch holds 1 and 20 tokens
+    assert [s["mode"] for s in shards] == ["static", "static", "continuous"]
+    assert [s["predicted_output_tokens"] for s in shards] == [20, 15, 21]
+    assert report["num_rows"] == 9 and report["num_error_rows"] == 1  # the null prompt
+    assert report["predicted_output_tokens"] == 56
+    assert report["prompt_tokens"]["count"] == 9 and report["prompt_tokens"]["max"] == len("a longer prompt " * 3)
+    assert report["kv"]["bytes_per_token"] > 0 and report["calibration"]["num_steps"] > 0
+    assert report["estimated_seconds"] == pytest.approx(sum(s["estimated_seconds"] for s in shards), abs=0.01)
+
+
+def test_plan_text_and_forced_mode(runner, tiny_model_dir, inputs):
+    result = plan(runner, tiny_model_dir, inputs, "--mode", "continuous", "--max-new-tokens", "8")
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("plan: 9 rows (1 error rows) in 2 shards")
+    assert any(line.startswith("calibration: ") for line in lines)
+    shard_lines = [line for line in lines if "--mode continuous" in line]
+    assert len(shard_lines) == 2 and all(" continuous " in line for line in shard_lines)
+
+
+def test_plan_uses_the_learned_lengths_of_the_output_dir(runner, tiny_model_dir, inputs, tmp_path):
+    fresh = json.loads(plan(runner, tiny_model_dir, inputs, "--json", "--calibration-rows", "0").stdout)
+    assert fresh["estimated_seconds"] is None and fresh["learned_rows"] == 0
+    assert {s["reason"].split(":")[0] for s in fresh["shards"]} == {"mixed"}  # the prior alone
+    out = tmp_path / "out"
+    run = runner.invoke(app, ["run", "--input", str(inputs / "a.parquet"), "--input", str(inputs / "b.parquet"),
+                              "--output", str(out), "--model", str(tiny_model_dir), "--device", "cpu", "--dtype",
+                              "float32", "--no-chat", "--kv-cache-memory", "16MiB", "--max-new-tokens", "3",
+                              "--quiet"])
+    assert run.exit_code == 0, run.output
+    assert (out / LENGTH_MODEL_FILE).exists()
+    report = json.loads(plan(runner, tiny_model_dir, inputs, "--json", "--calibration-rows", "0",
+                             "--output", out).stdout)
+    assert report["learned_rows"] == 9  # every row that generated: 3 tokens each
+    assert all(s["mode"] == "static" and s["predicted_output_tokens"] == 3 * s["num_rows"] for s in report["shards"])
+
+
+def test_plan_user_errors_exit_2(runner, tiny_model_dir, inputs):
+    result = runner.invoke(app, ["plan", "--input", str(inputs / "a.parquet"), "--model", str(tiny_model_dir),
+                                 "--length-column", "nope"])
+    assert result.exit_code == 2 and "--length-column 'nope' not found" in result.output
+    result = runner.invoke(app, ["plan", "--input", str(inputs / "a.parquet"), "--mode", "fastest"])
+    assert result.exit_code == 2 and "mode must be one of auto, continuous, static" in result.output
