@@ -234,6 +234,43 @@ def compact(
                            "parts_after": result.num_parts_after, "rows": result.num_rows}))
 
 
+@app.command()
+def bench(
+    model: Annotated[str | None, typer.Option(help="HF model id, local dir or .gguf [embedded model].")] = None,
+    num_requests: Annotated[int, typer.Option(help="Requests in the workload.")] = 128,
+    prompt_tokens: Annotated[int, typer.Option(help="Mean prompt length in tokens.")] = 128,
+    output_tokens: Annotated[int, typer.Option(help="Mean output length in tokens (ignore-EOS).")] = 128,
+    uniform: Annotated[bool, typer.Option("--uniform/--mixed", help="Equal lengths, or heavy-tailed "
+                       "log-normal ones [mixed].")] = False,
+    batch_size: Annotated[int, typer.Option(help="Sequences running at once.")] = 128,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Token budget per engine step.")] = 2048,
+    kv_cache_memory: Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")] = None,
+    repeats: Annotated[int, typer.Option(help="Rounds; each policy runs once per round.")] = 2,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+) -> None:
+    """Measure engine throughput here: continuous against static batching, round-robin."""
+    from batchgen.config import parse_bytes
+    from batchgen.engine.loader import load_model
+    from batchgen.jobs.bench import default_engine_configs, make_workload, run_bench
+
+    with _user_errors():
+        _setup_logging(quiet=True)
+        loaded = load_model(model, device=device, dtype=dtype)
+        workload = make_workload(num_requests, mean_prompt_tokens=prompt_tokens, mean_output_tokens=output_tokens,
+                                 mixed=not uniform, vocab_size=len(loaded.tokenizer),
+                                 max_tokens=loaded.max_context_tokens // 2)
+        budget = parse_bytes(kv_cache_memory) if kv_cache_memory else None
+        result = run_bench(loaded, workload, default_engine_configs(batch_size, max_num_batched_tokens, budget),
+                           repeats)
+    typer.echo(f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}: {num_requests} "
+               f"requests, {workload.num_output_tokens} output tokens, {'uniform' if uniform else 'mixed'}", err=True)
+    for name, r in result.items():
+        typer.echo(f"{name:>10}: median {r['tokens_per_s_median']:.1f} tok/s, min {r['tokens_per_s_min']:.1f} "
+                   f"({len(r['runs'])} runs)", err=True)
+    typer.echo(json.dumps(result))
+
+
 def _template_flag(template: str | None) -> str | None:
     # shells pass "\n" literally; a template flag is where users mean a newline
     return None if template is None else template.replace("\\n", "\n").replace("\\t", "\t")

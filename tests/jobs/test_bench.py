@@ -25,3 +25,19 @@ def test_uniform_workload_has_equal_lengths():
     w = make_workload(5, mean_prompt_tokens=7, mean_output_tokens=3, mixed=False, vocab_size=100)
     assert {len(p) for p in w.prompt_token_ids} == {7} and set(w.output_lens) == {3}
     assert w.num_output_tokens == 15
+
+
+def test_bench_command_prints_both_policies(tiny_model_dir):
+    import json
+
+    from typer.testing import CliRunner
+
+    from batchgen.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--model", str(tiny_model_dir), "--num-requests", "6",
+                                      "--prompt-tokens", "8", "--output-tokens", "4", "--batch-size", "4",
+                                      "--kv-cache-memory", "4MiB", "--repeats", "1", "--device", "cpu",
+                                      "--dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(data) == {"continuous", "static"}
