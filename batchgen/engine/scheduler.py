@@ -188,29 +188,33 @@ class Scheduler:
                 break
 
     def _start(self, seq: Sequence, num_cached_tokens: int) -> None:
-        if seq.num_preemptions == 0:
+        if seq.num_preemptions == 0 and seq.num_overruns == 0:  # its first admission
             seq.num_cached_prompt_tokens = num_cached_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
     def _park_overrun(self, seq: Sequence) -> None:
         seq.reserved_for_prediction = False
-        self.running.remove(seq)
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
         seq.num_overruns += 1
         self.num_overruns += 1
-        self.waiting.append(seq)  # behind the rows not yet started: they keep their batch order
+        # behind the rows not yet started, which keep their batch order
+        self._release_to_waiting(seq, front=False)
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self._release_to_waiting(seq, front=True)  # first to come back
+
+    def _release_to_waiting(self, seq: Sequence, *, front: bool) -> None:
+        """Drop a running sequence's K/V (its tokens stay: they are recomputed on return)."""
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     # ---- after the forward ---------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
