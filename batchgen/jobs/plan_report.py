@@ -54,7 +54,8 @@ class Calibration:
 
 def calibrate(engine: LLMEngine, prompts: list[list[int]]) -> Calibration:
     """Time a few engine steps: the sample together, then its first row alone (small steps)."""
-    runs = [[prompts[0][:4]], [p[:CALIBRATION_MAX_PROMPT_TOKENS] for p in prompts], [prompts[0]]]
+    sample = [p[:CALIBRATION_MAX_PROMPT_TOKENS] for p in prompts]
+    runs = [[sample[0][:4]], sample, sample[:1]]
     points: list[tuple[int, float]] = []
     for run, batch in enumerate(runs):
         first = len(engine.metrics.steps)
