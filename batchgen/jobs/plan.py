@@ -20,8 +20,11 @@ Static when occupancy >= static_min_occupancy, else continuous. Not the spread o
 lengths: prompt lengths never idle a static slot (each prompt is prefilled once, in chunks, in
 either mode), and a wide but predictable spread, once sorted, gives batches of alike rows. The p90
 in the denominator counts uncertainty against static: with nothing learned (p50 = max/2,
-p90 = max) occupancy is 0.5. The default threshold comes from benchmarks/planner.py: static must
-keep enough slots busy to make up for what its fixed shapes save (see README).
+p90 = max) occupancy is 0.5. Static pays off where occupancy x (static / continuous tokens/s on
+uniform lengths) >= 1; benchmarks/planner.py measures that ratio and prints the threshold it implies.
+The default 0.9 is provisional: on a 2-core CPU (SmolLM2-135M, --quick) static was within a few
+percent of continuous at occupancy 0.89 and at 1.0 alike (CPU decode cost falls with the rows
+left in a batch, so idle slots cost little there); the full run on the target hardware should set it.
 """
 
 from __future__ import annotations
