@@ -71,7 +71,8 @@ def kv_blocks_for(workload: Workload, max_num_seqs: int, block_size: int) -> int
 def run_batchgen(lm: LoadedModel, workload: Workload, args, policy: Policy, kv_blocks: int) -> RunResult:
     engine = LLMEngine(lm.model, lm.tokenizer, EngineConfig(
         policy=policy, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, num_kv_blocks=kv_blocks, enable_prefix_caching=True))
+        block_size=args.block_size, num_kv_blocks=kv_blocks, enable_prefix_caching=True,
+        attention_backend=args.attention_backend))
     requests = [Request(str(i), list(p), SamplingParams(max_new_tokens=o, ignore_eos=True))
                 for i, (p, o) in enumerate(workload)]
     with sysload.measure() as load:
@@ -265,6 +266,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=128, help="batchgen concurrency and static batch size")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--attention-backend", default="auto", help="batchgen's: auto, cpu (C kernel), torch, flash")
     p.add_argument("--hf-batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice; 1 is steadier on a busy machine)")

@@ -13,7 +13,9 @@ Per layer the function
      sequences with several new tokens (prefill chunks) one SDPA each, causal, with the query
      offset by the tokens already cached.
 
-The torch SDPA backend runs everywhere (the CPU default, and correct on CUDA).
+Backends: "cpu" (the CPU default) runs decode through a C kernel that reads K/V in place from
+the pages (engine/native.py); "torch" (SDPA over gathered blocks) runs everywhere, CUDA included,
+and is the fallback where the kernel cannot be built; "flash" is flash-attn's paged varlen on CUDA.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from batchgen.engine import native
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
 
@@ -36,6 +40,15 @@ class DecodeGroup:
     block_ids: torch.Tensor  # [B * max_num_blocks] each one's block table, padded with block 0
     mask: torch.Tensor  # [B, 1, 1, max_num_blocks * block_size] True where the key is real
     max_num_blocks: int
+
+
+@dataclass(slots=True)
+class NativeDecode:
+    """Every decode sequence of the step for the CPU kernel, which reads the pages in place."""
+
+    token_idx: torch.Tensor  # [B] positions of their query tokens in the packed row
+    block_tables: torch.Tensor  # [B, max_num_blocks] int32, padded with block 0 (never read)
+    context_lens: torch.Tensor  # [B] int32
 
 
 @dataclass(slots=True)
@@ -68,6 +81,7 @@ class AttentionMetadata:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, kv_heads, head_dim]
     block_size: int
     decode_groups: list[DecodeGroup] = field(default_factory=list)
+    native_decode: NativeDecode | None = None  # set: decode through the CPU kernel, not decode_groups
     prefills: list[PrefillSeq] = field(default_factory=list)
     flash: FlashMetadata | None = None  # set: use flash-attn instead of the torch SDPA path
 
@@ -119,6 +133,11 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     # NOTE: torch.empty_like(q) would copy q's transposed strides; the output must be dense
     out = q.new_empty(q.shape)  # [T, num_heads, head_dim]
     group_size = num_heads // num_kv_heads
+    if meta.native_decode is not None:
+        nd = meta.native_decode
+        od = native.load()(q.index_select(0, nd.token_idx), k_cache, v_cache, nd.block_tables, nd.context_lens,
+                           bs, scaling if scaling is not None else head_dim**-0.5)
+        out.index_copy_(0, nd.token_idx, od)
     for group in meta.decode_groups:
         batch = group.token_idx.shape[0]
         max_seqlen_k = group.max_num_blocks * bs
@@ -177,13 +196,21 @@ def flash_available(device: torch.device) -> bool:
     return True
 
 
-def resolve_backend(backend: str, device: torch.device, block_size: int | None) -> tuple[str, int]:
-    """Pick the attention backend and the block size it needs: ("torch"|"flash", block_size)."""
-    if backend not in ("auto", "torch", "flash"):
-        raise ValueError(f"attention backend must be auto, torch or flash; got {backend!r}")
+def cpu_kernel_available(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and native.PagedDecodeKernel.supports(dtype, dtype) and native.load() is not None
+
+
+def resolve_backend(backend: str, device: torch.device, block_size: int | None,
+                    dtype: torch.dtype = torch.float32) -> tuple[str, int]:
+    """Pick the attention backend and the block size it needs: ("torch"|"cpu"|"flash", block_size)."""
+    if backend not in ("auto", "torch", "cpu", "flash"):
+        raise ValueError(f"attention backend must be auto, torch, cpu or flash; got {backend!r}")
     if backend == "auto":
         use_flash = flash_available(device) and (block_size is None or block_size % FLASH_BLOCK_SIZE_MULTIPLE == 0)
-        backend = "flash" if use_flash else "torch"
+        backend = "flash" if use_flash else "cpu" if cpu_kernel_available(device, dtype) else "torch"
+    if backend == "cpu" and not cpu_kernel_available(device, dtype):
+        raise ValueError(f"the cpu attention backend needs a CPU model in float32 or bfloat16 (got {device.type}, "
+                         f"{dtype}) and a C compiler to build its kernel")
     if backend == "flash":
         if not flash_available(device):
             raise ValueError("the flash attention backend needs CUDA and the flash-attn package")

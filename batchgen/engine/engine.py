@@ -42,7 +42,7 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences running at once (the static policy's batch size)
     max_num_batched_tokens: int = 2048  # token budget of one step
     block_size: int | None = None  # None: 16 for the torch backend, 256 for flash-attn
-    attention_backend: str = "auto"  # auto | torch | flash (flash-attn, CUDA only)
+    attention_backend: str = "auto"  # auto | torch | cpu (C decode kernel) | flash (flash-attn, CUDA only)
     kv_cache_bytes: int | None = None  # None: sized from free memory
     num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
     enable_prefix_caching: bool = True
@@ -64,7 +64,8 @@ class LLMEngine:
         if eos_token_ids is None:
             eos_token_ids = _eos_ids(model, tokenizer)
         try:
-            backend, block_size = attention.resolve_backend(config.attention_backend, self.device, config.block_size)
+            backend, block_size = attention.resolve_backend(config.attention_backend, self.device, config.block_size,
+                                                           model.dtype)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.block_size = block_size

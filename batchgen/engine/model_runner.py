@@ -15,7 +15,14 @@ import itertools
 
 import torch
 
-from batchgen.engine.attention import AttentionMetadata, DecodeGroup, FlashMetadata, PrefillSeq, forward_context
+from batchgen.engine.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    FlashMetadata,
+    NativeDecode,
+    PrefillSeq,
+    forward_context,
+)
 from batchgen.engine.kv_cache import KVCache
 from batchgen.engine.sampling import Sampler
 from batchgen.engine.scheduler import SchedulerOutput
@@ -28,7 +35,7 @@ DECODE_GROUP_MAX_RATIO = 2.0
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device,
                  backend: str = "torch"):
-        assert backend in ("torch", "flash")
+        assert backend in ("torch", "cpu", "flash")
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.spec.block_size
@@ -71,6 +78,9 @@ class ModelRunner:
         )
         if self.backend == "flash":
             meta.flash = self._flash_metadata(out)
+        elif self.backend == "cpu":
+            meta.native_decode = self._native_decode(decode)
+            meta.prefills = prefills
         else:
             meta.decode_groups = self._decode_groups(decode)
             meta.prefills = prefills
@@ -108,6 +118,18 @@ class ModelRunner:
         mask = torch.arange(context_len)[None, :] <= q_pos[:, None]  # [num_new, context_len]
         return PrefillSeq(start_token, start_token + num_new, context_len,
                           torch.tensor(block_table[:num_blocks]).to(self.device), mask.to(self.device))
+
+    def _native_decode(self, decode: list[tuple[int, list[int], int]]) -> NativeDecode | None:
+        if not decode:
+            return None
+        max_num_blocks = max(-(-c // self.block_size) for _, _, c in decode)
+        block_tables = [bt[:max_num_blocks] + [0] * (max_num_blocks - len(bt[:max_num_blocks])) for _, bt, _ in decode]
+        dev = self.device
+        return NativeDecode(
+            token_idx=torch.tensor([i for i, _, _ in decode]).to(dev),
+            block_tables=torch.tensor(block_tables, dtype=torch.int32).to(dev),
+            context_lens=torch.tensor([c for _, _, c in decode], dtype=torch.int32).to(dev),
+        )
 
     def _decode_groups(self, decode: list[tuple[int, list[int], int]]) -> list[DecodeGroup]:
         if not decode:

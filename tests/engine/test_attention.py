@@ -139,16 +139,17 @@ class StubModel(torch.nn.Module):
         return torch.einsum("hnc,chd->nhd", scores.softmax(-1), v)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize(("block_size", "budget", "prefix_caching"), [(4, 16, True), (1, 7, False),
                                                                         (8, 64, True)])
-def test_packed_steps_match_plain_attention(block_size, budget, prefix_caching):
+def test_packed_steps_match_plain_attention(block_size, budget, prefix_caching, backend):
     """Prompts, prefill chunks over a cached past, prefix-cache hits and decodes of different
     context lengths packed into each step give, token for token, plain causal attention."""
     stub = StubModel()
     bm = BlockManager(200 // block_size, block_size, enable_prefix_caching=prefix_caching)
     sched = Scheduler(bm, max_num_seqs=5, max_num_batched_tokens=budget, max_model_len=128)
     spec = KVCacheSpec(num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32, block_size=block_size)
-    runner = ModelRunner(stub, KVCache(spec, bm.num_blocks, torch.device("cpu")), torch.device("cpu"))
+    runner = ModelRunner(stub, KVCache(spec, bm.num_blocks, torch.device("cpu")), torch.device("cpu"), backend)
     rng = random.Random(block_size)
     shared = [rng.randrange(40) for _ in range(13)]
     for i in range(10):

@@ -61,11 +61,14 @@ def test_flash_metadata_gives_generate_equal_greedy_output(tokenizer, monkeypatc
 
 def test_backend_resolution_on_cpu():
     cpu = torch.device("cpu")
-    assert attention.resolve_backend("auto", cpu, None) == ("torch", 16)
+    assert attention.resolve_backend("auto", cpu, None) == ("cpu", 16)  # the C decode kernel
+    assert attention.resolve_backend("auto", cpu, None, torch.float16) == ("torch", 16)  # not in the kernel
     assert attention.resolve_backend("torch", cpu, 32) == ("torch", 32)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        attention.resolve_backend("cpu", cpu, 16, torch.float16)
     with pytest.raises(ValueError, match="CUDA and the flash-attn package"):
         attention.resolve_backend("flash", cpu, 256)
-    with pytest.raises(ValueError, match="auto, torch or flash"):
+    with pytest.raises(ValueError, match="auto, torch, cpu or flash"):
         attention.resolve_backend("flashinfer", cpu, None)
 
 

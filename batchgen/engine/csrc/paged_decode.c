@@ -1,0 +1,173 @@
+/* Paged decode attention for the CPU: each sequence's one query token attends over its context
+ * read in place from the paged KV cache, so no step copies ("gathers") the context first.
+ *
+ * Why C: on a CPU the torch path (index_select of every block, then SDPA) moves each byte of K/V
+ * three times and its SDPA runs at a few GFLOP/s on 3-row queries; at 128 sequences of ~550
+ * tokens it took 37 ms a layer against 8 ms here (bf16, 2 cores). The work is memory-bound, so
+ * the layout matters: one item is one sequence with all its heads, reading each token's K (or V)
+ * row for every KV head as one contiguous run, K in one pass, V in a second.
+ *
+ * Built at first use by batchgen/engine/native.py (cc -O3 -march=native -fopenmp) and called
+ * through ctypes; OpenMP resolves to the libgomp torch already loaded, so the two share threads.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE void load_row(const void* base, int is_bf16, int64_t offset, int n, float* restrict dst) {
+    if (!is_bf16) {
+        memcpy(dst, (const float*)base + offset, sizeof(float) * n);
+    } else {
+        const uint16_t* src = (const uint16_t*)base + offset;
+        uint32_t* restrict out = (uint32_t*)dst;  /* bf16 is the top half of a float32 */
+        for (int i = 0; i < n; i++) out[i] = ((uint32_t)src[i]) << 16;
+    }
+}
+
+/* Pages are scattered, so the hardware prefetcher loses the stream at every block boundary:
+ * while one block is read, ask for the same token row of the next block. */
+ALWAYS_INLINE void prefetch_row(const void* base, int is_bf16, int64_t offset, int n) {
+    const char* p = (const char*)base + offset * (is_bf16 ? 2 : 4);
+    const int bytes = n * (is_bf16 ? 2 : 4);
+    for (int i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
+}
+
+ALWAYS_INLINE void store_row(void* base, int is_bf16, int64_t offset, int n, const float* restrict src, float mul) {
+    if (!is_bf16) {
+        float* dst = (float*)base + offset;
+        for (int i = 0; i < n; i++) dst[i] = src[i] * mul;
+    } else {
+        uint16_t* dst = (uint16_t*)base + offset;
+        for (int i = 0; i < n; i++) {
+            float f = src[i] * mul; uint32_t bits; memcpy(&bits, &f, 4);
+            bits += 0x7FFF + ((bits >> 16) & 1);  /* round to nearest even */
+            dst[i] = (uint16_t)(bits >> 16);
+        }
+    }
+}
+
+/* exp(x) for x <= 0 (scores minus their max), vectorisable: Cody-Waite range reduction and Cephes'
+ * degree-5 polynomial, about 1 ulp; glibc's expf would be a scalar call per score. */
+ALWAYS_INLINE float exp_nonpositive(float x) {
+    x = x < -87.f ? -87.f : x;
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return y * two_n;
+}
+
+/* One sequence, all heads. D is a compile-time constant in the specialised callers below, so the
+ * dot products unroll into a few vector FMAs and a short reduction. */
+ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* k_cache, const void* v_cache,
+                              int kv_bf16, const int32_t* table, int ctx, int b, int H, int KVH, const int D,
+                              int block_size, float scale, float* restrict buf) {
+    const int G = H / KVH, row_len = KVH * D;
+    float* qf = buf;                   /* [H][D] */
+    float* acc = qf + H * D;           /* [H][D] */
+    float* row = acc + H * D;          /* [KVH * D] one token's K or V, all heads */
+    float* s = row + row_len;          /* [H][ctx] scores, then probabilities */
+    load_row(q, q_bf16, (int64_t)b * H * D, H * D, qf);
+    for (int t0 = 0, blk = 0; t0 < ctx; t0 += block_size, blk++) {
+        const int64_t slot0 = (int64_t)table[blk] * block_size;
+        const int n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        const int64_t next0 = t0 + block_size < ctx ? (int64_t)table[blk + 1] * block_size : -1;
+        for (int i = 0; i < n; i++) {
+            if (next0 >= 0) prefetch_row(k_cache, kv_bf16, (next0 + i) * row_len, row_len);
+            load_row(k_cache, kv_bf16, (slot0 + i) * row_len, row_len, row);
+            for (int hq = 0; hq < H; hq++) {
+                const float* kh = row + (hq / G) * D;
+                const float* qh = qf + hq * D;
+                float dot = 0.f;
+                #pragma omp simd reduction(+:dot)
+                for (int d = 0; d < D; d++) dot += qh[d] * kh[d];
+                s[hq * ctx + t0 + i] = dot * scale;
+            }
+        }
+    }
+    for (int hq = 0; hq < H; hq++) {
+        float* sh = s + hq * ctx; float m = sh[0], sum = 0.f;
+        #pragma omp simd reduction(max:m)
+        for (int t = 1; t < ctx; t++) m = sh[t] > m ? sh[t] : m;
+        #pragma omp simd reduction(+:sum)
+        for (int t = 0; t < ctx; t++) { sh[t] = exp_nonpositive(sh[t] - m); sum += sh[t]; }
+        const float inv = 1.f / sum;
+        #pragma omp simd
+        for (int t = 0; t < ctx; t++) sh[t] *= inv;
+    }
+    memset(acc, 0, sizeof(float) * H * D);
+    for (int t0 = 0, blk = 0; t0 < ctx; t0 += block_size, blk++) {
+        const int64_t slot0 = (int64_t)table[blk] * block_size;
+        const int n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        const int64_t next0 = t0 + block_size < ctx ? (int64_t)table[blk + 1] * block_size : -1;
+        for (int i = 0; i < n; i++) {
+            if (next0 >= 0) prefetch_row(v_cache, kv_bf16, (next0 + i) * row_len, row_len);
+            load_row(v_cache, kv_bf16, (slot0 + i) * row_len, row_len, row);
+            for (int hq = 0; hq < H; hq++) {
+                const float p = s[hq * ctx + t0 + i];
+                const float* vh = row + (hq / G) * D;
+                float* ah = acc + hq * D;
+                for (int d = 0; d < D; d++) ah[d] += p * vh[d];
+            }
+        }
+    }
+    store_row(out, q_bf16, (int64_t)b * H * D, H * D, acc, 1.f);
+}
+
+#define SPECIALISE(DIM) \
+    static void attend_d##DIM(const void* q, void* out, int q_bf16, const void* k, const void* v, int kv_bf16, \
+                              const int32_t* table, int ctx, int b, int H, int KVH, int bs, float scale, float* buf) { \
+        if (q_bf16) { if (kv_bf16) attend_one(q, out, 1, k, v, 1, table, ctx, b, H, KVH, DIM, bs, scale, buf); \
+                      else attend_one(q, out, 1, k, v, 0, table, ctx, b, H, KVH, DIM, bs, scale, buf); } \
+        else { if (kv_bf16) attend_one(q, out, 0, k, v, 1, table, ctx, b, H, KVH, DIM, bs, scale, buf); \
+               else attend_one(q, out, 0, k, v, 0, table, ctx, b, H, KVH, DIM, bs, scale, buf); } \
+    }
+SPECIALISE(64)
+SPECIALISE(128)
+static void attend_any(const void* q, void* out, int q_bf16, const void* k, const void* v, int kv_bf16,
+                       const int32_t* table, int ctx, int b, int H, int KVH, int D, int bs, float scale, float* buf) {
+    attend_one(q, out, q_bf16, k, v, kv_bf16, table, ctx, b, H, KVH, D, bs, scale, buf);
+}
+
+/* Decode attention straight from the paged cache (no gather): one query token per sequence.
+ * q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_slots, num_kv_heads, head_dim];
+ * block_tables: [num_seqs, max_blocks_per_seq]; dtypes: 0 float32, 1 bfloat16. Returns 0, or
+ * nonzero when scratch memory could not be allocated. */
+int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_cache, const void* v_cache,
+                           int kv_dtype, const int32_t* block_tables, int max_blocks_per_seq,
+                           const int32_t* context_lens, int num_seqs, int num_heads, int num_kv_heads,
+                           int head_dim, int block_size, float scale, int num_threads) {
+    int failed = 0;
+    #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int b = 0; b < num_seqs; b++) {
+        const int ctx = context_lens[b];
+        const size_t floats = (size_t)num_heads * head_dim * 2 + (size_t)num_kv_heads * head_dim
+                              + (size_t)num_heads * ctx;
+        float* buf = (float*)malloc(sizeof(float) * floats);
+        if (!buf) { failed = 1; continue; }
+        const int32_t* table = block_tables + (int64_t)b * max_blocks_per_seq;
+        if (head_dim == 64)
+            attend_d64(q, out, q_dtype, k_cache, v_cache, kv_dtype, table, ctx, b, num_heads, num_kv_heads,
+                       block_size, scale, buf);
+        else if (head_dim == 128)
+            attend_d128(q, out, q_dtype, k_cache, v_cache, kv_dtype, table, ctx, b, num_heads, num_kv_heads,
+                        block_size, scale, buf);
+        else
+            attend_any(q, out, q_dtype, k_cache, v_cache, kv_dtype, table, ctx, b, num_heads, num_kv_heads,
+                       head_dim, block_size, scale, buf);
+        free(buf);
+    }
+    return failed;
+}

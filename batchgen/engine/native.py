@@ -1,0 +1,126 @@
+"""The CPU decode-attention kernel (csrc/paged_decode.c): built once per machine, called via ctypes.
+
+Building at first use rather than shipping a binary keeps the wheel pure Python and lets the
+compiler target this CPU (-march=native: AVX-512, bf16 conversions). The shared object is cached
+under the batchgen cache dir, keyed by the source, the flags, the compiler and the CPU's feature
+flags, and published by an atomic rename so concurrent jobs never load a half-written file.
+Without a C compiler, or if the build fails, `load()` returns None once (with a warning) and the
+engine keeps the pure-torch attention path: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
+# compile flags: -fopenmp both for the parallel loop and for `omp simd` reductions (they vectorize
+# float sums without -ffast-math, whose crtfastmath would change denormal handling process-wide)
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-strict-aliasing", "-fPIC"]
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_BUILD_TIMEOUT_S = 120
+
+
+class PagedDecodeKernel:
+    """ctypes binding of `paged_decode_attention`; see the C file for the contract."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        fn = lib.paged_decode_attention
+        p, i = ctypes.c_void_p, ctypes.c_int
+        fn.argtypes = [p, p, i, p, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, i]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    @staticmethod
+    def supports(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+        return q_dtype in DTYPE_CODES and kv_dtype in DTYPE_CODES
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
+        """q [B, num_heads, head_dim] -> out [B, num_heads, head_dim]; caches [num_slots, kv_heads, head_dim]."""
+        num_seqs, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[1]
+        assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+        assert block_tables.dtype == torch.int32 and block_tables.is_contiguous()
+        assert context_lens.dtype == torch.int32 and context_lens.shape == (num_seqs,)
+        assert k_cache.shape[2] == head_dim and num_heads % num_kv_heads == 0
+        assert q.device.type == "cpu" and k_cache.device.type == "cpu"
+        out = torch.empty_like(q)
+        failed = self._fn(q.data_ptr(), out.data_ptr(), DTYPE_CODES[q.dtype], k_cache.data_ptr(), v_cache.data_ptr(),
+                          DTYPE_CODES[k_cache.dtype], block_tables.data_ptr(), block_tables.shape[1],
+                          context_lens.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size,
+                          float(scale), torch.get_num_threads())
+        if failed:
+            raise MemoryError("paged decode attention: out of memory for its scratch buffers")
+        return out
+
+
+@functools.cache
+def load() -> PagedDecodeKernel | None:
+    """The kernel, built on first use; None where it cannot be built (logged once)."""
+    if os.environ.get("BATCHGEN_NO_NATIVE"):
+        return None
+    try:
+        return PagedDecodeKernel(_build())
+    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        log.warning("CPU attention kernel unavailable (%s); using the slower torch attention path", e)
+        return None
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise RuntimeError("no C compiler found (set CC, or install gcc)")
+    return cc
+
+
+def _build() -> Path:
+    cc = _compiler()
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([source, " ".join(CFLAGS).encode(), version.encode(),
+                                     _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
+    from batchgen.engine.loader import cache_root
+
+    out_dir = cache_root() / "kernels"
+    target = out_dir / f"paged_decode-{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        obj, lib = Path(tmp) / "paged_decode.o", Path(tmp) / "paged_decode.so"
+        compile_cmd = [cc, *CFLAGS, "-c", str(SOURCE), "-o", str(obj)]
+        # linked without -ffast-math-like flags: nothing may change the process's FP environment
+        link_cmd = [cc, "-shared", "-fopenmp", str(obj), "-o", str(lib)]
+        for cmd in (compile_cmd, link_cmd):
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+            if done.returncode:
+                raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {done.stderr.strip()[:500]}")
+        os.replace(lib, target)
+    log.info("built the CPU attention kernel: %s", target)
+    return target
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags: a kernel built with -march=native must not move to another CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
