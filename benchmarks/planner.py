@@ -148,9 +148,10 @@ def targets(summary: dict) -> dict:
     if u_static and u_cont:
         out["uniform: static >= 1.1x continuous"] = (round(u_static / u_cont, 3), u_static >= 1.1 * u_cont)
     for w in ("uniform", "mixed"):
-        best = max(x for x in (med(w, "static"), med(w, "continuous")) if x is not None)
+        fixed = [x for x in (med(w, "static"), med(w, "continuous")) if x is not None]
         auto = med(w, "auto")
-        if auto:
+        if auto and fixed:  # a workload left out by --workloads has no figures
+            best = max(fixed)
             out[f"{w}: auto within 5% of the better fixed mode"] = (round(auto / best, 3), auto >= 0.95 * best)
     m_static, m_unsorted = med("mixed", "static"), med("mixed", "static-unsorted")
     if m_static and m_unsorted:

@@ -22,9 +22,10 @@ either mode), and a wide but predictable spread, once sorted, gives batches of a
 in the denominator counts uncertainty against static: with nothing learned (p50 = max/2,
 p90 = max) occupancy is 0.5. Static pays off where occupancy x (static / continuous tokens/s on
 uniform lengths) >= 1; benchmarks/planner.py measures that ratio and prints the threshold it implies.
-The default 0.9 is provisional: on a 2-core CPU (SmolLM2-135M, --quick) static was within a few
-percent of continuous at occupancy 0.89 and at 1.0 alike (CPU decode cost falls with the rows
-left in a batch, so idle slots cost little there); the full run on the target hardware should set it.
+The default 0.9 is provisional. On a 2-core CPU (SmolLM2-135M, bf16, full run, one round) static
+was 0.94x continuous at occupancy 1.0 and 1.12x at 0.83, the reverse of what the rule assumes, with
+~9% between two runs of identical batches: a CPU decode step costs ~40 ms + 1.6 ms per row, so idle
+slots cost little there. Several-round runs, and GPU figures, should set it (benchmarks/README.md).
 """
 
 from __future__ import annotations
