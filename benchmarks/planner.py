@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import math
 import shutil
@@ -55,7 +54,7 @@ from batchgen.jobs.plan import PlannedRow, Planner
 from batchgen.jobs.rows import InputRow
 from batchgen.jobs.run import run_job
 from benchmarks import sharegpt, sysload
-from benchmarks.throughput import environment
+from benchmarks.throughput import args_config, environment, write_record
 
 SYSTEMS = {
     "static": dict(mode="static"),
@@ -274,19 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {total_s:.0f} s; 'other cpu s' = CPU seconds other processes used during the run: high values "
           "mean a disturbed measurement")
     record = {"benchmark": "planner", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
-              "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "config": args_config(args),
               "model": lm.name, "model_revision": lm.revision, "workloads": info, "environment": environment(),
               "greedy_mismatches": mismatches, "runs": runs, "summary": summary,
               "targets": {k: {"ratio": r, "met": ok} for k, (r, ok) in checks.items()},
               "implied_static_min_occupancy": implied, "total_s": round(total_s, 1)}
-    path = sharegpt.RESULTS_DIR / f"planner-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    print(f"wrote {path}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=1))
-        print(f"wrote {args.json}")
+    write_record(record, args.json)
     return 0
 
 

@@ -236,6 +236,11 @@ def print_summary(summary: dict) -> None:
                 f"{s['vs_hf-continuous']:.2f}x" if "vs_hf-continuous" in s else "-"))
 
 
+def args_config(args: argparse.Namespace) -> dict:
+    """The parsed arguments as JSON values (paths as strings)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+
+
 def environment() -> dict:
     cpu = ""
     try:
@@ -343,20 +348,23 @@ def main(argv: list[str] | None = None) -> int:
           f"(of {sysload.LoadRecord().num_cpus} cores x wall): high values mean a disturbed measurement")
     record = {
         "benchmark": "throughput", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv[1:], "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "argv": sys.argv[1:], "config": args_config(args),
         "model": first.name, "model_revision": first.revision, "kv_blocks": kv_blocks,
         "workload": info, "environment": environment(), "greedy_check": checks,
         "runs": runs, "summary": summary, "total_s": round(total_s, 1),
     }
-    out = sharegpt.RESULTS_DIR / f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {out}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=1))
-        print(f"wrote {args.json}")
+    write_record(record, args.json)
     return 0
+
+
+def write_record(record: dict, extra_path: Path | None) -> None:
+    """A run's JSON record: always a timestamped file in benchmarks/results/, and `--json` if given."""
+    stamped = sharegpt.RESULTS_DIR / f"{record['benchmark']}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    for path in (stamped, extra_path):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=1))
+            print(f"wrote {path}")
 
 
 if __name__ == "__main__":
