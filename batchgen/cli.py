@@ -32,6 +32,35 @@ LENGTH_COLUMN_HELP = "Column of known output lengths in tokens (null cells are p
 SORT_HELP = "Run a static shard's rows longest predicted output first, so batches hold alike rows [on]."
 OCCUPANCY_HELP = "auto: static when its batches would keep at least this share of slots busy [0.9]."
 
+# options `run` and `plan` share, declared once
+_InputOpt = Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob "
+    "(.parquet, .jsonl, .jsonl.gz); repeatable.")]
+_ConfigOpt = Annotated[Path | None, typer.Option(help="YAML config (see configs/); flags override it.")]
+_ModelOpt = Annotated[str | None, typer.Option(help="HF model id, local dir or .gguf; default: the "
+    "embedded SmolLM2-135M-Instruct.")]
+_TrustRemoteCodeOpt = Annotated[bool | None, typer.Option("--trust-remote-code", help="Allow the "
+    "model's own Python code to run (off unless asked).")]
+_PromptColumnOpt = Annotated[str | None, typer.Option(help="Column holding the prompt [text].")]
+_SystemOpt = Annotated[str | None, typer.Option(help="System prompt (chat models).")]
+_ChatOpt = Annotated[bool | None, typer.Option("--chat/--no-chat", help="Apply the tokenizer's chat "
+    "template [on when it has one].")]
+_MaxNewTokensOpt = Annotated[int | None, typer.Option(help="Most tokens to generate per row [256].")]
+_MaxNewTokensColumnOpt = Annotated[str | None, typer.Option(help="Column with a per-row "
+    "max_new_tokens (null = the default).")]
+_BatchSizeOpt = Annotated[int | None, typer.Option(help="Sequences running at once [32].")]
+_MaxNumBatchedTokensOpt = Annotated[int | None, typer.Option(help="Token budget per engine step "
+    "[2048].")]
+_KvCacheMemoryOpt = Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")]
+_ModeOpt = Annotated[str | None, typer.Option(help=MODE_HELP)]
+_WindowRowsOpt = Annotated[int | None, typer.Option(help=WINDOW_ROWS_HELP)]
+_LengthColumnOpt = Annotated[str | None, typer.Option(help=LENGTH_COLUMN_HELP)]
+_SortByLengthOpt = Annotated[bool | None, typer.Option("--sort-by-length/--no-sort-by-length",
+    help=SORT_HELP)]
+_StaticMinOccupancyOpt = Annotated[float | None, typer.Option(help=OCCUPANCY_HELP)]
+_DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda [auto].")]
+_DtypeOpt = Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16 [auto].")]
+_OnLongPromptOpt = Annotated[str | None, typer.Option(help="truncate | error [truncate].")]
+
 
 def _version(value: bool) -> None:
     if value:
@@ -49,25 +78,20 @@ def main_callback(
 
 @app.command()
 def run(
-    input: Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob "
-                     "(.parquet, .jsonl, .jsonl.gz); repeatable.")] = None,
+    input: _InputOpt = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Output directory.")] = None,
-    config: Annotated[Path | None, typer.Option(help="YAML config (see configs/); flags override it.")] = None,
-    model: Annotated[str | None, typer.Option(help="HF model id, local dir or .gguf; default: the "
-                     "embedded SmolLM2-135M-Instruct.")] = None,
-    trust_remote_code: Annotated[bool | None, typer.Option("--trust-remote-code", help="Allow the "
-                                 "model's own Python code to run (off unless asked).")] = None,
-    prompt_column: Annotated[str | None, typer.Option(help="Column holding the prompt [text].")] = None,
+    config: _ConfigOpt = None,
+    model: _ModelOpt = None,
+    trust_remote_code: _TrustRemoteCodeOpt = None,
+    prompt_column: _PromptColumnOpt = None,
     id_column: Annotated[str | None, typer.Option(help="Column of unique row ids [derived: "
                          "file name + row index].")] = None,
     template: Annotated[str | None, typer.Option(help='Prompt template with {column} placeholders, '
                         'e.g. "Summarize:\\n\\n{text}".')] = None,
-    system: Annotated[str | None, typer.Option(help="System prompt (chat models).")] = None,
-    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Apply the tokenizer's chat "
-                    "template [on when it has one].")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per row [256].")] = None,
-    max_new_tokens_column: Annotated[str | None, typer.Option(help="Column with a per-row "
-                                     "max_new_tokens (null = the default).")] = None,
+    system: _SystemOpt = None,
+    chat: _ChatOpt = None,
+    max_new_tokens: _MaxNewTokensOpt = None,
+    max_new_tokens_column: _MaxNewTokensColumnOpt = None,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy [0].")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass [1.0].")] = None,
     top_k: Annotated[int | None, typer.Option(help="Sample from the k likeliest tokens [off].")] = None,
@@ -76,20 +100,18 @@ def run(
     stop: Annotated[list[str] | None, typer.Option(help="Stop string; repeatable.")] = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos", help="Generate through EOS "
                           "(benchmarks).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Sequences running at once [32].")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Token budget per engine step "
-                                      "[2048].")] = None,
-    kv_cache_memory: Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")] = None,
-    mode: Annotated[str | None, typer.Option(help=MODE_HELP)] = None,
-    window_rows: Annotated[int | None, typer.Option(help=WINDOW_ROWS_HELP)] = None,
-    length_column: Annotated[str | None, typer.Option(help=LENGTH_COLUMN_HELP)] = None,
-    sort_by_length: Annotated[bool | None, typer.Option("--sort-by-length/--no-sort-by-length",
-                              help=SORT_HELP)] = None,
-    static_min_occupancy: Annotated[float | None, typer.Option(help=OCCUPANCY_HELP)] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda [auto].")] = None,
-    dtype: Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16 [auto].")] = None,
+    batch_size: _BatchSizeOpt = None,
+    max_num_batched_tokens: _MaxNumBatchedTokensOpt = None,
+    kv_cache_memory: _KvCacheMemoryOpt = None,
+    mode: _ModeOpt = None,
+    window_rows: _WindowRowsOpt = None,
+    length_column: _LengthColumnOpt = None,
+    sort_by_length: _SortByLengthOpt = None,
+    static_min_occupancy: _StaticMinOccupancyOpt = None,
+    device: _DeviceOpt = None,
+    dtype: _DtypeOpt = None,
     max_rows: Annotated[int | None, typer.Option(help="Process only the first N rows.")] = None,
-    on_long_prompt: Annotated[str | None, typer.Option(help="truncate | error [truncate].")] = None,
+    on_long_prompt: _OnLongPromptOpt = None,
     max_prompt_tokens: Annotated[int | None, typer.Option(help="Cut longer prompts (in their document "
                                  "part) to this many tokens [the context].")] = None,
     keep_columns: Annotated[list[str] | None, typer.Option(help="Input column to copy to the output; "
@@ -138,40 +160,33 @@ def run(
 
 @app.command()
 def plan(
-    input: Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob "
-                     "(.parquet, .jsonl, .jsonl.gz); repeatable.")] = None,
+    input: _InputOpt = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="The job's output directory, if it "
                       "exists: its learned output lengths are used. Nothing is written.")] = None,
-    config: Annotated[Path | None, typer.Option(help="YAML config (see configs/); flags override it.")] = None,
-    model: Annotated[str | None, typer.Option(help="HF model id, local dir or .gguf; default: the "
-                     "embedded SmolLM2-135M-Instruct.")] = None,
-    trust_remote_code: Annotated[bool | None, typer.Option("--trust-remote-code", help="Allow the "
-                                 "model's own Python code to run (off unless asked).")] = None,
-    prompt_column: Annotated[str | None, typer.Option(help="Column holding the prompt [text].")] = None,
+    config: _ConfigOpt = None,
+    model: _ModelOpt = None,
+    trust_remote_code: _TrustRemoteCodeOpt = None,
+    prompt_column: _PromptColumnOpt = None,
     id_column: Annotated[str | None, typer.Option(help="Column of unique row ids [derived].")] = None,
     template: Annotated[str | None, typer.Option(help="Prompt template with {column} placeholders.")] = None,
-    system: Annotated[str | None, typer.Option(help="System prompt (chat models).")] = None,
-    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Apply the tokenizer's chat "
-                    "template [on when it has one].")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per row [256].")] = None,
-    max_new_tokens_column: Annotated[str | None, typer.Option(help="Column with a per-row "
-                                     "max_new_tokens (null = the default).")] = None,
+    system: _SystemOpt = None,
+    chat: _ChatOpt = None,
+    max_new_tokens: _MaxNewTokensOpt = None,
+    max_new_tokens_column: _MaxNewTokensColumnOpt = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos", help="Generate through EOS "
                           "(benchmarks): every row's length is known.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Sequences running at once [32].")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Token budget per engine step "
-                                      "[2048].")] = None,
-    kv_cache_memory: Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")] = None,
-    mode: Annotated[str | None, typer.Option(help=MODE_HELP)] = None,
-    window_rows: Annotated[int | None, typer.Option(help=WINDOW_ROWS_HELP)] = None,
-    length_column: Annotated[str | None, typer.Option(help=LENGTH_COLUMN_HELP)] = None,
-    sort_by_length: Annotated[bool | None, typer.Option("--sort-by-length/--no-sort-by-length",
-                              help=SORT_HELP)] = None,
-    static_min_occupancy: Annotated[float | None, typer.Option(help=OCCUPANCY_HELP)] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda [auto].")] = None,
-    dtype: Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16 [auto].")] = None,
+    batch_size: _BatchSizeOpt = None,
+    max_num_batched_tokens: _MaxNumBatchedTokensOpt = None,
+    kv_cache_memory: _KvCacheMemoryOpt = None,
+    mode: _ModeOpt = None,
+    window_rows: _WindowRowsOpt = None,
+    length_column: _LengthColumnOpt = None,
+    sort_by_length: _SortByLengthOpt = None,
+    static_min_occupancy: _StaticMinOccupancyOpt = None,
+    device: _DeviceOpt = None,
+    dtype: _DtypeOpt = None,
     max_rows: Annotated[int | None, typer.Option(help="Plan only the first N rows.")] = None,
-    on_long_prompt: Annotated[str | None, typer.Option(help="truncate | error [truncate].")] = None,
+    on_long_prompt: _OnLongPromptOpt = None,
     max_prompt_tokens: Annotated[int | None, typer.Option(help="Cut longer prompts to this many tokens "
                                  "[the context].")] = None,
     calibration_rows: Annotated[int, typer.Option(help="Rows of the first shard the calibration run "
