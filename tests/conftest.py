@@ -89,3 +89,12 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def eos_model_dir(tmp_path_factory, tokenizer):
+    """A tiny Llama whose raised EOS logit makes some greedy rows stop early: varied output lengths."""
+    path = tmp_path_factory.mktemp("tiny-llama-eos")
+    make_tiny_model("llama", eos_boost=12.0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

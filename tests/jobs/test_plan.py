@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_tiny_model
 
 from batchgen.config import build_config
 from batchgen.engine.engine import LLMEngine
@@ -109,15 +108,6 @@ def test_windows_split_by_file_and_size():
 # ---------------------------------------------------------------- through run_job
 
 MAX_NEW = 12
-
-
-@pytest.fixture(scope="module")
-def eos_model_dir(tmp_path_factory, tokenizer):
-    """A tiny Llama whose raised EOS logit makes some greedy rows stop early: varied lengths."""
-    path = tmp_path_factory.mktemp("tiny-llama-eos-plan")
-    make_tiny_model("llama", eos_boost=12.0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

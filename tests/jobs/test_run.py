@@ -15,7 +15,6 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import make_tiny_model
 from transformers import AutoModelForCausalLM
 
 from batchgen.config import build_config
@@ -30,15 +29,6 @@ PROMPTS = [
     "a", "Hi", "Hello world", "The quick brown fox jumps over the lazy dog", "x" * 100, "naïve café ☕",
     "1234567890", "Lorem ipsum dolor sit amet, consectetur", "?", "zzzz zzzz", "Once upon a time, " * 8,
 ]
-
-
-@pytest.fixture(scope="module")
-def eos_model_dir(tmp_path_factory, tokenizer):
-    """A tiny Llama whose EOS logit is raised so that some greedy rows stop before MAX_NEW."""
-    path = tmp_path_factory.mktemp("tiny-llama-eos")
-    make_tiny_model("llama", eos_boost=12.0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
