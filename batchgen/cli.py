@@ -29,7 +29,8 @@ MODE_HELP = ("auto | continuous | static [auto]: auto runs each shard static whe
              "are alike, continuous where they are mixed.")
 WINDOW_ROWS_HELP = "Rows planned together (sorted by predicted length, one mode); bounds memory [1024]."
 LENGTH_COLUMN_HELP = "Column of known output lengths in tokens (null cells are predicted)."
-SORT_HELP = "Run a static shard's rows longest predicted output first, so batches hold alike rows [on]."
+SORT_HELP = ("Run each shard's rows longest predicted output first: static batches hold alike rows, "
+             "continuous leaves the short rows for the draining tail [on].")
 OCCUPANCY_HELP = "auto: static when its batches would keep at least this share of slots busy [0.9]."
 
 # options `run` and `plan` share, declared once
@@ -162,7 +163,8 @@ def run(
 def plan(
     input: _InputOpt = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="The job's output directory, if it "
-                      "exists: its learned output lengths are used. Nothing is written.")] = None,
+                      "exists: only the rows a resume would run are planned, with its learned output lengths. "
+                      "Nothing is written.")] = None,
     config: _ConfigOpt = None,
     model: _ModelOpt = None,
     trust_remote_code: _TrustRemoteCodeOpt = None,

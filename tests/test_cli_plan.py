@@ -84,13 +84,16 @@ def test_plan_uses_the_learned_lengths_of_the_output_dir(runner, tiny_model_dir,
     run = runner.invoke(app, ["run", "--input", str(inputs / "a.parquet"), "--input", str(inputs / "b.parquet"),
                               "--output", str(out), "--model", str(tiny_model_dir), "--device", "cpu", "--dtype",
                               "float32", "--no-chat", "--kv-cache-memory", "16MiB", "--max-new-tokens", "3",
-                              "--quiet"])
+                              "--max-rows", "8", "--quiet"])
     assert run.exit_code == 0, run.output
     assert (out / LENGTH_MODEL_FILE).exists()
     report = json.loads(plan(runner, tiny_model_dir, inputs, "--json", "--calibration-rows", "0",
                              "--output", out).stdout)
-    assert report["learned_rows"] == 9  # every row that generated: 3 tokens each
+    # what a resume would run: the row not yet committed (and the null prompt's error row)
+    assert (report["num_rows_done"], report["num_rows"], report["num_error_rows"]) == (8, 1, 1)
+    assert report["learned_rows"] == 8  # every row that generated: 3 tokens each
     assert all(s["mode"] == "static" and s["predicted_output_tokens"] == 3 * s["num_rows"] for s in report["shards"])
+    assert fresh["num_rows_done"] == 0 and fresh["num_rows"] == 9
 
 
 def test_plan_user_errors_exit_2(runner, tiny_model_dir, inputs):

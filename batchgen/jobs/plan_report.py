@@ -1,7 +1,8 @@
 """`batchgen plan`: the dry run. Tokenize, plan, calibrate, estimate; write nothing.
 
 It reads the input as `batchgen run` would (same checks, same prompts), plans every shard with
-batchgen.jobs.plan, and reports per shard the rows, prompt and predicted output lengths, the mode
+batchgen.jobs.plan (with --output naming a job's directory: only the rows a resume would run; the
+committed ones are counted, not planned), and reports per shard the rows, prompt and predicted output lengths, the mode
 with its reason, the KV memory needed and an estimated time. Memory stays bounded like the job's:
 one window of rows at a time, per-shard aggregates, and bounded samples for the job-wide quantiles.
 
@@ -29,6 +30,7 @@ from batchgen.config import JobConfig
 from batchgen.engine.engine import LLMEngine
 from batchgen.engine.loader import LoadedModel, load_model
 from batchgen.engine.request import Request, SamplingParams
+from batchgen.io.manifest import is_job_dir, load_manifest
 from batchgen.jobs.length import LengthPredictor
 from batchgen.jobs.plan import STATIC, PlannedRow, Planner, ShardPlan, distribution, prepare_row
 from batchgen.jobs.prompts import PromptBuilder, RowError
@@ -137,15 +139,21 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
                             max_prompt_tokens=config.max_prompt_tokens)
     out_dir = Path(config.output) if config.output and Path(config.output).is_dir() else None
     predictor = LengthPredictor.load(out_dir, length_model_key(loaded, builder), ignore_eos=config.ignore_eos)
+    # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows
+    state = load_manifest(out_dir) if out_dir is not None and is_job_dir(out_dir) else None
+    done_ids = set() if state is None else state.ok_ids | (set() if config.retry_errors else set(state.error_ids))
     block_size = engine.block_size
     planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_cache.num_blocks * block_size,
                       block_size=block_size)
     bytes_per_token = engine.kv_cache.spec.bytes_per_token
-    num_errors = 0
+    num_errors = num_done = 0
 
     def rows():
-        nonlocal num_errors
+        nonlocal num_errors, num_done
         for row in source:
+            if row.row_id in done_ids:
+                num_done += 1
+                continue
             try:
                 if row.error is not None:
                     raise RowError(row.error)
@@ -193,7 +201,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     return {
         "inputs": scan.to_json(), "model": loaded.name, "mode": config.mode, "window_rows": config.window_rows,
         "batch_size": config.batch_size, "static_min_occupancy": config.static_min_occupancy,
-        "num_rows": prompt_tally.count, "num_error_rows": num_errors, "num_shards": len(shards),
+        "num_rows": prompt_tally.count, "num_error_rows": num_errors, "num_rows_done": num_done,
+        "num_shards": len(shards),
         "num_shards_static": sum(s["mode"] == STATIC for s in shards),
         "prompt_tokens": prompt_tally.describe(), "predicted_output_tokens": p50_tally.total,
         "output_tokens_p50": p50_tally.describe(), "output_tokens_p90": p90_tally.describe(),
@@ -243,10 +252,11 @@ def _kv_bytes(plan: ShardPlan, batch_size: int, block_size: int, bytes_per_token
 def plan_lines(report: dict[str, Any]) -> list[str]:
     """The plan for people: a header, then one line per shard."""
     p, o50, o90, kv = report["prompt_tokens"], report["output_tokens_p50"], report["output_tokens_p90"], report["kv"]
+    done = f"; {report['num_rows_done']} committed before, not planned" if report["num_rows_done"] else ""
     lines = [
-        f"plan: {report['num_rows']} rows ({report['num_error_rows']} error rows) in {report['num_shards']} shards "
-        f"of at most {report['window_rows']} rows; mode {report['mode']}: {report['num_shards_static']} static, "
-        f"{report['num_shards'] - report['num_shards_static']} continuous",
+        f"plan: {report['num_rows']} rows ({report['num_error_rows']} error rows{done}) in {report['num_shards']} "
+        f"shards of at most {report['window_rows']} rows; mode {report['mode']}: {report['num_shards_static']} "
+        f"static, {report['num_shards'] - report['num_shards_static']} continuous",
         f"prompt tokens: mean {p['mean']}, p50 {p['p50']}, p90 {p['p90']}, max {p['max']}, total {p['total']}",
         f"predicted output tokens per row: p50 mean {o50['mean']} (p50 {o50['p50']}, p90 {o50['p90']}, max "
         f"{o50['max']}); p90 mean {o90['mean']}; total {report['predicted_output_tokens']}; learned from "
