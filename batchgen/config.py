@@ -48,7 +48,7 @@ class JobConfig:
     mode: str = "auto"  # auto = chosen per shard by the length planner (batchgen.jobs.plan)
     window_rows: int = 1024  # planning window: rows sorted by predicted length together (bounds memory)
     length_column: str | None = None  # known output lengths (tokens) per row; null cells are predicted
-    sort_by_length: bool = True  # static shards run their rows longest predicted output first
+    sort_by_length: bool = True  # rows run longest predicted output first (both modes)
     static_min_occupancy: float = 0.9  # auto: static when its batches would keep this share of slots busy
     device: str = "auto"
     dtype: str = "auto"

@@ -11,7 +11,8 @@ Systems, each a whole `run_job` (reading, planning, engine, Parquet commits), gr
 and a per-row max_new_tokens column, so every system generates exactly the same tokens:
   static             --mode static (rows sorted by predicted length: bucketed batches)
   static-unsorted    --mode static --no-sort-by-length (batches in input order; mixed workload only)
-  continuous         --mode continuous
+  continuous         --mode continuous (rows longest predicted output first)
+  continuous-unsorted --mode continuous --no-sort-by-length (input order; mixed workload only)
   auto               --mode auto: the planner picks per shard
 
 With ignore-EOS every length is known exactly, so this measures bucketing and the mode rule with a
@@ -60,10 +61,11 @@ SYSTEMS = {
     "static": dict(mode="static"),
     "static-unsorted": dict(mode="static", sort_by_length=False),
     "continuous": dict(mode="continuous"),
+    "continuous-unsorted": dict(mode="continuous", sort_by_length=False),
     "auto": dict(mode="auto"),
 }
 WORKLOAD_SYSTEMS = {"uniform": ["static", "continuous", "auto"],
-                    "mixed": ["static", "static-unsorted", "continuous", "auto"]}
+                    "mixed": ["static", "static-unsorted", "continuous", "continuous-unsorted", "auto"]}
 BLOCK_SIZE = 16
 FULL = {"n": 256, "max_output_len": 512, "uniform_output_len": 128, "batch_size": 64, "repeats": 3}
 QUICK = {"n": 32, "max_output_len": 128, "uniform_output_len": 32, "batch_size": 8, "repeats": 2}
@@ -129,8 +131,11 @@ def summarize(runs: list[dict]) -> dict:
         for name in systems:
             rates = [r["tokens_per_s"] for r in runs if r["workload"] == workload and r["system"] == name]
             if rates:
+                steps = [r["engine"] for r in runs if r["workload"] == workload and r["system"] == name]
                 per[name] = {"runs": len(rates), "min": round(min(rates), 2),
-                             "median": round(statistics.median(rates), 2), "max": round(max(rates), 2)}
+                             "median": round(statistics.median(rates), 2), "max": round(max(rates), 2),
+                             "steps": statistics.median(e["num_steps"] for e in steps),
+                             "step_ms": round(statistics.median(e["step_ms_mean"] for e in steps), 2)}
         for s in per.values():
             if "continuous" in per:
                 s["vs_continuous"] = round(s["median"] / per["continuous"]["median"], 3)
@@ -221,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     combos = [(w, s) for w in workloads for s in WORKLOAD_SYSTEMS[w]]
     runs: list[dict] = []
     first_texts: dict = {}
-    print(f"\n{'round':>5} {'workload':<8} {'system':<16} {'wall s':>8} {'tok/s':>8} {'shards s/c':>10} "
-          f"{'overruns':>8} {'other cpu s':>11} {'other cores':>11}", flush=True)
+    print(f"\n{'round':>5} {'workload':<8} {'system':<19} {'wall s':>8} {'tok/s':>8} {'shards s/c':>10} "
+          f"{'overruns':>8} {'steps':>6} {'ms/step':>8} {'other cpu s':>11} {'other cores':>11}", flush=True)
     for rnd in range(args.repeats):
         shift = rnd % len(combos)
         for workload, system in combos[shift:] + combos[:shift]:
@@ -242,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                          "sysload": load.to_dict()})
             other = "n/a" if load.other_cpu_s is None else f"{load.other_cpu_s:.1f}"
             cores = "n/a" if load.other_cores is None else f"{load.other_cores:.2f}"
-            print(f"{rnd:>5} {workload:<8} {system:<16} {load.wall_s:>8.2f} {rate:>8.1f} "
+            print(f"{rnd:>5} {workload:<8} {system:<19} {load.wall_s:>8.2f} {rate:>8.1f} "
                   f"{summary.num_shards_static:>4}/{summary.num_shards_continuous:<5} "
-                  f"{summary.engine.get('num_overruns', 0):>8} {other:>11} {cores:>11}", flush=True)
+                  f"{summary.engine.get('num_overruns', 0):>8} {summary.engine.get('num_steps', 0):>6} "
+                  f"{summary.engine.get('step_ms_mean', 0):>8.1f} {other:>11} {cores:>11}", flush=True)
 
     mismatches = {}  # the equality gate: every system's greedy text equals continuous's (round 0)
     for (workload, system), texts in first_texts.items():
@@ -255,11 +261,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"WARNING: {workload}/{system}: {len(diff)} rows' greedy text differs from continuous, e.g. id "
                   f"{diff[0]}", flush=True)
     summary = summarize(runs)
-    print(f"\n{'workload':<8} {'system':<16} {'runs':>4} {'min t/s':>9} {'med t/s':>9} {'max t/s':>9} {'vs cont':>8}")
+    # tokens/s = tokens / (steps x ms per step): which of the two a policy changes shows why it wins
+    print(f"\n{'workload':<8} {'system':<19} {'runs':>4} {'min t/s':>9} {'med t/s':>9} {'max t/s':>9} {'vs cont':>8} "
+          f"{'steps':>6} {'ms/step':>8}")
     for workload, per in summary.items():
         for name, s in per.items():
-            print(f"{workload:<8} {name:<16} {s['runs']:>4} {s['min']:>9.1f} {s['median']:>9.1f} {s['max']:>9.1f} "
-                  f"{s.get('vs_continuous', 0):>7.2f}x")
+            print(f"{workload:<8} {name:<19} {s['runs']:>4} {s['min']:>9.1f} {s['median']:>9.1f} {s['max']:>9.1f} "
+                  f"{s.get('vs_continuous', 0):>7.2f}x {s['steps']:>6.0f} {s['step_ms']:>8.1f}")
     checks = targets(summary)
     print()
     for label, (ratio, ok) in checks.items():

@@ -69,7 +69,8 @@ def test_mixed_known_lengths_sorted_into_alike_batches():
     ordered = planner().plan(rows([30] * 256, max_new=512, known=known))
     assert unsorted.mode == CONTINUOUS and unsorted.static_occupancy < 0.5
     assert ordered.static_occupancy > 1.5 * unsorted.static_occupancy
-    assert [r.row.row_index for r in unsorted.rows] == list(range(256))  # continuous keeps input order
+    assert [r.row.row_index for r in unsorted.rows] == list(range(256))  # --no-sort-by-length: input order
+    assert [r.prediction.p50 for r in ordered.rows] == sorted(known, reverse=True)  # continuous, longest first
 
 
 def test_learned_tight_lengths_turn_a_shard_static():
@@ -88,7 +89,7 @@ def test_static_order_is_longest_first_and_batches_fit_the_cache():
     assert [r.prediction.p50 for r in forced.rows] == [50, 50, 20, 5]
     auto = planner().plan(rows([10] * 4, known=[5, 50, 20, 50]))  # one batch, 125 of 200 slots busy
     assert auto.mode == CONTINUOUS and auto.static_occupancy == 0.625
-    assert [r.prediction.p50 for r in auto.rows] == [5, 50, 20, 50]
+    assert [r.prediction.p50 for r in auto.rows] == [50, 50, 20, 5]  # continuous too: short rows drain last
     assert planner(mode="continuous").plan(rows([10], known=[5])).reason == "--mode continuous"
     alike = planner(mode="static").plan(rows([10] * 6, known=[6] * 6)).rows
     # 10 + 6 tokens fill one block of 16: a cache of 5 blocks holds 5 such rows per batch
