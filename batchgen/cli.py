@@ -31,7 +31,7 @@ WINDOW_ROWS_HELP = "Rows planned together (sorted by predicted length, one mode)
 LENGTH_COLUMN_HELP = "Column of known output lengths in tokens (null cells are predicted)."
 SORT_HELP = ("Run each shard's rows longest predicted output first: static batches hold alike rows, "
              "continuous leaves the short rows for the draining tail [on].")
-OCCUPANCY_HELP = "auto: static when its batches would keep at least this share of slots busy [0.9]."
+OCCUPANCY_HELP = "auto: static when its batches would keep at least this share of slots busy [1.0]."
 
 # options `run` and `plan` share, declared once
 _InputOpt = Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob "

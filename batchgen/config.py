@@ -49,7 +49,7 @@ class JobConfig:
     window_rows: int = 1024  # planning window: rows sorted by predicted length together (bounds memory)
     length_column: str | None = None  # known output lengths (tokens) per row; null cells are predicted
     sort_by_length: bool = True  # rows run longest predicted output first (both modes)
-    static_min_occupancy: float = 0.9  # auto: static when its batches would keep this share of slots busy
+    static_min_occupancy: float = 1.0  # auto: static when its batches would keep this share of slots busy
     device: str = "auto"
     dtype: str = "auto"
     max_rows: int | None = None

@@ -24,10 +24,12 @@ either mode), and a wide but predictable spread, once sorted, gives batches of a
 in the denominator counts uncertainty against static: with nothing learned (p50 = max/2,
 p90 = max) occupancy is 0.5. Static pays off where occupancy x (static / continuous tokens/s on
 uniform lengths) >= 1; benchmarks/planner.py measures that ratio and prints the threshold it implies.
-The default 0.9 is provisional. On a 2-core CPU (SmolLM2-135M, bf16, full run, one round) static
-was 0.94x continuous at occupancy 1.0 and 1.12x at 0.83, the reverse of what the rule assumes, with
-~9% between two runs of identical batches: a CPU decode step costs ~40 ms + 1.6 ms per row, so idle
-slots cost little there. Several-round runs, and GPU figures, should set it (benchmarks/README.md).
+The default 1.0 is that measurement: on a 2-core CPU (SmolLM2-135M, bf16, medians of 3 rounds)
+static ran 0.96x continuous on uniform lengths, in the same number of steps (520 against 519), so
+static pays only where its batches leave no slot idle. That is no accident of the CPU: our static
+policy runs the same steps through the same runner as continuous, with no per-step saving to trade
+for idle slots. A device where static steps run cheaper (a captured or compiled fixed-shape step)
+would lower the threshold; `--static-min-occupancy` sets it.
 """
 
 from __future__ import annotations
