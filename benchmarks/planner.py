@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 import torch
 
 from batchgen.config import build_config
+from batchgen.engine.attention import resolve_backend
 from batchgen.engine.kv_cache import KVCacheSpec
 from batchgen.engine.loader import LoadedModel, load_model
 from batchgen.io.readers import InputShard
@@ -66,7 +67,6 @@ SYSTEMS = {
 }
 WORKLOAD_SYSTEMS = {"uniform": ["static", "continuous", "auto"],
                     "mixed": ["static", "static-unsorted", "continuous", "continuous-unsorted", "auto"]}
-BLOCK_SIZE = 16
 FULL = {"n": 256, "max_output_len": 512, "uniform_output_len": 128, "batch_size": 64, "repeats": 3}
 QUICK = {"n": 32, "max_output_len": 128, "uniform_output_len": 32, "batch_size": 8, "repeats": 2}
 
@@ -82,14 +82,15 @@ def write_workload(path: Path, tokenizer, workload: sharegpt.Workload) -> int:
 def kv_bytes_for(lm: LoadedModel, workload: sharegpt.Workload, batch_size: int) -> int:
     """Room for the batch_size longest requests at full length, plus slack (a few tokens of
     re-tokenization drift included): no policy preempts."""
-    per_seq = sorted((math.ceil((len(p) + o + 16) / BLOCK_SIZE) for p, o in workload), reverse=True)
+    _, block_size = resolve_backend("auto", lm.device, None, lm.model.dtype)  # the engine's: 256 with flash-attn
+    per_seq = sorted((math.ceil((len(p) + o + 16) / block_size) for p, o in workload), reverse=True)
     need = sum(per_seq[:batch_size])
     blocks = need + max(8, need // 20)
-    return blocks * KVCacheSpec.from_model_config(lm.model.config, lm.model.dtype, BLOCK_SIZE).bytes_per_block
+    return blocks * KVCacheSpec.from_model_config(lm.model.config, lm.model.dtype, block_size).bytes_per_block
 
 
 def job_config(src: Path, out: Path, lm_name: str, args, kv_bytes: int, **overrides):
-    values = dict(inputs=[str(src)], output=str(out), model=lm_name, dtype=args.dtype, device="cpu", chat=False,
+    values = dict(inputs=[str(src)], output=str(out), model=lm_name, dtype=args.dtype, device=args.device, chat=False,
                   id_column="id", max_new_tokens_column="budget", max_new_tokens=args.max_output_len,
                   ignore_eos=True, batch_size=args.batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
                   kv_cache_memory=str(kv_bytes), quiet=True, overwrite=True, commit_every_s=0)
@@ -166,7 +167,8 @@ def targets(summary: dict) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="HF id, directory or .gguf (default: the embedded SmolLM2-135M)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")
     p.add_argument("--n", type=int, help="requests per workload [256]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-prompt-len", type=int, default=512)
@@ -198,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     t_start = time.perf_counter()
-    lm = load_model(args.model, device="cpu", dtype=args.dtype)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    args.device = lm.device.type  # the jobs run where the model was loaded
     mixed = sharegpt.build_workload(lm.tokenizer, args.n, args.seed, args.max_prompt_len, args.max_output_len,
                                     tokenizer_name=lm.name)
     workloads = {"uniform": [(p, args.uniform_output_len) for p, _ in mixed], "mixed": mixed}
