@@ -26,10 +26,12 @@ class EngineMetrics:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
     num_requests_finished: int = 0
+    num_sampled_tokens: int = 0  # every step's, so in flight too (num_generated_tokens counts finished requests)
     keep_steps: int = 100_000  # bound memory on endless jobs: keep the latest steps only
 
     def record(self, stats: StepStats) -> None:
         self.steps.append(stats)
+        self.num_sampled_tokens += stats.num_sampled_tokens
         if len(self.steps) > 2 * self.keep_steps:
             del self.steps[: len(self.steps) - self.keep_steps]
 

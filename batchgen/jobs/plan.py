@@ -115,6 +115,8 @@ class Planner:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.block_size = block_size
         self.num_shards = 0
+        self.num_planned_rows = 0
+        self.num_predicted_tokens = 0  # sum of p50 over the planned rows
 
     def plans(self, rows: Iterable[PlannedRow]) -> Iterator[ShardPlan]:
         for window in windows(rows, self.config.window_rows):
@@ -124,6 +126,8 @@ class Planner:
         config = self.config
         for r in window:
             r.prediction = self.predictor.predict(r.num_prompt_tokens, r.max_new_tokens, r.known_output_tokens)
+            self.num_predicted_tokens += r.prediction.p50
+        self.num_planned_rows += len(window)
         ordered = sort_by_length(window) if config.sort_by_length else list(window)
         batches = static_batches(ordered, config.batch_size, self.kv_capacity_tokens, self.block_size)
         occupancy = static_occupancy(ordered, batches)

@@ -1,10 +1,17 @@
-"""Progress of a job: a tqdm bar on a terminal, a log line every N seconds otherwise."""
+"""Progress of a job: a tqdm bar on a terminal, a log line every N seconds otherwise.
+
+Tokens/s and the ETA in the log line count work, not finished rows: rows run longest predicted
+output first, so in a shard's first minutes few rows finish while every slot generates. With a
+`work` callable (tokens generated so far, in flight included; the job's predicted total) the ETA
+is elapsed x (total - done) / done; without it, rows stand in for work.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 from tqdm import tqdm
 
@@ -12,8 +19,10 @@ log = logging.getLogger("batchgen")
 
 
 class Progress:
-    def __init__(self, total_rows: int | None, *, quiet: bool, log_every_s: float):
+    def __init__(self, total_rows: int | None, *, quiet: bool, log_every_s: float,
+                 work: Callable[[], tuple[int, int | None]] | None = None):
         self.total_rows = total_rows
+        self.work = work
         self.num_rows = 0
         self.num_errors = 0
         self.num_generated_tokens = 0
@@ -30,7 +39,9 @@ class Progress:
         now = time.monotonic()
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix(tok_s=f"{self.tokens_per_s:.1f}", errors=self.num_errors, refresh=False)
+            tokens = self.work()[0] if self.work is not None else self.num_generated_tokens
+            self._bar.set_postfix(tok_s=f"{tokens / max(now - self.started, 1e-9):.1f}", errors=self.num_errors,
+                                  refresh=False)
         elif now - self._last_log >= self.log_every_s:
             self._last_log = now
             log.info("%s", self.line())
@@ -39,18 +50,17 @@ class Progress:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.num_generated_tokens / max(self.elapsed_s, 1e-9)
-
     def line(self) -> str:
         total = f"/{self.total_rows}" if self.total_rows is not None else ""
+        tokens, predicted = self.work() if self.work is not None else (self.num_generated_tokens, None)
+        elapsed = self.elapsed_s
         eta = ""
-        if self.total_rows and self.num_rows:
-            remaining_s = self.elapsed_s * (self.total_rows - self.num_rows) / self.num_rows
-            eta = f", ETA {remaining_s:.0f}s"
+        if predicted and tokens:
+            eta = f", ETA {elapsed * max(predicted - tokens, 0) / tokens:.0f}s"
+        elif self.total_rows and self.num_rows:
+            eta = f", ETA {elapsed * (self.total_rows - self.num_rows) / self.num_rows:.0f}s"
         return (f"rows {self.num_rows}{total} ({self.num_errors} errors), "
-                f"{self.num_generated_tokens} tokens, {self.tokens_per_s:.1f} tok/s{eta}")
+                f"{tokens} tokens, {tokens / max(elapsed, 1e-9):.1f} tok/s{eta}")
 
     def close(self) -> None:
         if self._bar is not None:

@@ -161,6 +161,9 @@ class _EngineSlot:
         if self.loaded.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def num_sampled_tokens(self) -> int:
+        return sum(m.num_sampled_tokens for m in self.metrics)
+
     def summary(self) -> dict:
         if len(self.metrics) == 1:
             return self.metrics[0].summary()
@@ -326,11 +329,22 @@ class _Job:
         self.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
         self.emit(planned.row, self.output_row(planned.row, completion=completion))
 
+    def work(self) -> tuple[int, int | None]:
+        """(tokens generated so far, in flight included; predicted total of the job, None before a
+        row is planned): the rows not planned yet are counted at the planned rows' mean p50."""
+        tokens = self.engines.num_sampled_tokens()
+        planner, progress = self.planner, self.progress
+        if not planner.num_planned_rows:
+            return tokens, None
+        unplanned = max(0, progress.total_rows - planner.num_planned_rows - self.summary.num_rows_error)
+        mean = planner.num_predicted_tokens / planner.num_planned_rows
+        return tokens, round(planner.num_predicted_tokens + unplanned * mean)
+
     def run(self, scan: InputScan) -> RunSummary:
         state = self.session.state
         done = len(state.ok_ids) + (0 if self.config.retry_errors else len(state.error_ids))
         self.progress = Progress(max(scan.num_rows - done, 0), quiet=self.config.quiet,
-                                 log_every_s=self.config.log_every_s)
+                                 log_every_s=self.config.log_every_s, work=self.work)
         started = time.monotonic()
         try:
             plans = self.planner.plans(self.rows())
