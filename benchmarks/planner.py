@@ -130,13 +130,13 @@ def summarize(runs: list[dict]) -> dict:
     for workload, systems in WORKLOAD_SYSTEMS.items():
         per = {}
         for name in systems:
-            rates = [r["tokens_per_s"] for r in runs if r["workload"] == workload and r["system"] == name]
-            if rates:
-                steps = [r["engine"] for r in runs if r["workload"] == workload and r["system"] == name]
+            mine = [r for r in runs if r["workload"] == workload and r["system"] == name]
+            if mine:
+                rates = [r["tokens_per_s"] for r in mine]
                 per[name] = {"runs": len(rates), "min": round(min(rates), 2),
                              "median": round(statistics.median(rates), 2), "max": round(max(rates), 2),
-                             "steps": statistics.median(e["num_steps"] for e in steps),
-                             "step_ms": round(statistics.median(e["step_ms_mean"] for e in steps), 2)}
+                             "steps": statistics.median(r["engine"]["num_steps"] for r in mine),
+                             "step_ms": round(statistics.median(r["engine"]["step_ms_mean"] for r in mine), 2)}
         for s in per.values():
             if "continuous" in per:
                 s["vs_continuous"] = round(s["median"] / per["continuous"]["median"], 3)

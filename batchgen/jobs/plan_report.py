@@ -1,10 +1,11 @@
 """`batchgen plan`: the dry run. Tokenize, plan, calibrate, estimate; write nothing.
 
 It reads the input as `batchgen run` would (same checks, same prompts), plans every shard with
-batchgen.jobs.plan (with --output naming a job's directory: only the rows a resume would run; the
-committed ones are counted, not planned), and reports per shard the rows, prompt and predicted output lengths, the mode
-with its reason, the KV memory needed and an estimated time. Memory stays bounded like the job's:
-one window of rows at a time, per-shard aggregates, and bounded samples for the job-wide quantiles.
+batchgen.jobs.plan (with --output naming a job's directory, only the rows a resume would run: the
+committed ones are counted, not planned), and reports per shard the rows, prompt and predicted
+output lengths, the mode with its reason, the KV memory needed and an estimated time. Memory stays
+bounded like the job's: one window of rows at a time, per-shard aggregates, and bounded samples for
+the job-wide quantiles.
 
 Estimated time comes from a short calibration run: a few engine steps over a sample of the first
 shard's prompts (a handful of generated tokens each, then one row alone), fitted as

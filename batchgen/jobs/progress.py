@@ -39,7 +39,7 @@ class Progress:
         now = time.monotonic()
         if self._bar is not None:
             self._bar.update(1)
-            tokens = self.work()[0] if self.work is not None else self.num_generated_tokens
+            tokens, _ = self._work()
             self._bar.set_postfix(tok_s=f"{tokens / max(now - self.started, 1e-9):.1f}", errors=self.num_errors,
                                   refresh=False)
         elif now - self._last_log >= self.log_every_s:
@@ -50,9 +50,13 @@ class Progress:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
+    def _work(self) -> tuple[int, int | None]:
+        """(tokens generated so far, predicted total or None): finished rows' tokens without `work`."""
+        return self.work() if self.work is not None else (self.num_generated_tokens, None)
+
     def line(self) -> str:
         total = f"/{self.total_rows}" if self.total_rows is not None else ""
-        tokens, predicted = self.work() if self.work is not None else (self.num_generated_tokens, None)
+        tokens, predicted = self._work()
         elapsed = self.elapsed_s
         eta = ""
         if predicted and tokens:
