@@ -109,16 +109,30 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                             value: torch.Tensor, attention_mask: torch.Tensor | None,
                             scaling: float | None = None, dropout: float = 0.0,
                             **kwargs) -> tuple[torch.Tensor, None]:
+    """The function transformers calls per layer; traceable, so torch.compile keeps one graph.
+
+    Everything that depends on the step (the metadata, the cache tensors) is read inside the
+    opaque `batchgen::paged_attention` op at run time, never here, so a compiled forward neither
+    breaks its graph at every layer nor guards on per-step Python objects.
+    """
     # query: [1, num_heads, T, head_dim]; key/value: [1, num_kv_heads, T, head_dim]
+    _reject_unsupported(module, kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = torch.ops.batchgen.paged_attention(query[0].transpose(0, 1), key[0].transpose(0, 1),
+                                             value[0].transpose(0, 1), module.layer_idx, float(scale))
+    return out.unsqueeze(0), None  # [1, T, num_heads, head_dim]
+
+
+@torch.library.custom_op("batchgen::paged_attention", mutates_args=())
+def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int,
+                        scale: float) -> torch.Tensor:
+    # q: [T, num_heads, head_dim]; k/v: [T, num_kv_heads, head_dim]. Writes this layer's new K/V
+    # into the paged cache (a side effect on tensors the compiler never sees) and attends.
     meta = _forward_metadata
     if meta is None:
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention runs only inside batchgen's engine; "
                            "call model.set_attn_implementation('sdpa') to use the model directly")
-    _reject_unsupported(module, kwargs)
-    k_cache, v_cache = meta.kv_caches[module.layer_idx]
-    q = query[0].transpose(0, 1)  # [T, num_heads, head_dim]
-    k = key[0].transpose(0, 1)  # [T, num_kv_heads, head_dim]
-    v = value[0].transpose(0, 1)
+    k_cache, v_cache = meta.kv_caches[layer_idx]
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
 
@@ -129,14 +143,14 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     k_blocks = k_cache.view(-1, bs, num_kv_heads, head_dim)
     v_blocks = v_cache.view(-1, bs, num_kv_heads, head_dim)
     if meta.flash is not None:
-        return _flash_forward(q, k_blocks, v_blocks, meta.flash, scaling).unsqueeze(0), None
+        return _flash_forward(q, k_blocks, v_blocks, meta.flash, scale)
     # NOTE: torch.empty_like(q) would copy q's transposed strides; the output must be dense
     out = q.new_empty(q.shape)  # [T, num_heads, head_dim]
     group_size = num_heads // num_kv_heads
     if meta.native_decode is not None:
         nd = meta.native_decode
         od = native.load()(q.index_select(0, nd.token_idx), k_cache, v_cache, nd.block_tables, nd.context_lens,
-                           bs, scaling if scaling is not None else head_dim**-0.5)
+                           bs, scale)
         out.index_copy_(0, nd.token_idx, od)
     for group in meta.decode_groups:
         batch = group.token_idx.shape[0]
@@ -148,7 +162,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         # "query positions" ([B, kv_heads, group_size, head_dim]), so GQA needs no repeated K/V.
         # Head h reads KV head h // group_size, as transformers' repeat_kv lays them out.
         qd = q.index_select(0, group.token_idx).view(batch, num_kv_heads, group_size, head_dim)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scaling)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
         out.index_copy_(0, group.token_idx, od.reshape(batch, num_heads, head_dim))
     for p in meta.prefills:
         qp = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, num_heads, n, head_dim]
@@ -161,13 +175,18 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         kp = kp.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context_len, head_dim]
         vp = vp.transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
-                                            scale=scaling, enable_gqa=True)
+                                            scale=scale, enable_gqa=True)
         out[p.start:p.end] = op[0].transpose(0, 1)
-    return out.unsqueeze(0), None  # [1, T, num_heads, head_dim]
+    return out
+
+
+@_paged_attention_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float) -> torch.Tensor:
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
 def _flash_forward(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, flash: FlashMetadata,
-                   scaling: float | None) -> torch.Tensor:
+                   scaling: float) -> torch.Tensor:
     # q: [T, num_heads, head_dim]; k/v_blocks: [num_blocks, block_size, kv_heads, head_dim]
     # flash-attn aligns causal masks bottom-right when seqlen_q < seqlen_k (>= 2.1), which is
     # exactly "query i of a chunk sees the cached past plus new tokens up to itself".

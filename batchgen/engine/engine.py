@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine import attention
+from batchgen.engine import attention, sizing
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks
 from batchgen.engine.metrics import EngineMetrics, StepStats
@@ -39,14 +39,16 @@ class RequestRejected(ValueError):
 @dataclass(slots=True)
 class EngineConfig:
     policy: Policy = Policy.CONTINUOUS
-    max_num_seqs: int = 64  # sequences running at once (the static policy's batch size)
-    max_num_batched_tokens: int = 2048  # token budget of one step
+    max_num_seqs: int | None = None  # sequences running at once (static: the batch size); None: auto (sizing.py)
+    max_num_batched_tokens: int | None = None  # token budget of one step; None: auto (sizing.py)
+    expected_seq_tokens: int | None = None  # auto sizing's hint: prompt + output tokens of a typical row
     block_size: int | None = None  # None: 16 for the torch backend, 256 for flash-attn
     attention_backend: str = "auto"  # auto | torch | cpu (C decode kernel) | flash (flash-attn, CUDA only)
     kv_cache_bytes: int | None = None  # None: sized from free memory
     num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+    compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
 
 
 class LLMEngine:
@@ -74,19 +76,26 @@ class LLMEngine:
         if num_blocks is None:
             peak = 0
             if self.device.type == "cuda" and config.kv_cache_bytes is None:
-                peak = _profile_activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs)
+                # auto limits are chosen after the cache is sized: profile the largest they can be
+                max_seqs, max_tokens = sizing.upper_limits(self.device.type)
+                peak = _profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
+                                                 config.max_num_seqs or max_seqs)
             try:
                 num_blocks = plan_num_blocks(spec, self.device, config.kv_cache_bytes, peak)
             except ValueError as e:
                 raise ConfigError(f"KV cache: {e}") from None
         self.kv_cache = KVCache(spec, num_blocks, self.device)
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
-                                   max_num_batched_tokens=config.max_num_batched_tokens,
+        self.limits = sizing.resolve_limits(
+            device_type=self.device.type, kv_capacity_tokens=num_blocks * block_size,
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            expected_seq_tokens=config.expected_seq_tokens, max_model_len=self.max_model_len)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.limits.max_num_seqs,
+                                   max_num_batched_tokens=self.limits.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, policy=config.policy)
-        self.runner = ModelRunner(model, self.kv_cache, self.device, backend)
-        log.info("engine: %s policy, %s attention, %d KV blocks of %d tokens", Policy(config.policy).value, backend,
-                 num_blocks, block_size)
+        self.runner = ModelRunner(model, self.kv_cache, self.device, backend, compile=config.compile)
+        log.info("engine: %s policy, %s attention, %d KV blocks of %d tokens; %s%s", Policy(config.policy).value,
+                 backend, num_blocks, block_size, self.limits.reason, "; compiled forward" if config.compile else "")
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.metrics = EngineMetrics()
         self._seq_ids = itertools.count()
@@ -114,7 +123,7 @@ class LLMEngine:
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         """Run requests to completion, pulling them lazily; yields in finishing order."""
         source = iter(requests)
-        lookahead = 2 * self.config.max_num_seqs  # enough waiting rows to refill the batch
+        lookahead = 2 * self.limits.max_num_seqs  # enough waiting rows to refill the batch
         exhausted = False
         while True:
             while not exhausted and self.scheduler.num_waiting < lookahead:

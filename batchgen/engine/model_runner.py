@@ -12,6 +12,9 @@ One step is one forward over all scheduled tokens packed into a single row:
 from __future__ import annotations
 
 import itertools
+import logging
+import os
+import time
 
 import torch
 
@@ -27,6 +30,8 @@ from batchgen.engine.kv_cache import KVCache
 from batchgen.engine.sampling import Sampler
 from batchgen.engine.scheduler import SchedulerOutput
 
+log = logging.getLogger(__name__)
+
 # decode sequences are grouped by context length so that padding to a group's longest context
 # wastes little; a new group starts when the longest would exceed this multiple of the shortest
 DECODE_GROUP_MAX_RATIO = 2.0
@@ -34,9 +39,10 @@ DECODE_GROUP_MAX_RATIO = 2.0
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device,
-                 backend: str = "torch"):
+                 backend: str = "torch", compile: bool = False):
         assert backend in ("torch", "cpu", "flash")
         self.model = model
+        self._forward = compile_forward(model) if compile else _forward
         self.kv_cache = kv_cache
         self.block_size = kv_cache.spec.block_size
         self.device = device
@@ -88,8 +94,7 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
         keep = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
         with forward_context(meta):
-            logits = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False,
-                                logits_to_keep=keep).logits[0]  # [S, vocab_size]
+            logits = self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
         return self.sampler.sample(logits, out.samplers)
 
     def _flash_metadata(self, out: SchedulerOutput) -> FlashMetadata:
@@ -163,3 +168,37 @@ class ModelRunner:
 
     def release(self, seq) -> None:
         self.sampler.release(seq)
+
+
+def _forward(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+             logits_to_keep: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                 logits_to_keep=logits_to_keep).logits
+
+
+def compile_forward(model: torch.nn.Module):
+    """The forward through torch.compile (inductor), dynamic in the number of packed tokens.
+
+    Attention is the opaque `batchgen::paged_attention` op, so the whole model is one graph and
+    the pointwise chains between the linear layers (RMSNorm, RoPE, SiLU * up, residual adds) fuse.
+    Compiled kernels are cached on disk (TORCHINDUCTOR_CACHE_DIR, default: batchgen's cache), so
+    only the first run on a machine pays the full compile; each later process still traces.
+    """
+    from batchgen.engine.loader import cache_root
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    compiled = torch.compile(_forward, dynamic=True)
+    first = True
+
+    def forward(*args):
+        nonlocal first
+        if not first:
+            return compiled(*args)
+        t0 = time.perf_counter()
+        out = compiled(*args)
+        first = False
+        log.info("compiled forward ready in %.1f s (traced, compiled or loaded from %s)", time.perf_counter() - t0,
+                 os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        return out
+
+    return forward

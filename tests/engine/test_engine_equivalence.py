@@ -195,7 +195,7 @@ def test_everything_tight_with_integrity_checks_every_step(case, tokenizer):
     while engine.has_unfinished():
         completions.extend(engine.step())
         engine.check_integrity()
-        assert len(engine.scheduler.running) <= config.max_num_seqs
+        assert len(engine.scheduler.running) <= engine.scheduler.max_num_seqs
     check_completions(case, completions, tokenizer)
     summary = engine.metrics.summary()
     assert summary["num_preemptions"] >= 1 and summary["num_prefix_hit_tokens"] > 0
@@ -286,3 +286,19 @@ def test_seeded_sampling_does_not_depend_on_the_batch(llama, tokenizer):
     assert other_seed["target"].token_ids != alone
     again = generate(EngineConfig(num_kv_blocks=64), [target])
     assert again["target"].token_ids == alone
+
+
+def test_compiled_forward_matches_generate(tokenizer):
+    # torch.compile of the whole HF forward, attention as the opaque batchgen::paged_attention op:
+    # same tokens as the eager reference, across prefill chunks, decode and a mixed step
+    case = build_case("llama")
+    engine, _ = run(case, tokenizer, EngineConfig(num_kv_blocks=512, block_size=8, max_num_batched_tokens=64,
+                                                  compile=True))
+    assert engine.config.compile
+
+
+def test_auto_limits_follow_the_cache_and_the_workload(case, tokenizer):
+    # 64 blocks of 8 = 512 tokens; rows of ~100 tokens: 5 fit, so 5 run at once
+    engine, _ = run(case, tokenizer, EngineConfig(num_kv_blocks=64, block_size=8, expected_seq_tokens=100))
+    assert engine.scheduler.max_num_seqs == 5
+    assert engine.scheduler.max_num_batched_tokens >= 5
