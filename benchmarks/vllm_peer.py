@@ -1,0 +1,50 @@
+"""Run vLLM-CPU on a rows file and print one JSON line of timings. Runs inside vLLM's own venv.
+
+    $PEER/venv/bin/python benchmarks/vllm_peer.py --model DIR --rows rows.parquet --dtype float32
+
+Imports nothing of batchgen (vLLM's venv does not have it). Every row gets its text prompt and
+exactly its `max_new_tokens` (min_tokens = max_tokens, ignore_eos), greedy, so it generates the
+same number of tokens as batchgen with --ignore-eos and a per-row budget column. Start-up (import,
+engine construction, compile, warm-up) and `generate` are timed separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+T0 = time.perf_counter()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--rows", required=True)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-model-len", type=int, required=True)
+    args = ap.parse_args()
+
+    import pyarrow.parquet as pq
+    from vllm import LLM, SamplingParams
+
+    table = pq.read_table(args.rows).to_pydict()
+    prompts, budgets = table["text"], table["max_new_tokens"]
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
+    params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0) for n in budgets]
+    startup_s = time.perf_counter() - T0
+    t = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    generate_s = time.perf_counter() - t
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(json.dumps({"startup_s": startup_s, "generate_s": generate_s, "generated_tokens": generated,
+                      "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+                      "threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # vLLM's engine process can hang interpreter shutdown
+
+
+if __name__ == "__main__":
+    main()
