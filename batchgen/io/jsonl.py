@@ -1,7 +1,8 @@
 """JSON Lines as Arrow: decode records line by line, type them with one schema per shard.
 
-Kept apart from readers.py, which finds shards and opens them through pyarrow.fs: this module
-turns an open byte stream into typed record batches and knows nothing of filesystems.
+batchgen.io.discovery finds the shards and batchgen.io.readers dispatches on their format; this
+module opens a JSONL shard through the filesystem it is handed and turns its byte stream into typed
+record batches.
 
 Decoding: each line is strict UTF-8 and `json.loads` (never eval); blank lines are skipped and do
 not count as rows, so row i is the i-th record. A malformed line, invalid UTF-8 or a non-object
@@ -34,18 +35,26 @@ stored without loss or without changing the type of batches already handed out, 
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from batchgen.errors import InputError
+from batchgen.io.cells import with_invalid_cells
 
 logger = logging.getLogger(__name__)
 
 _READ_CHUNK_BYTES = 1 << 20
+# Records read to decide a JSONL shard's columns and types; they are held in memory meanwhile,
+# so this bounds memory as well as how late in a file a new key or a type conflict can hide.
+JSONL_SCHEMA_SAMPLE_RECORDS = 1000
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 # Integers up to 2**53 in magnitude are exact in a float64; larger ones would be rounded.
 MAX_EXACT_FLOAT_INT = 2**53
@@ -204,3 +213,85 @@ def records_to_batches(
             rows = []
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+# ---------------------------------------------------------------- a shard
+
+
+def _records(fs: pafs.FileSystem, fs_path: str, display: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    # pyarrow decompresses on the fly; only gzip is a supported input compression (".jsonl.gz").
+    compression = "gzip" if display.lower().endswith(".gz") else None
+    try:
+        stream = fs.open_input_stream(fs_path, compression=compression)
+    except FileNotFoundError as e:
+        raise InputError("no such file", path=display) from e
+    except OSError as e:
+        raise InputError(f"cannot open: {e}", path=display) from e
+    with stream:
+        yield from read_records(stream, display)
+
+
+def sample_records(fs: pafs.FileSystem, fs_path: str, display: str
+                   ) -> tuple[pa.Schema, list[tuple[int, dict]], Iterator]:
+    """(schema from the first records, those records, the iterator positioned after them)."""
+    records = _records(fs, fs_path, display)
+    sample = list(itertools.islice(records, JSONL_SCHEMA_SAMPLE_RECORDS))
+    if not sample:
+        records.close()
+        raise InputError("file is empty (no JSON records)", path=display)
+    return infer_schema([record for _, record in sample]), sample, records
+
+
+def jsonl_batches(sample: list[tuple[int, dict]], records: Iterator, schema: pa.Schema, batch_size: int,
+                  display: str, *, warn_new_keys: bool) -> Iterator[pa.RecordBatch]:
+    """The sampled records, then the rest, as batches with exactly `schema` (surrogates repaired)."""
+    invalid: dict[int, list] = {}
+    batches = records_to_batches(
+        _scrub_surrogates(itertools.chain(sample, records), schema.names, invalid), schema, batch_size,
+        display, num_sample_records=JSONL_SCHEMA_SAMPLE_RECORDS, warn_new_keys=warn_new_keys,
+    )
+    return _mark_invalid(batches, invalid)
+
+
+def _scrub_surrogates(records: Iterator[tuple[int, dict]], names: list[str], invalid: dict[int, list]
+                      ) -> Iterator[tuple[int, dict]]:
+    for row, record in records:
+        for name in names:
+            value = record.get(name)
+            if value is not None and not isinstance(value, (int, float)) and _has_surrogate(value):
+                record[name] = _scrub(value)
+                invalid.setdefault(row, []).append(
+                    [name, f"column {name!r} holds a lone surrogate escape, which is not valid Unicode"])
+        yield row, record
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return not value.isascii() and _SURROGATE_RE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE_RE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def _mark_invalid(batches: Iterator[pa.RecordBatch], invalid: dict[int, list]) -> Iterator[pa.RecordBatch]:
+    first_row = 0
+    for batch in batches:
+        end = first_row + batch.num_rows
+        cells = [[row - first_row, name, message] for row in sorted(r for r in invalid if r < end)
+                 for name, message in invalid.pop(row)] if invalid else []
+        first_row = end
+        if cells:
+            batch = with_invalid_cells(batch, cells)
+        yield batch

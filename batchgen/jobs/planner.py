@@ -34,18 +34,17 @@ would lower the threshold; `--static-min-occupancy` sets it.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen.config import JobConfig
+from batchgen.engine.scheduler import Policy
 from batchgen.jobs.length import LengthPrediction, LengthPredictor, parse_known_length
 from batchgen.jobs.prompts import PromptBuilder, row_max_new_tokens
 from batchgen.jobs.rows import InputRow
-
-STATIC, CONTINUOUS = "static", "continuous"
+from batchgen.jobs.stats import ceil_div, distribution
 
 
 @dataclass(slots=True)
@@ -77,7 +76,7 @@ class ShardPlan:
     path: str
     first_row_index: int  # the window's first row within its file
     rows: list[PlannedRow]  # in run order
-    mode: str  # static | continuous
+    mode: Policy
     reason: str
     static_occupancy: float
     total_cv: float  # coefficient of variation of predicted prompt + output tokens (shown, not decisive)
@@ -163,7 +162,7 @@ def static_batches(rows: list[PlannedRow], batch_size: int, kv_capacity_tokens: 
     sizes: list[int] = []
     n = used = 0
     for r in rows:
-        need = -(-(r.num_prompt_tokens + r.prediction.p90) // block_size) * block_size
+        need = ceil_div(r.num_prompt_tokens + r.prediction.p90, block_size) * block_size
         if n and (n >= batch_size or (kv_capacity_tokens is not None and used + need > kv_capacity_tokens)):
             sizes.append(n)
             n = used = 0
@@ -174,15 +173,20 @@ def static_batches(rows: list[PlannedRow], batch_size: int, kv_capacity_tokens: 
     return sizes
 
 
+def batch_slices(rows: list[PlannedRow], batch_sizes: list[int]) -> Iterator[list[PlannedRow]]:
+    """The rows of each predicted static batch, in run order (`batch_sizes` from static_batches)."""
+    start = 0
+    for size in batch_sizes:
+        yield rows[start:start + size]
+        start += size
+
+
 def static_occupancy(rows: list[PlannedRow], batch_sizes: list[int]) -> float:
     """Predicted fraction of static batch slots doing useful work (see the module docstring)."""
     useful = slots = 0
-    start = 0
-    for size in batch_sizes:
-        batch = rows[start:start + size]
+    for batch in batch_slices(rows, batch_sizes):
         useful += sum(r.prediction.p50 for r in batch)
-        slots += size * max(r.prediction.p90 for r in batch)
-        start += size
+        slots += len(batch) * max(r.prediction.p90 for r in batch)
     return useful / slots if slots else 1.0
 
 
@@ -193,26 +197,13 @@ def coefficient_of_variation(values: list[int]) -> float:
     return statistics.pstdev(values) / mean if mean else 0.0
 
 
-def choose_mode(requested: str, occupancy: float, threshold: float, rows: list[PlannedRow]) -> tuple[str, str]:
-    if requested in (STATIC, CONTINUOUS):
-        return requested, f"--mode {requested}"
+def choose_mode(requested: str, occupancy: float, threshold: float, rows: list[PlannedRow]) -> tuple[Policy, str]:
+    if requested in (Policy.STATIC, Policy.CONTINUOUS):
+        return Policy(requested), f"--mode {requested}"
     sources = {r.prediction.source for r in rows}
     basis = "exact lengths" if sources == {"exact"} else "predicted lengths (" + ", ".join(sorted(sources)) + ")"
     if occupancy >= threshold:
-        return STATIC, (f"uniform: static batches would keep {occupancy:.0%} of their slots busy "
+        return Policy.STATIC, (f"uniform: static batches would keep {occupancy:.0%} of their slots busy "
                         f"(>= {threshold:.0%}) on {basis}")
-    return CONTINUOUS, (f"mixed: static batches would keep only {occupancy:.0%} of their slots busy "
+    return Policy.CONTINUOUS, (f"mixed: static batches would keep only {occupancy:.0%} of their slots busy "
                         f"(< {threshold:.0%}) on {basis}")
-
-
-def distribution(values: list[int]) -> dict[str, Any]:
-    """count, total, mean, p50, p90, max of a list of token counts (nearest-rank quantiles)."""
-    if not values:
-        return {"count": 0, "total": 0, "mean": None, "p50": None, "p90": None, "max": None}
-    s = sorted(values)
-
-    def q(p: float) -> int:
-        return s[min(len(s) - 1, max(0, math.ceil(p * len(s)) - 1))]
-
-    return {"count": len(s), "total": sum(s), "mean": round(sum(s) / len(s), 1), "p50": q(0.5), "p90": q(0.9),
-            "max": s[-1]}

@@ -15,6 +15,7 @@ from typing import Any
 
 from batchgen.config import LONG_PROMPT_POLICIES
 from batchgen.errors import ConfigError
+from batchgen.jobs.stats import ceil_div
 
 # Characters a placeholder name may not hold: braces end it, and ':' '!' '.' '[' ']' are what
 # str.format reads as format spec, conversion, attribute and index. Rejecting them (rather than
@@ -243,7 +244,7 @@ class PromptBuilder:
             excess = len(ids) - max_prompt_tokens
             if excess <= 0:
                 return BuiltPrompt(ids, len(doc_ids) - keep)
-            keep -= max(1, -(-excess // uses))
+            keep -= max(1, ceil_div(excess, uses))
         raise RowError(f"could not cut column {column!r} to fit the prompt into {max_prompt_tokens} "
                        f"tokens in {_MAX_TRUNCATION_ROUNDS} tries", column=column)
 
