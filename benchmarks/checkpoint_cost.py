@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +31,6 @@ from batchgen.engine.loader import load_model
 from batchgen.jobs import resume
 from benchmarks.sysload import measure
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"commit-every-64": dict(commit_every_rows=64, commit_every_s=0),
            "one-commit-at-end": dict(commit_every_rows=10**9, commit_every_s=0, rows_per_part=10**9)}
 
@@ -58,8 +56,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="batchgen-ckpt-") as tmp:
         tmp = Path(tmp)
         if args.model == "tiny":
-            sys.path.insert(0, str(ROOT / "tests"))
-            from conftest import make_tiny_model, make_tokenizer
+            from tests.tiny import make_tiny_model, make_tokenizer
 
             model_path = str(tmp / "tiny")
             make_tiny_model("llama").save_pretrained(model_path)

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from batchgen.engine import loader
@@ -24,6 +23,7 @@ from batchgen.engine.loader import (
     resolve_dtype,
 )
 from batchgen.errors import ConfigError, ModelLoadError
+from tests.tiny import make_tiny_model
 
 CPU = torch.device("cpu")
 

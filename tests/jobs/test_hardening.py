@@ -38,11 +38,6 @@ MAX_NEW = 3
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
-
-
-@pytest.fixture(scope="module")
 def short_context(tiny_model_dir, tmp_path_factory):
     """The tiny Llama with a 48-token context (rope: only the config changes)."""
     path = tmp_path_factory.mktemp("ctx48")
