@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import numbers
 import os
 import random
 import uuid
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgen.jobs.prompts import RowError
+from batchgen.jobs.prompts import parse_count
 from batchgen.jobs.stats import Reservoir, spearman
 
 log = logging.getLogger("batchgen")
@@ -216,10 +215,4 @@ def parse_known_length(value: Any, column: str) -> int | None:
     claim about the data, and a claim that cannot be read is worth saying so."""
     if value is None:
         return None
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        as_float = float(value)
-        if as_float.is_integer() and as_float >= 0:
-            return int(value)
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-    raise RowError(f"column {column!r} must hold a whole number of output tokens >= 0 (or null), got {shown}",
-                   column=column)
+    return parse_count(value, column, minimum=0, expected="a whole number of output tokens >= 0 (or null)")
