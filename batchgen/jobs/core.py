@@ -119,7 +119,6 @@ class JobCore:
     def __init__(self, config: JobConfig, loaded: LoadedModel):
         self.config = config
         self.engines = EngineSlot(config, loaded)
-        self.first_engine = self.engines.get(config.engine_policy())  # what prompts and plans are sized for
         self.pending: dict[str, tuple[PlannedRow, Request]] = {}  # request id -> (row, its request)
         self.keys = itertools.count()
         self.num_shards = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}

@@ -66,8 +66,10 @@ class _LocalJob:
         self.session = session
         self.guard = guard
         self.core = JobCore(config, loaded)
-        self.job = prepare_job(config, inputs, loaded, self.core.first_engine, out_dir=session.out_dir,
-                               state=session.state)
+        # prompts and plans are sized for the first engine; only the slot keeps it, so that a mode
+        # switch frees its KV cache
+        first = self.core.engines.get(config.engine_policy())
+        self.job = prepare_job(config, inputs, loaded, first, out_dir=session.out_dir, state=session.state)
         source = inputs.source
         schema = output_schema(source.id_field, source.passthrough_fields)
         self.fingerprint = job_fingerprint(config, source, schema, model={
