@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from batchgen.config import build_config
 from batchgen.engine.loader import load_model
-from batchgen.jobs import resume
+from batchgen.jobs import commit
 from benchmarks.sysload import measure
 
 CONFIGS = {"commit-every-64": dict(commit_every_rows=64, commit_every_s=0),
@@ -68,7 +68,7 @@ def main() -> None:
         pq.write_table(pa.table({"text": prompts(args.rows)}), src)
 
         commit_seconds = [0.0]
-        real_commit = resume.Committer.commit
+        real_commit = commit.Committer.commit
 
         def timed_commit(self):
             t0 = time.perf_counter()
@@ -77,7 +77,7 @@ def main() -> None:
             finally:
                 commit_seconds[0] += time.perf_counter() - t0
 
-        resume.Committer.commit = timed_commit  # a benchmark may instrument; the job code is unchanged
+        commit.Committer.commit = timed_commit  # a benchmark may instrument; the job code is unchanged
         from batchgen.jobs.run import run_job
 
         results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
@@ -100,7 +100,7 @@ def main() -> None:
                 if round_index >= 0:
                     results[name].append(record)
                 print(f"round {round_index} {name}: {json.dumps(record)}", flush=True)
-        resume.Committer.commit = real_commit
+        commit.Committer.commit = real_commit
 
     table = {}
     for name, records in results.items():
