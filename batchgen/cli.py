@@ -197,7 +197,7 @@ def plan(
 ) -> None:
     """Dry run: shards, prompt and predicted output lengths, mode per shard and why, KV memory, time."""
     from batchgen.config import build_config
-    from batchgen.jobs.plan_report import plan_job, plan_lines
+    from batchgen.jobs.plan import plan_job, plan_lines
 
     overrides = dict(
         inputs=input, output=output, model=model, trust_remote_code=trust_remote_code,

@@ -13,9 +13,11 @@ from typing import Any
 
 import yaml
 
+from batchgen.engine.scheduler import Policy
 from batchgen.errors import ConfigError
 
-MODES = ("auto", "continuous", "static")
+AUTO = "auto"  # the mode that lets the length planner choose a Policy per shard
+MODES = (AUTO, *(p.value for p in Policy))
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LONG_PROMPT_POLICIES = ("truncate", "error")
@@ -45,7 +47,7 @@ class JobConfig:
     block_size: int = 16
     kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
     enable_prefix_caching: bool = True
-    mode: str = "auto"  # auto = chosen per shard by the length planner (batchgen.jobs.plan)
+    mode: str = AUTO  # a Policy value, or auto: chosen per shard by the length planner (batchgen.jobs.planner)
     window_rows: int = 1024  # planning window: rows sorted by predicted length together (bounds memory)
     length_column: str | None = None  # known output lengths (tokens) per row; null cells are predicted
     sort_by_length: bool = True  # rows run longest predicted output first (both modes)
@@ -72,6 +74,10 @@ class JobConfig:
 
     def replace(self, **changes: Any) -> JobConfig:
         return dataclasses.replace(self, **changes)
+
+    def engine_policy(self) -> Policy:
+        """The policy of the job's first engine: the mode asked for; continuous for auto."""
+        return Policy.CONTINUOUS if self.mode == AUTO else Policy(self.mode)
 
     def validate(self, *, need_output: bool = True) -> JobConfig:
         """Raise ConfigError naming the first invalid setting; return self for chaining.

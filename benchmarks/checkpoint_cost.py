@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,10 +28,9 @@ import pyarrow.parquet as pq
 
 from batchgen.config import build_config
 from batchgen.engine.loader import load_model
-from batchgen.jobs import resume
+from batchgen.jobs import commit
 from benchmarks.sysload import measure
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"commit-every-64": dict(commit_every_rows=64, commit_every_s=0),
            "one-commit-at-end": dict(commit_every_rows=10**9, commit_every_s=0, rows_per_part=10**9)}
 
@@ -58,8 +56,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="batchgen-ckpt-") as tmp:
         tmp = Path(tmp)
         if args.model == "tiny":
-            sys.path.insert(0, str(ROOT / "tests"))
-            from conftest import make_tiny_model, make_tokenizer
+            from tests.tiny import make_tiny_model, make_tokenizer
 
             model_path = str(tmp / "tiny")
             make_tiny_model("llama").save_pretrained(model_path)
@@ -71,7 +68,7 @@ def main() -> None:
         pq.write_table(pa.table({"text": prompts(args.rows)}), src)
 
         commit_seconds = [0.0]
-        real_commit = resume.Committer.commit
+        real_commit = commit.Committer.commit
 
         def timed_commit(self):
             t0 = time.perf_counter()
@@ -80,7 +77,7 @@ def main() -> None:
             finally:
                 commit_seconds[0] += time.perf_counter() - t0
 
-        resume.Committer.commit = timed_commit  # a benchmark may instrument; the job code is unchanged
+        commit.Committer.commit = timed_commit  # a benchmark may instrument; the job code is unchanged
         from batchgen.jobs.run import run_job
 
         results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
@@ -103,7 +100,7 @@ def main() -> None:
                 if round_index >= 0:
                     results[name].append(record)
                 print(f"round {round_index} {name}: {json.dumps(record)}", flush=True)
-        resume.Committer.commit = real_commit
+        commit.Committer.commit = real_commit
 
     table = {}
     for name, records in results.items():

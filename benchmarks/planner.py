@@ -50,9 +50,9 @@ from batchgen.config import build_config
 from batchgen.engine.attention import resolve_backend
 from batchgen.engine.kv_cache import KVCacheSpec
 from batchgen.engine.loader import LoadedModel, load_model
-from batchgen.io.readers import InputShard
+from batchgen.io.discovery import InputShard
 from batchgen.jobs.length import LengthPredictor
-from batchgen.jobs.plan import PlannedRow, Planner
+from batchgen.jobs.planner import PlannedRow, Planner
 from batchgen.jobs.rows import InputRow
 from batchgen.jobs.run import run_job
 from benchmarks import sharegpt, sysload

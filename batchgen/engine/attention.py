@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from batchgen.engine import native
+from batchgen.errors import UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
 
@@ -101,7 +102,7 @@ def forward_context(metadata: AttentionMetadata) -> Iterator[None]:
         _forward_metadata = None
 
 
-class UnsupportedAttentionFeature(RuntimeError):
+class UnsupportedAttentionFeature(UnsupportedModelError, RuntimeError):
     """The model asked for an attention feature this engine does not implement."""
 
 

@@ -21,19 +21,21 @@ import torch
 from batchgen.engine import attention, sizing
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks
+from batchgen.engine.loader import find_eos_token_ids
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, FinishReason, Request
 from batchgen.engine.scheduler import Policy, Scheduler
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.stopping import StopChecker
-from batchgen.errors import ConfigError, EngineError, UnsupportedModelError
+from batchgen.errors import ConfigError, EngineError, UnsupportedModelError, UsageError
 
 log = logging.getLogger(__name__)
 
 
-class RequestRejected(ValueError):
-    """This one request cannot run (too long for the context or the KV cache); others can."""
+class RequestRejected(UsageError, ValueError):
+    """This one request cannot run (too long for the context or the KV cache); others can. A user's
+    input, not an engine fault: the job loop must not rerun it in static mode."""
 
 
 @dataclass(slots=True)
@@ -64,7 +66,7 @@ class LLMEngine:
         text_config = getattr(model.config, "text_config", None) or model.config
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
         if eos_token_ids is None:
-            eos_token_ids = _eos_ids(model, tokenizer)
+            eos_token_ids = find_eos_token_ids(model, tokenizer)
         try:
             backend, block_size = attention.resolve_backend(config.attention_backend, self.device, config.block_size,
                                                            model.dtype)
@@ -201,16 +203,6 @@ def _profile_activation_bytes(model, num_tokens: int, num_seqs: int) -> int:
     peak = torch.cuda.max_memory_allocated(device) - before
     torch.cuda.empty_cache()
     return int(peak)
-
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids: list[int] = []
-    for value in (getattr(model.generation_config, "eos_token_id", None), model.config.eos_token_id,
-                  tokenizer.eos_token_id):
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if v is not None and v not in ids:
-                ids.append(int(v))
-    return ids
 
 
 def _check_model_supported(model) -> None:

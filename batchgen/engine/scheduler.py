@@ -26,8 +26,13 @@ from batchgen.engine.sequence import Sequence, SequenceStatus
 
 
 class Policy(str, Enum):
+    """The batching mode, end to end: config values, planned shards and engines all use it."""
+
     CONTINUOUS = "continuous"
     STATIC = "static"
+
+    def __str__(self) -> str:  # "static" in logs, f-strings and reports, on every Python version
+        return self.value
 
 
 @dataclass(slots=True)

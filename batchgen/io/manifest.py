@@ -61,7 +61,7 @@ from batchgen.errors import OutputError
 from batchgen.io.writers import (
     TEMP_SUFFIX,
     StagedPart,
-    _stage,
+    fault_point,
     file_digest,
     fsync_dir,
     publish_staged,
@@ -283,7 +283,7 @@ class Manifest:
             return
         clear_success(self.out_dir)  # the visible output is about to change
         try:
-            _stage("fsync_staged")
+            fault_point("fsync_staged")
             fsync_dir(self.out_dir)  # the staged temps' names: an entry must never outlive its files
         except OSError as e:
             raise OutputError(f"cannot sync {self.out_dir}: {e.strerror or e}") from e

@@ -3,11 +3,9 @@
 A part is written under a temporary name starting with "." (pyarrow.dataset and our readers skip
 such names), flushed and fsynced, renamed into place with os.replace (atomic within a directory
 on POSIX), then the directory is fsynced so the rename itself survives a power cut. A reader thus
-sees a complete part or nothing, and `write_part` either returns the final path or raises
-OutputError and leaves no file of that part behind, so a caller may treat "raised" as "not
-committed" and write those rows again.
+sees a complete part or nothing.
 
-A job does not use write_part: it stages its parts (`stage_part`: written and fsynced under a
+A job stages its parts (`stage_part`: written and fsynced under a
 hidden temporary name), records them in the manifest (batchgen.io.manifest), and only then
 publishes them (`publish_staged`: rename + directory fsync). The manifest is the commit point;
 see batchgen.io.manifest for why and for what recovery does with the temps a crash leaves.
@@ -33,15 +31,6 @@ from batchgen.errors import OutputError
 
 logger = logging.getLogger(__name__)
 
-# Fixed output columns, after the id column and before the passthrough input columns.
-OUTPUT_FIXED_FIELDS: tuple[pa.Field, ...] = (
-    pa.field("generated_text", pa.string()),
-    pa.field("finish_reason", pa.string()),  # one of FINISH_REASONS
-    pa.field("num_prompt_tokens", pa.int32()),
-    pa.field("num_generated_tokens", pa.int32()),
-    pa.field("error", pa.string()),  # null when the row succeeded
-)
-FINISH_REASONS = ("stop", "length", "error")
 TEMP_SUFFIX = ".tmp"
 _SEQ_DIGITS = 5  # names sort in write order up to 99999 parts per prefix
 
@@ -51,15 +40,6 @@ _SEQ_DIGITS = 5  # names sort in write order up to 99999 parts per prefix
 # "fsync_staged" before a manifest commit fsyncs the staged parts' directory; it may raise
 # OSError(errno.ENOSPC, ...) and the like.
 _fault_hook: Callable[[str], None] | None = None
-
-
-def output_schema(id_field: pa.Field, passthrough: list[pa.Field]) -> pa.Schema:
-    """The id field, then OUTPUT_FIXED_FIELDS, then the passthrough input columns in input order."""
-    fields = [id_field, *OUTPUT_FIXED_FIELDS, *passthrough]
-    names = [f.name for f in fields]
-    # The CLI rejects colliding names with a usage error; reaching here with one is a bug.
-    assert len(set(names)) == len(names), f"output column names collide: {names}"
-    return pa.schema(fields)
 
 
 @dataclass(slots=True)
@@ -87,22 +67,6 @@ class PartWriter:
         self.prefix = prefix
         self.compression = compression
         self.next_seq = _next_seq(self.out_dir, prefix)
-
-    def write_part(self, rows: pa.Table | pa.RecordBatch | list[dict[str, Any]]) -> Path:
-        """Write `rows` as one complete part and return its final path (see the module docstring)."""
-        seq = self.next_seq
-        try:
-            staged = self.stage_part(rows)
-            try:
-                publish_staged([staged])
-            except BaseException:  # not durable yet, and the caller will write these rows again
-                _remove_quietly(staged.temp_path)
-                _remove_quietly(staged.final_path)
-                raise
-        except BaseException:
-            self.next_seq = seq  # a retry takes the same sequence number
-            raise
-        return staged.final_path
 
     def new_name(self) -> str:
         """The next unused part name; names sort in the order they were handed out."""
@@ -143,9 +107,9 @@ class PartWriter:
         temp_path = self.out_dir / f".{name}{tag}{TEMP_SUFFIX}"
         try:
             with open(temp_path, "xb") as file:  # "x": a name collision is a bug, never overwrite
-                _stage("write")
+                fault_point("write")
                 write(file)
-                _stage("fsync")
+                fault_point("fsync")
                 file.flush()
                 os.fsync(file.fileno())
             num_bytes, sha256 = file_digest(temp_path)
@@ -204,11 +168,11 @@ def publish_staged(staged: list[StagedPart], *, durable: bool = True) -> None:
     """
     try:
         for part in staged:
-            _stage("rename")
+            fault_point("rename")
             os.replace(part.temp_path, part.final_path)
         if not durable:
             return
-        _stage("fsync_dir")
+        fault_point("fsync_dir")
         for directory in {part.final_path.parent for part in staged}:
             _fsync_dir(directory)
     except OSError as e:
@@ -226,18 +190,18 @@ def write_file_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> No
     placed = False
     try:
         with open(temp_path, "xb") as file:
-            _stage("file_write")
+            fault_point("file_write")
             file.write(data)
-            _stage("file_fsync")
+            fault_point("file_fsync")
             file.flush()
             os.fsync(file.fileno())
-        _stage("file_rename")
+        fault_point("file_rename")
         if exclusive:
             _link_exclusive(temp_path, path)
         else:
             os.replace(temp_path, path)
         placed = True
-        _stage("file_fsync_dir")
+        fault_point("file_fsync_dir")
         _fsync_dir(path.parent)
     except BaseException as e:
         _remove_quietly(temp_path)
@@ -283,22 +247,8 @@ def _link_exclusive(temp_path: Path, path: Path) -> None:
     os.unlink(temp_path)
 
 
-def cleanup_temp_files(out_dir: str | Path) -> int:
-    """Remove temp files (".*.tmp") a crashed run left in `out_dir`; return how many."""
-    path = Path(out_dir)
-    if not path.is_dir():
-        return 0
-    num_removed = 0
-    for entry in path.iterdir():
-        if entry.name.startswith(".") and entry.name.endswith(TEMP_SUFFIX) and entry.is_file():
-            entry.unlink(missing_ok=True)
-            num_removed += 1
-    if num_removed:
-        logger.info("removed %d temp files left by an earlier run in %s", num_removed, path)
-    return num_removed
-
-
-def _stage(name: str) -> None:
+def fault_point(name: str) -> None:
+    """Where a test's _fault_hook may inject a failure (see above)."""
     if _fault_hook is not None:
         _fault_hook(name)
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import numbers
 import os
 import random
 import uuid
@@ -35,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgen.jobs.prompts import RowError
+from batchgen.jobs.prompts import parse_count
+from batchgen.jobs.stats import Reservoir, spearman
 
 log = logging.getLogger("batchgen")
 
@@ -56,43 +56,6 @@ class LengthPrediction:
     source: str  # exact | bin | global | prior
 
 
-class _Reservoir:
-    """A uniform sample of at most `size` values out of `count` seen (Vitter's algorithm R)."""
-
-    __slots__ = ("size", "count", "values", "_sorted")
-
-    def __init__(self, size: int, count: int = 0, values: list[int] | None = None):
-        self.size = size
-        self.count = count
-        self.values = list(values or [])[:size]
-        self._sorted: list[int] | None = None
-
-    def add(self, value: int, rng: random.Random) -> None:
-        self.count += 1
-        if len(self.values) < self.size:
-            self.values.append(value)
-        else:
-            i = rng.randrange(self.count)
-            if i >= self.size:
-                return
-            self.values[i] = value
-        self._sorted = None
-
-    def quantile(self, q: float) -> int:
-        if self._sorted is None:
-            self._sorted = sorted(self.values)
-        s = self._sorted
-        return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]  # nearest rank
-
-    def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "values": self.values}
-
-    @classmethod
-    def from_json(cls, size: int, data: dict[str, Any]) -> _Reservoir:
-        values = [int(v) for v in data["values"]]
-        return cls(size, max(int(data["count"]), len(values)), values)
-
-
 def prompt_bin(num_prompt_tokens: int) -> int:
     """Half-octave bin of a prompt length: 0 for 1 token, 2 for 2, 3 for 3, 4 for 4-5, 5 for 6-7, ..."""
     return int(2 * math.log2(max(1, num_prompt_tokens)))
@@ -109,8 +72,8 @@ class LengthPredictor:
     def __init__(self, key: dict[str, Any] | None = None, *, ignore_eos: bool = False, seed: int = 0):
         self.key = dict(key or {})
         self.ignore_eos = ignore_eos
-        self.bins: dict[int, _Reservoir] = {}
-        self.overall = _Reservoir(GLOBAL_SAMPLES)
+        self.bins: dict[int, Reservoir] = {}
+        self.overall = Reservoir(GLOBAL_SAMPLES)
         self.num_observed_since_save = 0
         self._rng = random.Random(seed)
         # this run's error: every |p50 - actual|, and a bounded sample of pairs for the ranks
@@ -142,7 +105,7 @@ class LengthPredictor:
         """Learn from a finished row; with its prediction, also count the prediction's error."""
         b = prompt_bin(num_prompt_tokens)
         if b not in self.bins:
-            self.bins[b] = _Reservoir(BIN_SAMPLES)
+            self.bins[b] = Reservoir(BIN_SAMPLES)
         self.bins[b].add(num_output_tokens, self._rng)
         self.overall.add(num_output_tokens, self._rng)
         self.num_observed_since_save += 1
@@ -162,8 +125,8 @@ class LengthPredictor:
                 "global": self.overall.to_json()}
 
     def load_state(self, data: dict[str, Any]) -> None:
-        self.bins = {int(b): _Reservoir.from_json(BIN_SAMPLES, r) for b, r in data["bins"].items()}
-        self.overall = _Reservoir.from_json(GLOBAL_SAMPLES, data["global"])
+        self.bins = {int(b): Reservoir.from_json(BIN_SAMPLES, r) for b, r in data["bins"].items()}
+        self.overall = Reservoir.from_json(GLOBAL_SAMPLES, data["global"])
 
     @property
     def num_learned_rows(self) -> int:
@@ -232,51 +195,17 @@ class _PairSample:
     """A bounded uniform sample of (predicted, actual) pairs, for the rank correlation."""
 
     def __init__(self, size: int, rng: random.Random):
-        self.size = size
-        self.count = 0
-        self.pairs: list[tuple[int, int]] = []
+        self.sample = Reservoir(size)
         self._rng = rng
 
     def add(self, predicted: int, actual: int) -> None:
-        self.count += 1
-        if len(self.pairs) < self.size:
-            self.pairs.append((predicted, actual))
-        else:
-            i = self._rng.randrange(self.count)
-            if i < self.size:
-                self.pairs[i] = (predicted, actual)
+        self.sample.add((predicted, actual), self._rng)
 
     def spearman(self) -> float | None:
-        if len(self.pairs) < 2:
+        pairs = self.sample.values
+        if len(pairs) < 2:
             return None
-        return spearman([p for p, _ in self.pairs], [a for _, a in self.pairs])
-
-
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (ties get their average rank); None when either side is constant."""
-    rx, ry = _ranks(xs), _ranks(ys)
-    n = len(rx)
-    mx, my = sum(rx) / n, sum(ry) / n
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    vx = sum((a - mx) ** 2 for a in rx)
-    vy = sum((b - my) ** 2 for b in ry)
-    if vx == 0 or vy == 0:
-        return None
-    return cov / math.sqrt(vx * vy)
-
-
-def _ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+        return spearman([p for p, _ in pairs], [a for _, a in pairs])
 
 
 def parse_known_length(value: Any, column: str) -> int | None:
@@ -286,10 +215,4 @@ def parse_known_length(value: Any, column: str) -> int | None:
     claim about the data, and a claim that cannot be read is worth saying so."""
     if value is None:
         return None
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        as_float = float(value)
-        if as_float.is_integer() and as_float >= 0:
-            return int(value)
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-    raise RowError(f"column {column!r} must hold a whole number of output tokens >= 0 (or null), got {shown}",
-                   column=column)
+    return parse_count(value, column, minimum=0, expected="a whole number of output tokens >= 0 (or null)")

@@ -1,218 +1,131 @@
-"""Length-aware planning: input rows -> shards, each with predicted lengths, a run order and a mode.
+"""`batchgen plan`: the dry run. Tokenize, plan, calibrate, estimate; write nothing.
 
-Shards. A shard is an input file, or a window of at most `window_rows` consecutive rows of one
-file. Only one window is held at a time (its rows' columns and prompt token ids) and no sort
-reaches past it, so a file of any size is planned in bounded memory. A window is planned when the
-engine asks for its first row, so it is predicted with what the rows before it taught.
+It reads the input as `batchgen run` would (same checks, same prompts), plans every shard with
+batchgen.jobs.planner (with --output naming a job's directory, only the rows a resume would run: the
+committed ones are counted, not planned), and reports per shard the rows, prompt and predicted
+output lengths, the mode with its reason, the KV memory needed and an estimated time. Memory stays
+bounded like the job's: one window of rows at a time, per-shard aggregates, and bounded samples for
+the job-wide quantiles.
 
-Order. Rows run by predicted output length, longest first (`sort_by_length`), in either mode.
-Static: each batch then holds rows of alike length, since a batch runs until its longest member
-finishes while the finished members' slots idle. Continuous: a slot is refilled the step it frees,
-but the shard still ends with its last rows running in a draining batch, and longest-first
-(LPT scheduling) leaves the short rows for that tail. Measured on ShareGPT lengths (256 rows,
-batch 64, benchmarks/planner.py): input order took 1430 steps, bucketed static 1311.
-
-Mode (`--mode auto`). The planner cuts the shard, in run order, into the batches the static policy
-would take (batch_size rows, fewer where the KV cache holds fewer) and predicts how busy their
-slots would be:
-
-    occupancy = sum(p50) / sum over batches of (rows in the batch x the batch's largest p90)
-
-Static when occupancy >= static_min_occupancy, else continuous. Not the spread of the shard's
-lengths: prompt lengths never idle a static slot (each prompt is prefilled once, in chunks, in
-either mode), and a wide but predictable spread, once sorted, gives batches of alike rows. The p90
-in the denominator counts uncertainty against static: with nothing learned (p50 = max/2,
-p90 = max) occupancy is 0.5. Static pays off where occupancy x (static / continuous tokens/s on
-uniform lengths) >= 1; benchmarks/planner.py measures that ratio and prints the threshold it implies.
-The default 1.0 is that measurement: on a 2-core CPU (SmolLM2-135M, bf16, medians of 3 rounds)
-static ran 0.96x continuous on uniform lengths, in the same number of steps (520 against 519), so
-static pays only where its batches leave no slot idle. That is no accident of the CPU: our static
-policy runs the same steps through the same runner as continuous, with no per-step saving to trade
-for idle slots. A device where static steps run cheaper (a captured or compiled fixed-shape step)
-would lower the threshold; `--static-min-occupancy` sets it.
+Estimated time comes from a short calibration run (batchgen.jobs.estimate). Without a sample (no
+rows, or --calibration-rows 0) there is no estimate.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+import random
+from pathlib import Path
 from typing import Any
 
 from batchgen.config import JobConfig
-from batchgen.jobs.length import LengthPrediction, LengthPredictor, parse_known_length
-from batchgen.jobs.prompts import PromptBuilder, row_max_new_tokens
-from batchgen.jobs.rows import InputRow
-
-STATIC, CONTINUOUS = "static", "continuous"
-
-
-@dataclass(slots=True)
-class PlannedRow:
-    row: InputRow
-    prompt_token_ids: list[int]
-    max_new_tokens: int
-    num_truncated_tokens: int = 0
-    known_output_tokens: int | None = None  # from --length-column
-    prediction: LengthPrediction | None = None
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+from batchgen.engine.loader import LoadedModel, load_model
+from batchgen.engine.scheduler import Policy
+from batchgen.io.manifest import is_job_dir, load_manifest
+from batchgen.jobs.core import build_engine
+from batchgen.jobs.estimate import Tally, calibrate, kv_bytes, shard_seconds, shard_work
+from batchgen.jobs.prepare import open_inputs, prepare_job
 
 
-def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:
-    """Prompt ids, budget and known length of one row; raises RowError for an error row."""
-    max_new = row_max_new_tokens(row.values, config.max_new_tokens_column, config.max_new_tokens)
-    known = parse_known_length(row.values.get(config.length_column), config.length_column) \
-        if config.length_column else None
-    prompt = builder.build(row.values, max_new)
-    return PlannedRow(row, prompt.token_ids, max_new, prompt.num_truncated_tokens, known)
+def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibration_rows: int = 16) -> dict[str, Any]:
+    """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
+    inputs = open_inputs(config, need_output=False)
+    if loaded is None:
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                            trust_remote_code=config.trust_remote_code)
+    engine = build_engine(config, loaded)
+    out_dir = Path(config.output) if config.output and Path(config.output).is_dir() else None
+    # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows
+    state = load_manifest(out_dir) if out_dir is not None and is_job_dir(out_dir) else None
+    job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
+    planner, block_size = job.planner, engine.block_size
+    bytes_per_token = engine.kv_cache.spec.bytes_per_token
+
+    rng = random.Random(0)
+    prompt_tally, p50_tally, p90_tally = Tally(rng), Tally(rng), Tally(rng)
+    shards: list[dict[str, Any]] = []
+    work = []
+    sample: list[list[int]] = []
+    for plan in planner.plans(job.rows(on_error=lambda row, message: None)):
+        if not sample and calibration_rows > 0:
+            step = max(1, plan.num_rows // calibration_rows)  # spread over the shard, not its longest rows
+            sample = [r.prompt_token_ids for r in plan.rows[::step][:calibration_rows]]
+        for r in plan.rows:
+            prompt_tally.add(r.num_prompt_tokens)
+            p50_tally.add(r.prediction.p50)
+            p90_tally.add(r.prediction.p90)
+        entry = plan.describe()
+        entry["kv_bytes"] = kv_bytes(plan, config.batch_size, block_size, bytes_per_token)
+        shards.append(entry)
+        work.append(shard_work(plan, config.max_num_batched_tokens))
+
+    calibration = calibrate(engine, sample) if sample else None
+    total_s = 0.0 if calibration else None
+    for entry, w in zip(shards, work, strict=True):
+        if calibration is None:
+            entry["estimated_seconds"] = None
+            entry["estimates"] = None
+            continue
+        estimates = shard_seconds(calibration, w, config.batch_size, config.max_num_batched_tokens)
+        entry["estimates"] = estimates
+        entry["estimated_seconds"] = estimates[entry["mode"]]
+        total_s += estimates[entry["mode"]]
+    del engine
+
+    return {
+        "inputs": inputs.scan.to_json(), "model": loaded.name, "mode": config.mode,
+        "window_rows": config.window_rows, "batch_size": config.batch_size,
+        "static_min_occupancy": config.static_min_occupancy,
+        "num_rows": prompt_tally.count, "num_error_rows": job.num_error_rows, "num_rows_done": job.num_rows_skipped,
+        "num_shards": len(shards),
+        "num_shards_static": sum(s["mode"] == Policy.STATIC for s in shards),
+        "prompt_tokens": prompt_tally.describe(), "predicted_output_tokens": p50_tally.total,
+        "output_tokens_p50": p50_tally.describe(), "output_tokens_p90": p90_tally.describe(),
+        "learned_rows": job.predictor.num_learned_rows,
+        "kv": {"bytes_per_token": bytes_per_token, "cache_bytes": planner.kv_capacity_tokens * bytes_per_token,
+               "cache_tokens": planner.kv_capacity_tokens,
+               "needed_bytes_max": max((s["kv_bytes"]["needed"] for s in shards), default=0)},
+        "calibration": None if calibration is None else {
+            "num_rows": calibration.num_rows, "num_steps": calibration.num_steps,
+            "step_overhead_ms": round(1000 * calibration.step_overhead_s, 3),
+            "ms_per_token": round(1000 * calibration.seconds_per_token, 5)},
+        "estimated_seconds": None if total_s is None else round(total_s, 3),
+        "shards": shards,
+    }
 
 
-@dataclass(slots=True)
-class ShardPlan:
-    index: int
-    path: str
-    first_row_index: int  # the window's first row within its file
-    rows: list[PlannedRow]  # in run order
-    mode: str  # static | continuous
-    reason: str
-    static_occupancy: float
-    total_cv: float  # coefficient of variation of predicted prompt + output tokens (shown, not decisive)
-    static_batches: list[int] = field(default_factory=list)  # rows per predicted static batch
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.rows)
-
-    def describe(self) -> dict[str, Any]:
-        """The shard as `batchgen plan --json` shows it (without per-row data)."""
-        p50 = [r.prediction.p50 for r in self.rows]
-        sources: dict[str, int] = {}
-        for r in self.rows:
-            sources[r.prediction.source] = sources.get(r.prediction.source, 0) + 1
-        return {
-            "index": self.index, "path": self.path, "first_row": self.first_row_index, "num_rows": self.num_rows,
-            "mode": self.mode, "reason": self.reason, "static_occupancy": round(self.static_occupancy, 4),
-            "total_cv": round(self.total_cv, 4), "num_static_batches": len(self.static_batches),
-            "prompt_tokens": distribution([r.num_prompt_tokens for r in self.rows]),
-            "predicted_output_tokens": sum(p50),
-            "output_tokens_p50": distribution(p50),
-            "output_tokens_p90": distribution([r.prediction.p90 for r in self.rows]),
-            "prediction_sources": sources,
-        }
+def plan_lines(report: dict[str, Any]) -> list[str]:
+    """The plan for people: a header, then one line per shard."""
+    p, o50, o90, kv = report["prompt_tokens"], report["output_tokens_p50"], report["output_tokens_p90"], report["kv"]
+    done = f"; {report['num_rows_done']} committed before, not planned" if report["num_rows_done"] else ""
+    lines = [
+        f"plan: {report['num_rows']} rows ({report['num_error_rows']} error rows{done}) in {report['num_shards']} "
+        f"shards of at most {report['window_rows']} rows; mode {report['mode']}: {report['num_shards_static']} "
+        f"static, {report['num_shards'] - report['num_shards_static']} continuous",
+        f"prompt tokens: mean {p['mean']}, p50 {p['p50']}, p90 {p['p90']}, max {p['max']}, total {p['total']}",
+        f"predicted output tokens per row: p50 mean {o50['mean']} (p50 {o50['p50']}, p90 {o50['p90']}, max "
+        f"{o50['max']}); p90 mean {o90['mean']}; total {report['predicted_output_tokens']}; learned from "
+        f"{report['learned_rows']} earlier rows",
+        f"KV cache: {_size(kv['bytes_per_token'])} per token; the engine's cache holds {kv['cache_tokens']} tokens "
+        f"({_size(kv['cache_bytes'])}); the most a shard needs at once: {_size(kv['needed_bytes_max'])}",
+    ]
+    cal = report["calibration"]
+    if cal is None:
+        lines.append("estimated time: none (no calibration run)")
+    else:
+        lines.append(f"calibration: {cal['num_steps']} steps on {cal['num_rows']} rows: a step costs "
+                     f"{cal['step_overhead_ms']} ms + {cal['ms_per_token']} ms per token; estimated time "
+                     f"{report['estimated_seconds']:.1f} s")
+    lines.append(f"{'shard':>5} {'rows':>7} {'mode':<10} {'est s':>9} {'occupancy':>9}  source (first row): reason")
+    for s in report["shards"]:
+        est = "-" if s["estimated_seconds"] is None else f"{s['estimated_seconds']:.1f}"
+        lines.append(f"{s['index']:>5} {s['num_rows']:>7} {s['mode']:<10} {est:>9} {s['static_occupancy']:>9.0%}  "
+                     f"{Path(s['path']).name} ({s['first_row']}): {s['reason']}")
+    return lines
 
 
-class Planner:
-    """Windows of prepared rows -> ShardPlans (predictions, run order, mode and reason)."""
-
-    def __init__(self, config: JobConfig, predictor: LengthPredictor, *, kv_capacity_tokens: int | None = None,
-                 block_size: int = 16):
-        self.config = config
-        self.predictor = predictor
-        self.kv_capacity_tokens = kv_capacity_tokens
-        self.block_size = block_size
-        self.num_shards = 0
-        self.num_planned_rows = 0
-        self.num_predicted_tokens = 0  # sum of p50 over the planned rows
-
-    def plans(self, rows: Iterable[PlannedRow]) -> Iterator[ShardPlan]:
-        for window in windows(rows, self.config.window_rows):
-            yield self.plan(window)
-
-    def plan(self, window: list[PlannedRow]) -> ShardPlan:
-        config = self.config
-        for r in window:
-            r.prediction = self.predictor.predict(r.num_prompt_tokens, r.max_new_tokens, r.known_output_tokens)
-            self.num_predicted_tokens += r.prediction.p50
-        self.num_planned_rows += len(window)
-        ordered = sort_by_length(window) if config.sort_by_length else list(window)
-        batches = static_batches(ordered, config.batch_size, self.kv_capacity_tokens, self.block_size)
-        occupancy = static_occupancy(ordered, batches)
-        cv = coefficient_of_variation([r.num_prompt_tokens + r.prediction.p50 for r in window])
-        mode, reason = choose_mode(config.mode, occupancy, config.static_min_occupancy, window)
-        plan = ShardPlan(self.num_shards, window[0].row.shard.path, window[0].row.row_index, ordered, mode, reason,
-                         occupancy, cv, batches)
-        self.num_shards += 1
-        return plan
-
-
-def windows(rows: Iterable[PlannedRow], window_rows: int) -> Iterator[list[PlannedRow]]:
-    """Consecutive rows of one file, at most window_rows of them; a new file starts a new window."""
-    window: list[PlannedRow] = []
-    for r in rows:
-        if window and (len(window) >= window_rows or r.row.shard.path != window[0].row.shard.path):
-            yield window
-            window = []
-        window.append(r)
-    if window:
-        yield window
-
-
-def sort_by_length(rows: list[PlannedRow]) -> list[PlannedRow]:
-    """Longest predicted output first (then longest p90, then longest prompt); stable otherwise."""
-    return sorted(rows, key=lambda r: (r.prediction.p50, r.prediction.p90, r.num_prompt_tokens), reverse=True)
-
-
-def static_batches(rows: list[PlannedRow], batch_size: int, kv_capacity_tokens: int | None,
-                   block_size: int) -> list[int]:
-    """Rows per batch as the static policy would take them in this order: batch_size rows, fewer
-    where their prompt + p90 reservations outgrow the KV cache."""
-    sizes: list[int] = []
-    n = used = 0
-    for r in rows:
-        need = -(-(r.num_prompt_tokens + r.prediction.p90) // block_size) * block_size
-        if n and (n >= batch_size or (kv_capacity_tokens is not None and used + need > kv_capacity_tokens)):
-            sizes.append(n)
-            n = used = 0
-        n += 1
-        used += need
-    if n:
-        sizes.append(n)
-    return sizes
-
-
-def static_occupancy(rows: list[PlannedRow], batch_sizes: list[int]) -> float:
-    """Predicted fraction of static batch slots doing useful work (see the module docstring)."""
-    useful = slots = 0
-    start = 0
-    for size in batch_sizes:
-        batch = rows[start:start + size]
-        useful += sum(r.prediction.p50 for r in batch)
-        slots += size * max(r.prediction.p90 for r in batch)
-        start += size
-    return useful / slots if slots else 1.0
-
-
-def coefficient_of_variation(values: list[int]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = statistics.fmean(values)
-    return statistics.pstdev(values) / mean if mean else 0.0
-
-
-def choose_mode(requested: str, occupancy: float, threshold: float, rows: list[PlannedRow]) -> tuple[str, str]:
-    if requested in (STATIC, CONTINUOUS):
-        return requested, f"--mode {requested}"
-    sources = {r.prediction.source for r in rows}
-    basis = "exact lengths" if sources == {"exact"} else "predicted lengths (" + ", ".join(sorted(sources)) + ")"
-    if occupancy >= threshold:
-        return STATIC, (f"uniform: static batches would keep {occupancy:.0%} of their slots busy "
-                        f"(>= {threshold:.0%}) on {basis}")
-    return CONTINUOUS, (f"mixed: static batches would keep only {occupancy:.0%} of their slots busy "
-                        f"(< {threshold:.0%}) on {basis}")
-
-
-def distribution(values: list[int]) -> dict[str, Any]:
-    """count, total, mean, p50, p90, max of a list of token counts (nearest-rank quantiles)."""
-    if not values:
-        return {"count": 0, "total": 0, "mean": None, "p50": None, "p90": None, "max": None}
-    s = sorted(values)
-
-    def q(p: float) -> int:
-        return s[min(len(s) - 1, max(0, math.ceil(p * len(s)) - 1))]
-
-    return {"count": len(s), "total": sum(s), "mean": round(sum(s) / len(s), 1), "p50": q(0.5), "p90": q(0.9),
-            "max": s[-1]}
+def _size(num_bytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024 or unit == "GiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes} B"

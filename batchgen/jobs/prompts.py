@@ -15,6 +15,7 @@ from typing import Any
 
 from batchgen.config import LONG_PROMPT_POLICIES
 from batchgen.errors import ConfigError
+from batchgen.jobs.stats import ceil_div
 
 # Characters a placeholder name may not hold: braces end it, and ':' '!' '.' '[' ']' are what
 # str.format reads as format spec, conversion, attribute and index. Rejecting them (rather than
@@ -243,7 +244,7 @@ class PromptBuilder:
             excess = len(ids) - max_prompt_tokens
             if excess <= 0:
                 return BuiltPrompt(ids, len(doc_ids) - keep)
-            keep -= max(1, -(-excess // uses))
+            keep -= max(1, ceil_div(excess, uses))
         raise RowError(f"could not cut column {column!r} to fit the prompt into {max_prompt_tokens} "
                        f"tokens in {_MAX_TRUNCATION_ROUNDS} tries", column=column)
 
@@ -266,11 +267,16 @@ def row_max_new_tokens(row: Mapping[str, Any], column: str | None, default: int)
     value = row.get(column)
     if value is None:
         return default
+    return parse_count(value, column, minimum=1, expected="a positive integer max_new_tokens")
+
+
+def parse_count(value: Any, column: str, *, minimum: int, expected: str) -> int:
+    """A cell holding a whole number >= `minimum` (7 or 7.0, never True); else a RowError that says
+    the column must hold `expected`."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         as_float = float(value)
         # is_integer is False for nan and inf too, so those are rejected with fractions.
-        if as_float.is_integer() and as_float >= 1:
+        if as_float.is_integer() and as_float >= minimum:
             return int(value)
     shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-    raise RowError(f"column {column!r} must hold a positive integer max_new_tokens, got {shown}",
-                   column=column)
+    raise RowError(f"column {column!r} must hold {expected}, got {shown}", column=column)

@@ -19,7 +19,7 @@ class JobSummary:
     num_parts_written: int = 0
     wall_seconds: float = 0.0
     engine: dict = field(default_factory=dict)
-    # the length planner (batchgen.jobs.plan): shards by mode, static reruns of failed continuous runs
+    # the length planner (batchgen.jobs.planner): shards by mode, static reruns of failed continuous runs
     num_shards_static: int = 0
     num_shards_continuous: int = 0
     num_static_fallbacks: int = 0
@@ -60,4 +60,25 @@ class JobSummary:
                        f"{self.num_static_fallbacks} static fallbacks; output length predicted (p50) vs actual: "
                        f"MAE {mae} tokens, Spearman {rho} over {self.num_length_predictions} rows ({sources})")
         out.append(f"output: {self.output_dir}")
+        return out
+
+
+@dataclass(slots=True)
+class RunSummary(JobSummary):
+    """JobSummary plus what this run found already committed and what it committed."""
+
+    num_rows_skipped: int = 0  # committed by an earlier run (or an error row kept: --no-retry-errors)
+    num_rows_retried: int = 0  # error rows of an earlier run generated again
+    num_rows_replaced: int = 0  # ... whose new row replaced the old one (the rest failed the same way)
+    num_commits: int = 0
+    output_rows: int = 0  # committed rows in the output directory after this run
+    output_rows_error: int = 0
+    complete: bool = False  # every input row has a committed output row (_SUCCESS written)
+
+    def lines(self) -> list[str]:
+        out = JobSummary.lines(self)
+        out.insert(-1, f"resume: {self.num_rows_skipped} rows already committed, {self.num_rows_retried} error "
+                       f"rows retried ({self.num_rows_replaced} replaced); {self.num_commits} commits; output "
+                       f"holds {self.output_rows} rows ({self.output_rows_error} errors)"
+                       f"{'' if self.complete else ', incomplete'}")
         return out

@@ -17,8 +17,10 @@ import pyarrow as pa
 
 from batchgen.config import JobConfig
 from batchgen.errors import ConfigError, InputError
-from batchgen.io.readers import InputShard, invalid_cells, iter_batches, read_schema, resolve_inputs
-from batchgen.io.writers import OUTPUT_FIXED_FIELDS
+from batchgen.io.cells import invalid_cells
+from batchgen.io.discovery import InputShard, resolve_inputs
+from batchgen.io.readers import iter_batches, read_schema
+from batchgen.io.schema import OUTPUT_FIXED_FIELDS
 from batchgen.jobs.prompts import Template
 
 DERIVED_ID_COLUMN = "row_id"  # output id column when ids are derived from file name + row index

@@ -13,7 +13,8 @@ from typing import Any
 
 from batchgen.errors import OutputError
 from batchgen.io.lock import lock_holder
-from batchgen.io.manifest import SUCCESS_FILE, fingerprint_digest, is_job_dir, load_manifest
+from batchgen.io.manifest import SUCCESS_FILE, is_job_dir, load_manifest
+from batchgen.jobs.fingerprint import fingerprint_summary
 
 
 def job_status(out_dir: str | Path) -> dict[str, Any]:
@@ -46,8 +47,7 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
         "max_rows": state.inputs.get("max_rows") if state.inputs else None,
         **totals,
         "shards": shards,
-        "fingerprint": None if state.fingerprint is None else {
-            "digest": fingerprint_digest(state.fingerprint), **state.fingerprint},
+        "fingerprint": fingerprint_summary(state.fingerprint),
         "last_commit_time": state.last_commit_time,
         "num_parts": len(state.parts),
         "num_entries": state.last_seq,

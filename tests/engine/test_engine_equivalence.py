@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import make_tiny_model
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Completion, FinishReason, Request, SamplingParams
 from batchgen.engine.scheduler import Policy
+from tests.tiny import make_tiny_model
 
 ARCH_SEEDS = {"llama": 0, "qwen2": 1, "mistral": 2}
 NUM_PROMPTS = 28
@@ -27,14 +27,7 @@ MAX_NEW_TOKENS = 24
 SHARED_PREFIX_LEN = 40  # 5 blocks of 8, 2 blocks of 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models gain nothing from intra-op threads, and on a busy shared machine OpenMP
-    # threads waiting on each other make every step ~10x slower
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @dataclass

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_tiny_model
 from transformers import LlamaConfig, Qwen2Config
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.kv_cache import CPU_KV_CAP_BYTES, KVCache, KVCacheSpec, plan_num_blocks
 from batchgen.errors import ConfigError
+from tests.tiny import make_tiny_model
 
 CPU = torch.device("cpu")
 

@@ -11,19 +11,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from batchgen.engine import loader
 from batchgen.engine.loader import (
-    CPU_AUTO_DTYPE,
     DEFAULT_MODEL,
     INSTALL_DEFAULT_HINT,
+    cpu_auto_dtype,
     load_model,
     resolve_device,
     resolve_dtype,
 )
 from batchgen.errors import ConfigError, ModelLoadError
+from tests.tiny import make_tiny_model
 
 CPU = torch.device("cpu")
 
@@ -85,7 +85,7 @@ def test_loader_passes_safe_defaults(tiny_model_dir, monkeypatch):
     assert seen["model"]["local_files_only"] is True
     assert seen["model"]["use_safetensors"] is True
     assert seen["model"]["attn_implementation"] == "sdpa"
-    assert seen["model"]["dtype"] == CPU_AUTO_DTYPE
+    assert seen["model"]["dtype"] == cpu_auto_dtype()
     load_model(str(tiny_model_dir), device="cpu", trust_remote_code=True)
     assert seen["model"]["trust_remote_code"] is True
 
@@ -122,7 +122,7 @@ def test_resolve_device():
 
 
 def test_resolve_dtype(caplog):
-    assert resolve_dtype("auto", CPU) == CPU_AUTO_DTYPE
+    assert resolve_dtype("auto", CPU) == cpu_auto_dtype()
     assert resolve_dtype("float32", CPU) == torch.float32
     assert resolve_dtype("bfloat16", CPU) == torch.bfloat16
     with caplog.at_level(logging.WARNING, logger="batchgen.engine.loader"):
@@ -244,9 +244,9 @@ def _fake_model(generation_eos, config_eos, max_positions=4096):
 
 def test_eos_ids_are_merged_and_deduplicated():
     tok = SimpleNamespace(eos_token_id=2, model_max_length=int(1e30))
-    assert loader._eos_ids(_fake_model([2, 7], 9), tok) == [2, 7, 9]
-    assert loader._eos_ids(_fake_model(7, [7, 2]), tok) == [2, 7]
-    assert loader._eos_ids(_fake_model(None, None), SimpleNamespace(eos_token_id=None)) == []
+    assert loader.find_eos_token_ids(_fake_model([2, 7], 9), tok) == [2, 7, 9]
+    assert loader.find_eos_token_ids(_fake_model(7, [7, 2]), tok) == [2, 7]
+    assert loader.find_eos_token_ids(_fake_model(None, None), SimpleNamespace(eos_token_id=None)) == []
 
 
 def test_max_context_prefers_the_smaller_sane_limit():

@@ -9,12 +9,12 @@ import copy
 
 import pytest
 import torch
-from conftest import make_tiny_model
 
 from batchgen.engine.engine import EngineConfig, LLMEngine, RequestRejected
 from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.sequence import Sequence, SequenceStatus
 from batchgen.engine.stopping import StopChecker
+from tests.tiny import make_tiny_model
 
 EOS = 2  # "<|eos|>", a special token of the test tokenizer
 

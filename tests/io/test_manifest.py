@@ -26,7 +26,8 @@ from batchgen.io.manifest import (
     part_rows,
     write_success,
 )
-from batchgen.io.writers import PartWriter, output_schema
+from batchgen.io.schema import output_schema
+from batchgen.io.writers import PartWriter
 
 SCHEMA = output_schema(pa.field("id", pa.int64()), [])
 SHARD = "/data/in.parquet"
@@ -181,9 +182,9 @@ def test_removed_part_left_visible_by_a_crash_is_deleted(out, monkeypatch):
     assert not (out / name).exists() and visible_ids(out) == []
 
 
-def test_orphan_visible_part_and_stray_temps_are_removed(out):
+def test_orphan_visible_part_and_stray_temps_are_removed(write_part, out):
     writer = PartWriter(out, SCHEMA)
-    orphan = writer.write_part(rows([9]))  # visible, but no entry lists it
+    orphan = write_part(writer, rows([9]))  # visible, but no entry lists it
     (out / ".part-00007-0badc0de.parquet.00000009.tmp").write_bytes(b"half")
     (out / MANIFEST_DIR / ".00000002.json.12345678.tmp").write_bytes(b"{")
     (out / "._SUCCESS.abcdef01.tmp").write_bytes(b"")

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen.errors import InputError
-from batchgen.io.readers import count_rows, iter_batches, read_columns, read_schema, resolve_inputs
+from batchgen.io.discovery import resolve_inputs
+from batchgen.io.readers import iter_batches, read_columns, read_schema
 
 
 def write_parquet(path, num_rows=10, row_group_size=None):
@@ -45,7 +46,7 @@ def only_shard(path):
 
 def test_parquet_file_reads_footer(tmp_path):
     shard = only_shard(write_parquet(tmp_path / "a.parquet", num_rows=7))
-    assert (shard.format, shard.num_rows, count_rows(shard)) == ("parquet", 7, 7)
+    assert (shard.format, shard.num_rows) == ("parquet", 7)
     assert shard.path == str(tmp_path / "a.parquet")
     assert read_columns(shard) == ["id", "text", "score"]
 
@@ -63,7 +64,7 @@ def test_directory_is_recursive_sorted_and_skips_bookkeeping(tmp_path):
     shards = resolve_inputs([str(tmp_path)])
     assert [s.path for s in shards] == [str(tmp_path / n) for n in ("a.jsonl", "b.parquet", "sub/c.jsonl.gz")]
     assert [s.format for s in shards] == ["jsonl", "parquet", "jsonl"]
-    assert shards[0].num_rows is None and count_rows(shards[0]) is None
+    assert shards[0].num_rows is None
 
 
 def test_glob_order_relative_paths_and_dedup(tmp_path, monkeypatch):
@@ -219,14 +220,14 @@ def test_jsonl_mixed_types_become_json_text(tmp_path):
 
 
 def test_jsonl_late_value_that_does_not_fit_names_row_and_column(tmp_path, monkeypatch):
-    monkeypatch.setattr("batchgen.io.readers.JSONL_SCHEMA_SAMPLE_RECORDS", 3)
+    monkeypatch.setattr("batchgen.io.jsonl.JSONL_SCHEMA_SAMPLE_RECORDS", 3)
     path = write_jsonl(tmp_path / "late.jsonl", [{"n": i} for i in range(5)] + [{"n": "five"}])
     with pytest.raises(InputError, match=r"row 5, column 'n': a JSON string does not fit column type int64"):
         read_all(only_shard(path), batch_size=2)
 
 
 def test_jsonl_keys_after_the_sample_warn_once(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr("batchgen.io.readers.JSONL_SCHEMA_SAMPLE_RECORDS", 2)
+    monkeypatch.setattr("batchgen.io.jsonl.JSONL_SCHEMA_SAMPLE_RECORDS", 2)
     path = write_jsonl(tmp_path / "late.jsonl", [{"a": 1}, {"a": 2}, {"a": 3, "b": 1}, {"a": 4, "b": 2}])
     with caplog.at_level(logging.WARNING):
         assert read_all(only_shard(path)) == [{"a": 1}, {"a": 2}, {"a": 3}, {"a": 4}]
@@ -253,7 +254,7 @@ def test_bad_jsonl_line_names_file_row_and_line(tmp_path, content, row, message)
 
 
 def test_malformed_line_found_after_the_sample(tmp_path, monkeypatch):
-    monkeypatch.setattr("batchgen.io.readers.JSONL_SCHEMA_SAMPLE_RECORDS", 2)
+    monkeypatch.setattr("batchgen.io.jsonl.JSONL_SCHEMA_SAMPLE_RECORDS", 2)
     path = write_jsonl(tmp_path / "bad.jsonl", [{"a": i} for i in range(4)], tail=b"{oops\n")
     with pytest.raises(InputError, match="row 4: malformed JSON"):
         read_all(only_shard(path))
@@ -262,7 +263,7 @@ def test_malformed_line_found_after_the_sample(tmp_path, monkeypatch):
 @pytest.mark.parametrize("tail", [b'{"a": 99, "b": "cut', b'{"a": "caf\xc3'])
 def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, caplog, tail):
     path = write_jsonl(tmp_path / "killed.jsonl", [{"a": 1}, {"a": 2}], tail=tail)
-    with caplog.at_level(logging.WARNING, logger="batchgen.io.schema"):
+    with caplog.at_level(logging.WARNING, logger="batchgen.io.jsonl"):
         assert read_all(only_shard(path)) == [{"a": 1}, {"a": 2}]
     messages = [r.getMessage() for r in caplog.records]
     assert any("truncated last line 3" in m and str(path) in m for m in messages)

@@ -12,13 +12,8 @@ import pytest
 
 from batchgen.errors import OutputError
 from batchgen.io import writers
-from batchgen.io.writers import (
-    OUTPUT_FIXED_FIELDS,
-    PartWriter,
-    check_output_dir,
-    cleanup_temp_files,
-    output_schema,
-)
+from batchgen.io.schema import OUTPUT_FIXED_FIELDS, output_schema
+from batchgen.io.writers import PartWriter, check_output_dir
 
 ID_FIELD = pa.field("row_id", pa.string())
 PASSTHROUGH = [pa.field("topic", pa.string()), pa.field("year", pa.int64())]
@@ -51,12 +46,12 @@ def test_output_schema_asserts_on_collision():
         output_schema(ID_FIELD, [pa.field("error", pa.string())])
 
 
-def test_round_trip_and_names_sort_in_write_order(writer):
+def test_round_trip_and_names_sort_in_write_order(write_part, writer):
     writer.out_dir.mkdir()
-    first = writer.write_part(make_rows(0, 3))
+    first = write_part(writer, make_rows(0, 3))
     # a Table with other column order and wider ints is cast to the explicit schema
     table = pa.Table.from_pylist(make_rows(3, 2)).select(["year", *writer.schema.names[:-1]])
-    second = writer.write_part(table)
+    second = write_part(writer, table)
     assert first.name.startswith("part-00000-") and second.name.startswith("part-00001-")
     assert sorted(p.name for p in writer.out_dir.iterdir()) == [first.name, second.name]  # no temp files
     assert pq.read_schema(first) == writer.schema == pq.read_schema(second)
@@ -64,32 +59,32 @@ def test_round_trip_and_names_sort_in_write_order(writer):
     assert rows == make_rows(0, 5)
 
 
-def test_missing_keys_are_null_and_unknown_columns_are_refused(writer):
+def test_missing_keys_are_null_and_unknown_columns_are_refused(write_part, writer):
     writer.out_dir.mkdir()
-    path = writer.write_part([{"row_id": "a:0", "finish_reason": "error", "error": "prompt too long"}])
+    path = write_part(writer, [{"row_id": "a:0", "finish_reason": "error", "error": "prompt too long"}])
     row = pq.read_table(path).to_pylist()[0]
     assert row["error"] == "prompt too long" and row["generated_text"] is None
     with pytest.raises(ValueError, match="not in the output schema: \\['surprise'\\]"):
-        writer.write_part([{"row_id": "a:1", "surprise": 1}])
+        write_part(writer, [{"row_id": "a:1", "surprise": 1}])
     with pytest.raises(ValueError, match="do not match the output schema"):
-        writer.write_part(pa.table({"row_id": ["a:2"]}))
+        write_part(writer, pa.table({"row_id": ["a:2"]}))
 
 
-def test_sequence_continues_after_existing_parts_with_unique_names(writer):
+def test_sequence_continues_after_existing_parts_with_unique_names(write_part, writer):
     writer.out_dir.mkdir()
-    first = writer.write_part(make_rows(0, 1))
+    first = write_part(writer, make_rows(0, 1))
     resumed = PartWriter(writer.out_dir, writer.schema)  # a resumed run, or a second process
     assert resumed.next_seq == 1
-    second = resumed.write_part(make_rows(1, 1))
-    other = PartWriter(writer.out_dir, writer.schema, prefix="part").write_part(make_rows(2, 1))
+    second = write_part(resumed, make_rows(1, 1))
+    other = write_part(PartWriter(writer.out_dir, writer.schema, prefix="part"), make_rows(2, 1))
     assert second.name.startswith("part-00001-") and other.name.startswith("part-00002-")
     assert len({first.name, second.name, other.name}) == 3
 
 
-def test_dataset_reads_committed_parts_and_ignores_bookkeeping(writer):
+def test_dataset_reads_committed_parts_and_ignores_bookkeeping(write_part, writer):
     writer.out_dir.mkdir()
     for start in (0, 4, 8):
-        writer.write_part(make_rows(start, 4))
+        write_part(writer, make_rows(start, 4))
     (writer.out_dir / "_manifest.json").write_text('{"parts": []}')
     (writer.out_dir / ".part-00003-deadbeef.parquet.tmp").write_bytes(b"PAR1 half a part")
     table = ds.dataset(writer.out_dir, format="parquet").to_table()
@@ -99,9 +94,9 @@ def test_dataset_reads_committed_parts_and_ignores_bookkeeping(writer):
 
 @pytest.mark.parametrize("stage", ["write", "fsync", "rename", "fsync_dir"])
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO])
-def test_injected_os_error_leaves_nothing_partial(writer, monkeypatch, stage, error):
+def test_injected_os_error_leaves_nothing_partial(write_part, writer, monkeypatch, stage, error):
     writer.out_dir.mkdir()
-    committed = writer.write_part(make_rows(0, 2))
+    committed = write_part(writer, make_rows(0, 2))
     seen_at_fault = []
 
     def fault(current):
@@ -111,17 +106,17 @@ def test_injected_os_error_leaves_nothing_partial(writer, monkeypatch, stage, er
 
     monkeypatch.setattr(writers, "_fault_hook", fault)
     with pytest.raises(OutputError) as info:
-        writer.write_part(make_rows(2, 2))
+        write_part(writer, make_rows(2, 2))
     assert os.strerror(error) in str(info.value) and str(writer.out_dir / "part-00001-") in str(info.value)
     assert info.value.exit_code == 2
     assert len(seen_at_fault) == 2  # the temp (or, at fsync_dir, the renamed) file existed at the fault
     assert [p.name for p in writer.out_dir.iterdir()] == [committed.name]
     assert ds.dataset(writer.out_dir, format="parquet").to_table().to_pylist() == make_rows(0, 2)
     monkeypatch.setattr(writers, "_fault_hook", None)
-    assert writer.write_part(make_rows(2, 2)).name.startswith("part-00001-")  # the caller may retry
+    assert write_part(writer, make_rows(2, 2)).name.startswith("part-00001-")  # the caller may retry
 
 
-def test_disk_full_in_the_middle_of_the_parquet_write(writer, monkeypatch):
+def test_disk_full_in_the_middle_of_the_parquet_write(write_part, writer, monkeypatch):
     writer.out_dir.mkdir()
     real_write_table = pq.write_table
 
@@ -131,11 +126,11 @@ def test_disk_full_in_the_middle_of_the_parquet_write(writer, monkeypatch):
 
     monkeypatch.setattr(writers.pq, "write_table", write_half_then_fail)
     with pytest.raises(OutputError, match="No space left on device"):
-        writer.write_part(make_rows(0, 3))
+        write_part(writer, make_rows(0, 3))
     assert list(writer.out_dir.iterdir()) == []
 
 
-def test_interrupt_during_write_leaves_no_temp_file(writer, monkeypatch):
+def test_interrupt_during_write_leaves_no_temp_file(write_part, writer, monkeypatch):
     writer.out_dir.mkdir()
 
     def interrupt(stage):
@@ -144,13 +139,13 @@ def test_interrupt_during_write_leaves_no_temp_file(writer, monkeypatch):
 
     monkeypatch.setattr(writers, "_fault_hook", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        writer.write_part(make_rows(0, 1))
+        write_part(writer, make_rows(0, 1))
     assert list(writer.out_dir.iterdir()) == []
 
 
-def test_writing_into_a_vanished_directory_is_an_output_error(writer):
+def test_writing_into_a_vanished_directory_is_an_output_error(write_part, writer):
     with pytest.raises(OutputError, match="No such file or directory"):
-        writer.write_part(make_rows(0, 1))
+        write_part(writer, make_rows(0, 1))
 
 
 def test_check_output_dir_creates_parents(tmp_path):
@@ -188,14 +183,3 @@ def test_check_output_dir_probe_catches_what_os_access_misses(tmp_path, monkeypa
     monkeypatch.setattr(writers.Path, "touch", read_only_fs)
     with pytest.raises(OutputError, match="not writable.*Read-only file system"):
         check_output_dir(tmp_path)
-
-
-def test_cleanup_temp_files(writer):
-    writer.out_dir.mkdir()
-    kept = writer.write_part(make_rows(0, 1))
-    (writer.out_dir / ".part-00001-0badc0de.parquet.tmp").write_bytes(b"half")
-    (writer.out_dir / ".write-probe-12345678.tmp").write_bytes(b"")
-    (writer.out_dir / "_manifest.json").write_text("{}")
-    assert cleanup_temp_files(writer.out_dir) == 2
-    assert sorted(p.name for p in writer.out_dir.iterdir()) == sorted([kept.name, "_manifest.json"])
-    assert cleanup_temp_files(writer.out_dir / "missing") == 0

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from conftest import VOCAB_SIZE, make_tiny_model
 
 from batchgen.engine.loader import LoadedModel
 from batchgen.jobs.bench import default_engine_configs, make_workload, run_bench
+from tests.tiny import VOCAB_SIZE, make_tiny_model
 
 
 def test_bench_runs_both_policies_round_robin(tokenizer):

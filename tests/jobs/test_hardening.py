@@ -30,16 +30,11 @@ from batchgen.cli import app
 from batchgen.config import build_config
 from batchgen.engine.loader import load_model
 from batchgen.errors import InputError, OutputError
-from batchgen.io import readers, writers
+from batchgen.io import discovery, writers
 from batchgen.io.manifest import SUCCESS_FILE, load_manifest
 from batchgen.jobs.run import run_job
 
 MAX_NEW = 3
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +244,7 @@ def test_unreadable_input_file(tiny_model_dir, loaded, tmp_path, monkeypatch, na
     out = tmp_path / "out"
     if os.geteuid() == 0:  # root reads through permission bits: deny at the filesystem layer instead
         denying = pafs.PyFileSystem(_DenyingHandler(str(src), pafs.LocalFileSystem()))
-        monkeypatch.setattr(readers.pafs, "LocalFileSystem", lambda: denying)
+        monkeypatch.setattr(discovery.pafs, "LocalFileSystem", lambda: denying)
     else:
         src.chmod(0)
     try:

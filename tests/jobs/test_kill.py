@@ -3,24 +3,18 @@
 NUM_SEEDS subprocess jobs (`python -m batchgen run`, 240 rows, tiny random Llama, --commit-every 8)
 are SIGKILLed after a random delay drawn over the window from taking the lock to writing
 _SUCCESS, two at a time; each is then resumed to completion in-process. The cycle itself lives in
-benchmarks/soak_kill.py, which runs it for 100+ seeds and several kills per seed.
+tests/jobs/kill_harness.py; benchmarks/soak_kill.py runs it for 100+ seeds and several kills per seed.
 """
 
 from __future__ import annotations
 
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import pytest
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for benchmarks/
-from batchgen.config import build_config  # noqa: E402
-from batchgen.engine.loader import load_model  # noqa: E402
-from batchgen.io.manifest import load_manifest  # noqa: E402
-from batchgen.jobs.run import run_job  # noqa: E402
-from benchmarks.soak_kill import (  # noqa: E402
+from batchgen.config import build_config
+from batchgen.engine.loader import load_model
+from batchgen.io.manifest import load_manifest
+from batchgen.jobs.run import run_job
+from tests.jobs.kill_harness import (
     COMMIT_EVERY,
     MAX_NEW_TOKENS,
     check_committed,
@@ -34,17 +28,8 @@ NUM_SEEDS = 20
 NUM_ROWS = 240
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    """The subprocesses run with OMP_NUM_THREADS=1; the in-process resume matches them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def resume_config(fixture, out):
-    """The same job as benchmarks.soak_kill.job_args, as a JobConfig."""
+    """The same job as kill_harness.job_args, as a JobConfig."""
     return build_config(None, inputs=[str(fixture.src)], output=str(out), model=str(fixture.model_dir),
                         id_column="id", device="cpu", dtype="float32", max_new_tokens=MAX_NEW_TOKENS,
                         kv_cache_memory="16MiB", batch_size=16, commit_every_rows=COMMIT_EVERY, quiet=True)

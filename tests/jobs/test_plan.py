@@ -21,10 +21,10 @@ from batchgen.engine.engine import LLMEngine
 from batchgen.engine.loader import load_model
 from batchgen.engine.scheduler import Policy
 from batchgen.errors import ConfigError, EngineError
-from batchgen.io.readers import InputShard
-from batchgen.jobs import run as run_module
+from batchgen.io.discovery import InputShard
+from batchgen.jobs import core, prepare
 from batchgen.jobs.length import LENGTH_MODEL_FILE, LengthPredictor
-from batchgen.jobs.plan import CONTINUOUS, STATIC, PlannedRow, Planner, static_batches, windows
+from batchgen.jobs.planner import PlannedRow, Planner, static_batches, windows
 from batchgen.jobs.rows import InputRow
 from batchgen.jobs.run import run_job
 
@@ -50,14 +50,14 @@ def test_uniform_outputs_run_static_whatever_the_prompts():
     """Prompt lengths never idle a static slot: alike outputs make a shard uniform."""
     prompts = [random.Random(i).randint(5, 2000) for i in range(64)]
     plan = planner().plan(rows(prompts, known=[100] * 64))
-    assert plan.mode == STATIC and plan.static_occupancy == 1.0
+    assert plan.mode == Policy.STATIC and plan.static_occupancy == 1.0
     assert plan.reason.startswith("uniform") and "exact lengths" in plan.reason
     assert plan.total_cv > 0.5  # the totals vary a lot: that is not what decides
 
 
 def test_unknown_lengths_run_continuous():
     plan = planner().plan(rows([50] * 64))
-    assert plan.mode == CONTINUOUS and plan.static_occupancy == pytest.approx(0.5, abs=0.01)
+    assert plan.mode == Policy.CONTINUOUS and plan.static_occupancy == pytest.approx(0.5, abs=0.01)
     assert plan.reason.startswith("mixed") and "(prior)" in plan.reason
 
 
@@ -67,7 +67,7 @@ def test_mixed_known_lengths_sorted_into_alike_batches():
     known = [max(1, min(512, int(math.exp(rng.gauss(4, 1))))) for _ in range(256)]
     unsorted = planner(sort_by_length=False).plan(rows([30] * 256, max_new=512, known=known))
     ordered = planner().plan(rows([30] * 256, max_new=512, known=known))
-    assert unsorted.mode == CONTINUOUS and unsorted.static_occupancy < 0.5
+    assert unsorted.mode == Policy.CONTINUOUS and unsorted.static_occupancy < 0.5
     assert ordered.static_occupancy > 1.5 * unsorted.static_occupancy
     assert [r.row.row_index for r in unsorted.rows] == list(range(256))  # --no-sort-by-length: input order
     assert [r.prediction.p50 for r in ordered.rows] == sorted(known, reverse=True)  # continuous, longest first
@@ -79,16 +79,16 @@ def test_learned_tight_lengths_turn_a_shard_static():
     for i in range(200):
         predictor.observe(40, 100 + i % 3)
     after = planner(predictor, static_min_occupancy=0.95).plan(rows([40] * 32))  # p50 101, p90 102
-    assert before.mode == CONTINUOUS and after.mode == STATIC, (before.reason, after.reason)
+    assert before.mode == Policy.CONTINUOUS and after.mode == Policy.STATIC, (before.reason, after.reason)
     assert {r.prediction.source for r in after.rows} == {"bin"}
 
 
 def test_static_order_is_longest_first_and_batches_fit_the_cache():
     forced = planner(mode="static").plan(rows([10] * 4, known=[5, 50, 20, 50]))
-    assert (forced.mode, forced.reason) == (STATIC, "--mode static")
+    assert (forced.mode, forced.reason) == (Policy.STATIC, "--mode static")
     assert [r.prediction.p50 for r in forced.rows] == [50, 50, 20, 5]
     auto = planner().plan(rows([10] * 4, known=[5, 50, 20, 50]))  # one batch, 125 of 200 slots busy
-    assert auto.mode == CONTINUOUS and auto.static_occupancy == 0.625
+    assert auto.mode == Policy.CONTINUOUS and auto.static_occupancy == 0.625
     assert [r.prediction.p50 for r in auto.rows] == [50, 50, 20, 5]  # continuous too: short rows drain last
     assert planner(mode="continuous").plan(rows([10], known=[5])).reason == "--mode continuous"
     alike = planner(mode="static").plan(rows([10] * 6, known=[6] * 6)).rows
@@ -201,7 +201,7 @@ def test_each_shard_gets_its_own_mode(eos_model_dir, loaded, tmp_path):
     b_ids = pq.read_table(b).set_column(0, "id", pa.array([100, 101, 102]))
     pq.write_table(b_ids, b)
     built = []
-    original = run_module.build_engine
+    original = core.build_engine
 
     def counting(config, loaded, mode=None, **kwargs):
         built.append(mode)
@@ -211,13 +211,13 @@ def test_each_shard_gets_its_own_mode(eos_model_dir, loaded, tmp_path):
     for mode in ("auto", "continuous"):
         built.clear()
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(run_module, "build_engine", counting)
+            mp.setattr(core, "build_engine", counting)
             summary = run_job(job([a, b], tmp_path / mode, eos_model_dir, mode=mode, ignore_eos=True,
                                   max_new_tokens_column="budget"), loaded=loaded)
         results[mode] = output(tmp_path / mode)
         if mode == "auto":
             assert (summary.num_shards_static, summary.num_shards_continuous) == (1, 1)
-            assert built == [CONTINUOUS, STATIC, CONTINUOUS]
+            assert built == [Policy.CONTINUOUS, Policy.STATIC, Policy.CONTINUOUS]
             assert summary.length_mae == 0 and summary.length_spearman == pytest.approx(1.0)
             assert summary.engine["num_requests_finished"] == 11
     assert results["auto"] == results["continuous"]
@@ -264,16 +264,16 @@ def test_user_errors_and_our_own_failures_are_not_engine_faults(eos_model_dir, l
         run_job(job(src, tmp_path / "a", eos_model_dir, mode="continuous"), loaded=loaded)
     monkeypatch.undo()
 
-    prepare = run_module.prepare_row
+    prepare_row = prepare.prepare_row
     calls = []
 
     def broken(row, builder, config):
         calls.append(row.row_index)
         if len(calls) == 9:  # while the engine runs the first rows: raised through engine.generate
             raise RuntimeError("a bug in the row stream")
-        return prepare(row, builder, config)
+        return prepare_row(row, builder, config)
 
-    monkeypatch.setattr(run_module, "prepare_row", broken)
+    monkeypatch.setattr(prepare, "prepare_row", broken)
     with pytest.raises(RuntimeError, match="a bug in the row stream"):
         run_job(job(src, tmp_path / "b", eos_model_dir, mode="continuous", window_rows=4), loaded=loaded)
     assert "continuous engine failed" not in caplog.text

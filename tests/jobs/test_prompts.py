@@ -6,12 +6,12 @@ The tokenizer fixture is byte-level (one token per UTF-8 byte), so token counts 
 from __future__ import annotations
 
 import pytest
-from conftest import make_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen.errors import ConfigError
 from batchgen.jobs.prompts import BuiltPrompt, PromptBuilder, RowError, Template, row_max_new_tokens
+from tests.tiny import make_tokenizer
 
 CHAT_HEAD = "<|im_start|>user\n"
 CHAT_TAIL = "<|im_end|>\n<|im_start|>assistant\n"

@@ -11,14 +11,13 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_tiny_model
 
 from batchgen.config import build_config
-from batchgen.engine.loader import load_model
 from batchgen.errors import ErrorRateExceeded, FingerprintMismatch, InputError, OutputError
 from batchgen.io import writers
 from batchgen.io.manifest import MANIFEST_DIR, SUCCESS_FILE, load_manifest
 from batchgen.jobs.run import SUMMARY_FILE, run_job
+from tests.tiny import make_tiny_model
 
 MAX_NEW = 4
 TEXTS = [f"row {i} " + "abcdefghij"[: i % 10 + 1] for i in range(23)]
@@ -26,11 +25,6 @@ TEXTS = [f"row {i} " + "abcdefghij"[: i % 10 + 1] for i in range(23)]
 
 class Crash(BaseException):
     """The process dying at a fault-hook stage (no except-Exception or OSError path catches it)."""
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
 
 
 def write_input(path, texts=TEXTS, ids=None):

@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM
 from batchgen.config import build_config
 from batchgen.engine.loader import load_model
 from batchgen.errors import ConfigError, ErrorRateExceeded, OutputError
-from batchgen.jobs.run import SUMMARY_FILE, row_seed, run_job
+from batchgen.jobs.core import row_seed
+from batchgen.jobs.run import SUMMARY_FILE, run_job
 
 MAX_NEW = 12
 # 1 to 144 bytes (= tokens): single-token prompts, multi-byte UTF-8, and prompts longer than one

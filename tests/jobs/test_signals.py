@@ -17,7 +17,6 @@ import pytest
 
 from batchgen.config import build_config
 from batchgen.engine.engine import LLMEngine
-from batchgen.engine.loader import load_model
 from batchgen.errors import JobInterrupted
 from batchgen.io import writers
 from batchgen.io.manifest import SUCCESS_FILE, load_manifest
@@ -25,11 +24,6 @@ from batchgen.jobs.run import run_job
 from batchgen.jobs.signals import Interrupt, SignalGuard
 
 NUM_ROWS = 40
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
 
 
 @pytest.fixture

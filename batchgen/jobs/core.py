@@ -1,0 +1,215 @@
+"""The job core: planned rows in, finished rows out. It owns the engine, mode switches and the fallback.
+
+The seam every executor builds on (today the local one, `batchgen run`; a sharded or Ray one
+would wrap the same core around its own reader and writer):
+
+    core = JobCore(config, loaded)
+    for planned, completion in core.generate(plans):   # plans: ShardPlans, pulled lazily
+        ...                                             # write, commit, count, learn
+
+`generate` pulls a shard's rows only when the engine asks for them, so a window is planned with
+what the rows before it taught. Consecutive shards planned in one mode stream through one
+`engine.generate` call (a "stretch"), so no shard boundary drains the engine. The job holds one
+engine at a time (EngineSlot): a shard in the other mode drops it and builds one with the other
+policy over the same model. If a continuous engine fails with an engine error (not a user's error,
+and not an exception raised while pulling our own rows), the rows it had not finished and the rest
+of that shard run again in static mode, and the stretch goes on.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from batchgen.config import JobConfig, parse_bytes
+from batchgen.engine.engine import EngineConfig, LLMEngine
+from batchgen.engine.loader import LoadedModel
+from batchgen.engine.metrics import EngineMetrics
+from batchgen.engine.request import Completion, Request, SamplingParams
+from batchgen.engine.scheduler import Policy
+from batchgen.errors import BatchgenError, EngineError
+from batchgen.jobs.planner import PlannedRow, ShardPlan
+
+log = logging.getLogger("batchgen")
+
+
+def build_engine(config: JobConfig, loaded: LoadedModel, policy: Policy | None = None, *,
+                 num_kv_blocks: int | None = None) -> LLMEngine:
+    """An engine with `policy` (default: the config's first, continuous for auto)."""
+    engine_config = EngineConfig(
+        policy=Policy(policy or config.engine_policy()),
+        max_num_seqs=config.batch_size,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        block_size=config.block_size,
+        kv_cache_bytes=parse_bytes(config.kv_cache_memory) if config.kv_cache_memory else None,
+        enable_prefix_caching=config.enable_prefix_caching,
+        max_model_len=loaded.max_context_tokens,
+        num_kv_blocks=num_kv_blocks,
+    )
+    return LLMEngine(loaded.model, loaded.tokenizer, engine_config, eos_token_ids=loaded.eos_token_ids)
+
+
+def row_seed(base_seed: int, row_id: Any) -> int:
+    """A per-row seed from the job seed and the row id: stable across runs, batches and resumes."""
+    digest = hashlib.blake2b(f"{base_seed}\x00{row_id!r}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class EngineSlot:
+    """The job's engine: one at a time, built for the mode of the shards it runs.
+
+    Only one KV cache is ever allocated, sized exactly as a one-mode job's (two caches side by
+    side would each get half the memory, or need a split of the budget); the price is one cache
+    allocation per mode switch, which consecutive same-mode shards never pay. Every engine after
+    the first gets the first one's block count, so each prompt built for the first one fits.
+    """
+
+    def __init__(self, config: JobConfig, loaded: LoadedModel):
+        self.config = config
+        self.loaded = loaded
+        self.engine: LLMEngine | None = None
+        self.num_kv_blocks: int | None = None
+        self.metrics: list[EngineMetrics] = []
+
+    def get(self, policy: Policy) -> LLMEngine:
+        if self.engine is not None and self.engine.config.policy == policy:
+            return self.engine
+        self.drop()
+        self.engine = build_engine(self.config, self.loaded, policy, num_kv_blocks=self.num_kv_blocks)
+        self.num_kv_blocks = self.engine.kv_cache.num_blocks
+        self.metrics.append(self.engine.metrics)
+        return self.engine
+
+    def drop(self, *, collect: bool = False) -> None:
+        """Free the engine (and its KV cache) before another is built. An engine holds no reference
+        cycle, so dropping the last reference frees it; `collect` runs the cycle collector too (about
+        0.2 s with a model loaded) for one that failed, which exception frames may still reach."""
+        if self.engine is None:
+            return
+        self.engine = None
+        if collect:
+            gc.collect()
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def num_sampled_tokens(self) -> int:
+        return sum(m.num_sampled_tokens for m in self.metrics)
+
+    def summary(self) -> dict:
+        if len(self.metrics) == 1:
+            return self.metrics[0].summary()
+        merged = EngineMetrics(steps=[step for m in self.metrics for step in m.steps])
+        for m in self.metrics:
+            merged.num_prefix_hit_tokens += m.num_prefix_hit_tokens
+            merged.num_prompt_tokens += m.num_prompt_tokens
+            merged.num_generated_tokens += m.num_generated_tokens
+            merged.num_requests_finished += m.num_requests_finished
+        return merged.summary()
+
+
+class JobCore:
+    """Planned shards in, (row, completion) pairs out, in finishing order; see the module docstring."""
+
+    def __init__(self, config: JobConfig, loaded: LoadedModel):
+        self.config = config
+        self.engines = EngineSlot(config, loaded)
+        self.pending: dict[str, tuple[PlannedRow, Request]] = {}  # request id -> (row, its request)
+        self.keys = itertools.count()
+        self.num_shards = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
+        self.num_static_fallbacks = 0
+
+    def generate(self, plans: Iterator[ShardPlan]) -> Iterator[tuple[PlannedRow, Completion]]:
+        plan = next(plans, None)
+        while plan is not None:
+            stretch = _Stretch(self, plan, plans)
+            yield from self._run_stretch(stretch)
+            plan = stretch.next_plan
+        assert not self.pending, f"{len(self.pending)} rows lost in the engine"
+
+    def _run_stretch(self, stretch: _Stretch) -> Iterator[tuple[PlannedRow, Completion]]:
+        while True:
+            try:
+                for completion in self.engines.get(stretch.mode).generate(stretch):
+                    yield self._finished(completion)
+                return
+            except Exception as e:
+                if not self._is_engine_fault(stretch, e):
+                    raise
+                failure = f"{type(e).__name__}: {e}"
+            # the failed engine's frames went with the exception, so drop() frees its memory
+            unfinished = [request for _, request in self.pending.values()]
+            log.warning("the continuous engine failed (%s); running its %d unfinished rows and the rest of the "
+                        "shard in static mode", failure, len(unfinished))
+            self.num_static_fallbacks += 1
+            self.engines.drop(collect=True)
+            static = self.engines.get(Policy.STATIC)
+            for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest)):
+                yield self._finished(completion)
+            if stretch.done:
+                return
+
+    def _is_engine_fault(self, stretch: _Stretch, e: Exception) -> bool:
+        """A continuous engine's own failure: an EngineError or a non-batchgen exception raised by
+        the engine, not by our request stream, and not a user's mistake."""
+        if stretch.mode != Policy.CONTINUOUS or stretch.failed:
+            return False
+        return isinstance(e, EngineError) or not isinstance(e, BatchgenError)
+
+    def _finished(self, completion: Completion) -> tuple[PlannedRow, Completion]:
+        planned, _ = self.pending.pop(completion.request_id)
+        return planned, completion
+
+    def shard_requests(self, plan: ShardPlan) -> Iterator[Request]:
+        config = self.config
+        self.num_shards[plan.mode] += 1
+        log.info("shard %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
+                 plan.first_row_index, plan.mode, plan.reason)
+        for planned in plan.rows:
+            key = str(next(self.keys))
+            request = Request(key, planned.prompt_token_ids, SamplingParams(
+                max_new_tokens=planned.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+                top_k=config.top_k, seed=row_seed(config.seed, planned.row.row_id), stop=tuple(config.stop),
+                ignore_eos=config.ignore_eos), predicted_num_output_tokens=planned.prediction.p90)
+            self.pending[key] = (planned, request)
+            yield request
+
+
+class _Stretch:
+    """The requests of consecutive shards planned in one mode: what one engine.generate call pulls.
+
+    It ends before the first shard planned in another mode (`next_plan`, where the next stretch
+    begins). `shard_rest` is the shard in progress' requests not handed out yet, which a static
+    fallback takes over. Pulling a request may read input, plan a window and write error rows:
+    an exception raised there (`failed`) is ours and never blamed on the engine.
+    """
+
+    def __init__(self, core: JobCore, first: ShardPlan, plans: Iterator[ShardPlan]):
+        self.mode = first.mode
+        self.next_plan: ShardPlan | None = None
+        self.shard_rest: Iterator[Request] = iter(())
+        self.failed = False
+        self.done = False  # every request of the stretch has been handed out
+        self._requests = self._pull(core, first, plans)
+
+    def __iter__(self) -> Iterator[Request]:
+        return self._requests
+
+    def _pull(self, core: JobCore, plan: ShardPlan, plans: Iterator[ShardPlan]) -> Iterator[Request]:
+        try:
+            while True:
+                self.shard_rest = core.shard_requests(plan)
+                yield from self.shard_rest
+                plan = next(plans, None)
+                if plan is None or plan.mode != self.mode:
+                    self.next_plan = plan
+                    break
+            self.done = True
+        except Exception:
+            self.failed = True
+            raise

@@ -1,0 +1,108 @@
+"""What `batchgen run` and `batchgen plan` both set up, written once.
+
+Two steps, because a run must check its output directory between them, before a model is loaded:
+
+    inputs = open_inputs(config)        # the config, the input files, one scan of the ids: no model
+    job = prepare_job(config, inputs, loaded, engine, out_dir=..., state=...)
+    for planned in job.planner.plans(job.rows(on_error)):   # committed rows skipped, prompts built
+
+`prepare_job` builds the prompt builder (sized for the engine's context), the output-length
+predictor (learned state from the output directory), the planner (sized for the engine's KV
+cache) and the resume rule: rows an earlier run committed are skipped, and so are its error rows
+unless --retry-errors (the default) asks to generate them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchgen.config import JobConfig
+from batchgen.engine.engine import LLMEngine
+from batchgen.engine.loader import LoadedModel
+from batchgen.io.manifest import ManifestState
+from batchgen.jobs.length import LengthPredictor
+from batchgen.jobs.planner import PlannedRow, Planner, prepare_row
+from batchgen.jobs.prompts import PromptBuilder, RowError
+from batchgen.jobs.rows import InputRow, RowSource
+from batchgen.jobs.scan import InputScan, scan_inputs
+
+
+@dataclass(slots=True)
+class JobInputs:
+    source: RowSource
+    scan: InputScan
+
+
+def open_inputs(config: JobConfig, *, need_output: bool = True) -> JobInputs:
+    """Validate the config and check every input (files, columns, ids) before anything is loaded."""
+    config.validate(need_output=need_output)
+    source = RowSource.open(config)  # every input problem surfaces here or in the scan, before any output
+    return JobInputs(source, scan_inputs(source))
+
+
+def length_model_key(loaded: LoadedModel, builder: PromptBuilder) -> dict[str, Any]:
+    """What the learned output lengths depend on: another model or prompt starts from the prior."""
+    template = builder.template
+    return {"model": loaded.name, "model_revision": loaded.revision, "template": template.text,
+            "prompt_column": template.prompt_column, "system": builder.system, "chat": builder.chat}
+
+
+@dataclass(slots=True)
+class ResumeRule:
+    """Which rows an earlier run already settled. `state` is the live manifest state."""
+
+    state: ManifestState
+    retry_errors: bool
+
+    def skips(self, row_id: Any) -> bool:
+        return row_id in self.state.ok_ids or (not self.retry_errors and row_id in self.state.error_ids)
+
+    @property
+    def num_rows_done(self) -> int:
+        return len(self.state.ok_ids) + (0 if self.retry_errors else len(self.state.error_ids))
+
+
+@dataclass(slots=True)
+class PreparedJob:
+    config: JobConfig
+    source: RowSource
+    builder: PromptBuilder
+    predictor: LengthPredictor
+    planner: Planner
+    resume: ResumeRule
+    num_rows_skipped: int = 0  # committed by an earlier run (or an error row kept: --no-retry-errors)
+    num_rows_retried: int = 0  # error rows of an earlier run read to be generated again
+    num_error_rows: int = 0  # rows whose prompt could not be built
+
+    def rows(self, on_error: Callable[[InputRow, str], None]) -> Iterator[PlannedRow]:
+        """The rows to generate, prompts built; committed rows skipped, error rows handed to on_error."""
+        for row in self.source:
+            if self.resume.skips(row.row_id):
+                self.num_rows_skipped += 1
+                continue
+            self.num_rows_retried += row.row_id in self.resume.state.error_ids
+            try:
+                if row.error is not None:
+                    raise RowError(row.error)
+                planned = prepare_row(row, self.builder, self.config)
+            except RowError as e:
+                self.num_error_rows += 1
+                on_error(row, str(e))
+                continue
+            yield planned
+
+
+def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engine: LLMEngine, *,
+                out_dir: Path | None, state: ManifestState | None) -> PreparedJob:
+    """The shared setup once a model is loaded: `engine` is the first engine the job builds."""
+    builder = PromptBuilder(loaded.tokenizer, inputs.source.template, system=config.system, chat=config.chat,
+                            max_context_tokens=engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,
+                            max_prompt_tokens=config.max_prompt_tokens)
+    predictor = LengthPredictor.load(out_dir, length_model_key(loaded, builder), ignore_eos=config.ignore_eos)
+    planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_cache.num_blocks * engine.block_size,
+                      block_size=engine.block_size)
+    resume = ResumeRule(state if state is not None else ManifestState(), config.retry_errors)
+    return PreparedJob(config, inputs.source, builder, predictor, planner, resume)

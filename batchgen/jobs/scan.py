@@ -1,0 +1,91 @@
+"""The input scan: one pass over the id column before any output is touched.
+
+Row counts per shard (for status, progress and _SUCCESS) and duplicate or null ids, reported with
+file, row and column. Parquet shards with derived ids need no read at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from batchgen.errors import InputError
+from batchgen.io.readers import iter_batches
+from batchgen.jobs.rows import RowSource
+
+
+@dataclass(slots=True)
+class InputScan:
+    shard_rows: list[tuple[str, int]]  # (shard path, rows this run reads from it), input order
+
+    @property
+    def num_rows(self) -> int:
+        return sum(n for _, n in self.shard_rows)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [{"path": path, "num_rows": n} for path, n in self.shard_rows]
+
+
+def scan_inputs(source: RowSource) -> InputScan:
+    """Count rows per shard and check ids, reading only the id column; --max-rows applies.
+
+    Parquet shards with derived ids need no read at all (the footer has the count, and
+    "<file>:<row>" ids are unique by construction).
+    """
+    config = source.config
+    id_column = config.id_column
+    if id_column:
+        id_type = source.id_field.type
+        if not (pa.types.is_integer(id_type) or pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
+            raise InputError(f"--id-column {id_column!r} holds {id_type}; ids must be integers or strings",
+                             column=id_column)
+    remaining = config.max_rows
+    seen: set[Any] = set()
+    shard_rows = []
+    for shard in source.shards:
+        if remaining is not None and remaining <= 0:
+            shard_rows.append((shard.path, 0))
+            continue
+        if shard.num_rows is not None and not id_column:
+            n = shard.num_rows if remaining is None else min(shard.num_rows, remaining)
+        else:
+            column = id_column or source.read_columns[0]
+            n = 0
+            for batch in iter_batches(shard, [column], config.read_batch_size):
+                values = batch.column(0).to_pylist() if id_column else [None] * batch.num_rows
+                if remaining is not None:
+                    values = values[: remaining - n]
+                if id_column:
+                    for i, row_id in enumerate(values):
+                        _check_id(source, seen, row_id, shard.path, n + i)
+                n += len(values)
+                if remaining is not None and n >= remaining:
+                    break
+        shard_rows.append((shard.path, n))
+        if remaining is not None:
+            remaining -= n
+    return InputScan(shard_rows)
+
+
+def _check_id(source: RowSource, seen: set[Any], row_id: Any, path: str, row: int) -> None:
+    column = source.config.id_column
+    if row_id is None:
+        raise InputError("id is null; every row needs an id", path=path, row=row, column=column)
+    if row_id in seen:
+        first = _first_occurrence(source, row_id)
+        raise InputError(f"duplicate id {row_id!r} (first at {first}); ids must be unique, because "
+                         "the output is keyed by them", path=path, row=row, column=column)
+    seen.add(row_id)
+
+
+def _first_occurrence(source: RowSource, row_id: Any) -> str:
+    for shard in source.shards:  # only on the error path: a second read is cheaper than a map
+        n = 0
+        for batch in iter_batches(shard, [source.config.id_column], source.config.read_batch_size):
+            values = batch.column(0).to_pylist()
+            if row_id in values:
+                return f"{shard.path}, row {n + values.index(row_id)}"
+            n += len(values)
+    return "?"

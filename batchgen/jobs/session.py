@@ -1,0 +1,132 @@
+"""One run's hold on its output directory: lock, crash recovery, fingerprint check, begin, release.
+
+`OutputSession.open` creates and locks the directory and finishes (or undoes) what a crashed run
+left there; `check_fingerprint` refuses a different config over committed rows; `start` writes
+the "begin" and "inputs" manifest entries; `close` releases the lock, and removes the directories
+this run created if it wrote nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from batchgen.errors import FingerprintMismatch, OutputError
+from batchgen.io.lock import OutputLock
+from batchgen.io.manifest import (
+    PART_NAME_RE,
+    SUCCESS_FILE,
+    Manifest,
+    clear_success,
+    is_job_dir,
+    load_manifest,
+)
+from batchgen.io.writers import check_output_dir, fsync_dir
+from batchgen.jobs.fingerprint import fingerprint_changes
+from batchgen.jobs.scan import InputScan
+
+log = logging.getLogger("batchgen")
+
+SUMMARY_FILE = "_summary.json"
+
+
+class OutputSession:
+    """One run's hold on its output directory; see the module docstring."""
+
+    def __init__(self, out_dir: str | Path, *, overwrite: bool = False):
+        self.out_dir = Path(out_dir)
+        self.overwrite = overwrite
+        self.created: list[Path] = []  # directories this run created, innermost first
+        self.started = False  # a "begin" or "inputs" entry was written by this run
+        self.lock = OutputLock(self.out_dir)
+        self.manifest: Manifest | None = None
+
+    @property
+    def state(self):
+        assert self.manifest is not None
+        return self.manifest.state
+
+    def open(self) -> None:
+        """Create (if need be) and lock the directory, then recover what a crash left."""
+        path = self.out_dir.absolute()
+        while not path.exists() and path != path.parent:
+            self.created.append(path)  # innermost first
+            path = path.parent
+        check_output_dir(self.out_dir)
+        self.lock.acquire()
+        self._refuse_foreign_files()
+        self.manifest = Manifest(self.out_dir, load_manifest(self.out_dir))
+        damaged = self.manifest.recover()
+        if damaged:
+            for record in damaged:
+                log.warning("committed part %s is missing or damaged; its %d rows will be generated again",
+                            record.name, record.num_rows)
+            self.manifest.commit([], [r.name for r in damaged], op="repair")
+        self.state.check_integrity()
+
+    def check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
+        """Refuse a different config over committed rows (exit 2) unless --overwrite."""
+        old = self.state.fingerprint
+        if old is None or self.overwrite or not self.state.num_committed_rows:
+            return
+        changes = fingerprint_changes(old, fingerprint)
+        if changes:
+            raise FingerprintMismatch(
+                f"{self.out_dir} holds {self.state.num_committed_rows} rows committed with other settings: "
+                f"{'; '.join(changes)}. Rerun with the original settings to resume, pass --overwrite "
+                "to start over, or choose a new --output")
+
+    def start(self, fingerprint: dict[str, Any], scan: InputScan, max_rows: int | None) -> None:
+        """Begin the job (first run, --overwrite, or nothing committed under another config),
+        and record this run's inputs for `batchgen status`."""
+        self.check_fingerprint(fingerprint)
+        manifest = self.manifest
+        old = self.state.fingerprint
+        if old is None or self.overwrite or fingerprint_changes(old, fingerprint):
+            had_rows = bool(self.state.parts)
+            if had_rows:
+                log.warning("--overwrite: dropping %d committed rows in %s", self.state.num_committed_rows,
+                            self.out_dir)
+            clear_success(self.out_dir)
+            (self.out_dir / SUMMARY_FILE).unlink(missing_ok=True)
+            manifest.begin(fingerprint)  # the commit point: from here no earlier part counts
+            self.started = True
+            if had_rows:
+                manifest.recover()  # deletes the parts the "begin" dropped
+            manifest.drop_history()
+        inputs = scan.to_json()
+        last = self.state.inputs
+        if last is None or last.get("inputs") != inputs or last.get("max_rows") != max_rows:
+            manifest.append("inputs", inputs=inputs, max_rows=max_rows)
+            self.started = True
+
+    def close(self) -> None:
+        """Release the lock; a run that failed before it wrote anything leaves no directory behind."""
+        self.lock.release()
+        if not self.started:
+            for path in self.created:
+                try:
+                    path.rmdir()  # only if empty
+                except OSError:
+                    break
+
+    def _refuse_foreign_files(self) -> None:
+        """Parquet files no manifest speaks for would be read with ours: refuse them."""
+        if is_job_dir(self.out_dir):
+            return
+        names = sorted(p.name for p in self.out_dir.iterdir() if p.suffix == ".parquet"
+                       and not p.name.startswith((".", "_")))
+        if not names:
+            return
+        ours = [n for n in names if PART_NAME_RE.fullmatch(n)]
+        if self.overwrite and len(ours) == len(names):
+            for name in ours:
+                (self.out_dir / name).unlink()
+            for name in (SUCCESS_FILE, SUMMARY_FILE):
+                (self.out_dir / name).unlink(missing_ok=True)
+            fsync_dir(self.out_dir)
+            return
+        hint = "pass --overwrite to replace them, or " if len(ours) == len(names) else ""
+        raise OutputError(f"{self.out_dir} already holds output parts that no batchgen manifest lists "
+                          f"({names[0]}{', ...' if len(names) > 1 else ''}); {hint}choose a new --output directory")

@@ -1,0 +1,194 @@
+"""The kill -9 harness: a `batchgen run` subprocess SIGKILLed at random moments, checked, resumed.
+
+A tiny random-weight Llama (tests/tiny.py) and an input of `num_rows` prompts with an id column
+are built in a directory; an uninterrupted greedy run gives the reference output. `kill_cycle`
+starts the job as `python -m batchgen run ...` with --commit-every 8 and SIGKILLs it after a
+random delay once it holds the output directory's lock (so the kill lands anywhere from model
+loading through streaming and committing), up to `kills` times. After every kill: every part the
+manifest lists is readable and matches its checksum, no id is visible twice, and no row committed
+before the kill is missing after it ("rows lost").
+
+tests/jobs/test_kill.py runs it for a few seeds; benchmarks/soak_kill.py for 100+.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from tests.tiny import make_tiny_model, make_tokenizer
+
+MAX_NEW_TOKENS = 8
+COMMIT_EVERY = 8
+JOB_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "BATCHGEN_LOG_LEVEL": "WARNING"}
+
+
+@dataclass(slots=True)
+class Fixture:
+    model_dir: Path
+    src: Path
+    num_rows: int
+
+
+@dataclass(slots=True)
+class SeedResult:
+    seed: int
+    kills: int = 0
+    kill_delays_s: list[float] = field(default_factory=list)
+    committed_at_kill: list[int] = field(default_factory=list)  # rows committed when each kill landed
+    rows_lost: int = 0  # committed before a kill, gone after it
+    rows_duplicated: int = 0  # ids visible more than once, at any check
+    rows_missing: int = 0  # input ids absent from the final output
+    rows_wrong: int = 0  # final rows that differ from the reference
+    rerun_rows: int = 0  # rows processed by a run after success (must be 0)
+
+
+def make_fixture(directory: Path, num_rows: int = 240) -> Fixture:
+    """The tiny model saved as an HF directory and an input of `num_rows` prompts with an id column."""
+    model_dir = directory / "tiny-llama"
+    make_tiny_model("llama").save_pretrained(model_dir)
+    make_tokenizer().save_pretrained(model_dir)
+    rng = random.Random(0)
+    texts = ["".join(rng.choice("abcdefgh ijklmnop") for _ in range(rng.randint(3, 40))) for _ in range(num_rows)]
+    src = directory / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(num_rows)), "text": texts}), src, row_group_size=64)
+    return Fixture(model_dir, src, num_rows)
+
+
+def job_args(fixture: Fixture, out: Path) -> list[str]:
+    return ["--input", str(fixture.src), "--output", str(out), "--model", str(fixture.model_dir),
+            "--id-column", "id", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", str(MAX_NEW_TOKENS),
+            "--kv-cache-memory", "16MiB", "--batch-size", "16", "--commit-every", str(COMMIT_EVERY), "--quiet"]
+
+
+def start_job(fixture: Fixture, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "batchgen", "run", *job_args(fixture, out)],
+                            env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def wait_until_locked(proc: subprocess.Popen, out: Path, timeout_s: float = 120.0) -> bool:
+    """True once the job holds the lock (it is past imports); False if it exited first."""
+    lock = out / "_batchgen.lock"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            if json.loads(lock.read_text()).get("pid") == proc.pid:
+                return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.005)
+    raise TimeoutError(f"job pid {proc.pid} did not start within {timeout_s} s")
+
+
+def check_committed(out: Path) -> set:
+    """Every listed part readable and matching its manifest checksum; visible ids unique.
+
+    Returns the committed ids. Recovery is not run: this is what a reader sees right after a kill.
+    """
+    from batchgen.io.manifest import load_manifest
+    from batchgen.io.writers import file_digest
+
+    if not (out / "_manifest").is_dir():
+        return set()
+    state = load_manifest(out)
+    state.check_integrity()
+    for record in state.parts.values():
+        path = out / record.name
+        if path.exists():  # a committed part may still sit under its temp name until recovery
+            assert file_digest(path) == (record.num_bytes, record.sha256), f"{path} does not match the manifest"
+            assert pq.read_table(path).column("id").to_pylist() == record.ids, path
+    return state.ok_ids | set(state.error_ids)
+
+
+def visible_ids(out: Path) -> list:
+    if not any(out.glob("part-*.parquet")):
+        return []
+    return ds.dataset(str(out), format="parquet").to_table(columns=["id"]).column("id").to_pylist()
+
+
+def read_output(out: Path) -> dict:
+    table = ds.dataset(str(out), format="parquet").to_table()
+    return {row["id"]: row for row in table.to_pylist()}
+
+
+def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_s: float) -> SeedResult:
+    """Start, SIGKILL after a random delay, check; `kills` times (fewer if the job finishes first)."""
+    rng = random.Random(seed)
+    result = SeedResult(seed)
+    committed: set = set()
+    for _ in range(kills):
+        proc = start_job(fixture, out)
+        try:
+            started = wait_until_locked(proc, out)
+            delay = rng.uniform(0.0, max_delay_s)
+            if started:
+                time.sleep(delay)
+            finished = proc.poll() is not None
+            if not finished:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        stderr = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+        if finished:
+            assert proc.returncode == 0, stderr
+            break
+        assert proc.returncode == -signal.SIGKILL, (proc.returncode, stderr)
+        result.kills += 1
+        result.kill_delays_s.append(round(delay, 3))
+        now = check_committed(out)
+        ids = visible_ids(out)
+        result.rows_duplicated += len(ids) - len(set(ids))
+        result.rows_lost += len(committed - now)
+        committed = now
+        result.committed_at_kill.append(len(now))
+    return result
+
+
+def check_final(out: Path, fixture: Fixture, reference: dict, result: SeedResult) -> None:
+    ids = visible_ids(out)
+    result.rows_duplicated += len(ids) - len(set(ids))
+    result.rows_missing = len(set(range(fixture.num_rows)) - set(ids))
+    final = read_output(out)
+    result.rows_wrong = sum(final.get(i) != row for i, row in reference.items())
+    assert (out / "_SUCCESS").is_file()
+
+
+def run_to_end_subprocess(fixture: Fixture, out: Path) -> int:
+    """Run the job to completion; returns the rows it processed."""
+    proc = subprocess.run([sys.executable, "-m", "batchgen", "run", *job_args(fixture, out)],
+                          env={**os.environ, **JOB_ENV}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
+
+
+def timed_reference(fixture: Fixture, out: Path) -> tuple[dict, float]:
+    """An uninterrupted subprocess run: its output, and the seconds from taking the lock to
+    writing _SUCCESS (model loading, streaming, commits): the window the kills are drawn from."""
+    proc = start_job(fixture, out)
+    wait_until_locked(proc, out)
+    t0 = time.monotonic()
+    while not (out / "_SUCCESS").exists() and proc.poll() is None:
+        time.sleep(0.005)
+    window_s = time.monotonic() - t0
+    proc.wait()
+    assert proc.returncode == 0, proc.stderr.read()
+    proc.stderr.close()
+    return read_output(out), window_s
