@@ -48,9 +48,10 @@ _ChatOpt = Annotated[bool | None, typer.Option("--chat/--no-chat", help="Apply t
 _MaxNewTokensOpt = Annotated[int | None, typer.Option(help="Most tokens to generate per row [256].")]
 _MaxNewTokensColumnOpt = Annotated[str | None, typer.Option(help="Column with a per-row "
     "max_new_tokens (null = the default).")]
-_BatchSizeOpt = Annotated[int | None, typer.Option(help="Sequences running at once [32].")]
+_BatchSizeOpt = Annotated[int | None, typer.Option(help="Sequences running at once [auto: what the KV cache "
+    "holds of this job's rows, at most 256 on CPU, 1024 on CUDA].")]
 _MaxNumBatchedTokensOpt = Annotated[int | None, typer.Option(help="Token budget per engine step "
-    "[2048].")]
+    "[auto: 2048 on CPU, 8192 on CUDA].")]
 _KvCacheMemoryOpt = Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")]
 _ModeOpt = Annotated[str | None, typer.Option(help=MODE_HELP)]
 _WindowRowsOpt = Annotated[int | None, typer.Option(help=WINDOW_ROWS_HELP)]

@@ -42,8 +42,8 @@ class JobConfig:
     seed: int = 0
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
-    batch_size: int = 32  # static: rows per batch; continuous: max running sequences
-    max_num_batched_tokens: int = 2048  # continuous: token budget per step
+    batch_size: int | None = None  # static: rows per batch; continuous: max running sequences; None: auto
+    max_num_batched_tokens: int | None = None  # token budget per step; None: auto (engine/sizing.py)
     block_size: int = 16
     kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
     enable_prefix_caching: bool = True
@@ -88,8 +88,11 @@ class JobConfig:
         if need_output and not self.output:
             raise ConfigError("no output directory given: pass --output DIR")
         _positive("max_new_tokens", self.max_new_tokens)
-        _positive("batch_size", self.batch_size)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        for name in ("batch_size", "max_num_batched_tokens"):
+            if getattr(self, name) == "auto":  # a config file's spelling of the default
+                setattr(self, name, None)
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         _positive("block_size", self.block_size)
         _positive("rows_per_part", self.rows_per_part)
         _positive("read_batch_size", self.read_batch_size)
@@ -188,7 +191,7 @@ def build_config(config_file: str | Path | None = None, *, need_output: bool = T
 
 
 def _check_types(config: JobConfig) -> None:
-    for name, kind in (("max_new_tokens", int), ("batch_size", int), ("seed", int),
+    for name, kind in (("max_new_tokens", int), ("seed", int),
                        ("temperature", (int, float)), ("top_p", (int, float))):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, kind):

@@ -10,6 +10,7 @@ The static and the continuous policy share everything but the scheduler's admiss
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -118,6 +119,20 @@ class LLMEngine:
                 "tokens: the model's context or the KV cache)")
         self.scheduler.add(Sequence.from_request(next(self._seq_ids), request))
         self.metrics.num_prompt_tokens += num_prompt
+
+    def fit_batch_size(self, max_num_seqs: int) -> None:
+        """Take the job planner's batch size for the rows to come, when the user left it to auto.
+
+        Only while idle, so no running sequence is ever over the limit; a set --batch-size wins.
+        """
+        if self.config.max_num_seqs is not None or max_num_seqs < 1 or self.scheduler.has_unfinished():
+            return
+        budget = max(self.limits.max_num_batched_tokens, max_num_seqs)
+        if (max_num_seqs, budget) != (self.limits.max_num_seqs, self.limits.max_num_batched_tokens):
+            log.info("engine: batch size %d for the rows to come (was %d)", max_num_seqs, self.limits.max_num_seqs)
+        self.limits = dataclasses.replace(self.limits, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+        self.scheduler.max_num_seqs = max_num_seqs
+        self.scheduler.max_num_batched_tokens = budget
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

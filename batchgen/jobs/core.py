@@ -135,7 +135,9 @@ class JobCore:
     def _run_stretch(self, stretch: _Stretch) -> Iterator[tuple[PlannedRow, Completion]]:
         while True:
             try:
-                for completion in self.engines.get(stretch.mode).generate(stretch):
+                engine = self.engines.get(stretch.mode)
+                engine.fit_batch_size(stretch.batch_size)
+                for completion in engine.generate(stretch):
                     yield self._finished(completion)
                 return
             except Exception as e:
@@ -149,6 +151,7 @@ class JobCore:
             self.num_static_fallbacks += 1
             self.engines.drop(collect=True)
             static = self.engines.get(Policy.STATIC)
+            static.fit_batch_size(stretch.batch_size)
             for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest)):
                 yield self._finished(completion)
             if stretch.done:
@@ -191,6 +194,7 @@ class _Stretch:
 
     def __init__(self, core: JobCore, first: ShardPlan, plans: Iterator[ShardPlan]):
         self.mode = first.mode
+        self.batch_size = first.batch_size  # the first shard's: an engine's batch is set while it is idle
         self.next_plan: ShardPlan | None = None
         self.shard_rest: Iterator[Request] = iter(())
         self.failed = False

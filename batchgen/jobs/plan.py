@@ -39,6 +39,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
     planner, block_size = job.planner, engine.block_size
     bytes_per_token = engine.kv_cache.spec.bytes_per_token
+    budget = engine.limits.max_num_batched_tokens  # the step token budget (set or auto)
 
     rng = random.Random(0)
     prompt_tally, p50_tally, p90_tally = Tally(rng), Tally(rng), Tally(rng)
@@ -54,9 +55,9 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             p50_tally.add(r.prediction.p50)
             p90_tally.add(r.prediction.p90)
         entry = plan.describe()
-        entry["kv_bytes"] = kv_bytes(plan, config.batch_size, block_size, bytes_per_token)
+        entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token)
         shards.append(entry)
-        work.append(shard_work(plan, config.max_num_batched_tokens))
+        work.append(shard_work(plan, budget))
 
     calibration = calibrate(engine, sample) if sample else None
     total_s = 0.0 if calibration else None
@@ -65,7 +66,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             entry["estimated_seconds"] = None
             entry["estimates"] = None
             continue
-        estimates = shard_seconds(calibration, w, config.batch_size, config.max_num_batched_tokens)
+        estimates = shard_seconds(calibration, w, entry["batch_size"], budget)
         entry["estimates"] = estimates
         entry["estimated_seconds"] = estimates[entry["mode"]]
         total_s += estimates[entry["mode"]]
@@ -73,7 +74,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
 
     return {
         "inputs": inputs.scan.to_json(), "model": loaded.name, "mode": config.mode,
-        "window_rows": config.window_rows, "batch_size": config.batch_size,
+        "window_rows": config.window_rows, "batch_size": config.batch_size or "auto",
+        "max_num_batched_tokens": budget,
         "static_min_occupancy": config.static_min_occupancy,
         "num_rows": prompt_tally.count, "num_error_rows": job.num_error_rows, "num_rows_done": job.num_rows_skipped,
         "num_shards": len(shards),
@@ -108,6 +110,9 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         f"KV cache: {_size(kv['bytes_per_token'])} per token; the engine's cache holds {kv['cache_tokens']} tokens "
         f"({_size(kv['cache_bytes'])}); the most a shard needs at once: {_size(kv['needed_bytes_max'])}",
     ]
+    if report["shards"]:
+        first = report["shards"][0]
+        lines.append(f"batch (first shard): {first['batch_size_reason']}")
     cal = report["calibration"]
     if cal is None:
         lines.append("estimated time: none (no calibration run)")

@@ -41,6 +41,7 @@ from typing import Any
 
 from batchgen.config import JobConfig
 from batchgen.engine.scheduler import Policy
+from batchgen.engine.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.length import LengthPrediction, LengthPredictor, parse_known_length
 from batchgen.jobs.prompts import PromptBuilder, row_max_new_tokens
 from batchgen.jobs.rows import InputRow
@@ -81,6 +82,8 @@ class ShardPlan:
     static_occupancy: float
     total_cv: float  # coefficient of variation of predicted prompt + output tokens (shown, not decisive)
     static_batches: list[int] = field(default_factory=list)  # rows per predicted static batch
+    batch_size: int = 0  # sequences at once: the user's --batch-size or the auto choice for this window
+    batch_size_reason: str = ""
 
     @property
     def num_rows(self) -> int:
@@ -96,6 +99,7 @@ class ShardPlan:
             "index": self.index, "path": self.path, "first_row": self.first_row_index, "num_rows": self.num_rows,
             "mode": self.mode, "reason": self.reason, "static_occupancy": round(self.static_occupancy, 4),
             "total_cv": round(self.total_cv, 4), "num_static_batches": len(self.static_batches),
+            "batch_size": self.batch_size, "batch_size_reason": self.batch_size_reason,
             "prompt_tokens": distribution([r.num_prompt_tokens for r in self.rows]),
             "predicted_output_tokens": sum(p50),
             "output_tokens_p50": distribution(p50),
@@ -108,8 +112,10 @@ class Planner:
     """Windows of prepared rows -> ShardPlans (predictions, run order, mode and reason)."""
 
     def __init__(self, config: JobConfig, predictor: LengthPredictor, *, kv_capacity_tokens: int | None = None,
-                 block_size: int = 16):
+                 block_size: int = 16, device_type: str = "cpu", max_model_len: int = 1 << 20):
         self.config = config
+        self.device_type = device_type
+        self.max_model_len = max_model_len
         self.predictor = predictor
         self.kv_capacity_tokens = kv_capacity_tokens
         self.block_size = block_size
@@ -128,14 +134,24 @@ class Planner:
             self.num_predicted_tokens += r.prediction.p50
         self.num_planned_rows += len(window)
         ordered = sort_by_length(window) if config.sort_by_length else list(window)
-        batches = static_batches(ordered, config.batch_size, self.kv_capacity_tokens, self.block_size)
+        limits = self.batch_limits(window)
+        batches = static_batches(ordered, limits.max_num_seqs, self.kv_capacity_tokens, self.block_size)
         occupancy = static_occupancy(ordered, batches)
         cv = coefficient_of_variation([r.num_prompt_tokens + r.prediction.p50 for r in window])
         mode, reason = choose_mode(config.mode, occupancy, config.static_min_occupancy, window)
         plan = ShardPlan(self.num_shards, window[0].row.shard.path, window[0].row.row_index, ordered, mode, reason,
-                         occupancy, cv, batches)
+                         occupancy, cv, batches, limits.max_num_seqs, limits.reason)
         self.num_shards += 1
         return plan
+
+    def batch_limits(self, window: list[PlannedRow]) -> BatchLimits:
+        """--batch-size, or auto: what the KV cache holds of this window's rows (prompt + predicted
+        output, mean), within the device's cap (engine/sizing.py)."""
+        expected = sum(r.num_prompt_tokens + r.prediction.p50 for r in window) // max(1, len(window))
+        return resolve_limits(device_type=self.device_type, kv_capacity_tokens=self.kv_capacity_tokens or 1 << 40,
+                              max_num_seqs=self.config.batch_size,
+                              max_num_batched_tokens=self.config.max_num_batched_tokens,
+                              expected_seq_tokens=max(1, expected), max_model_len=self.max_model_len)
 
 
 def windows(rows: Iterable[PlannedRow], window_rows: int) -> Iterator[list[PlannedRow]]:

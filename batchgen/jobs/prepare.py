@@ -103,6 +103,7 @@ def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engin
                             max_prompt_tokens=config.max_prompt_tokens)
     predictor = LengthPredictor.load(out_dir, length_model_key(loaded, builder), ignore_eos=config.ignore_eos)
     planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_cache.num_blocks * engine.block_size,
-                      block_size=engine.block_size)
+                      block_size=engine.block_size, device_type=engine.device.type,
+                      max_model_len=engine.max_model_len)
     resume = ResumeRule(state if state is not None else ManifestState(), config.retry_errors)
     return PreparedJob(config, inputs.source, builder, predictor, planner, resume)
