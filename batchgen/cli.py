@@ -53,6 +53,8 @@ _BatchSizeOpt = Annotated[int | None, typer.Option(help="Sequences running at on
 _MaxNumBatchedTokensOpt = Annotated[int | None, typer.Option(help="Token budget per engine step "
     "[auto: 2048 on CPU, 8192 on CUDA].")]
 _KvCacheMemoryOpt = Annotated[str | None, typer.Option(help="KV cache size, e.g. 2GiB [auto].")]
+_CompileOpt = Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile the model's "
+    "forward [off: on this project's CPUs it did not pay for its compile time; see README].")]
 _ModeOpt = Annotated[str | None, typer.Option(help=MODE_HELP)]
 _WindowRowsOpt = Annotated[int | None, typer.Option(help=WINDOW_ROWS_HELP)]
 _LengthColumnOpt = Annotated[str | None, typer.Option(help=LENGTH_COLUMN_HELP)]
@@ -105,6 +107,7 @@ def run(
     batch_size: _BatchSizeOpt = None,
     max_num_batched_tokens: _MaxNumBatchedTokensOpt = None,
     kv_cache_memory: _KvCacheMemoryOpt = None,
+    compile: _CompileOpt = None,
     mode: _ModeOpt = None,
     window_rows: _WindowRowsOpt = None,
     length_column: _LengthColumnOpt = None,
@@ -143,7 +146,7 @@ def run(
         chat=chat, max_new_tokens=max_new_tokens, max_new_tokens_column=max_new_tokens_column,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
         ignore_eos=ignore_eos, batch_size=batch_size, max_num_batched_tokens=max_num_batched_tokens,
-        kv_cache_memory=kv_cache_memory, mode=mode, device=device, dtype=dtype, max_rows=max_rows,
+        kv_cache_memory=kv_cache_memory, compile=compile, mode=mode, device=device, dtype=dtype, max_rows=max_rows,
         on_long_prompt=on_long_prompt, max_prompt_tokens=max_prompt_tokens, keep_columns=keep_columns,
         rows_per_part=rows_per_part, max_error_rate=max_error_rate, commit_every_rows=commit_every,
         commit_every_s=commit_every_seconds, retry_errors=retry_errors, overwrite=overwrite,
