@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine import native
+from batchgen.engine import kv_quant, native
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
 
@@ -84,6 +84,7 @@ class AttentionMetadata:
     native_decode: NativeDecode | None = None  # set: decode through the CPU kernel, not decode_groups
     prefills: list[PrefillSeq] = field(default_factory=list)
     flash: FlashMetadata | None = None  # set: use flash-attn instead of the torch SDPA path
+    kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # int8 pages: per layer k, v [num_slots, kv_heads]
 
 
 _forward_metadata: AttentionMetadata | None = None
@@ -119,8 +120,13 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     q = query[0].transpose(0, 1)  # [T, num_heads, head_dim]
     k = key[0].transpose(0, 1)  # [T, num_kv_heads, head_dim]
     v = value[0].transpose(0, 1)
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    k_scale = v_scale = None
+    if meta.kv_scales is None:
+        k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    else:  # int8 pages: quantized on write; the new tokens are attended as the cache holds them
+        k_scale, v_scale = meta.kv_scales[module.layer_idx]
+        k, v = kv_quant.write(k_cache, v_cache, k_scale, v_scale, meta.slot_mapping, k, v)
 
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
@@ -136,14 +142,15 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     if meta.native_decode is not None:
         nd = meta.native_decode
         od = native.load()(q.index_select(0, nd.token_idx), k_cache, v_cache, nd.block_tables, nd.context_lens,
-                           bs, scaling if scaling is not None else head_dim**-0.5)
+                           bs, scaling if scaling is not None else head_dim**-0.5,
+                           None if k_scale is None else (k_scale, v_scale))
         out.index_copy_(0, nd.token_idx, od)
     for group in meta.decode_groups:
         batch = group.token_idx.shape[0]
         max_seqlen_k = group.max_num_blocks * bs
         shape = (batch, max_seqlen_k, num_kv_heads, head_dim)
-        kd = k_blocks.index_select(0, group.block_ids).view(shape).transpose(1, 2).to(q.dtype)
-        vd = v_blocks.index_select(0, group.block_ids).view(shape).transpose(1, 2).to(q.dtype)
+        kd = kv_quant.gather(k_blocks, k_scale, group.block_ids, q.dtype).view(shape).transpose(1, 2)
+        vd = kv_quant.gather(v_blocks, v_scale, group.block_ids, q.dtype).view(shape).transpose(1, 2)
         # One query token per sequence: the query heads sharing a KV head become that head's
         # "query positions" ([B, kv_heads, group_size, head_dim]), so GQA needs no repeated K/V.
         # Head h reads KV head h // group_size, as transformers' repeat_kv lays them out.
@@ -156,8 +163,8 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
             kp = k[p.start:p.end]
             vp = v[p.start:p.end]
         else:  # [context_len, kv_heads, head_dim]
-            kp = k_blocks.index_select(0, p.block_ids).flatten(0, 1)[: p.context_len].to(q.dtype)
-            vp = v_blocks.index_select(0, p.block_ids).flatten(0, 1)[: p.context_len].to(q.dtype)
+            kp = kv_quant.gather(k_blocks, k_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
+            vp = kv_quant.gather(v_blocks, v_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
         kp = kp.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context_len, head_dim]
         vp = vp.transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine import attention
+from batchgen.engine import attention, kv_quant
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks
 from batchgen.engine.metrics import EngineMetrics, StepStats
@@ -47,6 +47,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
 
 
 class LLMEngine:
@@ -68,8 +69,13 @@ class LLMEngine:
                                                            model.dtype)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        cache_dtype = kv_quant.resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype, self.device)
+        if cache_dtype == torch.int8 and backend == "flash":  # flash-attn reads no int8 pages
+            if config.attention_backend == "flash":
+                raise ConfigError("the int8 KV cache runs on the cpu or torch attention backend, not flash")
+            backend, block_size = "torch", config.block_size or 16
         self.block_size = block_size
-        spec = KVCacheSpec.from_model_config(model.config, model.dtype, block_size)
+        spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
             peak = 0
