@@ -133,7 +133,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     scan = scan_inputs(source)
     if loaded is None:
         loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                            trust_remote_code=config.trust_remote_code)
+                            trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                            quantize_backend=config.quantize_backend)
     engine = build_engine(config, loaded)
     builder = PromptBuilder(loaded.tokenizer, source.template, system=config.system, chat=config.chat,
                             max_context_tokens=engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,

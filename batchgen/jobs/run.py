@@ -106,6 +106,7 @@ def build_engine(config: JobConfig, loaded: LoadedModel, mode: str | None = None
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=loaded.max_context_tokens,
         num_kv_blocks=num_kv_blocks,
+        kv_cache_dtype=config.kv_cache_dtype,
     )
     return LLMEngine(loaded.model, loaded.tokenizer, engine_config, eos_token_ids=loaded.eos_token_ids)
 
@@ -441,7 +442,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 if loaded is None:
                     loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                                        trust_remote_code=config.trust_remote_code)
+                                        trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                                        quantize_backend=config.quantize_backend)
                 job = _Job(config, source, loaded, session, guard)
                 with guard.critical():
                     session.start(job.fingerprint, scan, config.max_rows)
