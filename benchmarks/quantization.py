@@ -63,7 +63,7 @@ def run_engine(lm, workload, args, *, kv_cache_dtype="auto", num_kv_blocks=None,
 
 
 @torch.inference_mode()
-def linear_ms(model, num_rows: int, reps: int = 3) -> float:
+def linear_ms(model, num_rows: int, reps: int = 2) -> float:
     """Milliseconds for every decoder linear of `model` on num_rows rows (one step's worth)."""
     layers = model.model.layers
     hidden = torch.randn(num_rows, model.config.hidden_size, dtype=torch.bfloat16)
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                               args.max_num_batched_tokens)}
         for name, dt in (("bf16", torch.bfloat16), ("int8", torch.int8), ("bf16 ", torch.bfloat16)):
             r["attention_ms"].setdefault(name.strip(), []).append(attention_ms(spec, args.max_num_seqs, mean_ctx, dt))
+        print(f"round {rnd} linear ms per step {json.dumps(r['linear_ms'])}  decode attention ms per layer-step "
+              f"{json.dumps(r['attention_ms'])}", flush=True)
         order = systems[rnd % len(systems):] + systems[: rnd % len(systems)] if systems else []
         for name, arg in order:
             if name.startswith("w:"):
