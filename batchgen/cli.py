@@ -63,6 +63,10 @@ _SortByLengthOpt = Annotated[bool | None, typer.Option("--sort-by-length/--no-so
 _StaticMinOccupancyOpt = Annotated[float | None, typer.Option(help=OCCUPANCY_HELP)]
 _DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda [auto].")]
 _DtypeOpt = Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16 [auto].")]
+_QuantizeOpt = Annotated[str | None, typer.Option(help="Weights: none | auto (a quantized GGUF's nearest) | int8 "
+    "| int8-weight | int4 [none].")]
+_QuantizeBackendOpt = Annotated[str | None, typer.Option(help="auto | torchao | quanto [auto].")]
+_KvCacheDtypeOpt = Annotated[str | None, typer.Option(help="auto (model dtype) | int8 | fp8 [auto].")]
 _OnLongPromptOpt = Annotated[str | None, typer.Option(help="truncate | error [truncate].")]
 
 
@@ -115,6 +119,9 @@ def run(
     static_min_occupancy: _StaticMinOccupancyOpt = None,
     device: _DeviceOpt = None,
     dtype: _DtypeOpt = None,
+    quantize: _QuantizeOpt = None,
+    quantize_backend: _QuantizeBackendOpt = None,
+    kv_cache_dtype: _KvCacheDtypeOpt = None,
     max_rows: Annotated[int | None, typer.Option(help="Process only the first N rows.")] = None,
     on_long_prompt: _OnLongPromptOpt = None,
     max_prompt_tokens: Annotated[int | None, typer.Option(help="Cut longer prompts (in their document "
@@ -151,7 +158,8 @@ def run(
         rows_per_part=rows_per_part, max_error_rate=max_error_rate, commit_every_rows=commit_every,
         commit_every_s=commit_every_seconds, retry_errors=retry_errors, overwrite=overwrite,
         quiet=quiet, window_rows=window_rows, length_column=length_column, sort_by_length=sort_by_length,
-        static_min_occupancy=static_min_occupancy,
+        static_min_occupancy=static_min_occupancy, quantize=quantize, quantize_backend=quantize_backend,
+        kv_cache_dtype=kv_cache_dtype,
     )
     with _user_errors():
         job_config = build_config(config, **overrides)
@@ -191,6 +199,9 @@ def plan(
     static_min_occupancy: _StaticMinOccupancyOpt = None,
     device: _DeviceOpt = None,
     dtype: _DtypeOpt = None,
+    quantize: _QuantizeOpt = None,
+    quantize_backend: _QuantizeBackendOpt = None,
+    kv_cache_dtype: _KvCacheDtypeOpt = None,
     max_rows: Annotated[int | None, typer.Option(help="Plan only the first N rows.")] = None,
     on_long_prompt: _OnLongPromptOpt = None,
     max_prompt_tokens: Annotated[int | None, typer.Option(help="Cut longer prompts to this many tokens "
@@ -211,6 +222,7 @@ def plan(
         kv_cache_memory=kv_cache_memory, mode=mode, window_rows=window_rows, length_column=length_column,
         sort_by_length=sort_by_length, static_min_occupancy=static_min_occupancy, device=device, dtype=dtype,
         max_rows=max_rows, on_long_prompt=on_long_prompt, max_prompt_tokens=max_prompt_tokens,
+        quantize=quantize, quantize_backend=quantize_backend, kv_cache_dtype=kv_cache_dtype,
     )
     with _user_errors():
         job_config = build_config(config, need_output=False, **overrides)

@@ -21,6 +21,9 @@ MODES = (AUTO, *(p.value for p in Policy))
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LONG_PROMPT_POLICIES = ("truncate", "error")
+QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized GGUF's nearest scheme, else none
+QUANTIZE_BACKENDS = ("auto", "torchao", "quanto")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 
 
 @dataclass(slots=True)
@@ -55,6 +58,9 @@ class JobConfig:
     static_min_occupancy: float = 1.0  # auto: static when its batches would keep this share of slots busy
     device: str = "auto"
     dtype: str = "auto"
+    quantize: str = "none"  # weights: none | auto | int8 | int8-weight | int4 (engine/quantize.py)
+    quantize_backend: str = "auto"  # auto | torchao | quanto
+    kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
     max_rows: int | None = None
     on_long_prompt: str = "truncate"
     max_prompt_tokens: int | None = None  # cap prompts below the context (cut in the document part)
@@ -122,6 +128,9 @@ class JobConfig:
         _choice("mode", self.mode, MODES)
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("quantize", self.quantize, QUANTIZE)
+        _choice("quantize_backend", self.quantize_backend, QUANTIZE_BACKENDS)
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _choice("on_long_prompt", self.on_long_prompt, LONG_PROMPT_POLICIES)
         if any(s == "" for s in self.stop):
             raise ConfigError("stop strings must not be empty")

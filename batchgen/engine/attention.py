@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine import native
+from batchgen.engine import kv_quant, native
 from batchgen.errors import UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
@@ -85,6 +85,7 @@ class AttentionMetadata:
     native_decode: NativeDecode | None = None  # set: decode through the CPU kernel, not decode_groups
     prefills: list[PrefillSeq] = field(default_factory=list)
     flash: FlashMetadata | None = None  # set: use flash-attn instead of the torch SDPA path
+    kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # int8 pages: per layer k, v [num_slots, kv_heads]
 
 
 _forward_metadata: AttentionMetadata | None = None
@@ -134,8 +135,13 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention runs only inside batchgen's engine; "
                            "call model.set_attn_implementation('sdpa') to use the model directly")
     k_cache, v_cache = meta.kv_caches[layer_idx]
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    k_scale = v_scale = None
+    if meta.kv_scales is None:
+        k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    else:  # int8 pages: quantized on write; the new tokens are attended as the cache holds them
+        k_scale, v_scale = meta.kv_scales[layer_idx]
+        k, v = kv_quant.write(k_cache, v_cache, k_scale, v_scale, meta.slot_mapping, k, v)
 
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
@@ -151,14 +157,14 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
     if meta.native_decode is not None:
         nd = meta.native_decode
         od = native.load()(q.index_select(0, nd.token_idx), k_cache, v_cache, nd.block_tables, nd.context_lens,
-                           bs, scale)
+                           bs, scale, None if k_scale is None else (k_scale, v_scale))
         out.index_copy_(0, nd.token_idx, od)
     for group in meta.decode_groups:
         batch = group.token_idx.shape[0]
         max_seqlen_k = group.max_num_blocks * bs
         shape = (batch, max_seqlen_k, num_kv_heads, head_dim)
-        kd = k_blocks.index_select(0, group.block_ids).view(shape).transpose(1, 2).to(q.dtype)
-        vd = v_blocks.index_select(0, group.block_ids).view(shape).transpose(1, 2).to(q.dtype)
+        kd = kv_quant.gather(k_blocks, k_scale, group.block_ids, q.dtype).view(shape).transpose(1, 2)
+        vd = kv_quant.gather(v_blocks, v_scale, group.block_ids, q.dtype).view(shape).transpose(1, 2)
         # One query token per sequence: the query heads sharing a KV head become that head's
         # "query positions" ([B, kv_heads, group_size, head_dim]), so GQA needs no repeated K/V.
         # Head h reads KV head h // group_size, as transformers' repeat_kv lays them out.
@@ -171,8 +177,8 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
             kp = k[p.start:p.end]
             vp = v[p.start:p.end]
         else:  # [context_len, kv_heads, head_dim]
-            kp = k_blocks.index_select(0, p.block_ids).flatten(0, 1)[: p.context_len].to(q.dtype)
-            vp = v_blocks.index_select(0, p.block_ids).flatten(0, 1)[: p.context_len].to(q.dtype)
+            kp = kv_quant.gather(k_blocks, k_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
+            vp = kv_quant.gather(v_blocks, v_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
         kp = kp.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context_len, head_dim]
         vp = vp.transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine import attention, sizing
+from batchgen.engine import attention, kv_quant, sizing
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks
 from batchgen.engine.loader import find_eos_token_ids
@@ -52,6 +52,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
 
 
 class LLMEngine:
@@ -73,8 +74,13 @@ class LLMEngine:
                                                            model.dtype)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        cache_dtype = kv_quant.resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype, self.device)
+        if cache_dtype == torch.int8 and backend == "flash":  # flash-attn reads no int8 pages
+            if config.attention_backend == "flash":
+                raise ConfigError("the int8 KV cache runs on the cpu or torch attention backend, not flash")
+            backend, block_size = "torch", config.block_size or 16
         self.block_size = block_size
-        spec = KVCacheSpec.from_model_config(model.config, model.dtype, block_size)
+        spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
             peak = 0

@@ -1,7 +1,8 @@
 """KV cache tensors and their sizing from a memory budget.
 
 Layout per layer: K and V each `[num_blocks * block_size, num_kv_heads, head_dim]`, so a token's
-slot is `block_id * block_size + offset` and one `index_copy_` writes a whole step.
+slot is `block_id * block_size + offset` and one `index_copy_` writes a whole step. An int8 cache
+(engine/kv_quant.py) adds per layer K and V scales `[num_slots, num_kv_heads]` in bfloat16.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from batchgen.engine import kv_quant
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ class KVCacheSpec:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # what the pages hold: the model dtype, or torch.int8 (with scales)
     block_size: int
 
     @classmethod
@@ -40,7 +43,8 @@ class KVCacheSpec:
     @property
     def bytes_per_token(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+        per_head = self.head_dim * elem + kv_quant.scale_bytes_per_head(self.dtype)
+        return 2 * self.num_layers * self.num_kv_heads * per_head
 
     @property
     def bytes_per_block(self) -> int:
@@ -86,6 +90,13 @@ class KVCache:
              torch.zeros(shape, dtype=spec.dtype, device=device))
             for _ in range(spec.num_layers)
         ]
+        # int8 pages: per layer (k_scale, v_scale), each [num_slots, num_kv_heads]; None otherwise
+        self.scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        if spec.dtype == torch.int8:
+            scale_shape = (num_slots, spec.num_kv_heads)
+            self.scales = [(torch.zeros(scale_shape, dtype=kv_quant.SCALE_DTYPE, device=device),
+                            torch.zeros(scale_shape, dtype=kv_quant.SCALE_DTYPE, device=device))
+                           for _ in range(spec.num_layers)]
         log.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB", num_blocks, spec.block_size,
                  num_slots, num_blocks * spec.bytes_per_block / 2**20)
 

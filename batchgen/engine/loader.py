@@ -67,6 +67,7 @@ class LoadedModel:
     dtype: torch.dtype
     eos_token_ids: list[int]  # every id that ends a sequence, de-duplicated, in discovery order
     max_context_tokens: int
+    quantization: str = "none"  # engine/quantize.py's label: "none", "int4/torchao", "prequantized:quanto", ...
 
 
 def resolve_device(device: str) -> torch.device:
@@ -94,11 +95,12 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "auto",
-               trust_remote_code: bool = False) -> LoadedModel:
+               trust_remote_code: bool = False, quantize: str = "none", quantize_backend: str = "auto") -> LoadedModel:
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     name = DEFAULT_MODEL if name_or_path in (None, DEFAULT_MODEL) else str(name_or_path)
     local = Path(os.path.expanduser(name))
+    gguf = None
 
     if name == DEFAULT_MODEL:
         gguf = _default_gguf_path()
@@ -109,7 +111,7 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
             raise ModelLoadError(f"model file not found: {local}")
         if local.suffix != ".gguf":
             raise ModelLoadError(f"model {name!r} is a file but not a .gguf; pass a model directory")
-        directory, revision = _gguf_cache_dir(local, f"gguf-{local.stem.lower()}"), _hash_files([local])
+        gguf, directory, revision = local, _gguf_cache_dir(local, f"gguf-{local.stem.lower()}"), _hash_files([local])
         model_dir = str(directory)
     elif local.is_dir():
         model_dir, revision = str(local), _hash_dir(local)
@@ -122,12 +124,14 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
     if not revision:
         revision = _hash_dir(_hub_snapshot_dir(name))
     model = model.to(torch_device).eval()
+    from batchgen.engine.quantize import apply_at_load  # imports torchao/quanto only when asked
+    quantization = apply_at_load(model, name, quantize, quantize_backend, gguf)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         log.info("tokenizer of %s has no pad token; using eos %r as pad", name, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision,
                        device=torch_device, dtype=torch_dtype, eos_token_ids=find_eos_token_ids(model, tokenizer),
-                       max_context_tokens=_max_context(name, model, tokenizer))
+                       max_context_tokens=_max_context(name, model, tokenizer), quantization=quantization)
 
 
 def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: bool):

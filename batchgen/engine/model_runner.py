@@ -81,6 +81,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.long).to(dev, non_blocking=True),
             kv_caches=self.kv_cache.layers,
             block_size=bs,
+            kv_scales=self.kv_cache.scales,
         )
         if self.backend == "flash":
             meta.flash = self._flash_metadata(out)

@@ -30,6 +30,7 @@ SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 # float sums without -ffast-math, whose crtfastmath would change denormal handling process-wide)
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-strict-aliasing", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+KV_DTYPE_CODES = {**DTYPE_CODES, torch.int8: 2}  # int8 pages come with per-token, per-head bf16 scales
 _BUILD_TIMEOUT_S = 120
 
 
@@ -41,17 +42,20 @@ class PagedDecodeKernel:
         lib = ctypes.CDLL(str(path))
         fn = lib.paged_decode_attention
         p, i = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [p, p, i, p, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, i]
+        fn.argtypes = [p, p, i, p, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, i, p, p]
         fn.restype = ctypes.c_int
         self._fn = fn
 
     @staticmethod
     def supports(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
-        return q_dtype in DTYPE_CODES and kv_dtype in DTYPE_CODES
+        return q_dtype in DTYPE_CODES and kv_dtype in KV_DTYPE_CODES
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
-        """q [B, num_heads, head_dim] -> out [B, num_heads, head_dim]; caches [num_slots, kv_heads, head_dim]."""
+                 context_lens: torch.Tensor, block_size: int, scale: float,
+                 kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """q [B, num_heads, head_dim] -> out [B, num_heads, head_dim]; caches [num_slots, kv_heads, head_dim].
+
+        int8 caches need `kv_scales`: K's and V's bf16 scales, each [num_slots, kv_heads]."""
         num_seqs, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
         assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -59,11 +63,16 @@ class PagedDecodeKernel:
         assert context_lens.dtype == torch.int32 and context_lens.shape == (num_seqs,)
         assert k_cache.shape[2] == head_dim and num_heads % num_kv_heads == 0
         assert q.device.type == "cpu" and k_cache.device.type == "cpu"
+        k_scales = v_scales = None
+        if k_cache.dtype == torch.int8:
+            assert kv_scales is not None and all(t.dtype == torch.bfloat16 and t.is_contiguous()
+                                                 and t.shape == k_cache.shape[:2] for t in kv_scales)
+            k_scales, v_scales = (t.data_ptr() for t in kv_scales)
         out = torch.empty_like(q)
         failed = self._fn(q.data_ptr(), out.data_ptr(), DTYPE_CODES[q.dtype], k_cache.data_ptr(), v_cache.data_ptr(),
-                          DTYPE_CODES[k_cache.dtype], block_tables.data_ptr(), block_tables.shape[1],
+                          KV_DTYPE_CODES[k_cache.dtype], block_tables.data_ptr(), block_tables.shape[1],
                           context_lens.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size,
-                          float(scale), torch.get_num_threads())
+                          float(scale), torch.get_num_threads(), k_scales, v_scales)
         if failed:
             raise MemoryError("paged decode attention: out of memory for its scratch buffers")
         return out

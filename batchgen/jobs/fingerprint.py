@@ -38,6 +38,11 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
         "max_prompt_tokens": config.max_prompt_tokens,
         "output_schema": [[f.name, str(f.type)] for f in schema],
     }
+    # only when set, so fingerprints of jobs begun before these options existed still match
+    quantization = {"quantize": config.quantize, "quantize_backend": config.quantize_backend,
+                    "kv_cache_dtype": config.kv_cache_dtype}
+    if quantization != {"quantize": "none", "quantize_backend": "auto", "kv_cache_dtype": "auto"}:
+        fingerprint.update(quantization)
     if model is not None:
         assert set(model) == {"model", *MODEL_KEYS}, sorted(model)
         fingerprint.update(model)

@@ -31,7 +31,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     inputs = open_inputs(config, need_output=False)
     if loaded is None:
         loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                            trust_remote_code=config.trust_remote_code)
+                            trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                            quantize_backend=config.quantize_backend)
     engine = build_engine(config, loaded)
     out_dir = Path(config.output) if config.output and Path(config.output).is_dir() else None
     # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows

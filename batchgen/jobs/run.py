@@ -200,7 +200,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 if loaded is None:
                     loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                                        trust_remote_code=config.trust_remote_code)
+                                        trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                                        quantize_backend=config.quantize_backend)
                 job = _LocalJob(config, inputs, loaded, session, guard)
                 with guard.critical():
                     session.start(job.fingerprint, scan, config.max_rows)

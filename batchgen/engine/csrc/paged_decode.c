@@ -17,8 +17,14 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* KV element kinds: 0 float32, 1 bfloat16, 2 int8 (scaled per token and KV head, see kv_scale) */
+#define KV_INT8 2
+
 ALWAYS_INLINE void load_row(const void* base, int is_bf16, int64_t offset, int n, float* restrict dst) {
-    if (!is_bf16) {
+    if (is_bf16 == KV_INT8) {  /* the raw int8 values; their scales are applied outside the d loops */
+        const int8_t* src = (const int8_t*)base + offset;
+        for (int i = 0; i < n; i++) dst[i] = (float)src[i];
+    } else if (!is_bf16) {
         memcpy(dst, (const float*)base + offset, sizeof(float) * n);
     } else {
         const uint16_t* src = (const uint16_t*)base + offset;
@@ -30,8 +36,9 @@ ALWAYS_INLINE void load_row(const void* base, int is_bf16, int64_t offset, int n
 /* Pages are scattered, so the hardware prefetcher loses the stream at every block boundary:
  * while one block is read, ask for the same token row of the next block. */
 ALWAYS_INLINE void prefetch_row(const void* base, int is_bf16, int64_t offset, int n) {
-    const char* p = (const char*)base + offset * (is_bf16 ? 2 : 4);
-    const int bytes = n * (is_bf16 ? 2 : 4);
+    const int elem = is_bf16 == KV_INT8 ? 1 : is_bf16 ? 2 : 4;
+    const char* p = (const char*)base + offset * elem;
+    const int bytes = n * elem;
     for (int i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
@@ -71,8 +78,17 @@ ALWAYS_INLINE float exp_nonpositive(float x) {
 
 /* One sequence, all heads. D is a compile-time constant in the specialised callers below, so the
  * dot products unroll into a few vector FMAs and a short reduction. */
+ALWAYS_INLINE float kv_scale(const uint16_t* scales, int64_t slot, int KVH, int h) {
+    /* int8 pages: one bf16 scale per token and KV head, [num_slots, num_kv_heads] */
+    const uint32_t bits = ((uint32_t)scales[slot * KVH + h]) << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* k_cache, const void* v_cache,
-                              int kv_bf16, const int32_t* table, int ctx, int b, int H, int KVH, const int D,
+                              int kv_bf16, const uint16_t* k_scales, const uint16_t* v_scales,
+                              const int32_t* table, int ctx, int b, int H, int KVH, const int D,
                               int block_size, float scale, float* restrict buf) {
     const int G = H / KVH, row_len = KVH * D;
     float* qf = buf;                   /* [H][D] */
@@ -93,7 +109,8 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
                 float dot = 0.f;
                 #pragma omp simd reduction(+:dot)
                 for (int d = 0; d < D; d++) dot += qh[d] * kh[d];
-                s[hq * ctx + t0 + i] = dot * scale;
+                const float ks = kv_bf16 == KV_INT8 ? kv_scale(k_scales, slot0 + i, KVH, hq / G) : 1.f;
+                s[hq * ctx + t0 + i] = dot * (scale * ks);
             }
         }
     }
@@ -116,7 +133,8 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
             if (next0 >= 0) prefetch_row(v_cache, kv_bf16, (next0 + i) * row_len, row_len);
             load_row(v_cache, kv_bf16, (slot0 + i) * row_len, row_len, row);
             for (int hq = 0; hq < H; hq++) {
-                const float p = s[hq * ctx + t0 + i];
+                const float vs = kv_bf16 == KV_INT8 ? kv_scale(v_scales, slot0 + i, KVH, hq / G) : 1.f;
+                const float p = s[hq * ctx + t0 + i] * vs;
                 const float* vh = row + (hq / G) * D;
                 float* ah = acc + hq * D;
                 for (int d = 0; d < D; d++) ah[d] += p * vh[d];
@@ -126,29 +144,34 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
     store_row(out, q_bf16, (int64_t)b * H * D, H * D, acc, 1.f);
 }
 
+#define ATTEND(QB, KB, DIM) attend_one(q, out, QB, k, v, KB, ks, vs, table, ctx, b, H, KVH, DIM, bs, scale, buf)
 #define SPECIALISE(DIM) \
     static void attend_d##DIM(const void* q, void* out, int q_bf16, const void* k, const void* v, int kv_bf16, \
-                              const int32_t* table, int ctx, int b, int H, int KVH, int bs, float scale, float* buf) { \
-        if (q_bf16) { if (kv_bf16) attend_one(q, out, 1, k, v, 1, table, ctx, b, H, KVH, DIM, bs, scale, buf); \
-                      else attend_one(q, out, 1, k, v, 0, table, ctx, b, H, KVH, DIM, bs, scale, buf); } \
-        else { if (kv_bf16) attend_one(q, out, 0, k, v, 1, table, ctx, b, H, KVH, DIM, bs, scale, buf); \
-               else attend_one(q, out, 0, k, v, 0, table, ctx, b, H, KVH, DIM, bs, scale, buf); } \
+                              const uint16_t* ks, const uint16_t* vs, const int32_t* table, int ctx, int b, \
+                              int H, int KVH, int bs, float scale, float* buf) { \
+        if (q_bf16) { if (kv_bf16 == KV_INT8) ATTEND(1, KV_INT8, DIM); else if (kv_bf16) ATTEND(1, 1, DIM); \
+                      else ATTEND(1, 0, DIM); } \
+        else { if (kv_bf16 == KV_INT8) ATTEND(0, KV_INT8, DIM); else if (kv_bf16) ATTEND(0, 1, DIM); \
+               else ATTEND(0, 0, DIM); } \
     }
 SPECIALISE(64)
 SPECIALISE(128)
 static void attend_any(const void* q, void* out, int q_bf16, const void* k, const void* v, int kv_bf16,
-                       const int32_t* table, int ctx, int b, int H, int KVH, int D, int bs, float scale, float* buf) {
-    attend_one(q, out, q_bf16, k, v, kv_bf16, table, ctx, b, H, KVH, D, bs, scale, buf);
+                       const uint16_t* ks, const uint16_t* vs, const int32_t* table, int ctx, int b, int H, int KVH,
+                       int D, int bs, float scale, float* buf) {
+    attend_one(q, out, q_bf16, k, v, kv_bf16, ks, vs, table, ctx, b, H, KVH, D, bs, scale, buf);
 }
 
 /* Decode attention straight from the paged cache (no gather): one query token per sequence.
  * q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_slots, num_kv_heads, head_dim];
- * block_tables: [num_seqs, max_blocks_per_seq]; dtypes: 0 float32, 1 bfloat16. Returns 0, or
- * nonzero when scratch memory could not be allocated. */
+ * block_tables: [num_seqs, max_blocks_per_seq]; dtypes: 0 float32, 1 bfloat16, 2 int8 (KV only, with
+ * k_scales, v_scales: bf16 [num_slots, num_kv_heads]; NULL otherwise). Returns 0, or nonzero when
+ * scratch memory could not be allocated. */
 int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_cache, const void* v_cache,
                            int kv_dtype, const int32_t* block_tables, int max_blocks_per_seq,
                            const int32_t* context_lens, int num_seqs, int num_heads, int num_kv_heads,
-                           int head_dim, int block_size, float scale, int num_threads) {
+                           int head_dim, int block_size, float scale, int num_threads,
+                           const uint16_t* k_scales, const uint16_t* v_scales) {
     int failed = 0;
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int b = 0; b < num_seqs; b++) {
@@ -159,14 +182,14 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
         if (!buf) { failed = 1; continue; }
         const int32_t* table = block_tables + (int64_t)b * max_blocks_per_seq;
         if (head_dim == 64)
-            attend_d64(q, out, q_dtype, k_cache, v_cache, kv_dtype, table, ctx, b, num_heads, num_kv_heads,
-                       block_size, scale, buf);
+            attend_d64(q, out, q_dtype, k_cache, v_cache, kv_dtype, k_scales, v_scales, table, ctx, b, num_heads,
+                       num_kv_heads, block_size, scale, buf);
         else if (head_dim == 128)
-            attend_d128(q, out, q_dtype, k_cache, v_cache, kv_dtype, table, ctx, b, num_heads, num_kv_heads,
-                        block_size, scale, buf);
+            attend_d128(q, out, q_dtype, k_cache, v_cache, kv_dtype, k_scales, v_scales, table, ctx, b, num_heads,
+                       num_kv_heads, block_size, scale, buf);
         else
-            attend_any(q, out, q_dtype, k_cache, v_cache, kv_dtype, table, ctx, b, num_heads, num_kv_heads,
-                       head_dim, block_size, scale, buf);
+            attend_any(q, out, q_dtype, k_cache, v_cache, kv_dtype, k_scales, v_scales, table, ctx, b, num_heads,
+                       num_kv_heads, head_dim, block_size, scale, buf);
         free(buf);
     }
     return failed;

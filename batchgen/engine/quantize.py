@@ -1,0 +1,263 @@
+"""Weight quantization after loading: a module/tensor swap of the decoder's linear layers.
+
+The HF forward stays as it is: torchao replaces each `nn.Linear.weight` by a tensor subclass
+whose `F.linear` runs a quantized kernel; optimum-quanto swaps each `nn.Linear` for its `QLinear`.
+Both keep working under our packed forward and paged attention, which never touch the weights.
+
+Schemes (`--quantize`):
+  int8         int8 weights per output row + int8 activations per token, quantized on the fly
+               (torchao's dynamic-activation path; quanto quantizes activations only statically,
+               with calibration, so it is not offered)
+  int8-weight  int8 weights per output row, activations stay in the model dtype
+  int4         int4 weights in groups of INT4_GROUP_SIZE input channels (asymmetric)
+
+What is left in full precision, on purpose: the embedding and the LM head (tied in most small
+models: quantizing the head would untie it and add a copy), norms, and any linear layer whose
+input width the scheme's group size does not divide (logged).
+
+Which backend runs fastest per device and scheme was measured (benchmarks/quantization.py, the
+README table); `auto` encodes that table in AUTO_BACKEND.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from batchgen.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SCHEMES = ("none", "int8", "int8-weight", "int4")
+BACKENDS = ("auto", "torchao", "quanto")
+# torchao's CPU int4 kernel takes groups of 32..256; 64 divides the hidden sizes of every small
+# model we run (SmolLM2's 576 = 9 x 64 is not a multiple of 128)
+INT4_GROUP_SIZE = 64
+
+# (device type, scheme) -> backend, from benchmarks/quantization.py on this project's CPU (see
+# benchmarks/README.md): torchao's int8 path is the only one with dynamic int8 activations;
+# for int8 weights quanto's CPU kernel (aten's int8-weight GEMM) beats torchao's per-call upcast;
+# for int4 torchao's packed CPU kernel beats quanto's unpack-and-matmul.
+AUTO_BACKEND = {
+    ("cpu", "int8"): "torchao",
+    ("cpu", "int8-weight"): "quanto",
+    ("cpu", "int4"): "torchao",
+    ("cuda", "int8"): "torchao",
+    ("cuda", "int8-weight"): "quanto",
+    ("cuda", "int4"): "torchao",
+}
+_PACKAGES = {"torchao": "torchao", "quanto": "optimum.quanto"}
+_PIP_NAMES = {"torchao": "torchao", "quanto": "optimum-quanto"}
+
+
+@dataclass(frozen=True, slots=True)
+class Quantization:
+    scheme: str  # one of SCHEMES
+    backend: str | None  # torchao | quanto; None for "none" or a pre-quantized checkpoint's own method
+
+    @property
+    def label(self) -> str:
+        return self.scheme if self.backend is None else f"{self.scheme}/{self.backend}"
+
+
+def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | None:
+    """The backend that will run `scheme` on `device`; ConfigError when it cannot."""
+    if scheme not in SCHEMES:
+        raise ConfigError(f"quantize must be one of {', '.join(SCHEMES)}; got {scheme!r}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"quantize_backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if scheme == "none":
+        return None
+    if backend == "auto":
+        backend = AUTO_BACKEND.get((device.type, scheme), "torchao")
+    if backend == "quanto" and scheme == "int8":
+        raise ConfigError("quantize int8 (dynamic int8 activations) runs on torchao only: quanto quantizes "
+                          "activations statically, after calibration; use --quantize-backend torchao, or "
+                          "--quantize int8-weight for quanto")
+    if importlib.util.find_spec(_PACKAGES[backend].split(".")[0]) is None or (
+            backend == "quanto" and importlib.util.find_spec("optimum.quanto") is None):
+        raise ConfigError(f"quantize {scheme} with {backend} needs the {_PIP_NAMES[backend]} package: "
+                          f"pip install 'batchgen[quant]'")
+    return backend
+
+
+def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto") -> Quantization:
+    """Quantize `model`'s decoder linear layers in place; return what was applied."""
+    device = next(model.parameters()).device
+    resolved = resolve_backend(scheme, backend, device)
+    if resolved is None:
+        return Quantization("none", None)
+    if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
+        raise ConfigError("this model is already quantized (its config has a quantization_config); "
+                          "use --quantize none (or auto) with a pre-quantized checkpoint")
+    # quanto picks its own int4 group size per layer (128, else the largest multiple of 32 dividing
+    # the input width: 96 for SmolLM2's 576), so only torchao's fixed group size filters layers
+    names = quantizable_linear_names(model, INT4_GROUP_SIZE if scheme == "int4" and resolved == "torchao" else 1)
+    if resolved == "torchao":
+        _quantize_torchao(model, scheme, names)
+    else:
+        _quantize_quanto(model, scheme, names)
+    log.info("quantized %d linear layers to %s with %s", len(names), scheme, resolved)
+    return Quantization(scheme, resolved)
+
+
+def quantizable_linear_names(model: torch.nn.Module, group_size: int) -> set[str]:
+    """Every nn.Linear but the LM head, whose input width `group_size` divides."""
+    head = model.get_output_embeddings()
+    names, skipped = set(), []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module is not head:
+            (names.add if module.in_features % group_size == 0 else skipped.append)(name)
+    if skipped:
+        log.info("left %d linear layers in full precision (input width not a multiple of %d): %s",
+                 len(skipped), group_size, ", ".join(skipped[:4]))
+    return names
+
+
+def torchao_int4_config(group_size: int = INT4_GROUP_SIZE, device_type: str = "cpu"):
+    """torchao's int4 weight-only config for the device.
+
+    One shim because its CPU variant moves between releases: 0.18 keeps it in
+    `torchao.prototype.quantization.int4` (an opaque packed tensor for aten's
+    `_weight_int4pack_mm_for_cpu`); earlier ones spelled it `Int4WeightOnlyConfig(layout=Int4CPULayout())`
+    or `int4_packing_format="opaque"`.
+    """
+    from torchao.quantization import Int4WeightOnlyConfig
+
+    if device_type != "cpu":
+        return Int4WeightOnlyConfig(group_size=group_size)
+    try:
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+        return PrototypeInt4WeightOnlyConfig(group_size=group_size)
+    except ImportError:
+        pass
+    try:
+        return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format="opaque")
+    except TypeError:
+        from torchao.dtypes import Int4CPULayout
+        return Int4WeightOnlyConfig(group_size=group_size, layout=Int4CPULayout())
+
+
+def _quantize_torchao(model: torch.nn.Module, scheme: str, names: set[str]) -> None:
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+    device_type = next(model.parameters()).device.type
+    if scheme == "int4":
+        config = torchao_int4_config(INT4_GROUP_SIZE, device_type)
+    else:
+        config = {"int8": Int8DynamicActivationInt8WeightConfig, "int8-weight": Int8WeightOnlyConfig}[scheme]()
+    if hasattr(config, "set_inductor_config"):
+        config.set_inductor_config = False  # we run eagerly; leave the process's inductor settings alone
+    quantize_(model, config, filter_fn=lambda module, fqn: fqn in names)
+
+
+def _quantize_quanto(model: torch.nn.Module, scheme: str, names: set[str]) -> None:
+    from optimum.quanto import freeze, qint4, qint8, quantize
+
+    weights = {"int8-weight": qint8, "int4": qint4}[scheme]
+    # quanto's `modules` takes fnmatch patterns; exact names match only themselves
+    quantize(model, weights=weights, include=sorted(names))
+    freeze(model)
+    if scheme == "int4":
+        from optimum.quanto import QLinear
+
+        for module in model.modules():
+            if isinstance(module, QLinear):
+                module.forward = _outside_inference_mode(module.forward)
+
+
+def _outside_inference_mode(forward):
+    """quanto 0.2.7's int4 linear goes through an autograd.Function whose `weight.t()` fails under
+    torch.inference_mode ("Cannot set version_counter for inference tensor"), where our runner
+    steps; it runs with inference mode off on a normal copy of its input (same values)."""
+
+    def wrapped(x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(False), torch.no_grad():
+            return forward(x.clone() if x.is_inference() else x)
+
+    return wrapped
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes the parameters and buffers hold, counting a quantized tensor's inner tensors once."""
+    seen: set[int] = set()
+    total = 0
+
+    def visit(t: torch.Tensor) -> None:
+        nonlocal total
+        flatten = getattr(t, "__tensor_flatten__", None)
+        if flatten is not None and type(t) not in (torch.Tensor, torch.nn.Parameter):
+            inner, _ = flatten()
+            for attr in inner:
+                visit(getattr(t, attr))
+            return
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+
+    for t in [*model.parameters(), *model.buffers()]:
+        visit(t)
+    return total
+
+
+# ---------------------------------------------------------------- at load time (engine/loader.py)
+
+# pre-quantized checkpoints whose quantized linear layers run under our forward (tensor subclasses
+# or module swaps on CPU and CUDA); others (GPTQ, AWQ, bitsandbytes, ...) need CUDA kernel packages
+# and are refused by name
+PREQUANTIZED_METHODS = ("torchao", "quanto")
+
+
+def checkpoint_quantization(model: torch.nn.Module) -> str | None:
+    """The quant_method of a pre-quantized checkpoint's config, else None."""
+    qc = getattr(model.config, "quantization_config", None)
+    if qc is None:
+        return None
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return str(getattr(method, "value", method) or "unknown")
+
+
+def check_prequantized(method: str, name: str) -> None:
+    from batchgen.errors import UnsupportedModelError
+
+    if method not in PREQUANTIZED_METHODS:
+        raise UnsupportedModelError(f"model {name!r} is pre-quantized with {method!r}, which batchgen's forward "
+                                    f"cannot run; supported: {', '.join(PREQUANTIZED_METHODS)} (or a full-precision "
+                                    f"checkpoint with --quantize)")
+
+
+def gguf_scheme(gguf_path) -> str:
+    """The supported scheme nearest a GGUF's own: Q2..Q4 -> int4, Q5..Q8 -> int8-weight, floats -> none."""
+    try:
+        from gguf import GGUFReader
+        types = [t.tensor_type.name for t in GGUFReader(str(gguf_path)).tensors if len(t.shape) == 2]
+    except Exception:  # an unreadable header: fall back to the file name (…Q4_1.gguf)
+        types = [part for part in str(gguf_path).upper().replace("-", ".").split(".") if part.startswith("Q")]
+    quantized = [t for t in types if t.upper().startswith(("Q", "IQ"))]
+    if not quantized:
+        return "none"
+    most = max(set(quantized), key=quantized.count).upper().removeprefix("I")
+    return "int4" if most[1:2] in ("1", "2", "3", "4") else "int8-weight"
+
+
+def apply_at_load(model: torch.nn.Module, name: str, scheme: str, backend: str, gguf_path=None) -> str:
+    """What loader.load_model calls after moving the model: returns the label the job fingerprint
+    records ("none", "int4/torchao", "prequantized:torchao", ...)."""
+    method = checkpoint_quantization(model)
+    if method is not None:
+        check_prequantized(method, name)
+        if scheme not in ("none", "auto"):
+            raise ConfigError(f"model {name!r} is already quantized ({method}); drop --quantize {scheme}")
+        return f"prequantized:{method}"
+    if scheme == "auto":
+        scheme = gguf_scheme(gguf_path) if gguf_path is not None else "none"
+        if gguf_path is not None:
+            log.info("%s: its GGUF quantization maps to --quantize %s", name, scheme)
+    elif gguf_path is not None and scheme == "none" and gguf_scheme(gguf_path) != "none":
+        log.info("%s: its quantized GGUF weights run dequantized to full precision (--quantize auto would map "
+                 "them to %s)", name, gguf_scheme(gguf_path))
+    return quantize_model(model, scheme, backend).label
