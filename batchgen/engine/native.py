@@ -32,6 +32,14 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-strict-al
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 KV_DTYPE_CODES = {**DTYPE_CODES, torch.int8: 2}  # int8 pages come with per-token, per-head bf16 scales
 _BUILD_TIMEOUT_S = 120
+# paged_decode_attention's parameters, in the C signature's order: the one place that order lives
+_P, _I = ctypes.c_void_p, ctypes.c_int
+KERNEL_ARGS = (
+    ("q", _P), ("out", _P), ("q_dtype", _I), ("k_cache", _P), ("v_cache", _P), ("kv_dtype", _I),
+    ("block_tables", _P), ("max_num_blocks", _I), ("context_lens", _P), ("num_seqs", _I), ("num_heads", _I),
+    ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I), ("scale", ctypes.c_float), ("num_threads", _I),
+    ("k_scales", _P), ("v_scales", _P),
+)
 
 
 class PagedDecodeKernel:
@@ -41,8 +49,7 @@ class PagedDecodeKernel:
         self.path = path
         lib = ctypes.CDLL(str(path))
         fn = lib.paged_decode_attention
-        p, i = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [p, p, i, p, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, i, p, p]
+        fn.argtypes = [ctype for _, ctype in KERNEL_ARGS]
         fn.restype = ctypes.c_int
         self._fn = fn
 
@@ -69,10 +76,13 @@ class PagedDecodeKernel:
                                                  and t.shape == k_cache.shape[:2] for t in kv_scales)
             k_scales, v_scales = (t.data_ptr() for t in kv_scales)
         out = torch.empty_like(q)
-        failed = self._fn(q.data_ptr(), out.data_ptr(), DTYPE_CODES[q.dtype], k_cache.data_ptr(), v_cache.data_ptr(),
-                          KV_DTYPE_CODES[k_cache.dtype], block_tables.data_ptr(), block_tables.shape[1],
-                          context_lens.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size,
-                          float(scale), torch.get_num_threads(), k_scales, v_scales)
+        args = dict(
+            q=q.data_ptr(), out=out.data_ptr(), q_dtype=DTYPE_CODES[q.dtype], k_cache=k_cache.data_ptr(),
+            v_cache=v_cache.data_ptr(), kv_dtype=KV_DTYPE_CODES[k_cache.dtype], block_tables=block_tables.data_ptr(),
+            max_num_blocks=block_tables.shape[1], context_lens=context_lens.data_ptr(), num_seqs=num_seqs,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+            scale=float(scale), num_threads=torch.get_num_threads(), k_scales=k_scales, v_scales=v_scales)
+        failed = self._fn(*(args[name] for name, _ in KERNEL_ARGS))
         if failed:
             raise MemoryError("paged decode attention: out of memory for its scratch buffers")
         return out
