@@ -6,6 +6,7 @@
 
 Systems (round-robin within each round, the start rotating; every run records the CPU time other
 processes took meanwhile):
+  batchgen-bsN   the same with --batch-size N (a point of a batch-size sweep; 32 was the old default)
   batchgen       `batchgen run` as a user runs it: a subprocess with default flags, only the rows
                  file, the output directory, --dtype, --no-chat, --ignore-eos and the per-row
                  budget column (so every system generates the same tokens); whole-process wall
@@ -66,11 +67,11 @@ def build_rows(workload: str, tokenizer, args) -> pa.Table:
                      "max_new_tokens": pa.array(budgets, pa.int32())})
 
 
-def run_batchgen(rows: Path, dtype: str, tmp: Path) -> dict:
+def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str]) -> dict:
     out = tmp / f"out-{time.monotonic_ns()}"
     cmd = [str(Path(sys.executable).parent / "batchgen"), "run", "--input", str(rows), "--output", str(out),
            "--dtype", dtype, "--no-chat", "--ignore-eos", "--max-new-tokens-column", "max_new_tokens",
-           "--id-column", "id", "--quiet"]
+           "--id-column", "id", "--quiet", *extra]
     with sysload.measure() as load:
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -153,8 +154,10 @@ def main() -> None:
                 for r in range(args.rounds):
                     order = systems[r % len(systems):] + systems[: r % len(systems)]
                     for system in order:
-                        if system == "batchgen":
-                            rec = run_batchgen(rows, dtype, tmp)
+                        if system.startswith("batchgen"):
+                            # batchgen-bs32: a fixed --batch-size beside the defaults (a sweep point)
+                            size = system.removeprefix("batchgen").removeprefix("-bs")
+                            rec = run_batchgen(rows, dtype, tmp, ["--batch-size", size] if size else [])
                         elif system == "vllm":
                             rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp)
                         else:

@@ -43,7 +43,15 @@ def main() -> None:
                       "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
                       "threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}), flush=True)
     sys.stdout.flush()
-    os._exit(0)  # vLLM's engine process can hang interpreter shutdown
+    import psutil  # a vLLM dependency
+
+    # vLLM's engine core runs in child processes, which can hang interpreter shutdown: end them
+    # first (they would outlive an os._exit), then leave without running atexit hooks
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        child.terminate()
+    psutil.wait_procs(children, timeout=10)
+    os._exit(0)
 
 
 if __name__ == "__main__":
