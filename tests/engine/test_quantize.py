@@ -111,3 +111,16 @@ def test_tied_lm_head_stays_tied():
     model.tie_weights()
     quantize.quantize_model(model, "int8-weight", "torchao")
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize(("name", "scheme"), [("SmolLM2-135M-Instruct.Q4_1.gguf", "int4"),
+                                              ("m-Q8_0.gguf", "int8-weight"), ("m.IQ3_XS.gguf", "int4"),
+                                              ("m.Q6_K.gguf", "int8-weight")])
+def test_gguf_quantization_maps_to_the_nearest_scheme(name, scheme):
+    assert quantize.gguf_scheme(name) == scheme
+
+
+def test_auto_quantizes_a_quantized_gguf_and_leaves_other_models_alone():
+    model = make_tiny_model("llama", seed=1).to(torch.bfloat16)
+    assert quantize.apply_at_load(copy.deepcopy(model), "tiny", "auto", "auto") == "none"
+    assert quantize.apply_at_load(model, "tiny.Q4_0.gguf", "auto", "auto", "tiny.Q4_0.gguf") == "int4/torchao"
