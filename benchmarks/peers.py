@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks import sharegpt, sysload
+from benchmarks.throughput import args_config, write_record
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_PYTHON = REPO.parent / "peer" / "venv" / "bin" / "python"
@@ -171,10 +172,7 @@ def main() -> None:
                               + f" (other cores {rec['load'].get('other_cores')})", flush=True)
             del lm
     report(results)
-    out = REPO / "benchmarks" / "results" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
-    print(f"wrote {out}")
+    write_record({"benchmark": "peers", "args": args_config(args), "results": results}, None)
 
 
 def report(results: dict[str, list[dict]]) -> None:

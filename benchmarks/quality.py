@@ -20,7 +20,6 @@ Targets (issue 13): int8 / int8-weight / int8 KV >= 97% top-1 agreement, int4 >=
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 import warnings
@@ -36,8 +35,8 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import load_model
 from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt
+from benchmarks.throughput import write_record
 
-RESULTS_DIR = Path(__file__).parent / "results"
 DOCS = Path(__file__).parent.parent / "examples" / "docs.parquet"
 TEMPLATE = "Summarize the following Python documentation in two sentences.\n\n{text}"
 # (label, --quantize, --quantize-backend, --kv-cache-dtype)
@@ -151,12 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             f"ROUGE-L {row[name]['rouge_l']:.3f}" for name in sets)
             + f"  target {target:.2f} {'PASS' if row['meets_target'] else 'MISS'}", flush=True)
         del lm
-    record = {"args": vars(args), "num_prompts": {k: len(v) for k, v in sets.items()}, "results": results,
-              "wall_s": round(time.time() - t0, 1)}
-    RESULTS_DIR.mkdir(exist_ok=True)
-    path = RESULTS_DIR / f"quality-{int(time.time())}.json"
-    path.write_text(json.dumps(record, indent=1))
-    print(f"wrote {path}")
+    record = {"benchmark": "quality", "args": vars(args), "num_prompts": {k: len(v) for k, v in sets.items()},
+              "results": results, "wall_s": round(time.time() - t0, 1)}
+    write_record(record, None)
     return 0
 
 

@@ -27,7 +27,6 @@ import logging
 import statistics
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
@@ -38,9 +37,8 @@ from batchgen.engine.loader import load_model
 from batchgen.engine.quantize import weight_bytes
 from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt, sysload
-from benchmarks.throughput import kv_blocks_for
+from benchmarks.throughput import kv_blocks_for, write_record
 
-RESULTS_DIR = Path(__file__).parent / "results"
 WEIGHTS = [("bf16", "none", "auto"), ("int8/torchao", "int8", "torchao"),
            ("int8-weight/torchao", "int8-weight", "torchao"), ("int8-weight/quanto", "int8-weight", "quanto"),
            ("int4/torchao", "int4", "torchao"), ("int4/quanto", "int4", "quanto")]
@@ -196,10 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         kv["pressure_speedup"] = kv["kv:int8@budget"]["tok_s"] / kv["kv:bf16@budget"]["tok_s"]
     record["summary"] = summary
     print(json.dumps(summary, indent=1))
-    RESULTS_DIR.mkdir(exist_ok=True)
-    path = RESULTS_DIR / f"quantization-{int(time.time())}.json"
-    path.write_text(json.dumps(record, indent=1))
-    print(f"wrote {path}")
+    record["benchmark"] = "quantization"
+    write_record(record, None)
     return 0
 
 
