@@ -5,10 +5,12 @@
 
 Each variant is `batchgen run` at its default flags (a subprocess, as a user runs it) with one
 environment change:
-  spin      libgomp's default: idle threads spin ~300k iterations at every barrier
-  passive   OMP_WAIT_POLICY=PASSIVE: idle threads sleep at once (a futex wake per parallel region)
-  spin1k    GOMP_SPINCOUNT=1000: spin briefly, then sleep
-  1thread   OMP_NUM_THREADS=1: one compute thread, the other core left free (vLLM-CPU's choice on 2 cores)
+  default   batchgen's own choice: OMP_WAIT_POLICY=PASSIVE and compute threads that follow the
+            cores other processes leave (engine/threads.py)
+  spin      the old default: libgomp's wait policy (idle threads spin ~300k iterations at every
+            barrier), all cores (OMP_NUM_THREADS pinned, so no governor)
+  passive   OMP_WAIT_POLICY=PASSIVE on all cores, no governor
+  1thread   OMP_NUM_THREADS=1: one compute thread, the other cores left free (vLLM-CPU's choice on 2 cores)
 
 `--busy N` runs each round a second time with N single-threaded busy loops beside the job (nice 0),
 the situation of a shared cron box or a CI runner with a neighbour. Variants run round-robin,
@@ -32,10 +34,11 @@ import pyarrow.parquet as pq
 from benchmarks import peers
 from benchmarks.throughput import args_config, write_record
 
+ALL_CORES = str(len(os.sched_getaffinity(0)))
 VARIANTS = {
-    "spin": {},
-    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
-    "spin1k": {"GOMP_SPINCOUNT": "1000"},
+    "default": {},
+    "spin": {"BATCHGEN_OMP_DEFAULTS": "0", "OMP_NUM_THREADS": ALL_CORES},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": ALL_CORES},
     "1thread": {"OMP_NUM_THREADS": "1"},
 }
 # what the variants set, removed from the inherited environment so each runs exactly its own
@@ -55,8 +58,6 @@ def busy_loops(n: int):
 
 def variant_env(name: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _OMP_KEYS}
-    # batchgen's own default must not overwrite the variant: each runs exactly the policy named
-    env["BATCHGEN_OMP_DEFAULTS"] = "0"
     env.update(VARIANTS[name])
     return env
 
