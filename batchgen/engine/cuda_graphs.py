@@ -134,9 +134,10 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_num_seqs)
         self.buffers = DecodeBuffers(max_num_seqs, max_blocks_per_seq, device)
         # one logits buffer for all sizes: each graph copies its logits into the head of it, so
-        # the graphs' own logits die inside the shared pool instead of each keeping [size, vocab]
-        dtype = next(model.parameters()).dtype
-        self.logits = torch.zeros((max_num_seqs, vocab_size), dtype=dtype, device=device)
+        # the graphs' own logits die inside the shared pool instead of each keeping [size, vocab].
+        # Allocated by the first (warm-up) forward, in the dtype the model's logits have.
+        self.vocab_size = vocab_size
+        self.logits: torch.Tensor | None = None  # [max_num_seqs, vocab_size]
         self.runners: dict[int, Callable[[], None]] = {}
         self.stats = GraphStats()
 
@@ -172,6 +173,8 @@ class DecodeGraphs:
         with forward_context(meta):
             # logits_to_keep=0 keeps every row: each is a decode row (or padding)
             logits = self.forward(self.model, b.input_ids[None, :size], b.positions[None, :size], 0)[0]
+        if self.logits is None:
+            self.logits = logits.new_empty((b.max_num_seqs, self.vocab_size))
         self.logits[:size].copy_(logits)
 
     def run(self, out: SchedulerOutput) -> torch.Tensor | None:
