@@ -21,7 +21,7 @@ import torch
 
 from batchgen.engine import attention, kv_quant, sizing
 from batchgen.engine.block_manager import BlockManager
-from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks
+from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks, profile_activation_bytes
 from batchgen.engine.loader import find_eos_token_ids
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model_runner import ModelRunner
@@ -98,7 +98,7 @@ class LLMEngine:
             if self.device.type == "cuda" and config.kv_cache_bytes is None:
                 # auto limits are chosen after the cache is sized: profile the largest they can be
                 max_seqs, max_tokens = sizing.upper_limits(self.device.type)
-                peak = _profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
+                peak = profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
                                                  config.max_num_seqs or max_seqs)
             try:
                 num_blocks = plan_num_blocks(spec, self.device, config.kv_cache_bytes, peak)
@@ -178,7 +178,11 @@ class LLMEngine:
         self._max_num_seqs_cap = max_seqs
         self._allocate_cache(new_blocks)
         self.scheduler.set_block_manager(self.block_manager)
-        self._capture_graphs()
+        try:
+            self._capture_graphs()
+        except torch.cuda.OutOfMemoryError:
+            log.warning("CUDA graphs: off, capturing them again ran out of memory")
+            self.runner.graphs = None
         self.num_oom_retries += 1
 
     @property
@@ -284,30 +288,6 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
-
-
-def _profile_activation_bytes(model, num_tokens: int, num_seqs: int) -> int:
-    """Peak activation memory of one full-budget step, so the KV cache leaves room for it.
-
-    Runs the model once on `num_tokens` dummy tokens with plain SDPA attention (whose memory is
-    close to ours) and `num_seqs` logits rows, then restores our attention function.
-    """
-    device = next(model.parameters()).device
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    model.set_attn_implementation("sdpa")
-    try:
-        with torch.inference_mode():
-            ids = torch.zeros((1, num_tokens), dtype=torch.long, device=device)
-            keep = torch.arange(num_tokens - min(num_seqs, num_tokens), num_tokens, device=device)
-            model(input_ids=ids, use_cache=False, logits_to_keep=keep)
-        torch.cuda.synchronize(device)
-    finally:
-        model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
-    peak = torch.cuda.max_memory_allocated(device) - before
-    torch.cuda.empty_cache()
-    return int(peak)
 
 
 def _check_model_supported(model) -> None:
