@@ -38,7 +38,7 @@ def _workload(seed: int, n: int = 24) -> tuple[list[list[int]], list[int]]:
 def _generate_refs(model, prompts, max_new) -> list[list[int]]:
     refs = []
     for p, n in zip(prompts, max_new, strict=True):
-        ids = torch.tensor([p], device="cuda")
+        ids = torch.tensor([p], device=model.device)
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
                              eos_token_id=None, pad_token_id=0)
         refs.append(out[0, len(p):].tolist())
