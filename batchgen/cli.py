@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from batchgen import __version__
+from batchgen import __version__, omp
 from batchgen.errors import BatchgenError
 
 # rich_markup_mode=None: plain click help. Rich markup reads the "[text]", "[auto]" defaults in the
@@ -367,4 +367,5 @@ def _setup_logging(quiet: bool) -> None:
 
 
 def main() -> None:
+    omp.apply_defaults()  # before any command imports torch
     app()

@@ -68,13 +68,13 @@ def build_rows(workload: str, tokenizer, args) -> pa.Table:
                      "max_new_tokens": pa.array(budgets, pa.int32())})
 
 
-def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str]) -> dict:
+def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str], env: dict | None = None) -> dict:
     out = tmp / f"out-{time.monotonic_ns()}"
     cmd = [str(Path(sys.executable).parent / "batchgen"), "run", "--input", str(rows), "--output", str(out),
            "--dtype", dtype, "--no-chat", "--ignore-eos", "--max-new-tokens-column", "max_new_tokens",
            "--id-column", "id", "--quiet", *extra]
     with sysload.measure() as load:
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"batchgen failed ({done.returncode}): {done.stderr[-2000:]}")
     summary = json.loads((out / "_summary.json").read_text())

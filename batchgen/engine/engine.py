@@ -29,6 +29,7 @@ from batchgen.engine.request import Completion, FinishReason, Request
 from batchgen.engine.scheduler import Policy, Scheduler
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.stopping import StopChecker
+from batchgen.engine.threads import ThreadGovernor
 from batchgen.errors import ConfigError, EngineError, UnsupportedModelError, UsageError
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
+    # CPU: run on the cores other processes leave, re-checked every few seconds (engine/threads.py);
+    # off when OMP_NUM_THREADS pins the count
+    adaptive_threads: bool = True
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
     cuda_graphs: bool = True  # CUDA + a graph-safe attention backend (flash): decode steps replay graphs
 
@@ -120,6 +124,7 @@ class LLMEngine:
         self._capture_graphs()
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.metrics = EngineMetrics()
+        self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
         self._seq_ids = itertools.count()
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
         self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
@@ -239,6 +244,8 @@ class LLMEngine:
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[Completion]:
+        if self.threads is not None:
+            self.threads.tick()
         t0 = time.perf_counter()
         finished: list[Completion] = []
         for attempt in itertools.count():
