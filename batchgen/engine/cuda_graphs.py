@@ -84,7 +84,10 @@ class DecodeBuffers:
         self.max_blocks_per_seq = max_blocks_per_seq
 
     def fill(self, out: SchedulerOutput, padded: int, block_size: int, dummy_block: int) -> None:
-        """Write a decode-only step's rows, then padding rows up to `padded`, into the buffers."""
+        """Write a decode-only step's rows, then padding rows up to `padded`, into the buffers.
+
+        The pinned host twins are reused every step: safe, since the previous step's sampling
+        synchronized with the device, so its non-blocking copies out of them have completed."""
         rows = [s.seq for s in out.scheduled]
         n = len(rows)
         assert n <= padded <= self.max_num_seqs
