@@ -117,15 +117,30 @@ def make_backend(name: str) -> AttentionBackend:
     return BACKENDS[name]()
 
 
-def resolve_backend(backend: str, device: torch.device, block_size: int | None,
-                    dtype: torch.dtype = torch.float32) -> tuple[str, int]:
-    """Pick the attention backend and the block size it needs: ("torch"|"cpu"|"flash", block_size)."""
+@dataclass(frozen=True, slots=True)
+class BackendChoice:
+    name: str  # "torch" | "cpu" | "flash"
+    block_size: int  # tokens per KV page: the user's, else the backend's own
+    reason: str  # one line for the log: why this backend
+
+
+DEFAULT_BLOCK_SIZE = 16  # the torch and cpu backends: small pages waste little of a short sequence's last page
+
+
+def select_backend(backend: str, device: torch.device, block_size: int | None,
+                   dtype: torch.dtype = torch.float32) -> BackendChoice:
+    """The attention backend and its page size, with the reason `batchgen run` logs.
+
+    auto: flash-attn's paged kernel on CUDA when the package imports (with its 256-token pages,
+    unless the user set a block size it cannot use); the C decode kernel on CPU where it builds;
+    torch SDPA everywhere else. A block size left unset is the chosen backend's.
+    """
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"attention backend must be auto, torch, cpu or flash; got {backend!r}")
     if backend == "auto":
-        use_flash = FlashBackend.available(device) and (block_size is None
-                                                        or block_size % FLASH_BLOCK_SIZE_MULTIPLE == 0)
-        backend = "flash" if use_flash else "cpu" if NativeCpuBackend.available(device, dtype) else "torch"
+        backend, reason = _auto_backend(device, block_size, dtype)
+    else:
+        reason = "set by --attention-backend"
     if backend == "cpu" and not NativeCpuBackend.available(device, dtype):
         raise ValueError(f"the cpu attention backend needs a CPU model in float32 or bfloat16 (got {device.type}, "
                          f"{dtype}) and a C compiler to build its kernel")
@@ -136,8 +151,28 @@ def resolve_backend(backend: str, device: torch.device, block_size: int | None,
         if block_size % FLASH_BLOCK_SIZE_MULTIPLE:
             raise ValueError(f"flash-attn's paged KV needs a block size that is a multiple of "
                              f"{FLASH_BLOCK_SIZE_MULTIPLE}, got {block_size}")
-        return backend, block_size
-    return backend, block_size or 16
+        return BackendChoice(backend, block_size, reason)
+    return BackendChoice(backend, block_size or DEFAULT_BLOCK_SIZE, reason)
+
+
+def _auto_backend(device: torch.device, block_size: int | None, dtype: torch.dtype) -> tuple[str, str]:
+    if device.type == "cuda":
+        if not FlashBackend.available(device):
+            return "torch", "auto: flash-attn is not installed (pip install flash-attn), so torch SDPA"
+        if block_size is not None and block_size % FLASH_BLOCK_SIZE_MULTIPLE:
+            return "torch", (f"auto: flash-attn is installed but the set block size {block_size} is not a multiple "
+                             f"of {FLASH_BLOCK_SIZE_MULTIPLE}, so torch SDPA")
+        return "flash", "auto: flash-attn's paged varlen kernel on CUDA"
+    if NativeCpuBackend.available(device, dtype):
+        return "cpu", "auto: the C decode kernel on CPU"
+    return "torch", f"auto: no C kernel for {device.type} / {dtype} (or no C compiler), so torch SDPA"
+
+
+def resolve_backend(backend: str, device: torch.device, block_size: int | None,
+                    dtype: torch.dtype = torch.float32) -> tuple[str, int]:
+    """Pick the attention backend and the block size it needs: ("torch"|"cpu"|"flash", block_size)."""
+    choice = select_backend(backend, device, block_size, dtype)
+    return choice.name, choice.block_size
 
 
 def _reject_unsupported(module: torch.nn.Module, kwargs: dict) -> None:

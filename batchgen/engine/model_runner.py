@@ -7,6 +7,11 @@ One step is one forward over all scheduled tokens packed into a single row:
     slot_mapping  [T]     where each new token's K/V goes in the paged cache
     logits_to_keep [S]    the last token of each sequence that samples this step, so the LM head
                           runs on S rows instead of T
+
+Decode-only steps replay a CUDA graph instead when the engine captured them (engine/cuda_graphs.py).
+On CUDA the step's inputs go up from pinned host memory with non-blocking copies, and the sampled
+tokens come back in one copy per step (the sampler's `.tolist()`), so the CPU packs the inputs
+while the GPU may still run earlier work.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,24 +30,69 @@ from batchgen.engine.kv_cache import KVCache
 from batchgen.engine.sampling import Sampler
 from batchgen.engine.scheduler import SchedulerOutput
 
+if TYPE_CHECKING:
+    from batchgen.engine.cuda_graphs import DecodeGraphs
+
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class DeviceTiming:
+    """CUDA only: where a step's time went, for the overlap between host work and the GPU.
+
+    idle_s: host time between one step's tokens coming back (the GPU then has nothing queued) and
+    the next step starting: scheduling, stop checks, detokenization, the job's writes and commits.
+    forward_s: the GPU timeline from the step's start to its logits (CUDA events), launch gaps
+    included. Per step both cost nothing but two events and two clock reads.
+    """
+
+    num_steps: int = 0
+    idle_s: float = 0.0
+    forward_s: float = 0.0
+
+    def summary(self) -> dict:
+        n = max(1, self.num_steps)
+        return {"num_steps": self.num_steps, "gpu_idle_ms_per_step": round(1000 * self.idle_s / n, 3),
+                "forward_ms_per_step": round(1000 * self.forward_s / n, 3)}
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device,
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache | None, device: torch.device,
                  backend: AttentionBackend, compile: bool = False):
         self.model = model
         self._forward = compile_forward(model) if compile else _forward
-        self.kv_cache = kv_cache
-        self.block_size = kv_cache.spec.block_size
+        self.kv_cache = kv_cache  # the engine's; replaced when it rebuilds the cache
         self.device = device
         self.backend = backend
         self.sampler = Sampler()
+        self.graphs: DecodeGraphs | None = None  # set by the engine once captured
+        self.timing = DeviceTiming()
+        self._last_sync_s: float | None = None  # host time the previous step's tokens came back
+        self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                        if device.type == "cuda" else None)
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int]:
         """Run one step; return the sampled token of each sampler, in `out.samplers` order."""
-        bs = self.block_size
+        if self._events is not None:
+            if self._last_sync_s is not None:  # the GPU had nothing queued since the last sync
+                self.timing.idle_s += time.perf_counter() - self._last_sync_s
+            self._events[0].record()
+        logits = self.graphs.run(out) if self.graphs is not None else None
+        if logits is None:
+            logits = self._run_eager(out)
+        if self._events is not None:
+            self._events[1].record()
+        tokens = self.sampler.sample(logits, out.samplers)  # the step's one device-to-host copy
+        if self._events is not None:  # sampling synchronized: both events have completed
+            self._last_sync_s = time.perf_counter()
+            self.timing.num_steps += 1
+            self.timing.forward_s += self._events[0].elapsed_time(self._events[1]) / 1000
+        return tokens
+
+    def _run_eager(self, out: SchedulerOutput) -> torch.Tensor:
+        """The packed forward of any step; returns the samplers' logits [S, vocab_size]."""
+        bs = self.kv_cache.spec.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -62,26 +114,34 @@ class ModelRunner:
 
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long).to(dev, non_blocking=True),
+            slot_mapping=_to_device(slot_mapping, dev),
             kv_caches=self.kv_cache.layers,
             block_size=bs,
             backend=self.backend,
             step=self.backend.build_metadata(packed, bs, dev),
             kv_scales=self.kv_cache.scales,
         )
-        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
-        keep = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
+        ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
         with forward_context(meta):
-            logits = self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
-        return self.sampler.sample(logits, out.samplers)
+            return self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
+
+    @property
+    def forward_fn(self):
+        """The model call (compiled or not): model, input_ids, position_ids, logits_to_keep -> logits."""
+        return self._forward
 
     def release(self, seq) -> None:
         self.sampler.release(seq)
 
 
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 on `device`; on CUDA through pinned memory, so the copy does not block the host."""
+    pinned = device.type == "cuda"
+    return torch.tensor(values, dtype=torch.long, pin_memory=pinned).to(device, non_blocking=pinned)
+
+
 def _forward(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-             logits_to_keep: torch.Tensor) -> torch.Tensor:
+             logits_to_keep: torch.Tensor | int) -> torch.Tensor:
     return model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
                  logits_to_keep=logits_to_keep).logits
 

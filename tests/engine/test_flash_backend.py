@@ -80,3 +80,28 @@ def test_flash_block_size_must_be_a_multiple_of_256(monkeypatch):
     assert attention.resolve_backend("auto", cuda, 16) == ("torch", 16)  # auto keeps the user's block size
     with pytest.raises(ValueError, match="multiple of 256"):
         attention.resolve_backend("flash", cuda, 16)
+
+
+def test_default_selection_on_cuda_is_flash_with_its_page_size(monkeypatch):
+    """The job's default block size (None) lets auto pick flash-attn and its 256-token pages; the
+    reason says why, and without flash-attn the torch path says that it is missing."""
+    from batchgen.config import build_config
+
+    config = build_config(None, inputs=["x"], output="o")
+    assert config.block_size is None and config.attention_backend == "auto" and config.cuda_graphs is True
+    assert build_config(None, inputs=["x"], output="o", block_size="auto").block_size is None
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device: True))
+    choice = attention.select_backend(config.attention_backend, cuda, config.block_size, torch.bfloat16)
+    assert (choice.name, choice.block_size) == ("flash", 256) and "flash-attn" in choice.reason
+    assert "not a multiple of 256" in attention.select_backend("auto", cuda, 16).reason
+    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device: False))
+    choice = attention.select_backend("auto", cuda, None, torch.bfloat16)
+    assert (choice.name, choice.block_size) == ("torch", 16) and "not installed" in choice.reason
+    assert attention.select_backend("torch", cuda, None).reason == "set by --attention-backend"
+
+
+def test_engine_logs_the_backend_and_why(tokenizer, caplog):
+    with caplog.at_level("INFO", logger="batchgen.engine.engine"):
+        LLMEngine(make_tiny_model("llama"), tokenizer, EngineConfig(attention_backend="torch", num_kv_blocks=8))
+    assert "attention: torch, 16-token KV blocks (set by --attention-backend)" in caplog.text

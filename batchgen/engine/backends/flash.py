@@ -1,5 +1,9 @@
 """flash-attn's paged varlen on CUDA: every scheduled sequence, prefill and decode, in one kernel
-launch per layer. Its pages must hold a multiple of 256 tokens."""
+launch per layer. Its pages must hold a multiple of 256 tokens.
+
+Decode steps captured as CUDA graphs (engine/cuda_graphs.py) use `flash_attn_with_kvcache`
+instead: its launch depends only on the batch size and the static block table / cache_seqlens
+buffers, not on a host-side max_seqlen_k that would be baked into the graph."""
 
 from __future__ import annotations
 
@@ -22,6 +26,21 @@ class FlashMetadata:
     block_table: torch.Tensor  # [B, max_num_blocks] int32
 
 
+@dataclass(slots=True)
+class FlashDecodeMetadata:
+    """A graph-captured decode step: views of the graphs' static buffers."""
+
+    block_table: torch.Tensor  # [B, max_blocks_per_seq] int32
+    cache_seqlens: torch.Tensor  # [B] int32, context (cached + the new token) per sequence
+
+
+def flash_attn_with_kvcache():
+    """flash-attn's decode-with-paged-cache function, imported on first use (tests may replace this hook)."""
+    from flash_attn import flash_attn_with_kvcache as fn
+
+    return fn
+
+
 def flash_attn_varlen_func():
     """flash-attn's varlen function, imported on first use (tests may replace this hook)."""
     from flash_attn import flash_attn_varlen_func as fn
@@ -31,6 +50,7 @@ def flash_attn_varlen_func():
 
 class FlashBackend:
     name = "flash"
+    supports_cuda_graphs = True
 
     @staticmethod
     def available(device: torch.device) -> bool:
@@ -56,8 +76,18 @@ class FlashBackend:
                              max_seqlen_q=max(seqlens_q), max_seqlen_k=max(seqlens_k),
                              block_table=torch.tensor(block_table, dtype=torch.int32).to(device))
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: FlashMetadata,
-                scale: float) -> torch.Tensor:
+    @staticmethod
+    def graph_decode_metadata(block_table: torch.Tensor, context_lens: torch.Tensor) -> FlashDecodeMetadata:
+        return FlashDecodeMetadata(block_table=block_table, cache_seqlens=context_lens)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV,
+                metadata: FlashMetadata | FlashDecodeMetadata, scale: float) -> torch.Tensor:
+        if isinstance(metadata, FlashDecodeMetadata):  # one query token per row; the new K/V are in the cache
+            k_blocks, v_blocks = layer.blocks()
+            out = flash_attn_with_kvcache()(q.contiguous().unsqueeze(1), k_blocks, v_blocks,
+                                            cache_seqlens=metadata.cache_seqlens, block_table=metadata.block_table,
+                                            softmax_scale=scale, causal=True)
+            return out.squeeze(1)  # [B, num_heads, head_dim]
         # flash-attn aligns causal masks bottom-right when seqlen_q < seqlen_k (>= 2.1), which is
         # exactly "query i of a chunk sees the cached past plus new tokens up to itself".
         k_blocks, v_blocks = layer.blocks()
