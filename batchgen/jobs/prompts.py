@@ -4,11 +4,17 @@ Templates are parsed here, never by str.format or Jinja: a placeholder is a colu
 else, so no row value and no template can reach attribute access, indexing or code.
 The model's own chat template (Jinja, from the tokenizer) only ever receives row text as a message
 content string.
+
+Data is data: text from the rows is tokenized with special-token parsing off, so a document holding
+`<|im_end|>\n<|im_start|>system\n...` stays those characters and can never forge a turn; the chat
+template's own special tokens are kept. `parse_special_tokens` (on by default only without the
+chat template, where rows are pre-rendered prompts) reads special-token text in rows as tokens.
 """
 
 from __future__ import annotations
 
 import numbers
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -161,7 +167,7 @@ class PromptBuilder:
 
     def __init__(self, tokenizer, template: Template, *, system: str | None, chat: bool | None,
                  max_context_tokens: int, on_long_prompt: str = "truncate",
-                 max_prompt_tokens: int | None = None):
+                 max_prompt_tokens: int | None = None, parse_special_tokens: bool | None = None):
         has_chat_template = bool(getattr(tokenizer, "chat_template", None))
         if chat is None:
             chat = has_chat_template
@@ -182,6 +188,10 @@ class PromptBuilder:
         self.max_context_tokens = max_context_tokens
         self.max_prompt_tokens = max_prompt_tokens  # the user's own cap, below the context's
         self.on_long_prompt = on_long_prompt
+        self.parse_special_tokens = (not chat) if parse_special_tokens is None else parse_special_tokens
+        # the text of every special token: a row that holds none tokenizes the same either way
+        self._special_texts = sorted({t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                                      if t.special} | set(getattr(tokenizer, "all_special_tokens", [])))
         if chat:
             # Render once now: a chat template that rejects our message shape (some refuse a
             # system role) fails the job at start with a config error, not every row.
@@ -207,16 +217,38 @@ class PromptBuilder:
         return self._truncate(row, token_ids, max_prompt_tokens)
 
     def _tokenize(self, text: str) -> list[int]:
+        """Token ids of the prompt whose row-derived part is `text` (the rendered template)."""
+        as_data = not self.parse_special_tokens and self._holds_special_text(text)
         if not self.chat:
-            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+            return list(self.tokenizer(text, add_special_tokens=True, split_special_tokens=as_data)["input_ids"])
         messages = [{"role": "system", "content": self.system}] if self.system else []
-        messages.append({"role": "user", "content": text})
+        if not as_data:
+            messages.append({"role": "user", "content": text})
+            return self._encode(self._render(messages), parse=True)
+        # Render around a marker, then tokenize the template's own text with special tokens
+        # parsed and the row's text with them split into plain characters. A row without special
+        # text takes the path above, so its tokens are exactly what one whole-text pass gives.
+        marker = f"\x00batchgen-{uuid.uuid4().hex}\x00"
+        messages.append({"role": "user", "content": marker})
+        pieces = self._render(messages).split(marker)
+        ids = self._encode(pieces[0], parse=True)
+        for piece in pieces[1:]:
+            ids += self._encode(text, parse=False) + self._encode(piece, parse=True)
+        return ids
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
         # Render to text and tokenize ourselves: apply_chat_template(tokenize=True) returns a
-        # BatchEncoding in transformers 5.x but a list in 4.x. The rendered text already holds
-        # BOS and the like, so the tokenizer must not add them again.
-        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=False)
-        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        # BatchEncoding in transformers 5.x but a list in 4.x.
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def _encode(self, text: str, *, parse: bool) -> list[int]:
+        # The rendered text already holds BOS and the like: the tokenizer must not add them again.
+        if not text:
+            return []
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=not parse)["input_ids"])
+
+    def _holds_special_text(self, text: str) -> bool:
+        return any(special in text for special in self._special_texts)
 
     def _truncate(self, row: Mapping[str, Any], token_ids: list[int],
                   max_prompt_tokens: int) -> BuiltPrompt:
@@ -254,10 +286,11 @@ class PromptBuilder:
         Cutting the original string at a token's end keeps the text exact; decoding a cut token
         list instead can leave a broken character (U+FFFD) or altered spacing.
         """
+        split = not self.parse_special_tokens
         if getattr(self.tokenizer, "is_fast", False):
-            enc = self.tokenizer(doc, add_special_tokens=False, return_offsets_mapping=True)
+            enc = self.tokenizer(doc, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=split)
             return list(enc["input_ids"]), [end for _, end in enc["offset_mapping"]]
-        return list(self.tokenizer(doc, add_special_tokens=False)["input_ids"]), None
+        return list(self.tokenizer(doc, add_special_tokens=False, split_special_tokens=split)["input_ids"]), None
 
 
 def row_max_new_tokens(row: Mapping[str, Any], column: str | None, default: int) -> int:

@@ -83,7 +83,8 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     if fingerprint is not None:
         lines.append(f"fingerprint: {fingerprint['digest']} (model {fingerprint.get('model')} revision "
                      f"{fingerprint.get('model_revision')}, max_new_tokens {fingerprint.get('max_new_tokens')}, "
-                     f"temperature {fingerprint.get('temperature')}, batchgen {fingerprint.get('batchgen_version')})")
+                     f"temperature {fingerprint.get('temperature')}, "
+                     f"output format {fingerprint.get('output_format', 0)})")
     last = status["last_commit_time"]
     if last is None:
         lines.append("last commit: none yet")
