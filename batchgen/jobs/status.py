@@ -45,6 +45,8 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
         "complete": complete,
         "running": holder,
         "max_rows": state.inputs.get("max_rows") if state.inputs else None,
+        # committed rows whose --id-column id the latest run did not find in its input: kept, not deleted
+        "orphans": state.inputs.get("orphans") if state.inputs else None,
         **totals,
         "shards": shards,
         "fingerprint": fingerprint_summary(state.fingerprint),
@@ -79,6 +81,11 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         remaining = "?" if shard["remaining"] is None else shard["remaining"]
         lines.append(f"  {shard['path']}: {rows} rows, {shard['done']} done, {shard['errored']} errored, "
                      f"{remaining} remaining")
+    orphans = status.get("orphans")
+    if orphans and orphans["num_rows"]:
+        examples = ", ".join(map(repr, orphans["examples"]))
+        lines.append(f"{orphans['num_rows']} committed rows whose id is no longer in the input (e.g. {examples}): "
+                     "kept in the output; filter them by id, or pass --overwrite to start over")
     fingerprint = status["fingerprint"]
     if fingerprint is not None:
         lines.append(f"fingerprint: {fingerprint['digest']} (model {fingerprint.get('model')} revision "
