@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import OutputError
+from batchgen.io.manifest_snapshot import SNAPSHOT_EVERY_ENTRIES, clean_rows_files, snapshot_payload
 from batchgen.io.manifest_state import (  # re-exported: the manifest's readers import them from here
     FORMAT,
     MANIFEST_DIR,
@@ -133,6 +134,23 @@ class Manifest:
         index = {path: i for i, path in enumerate(shard_paths)}
         self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
         self.publish([s for s, _ in parts], remove)
+        if op == "commit" and self.state.last_seq - (self.state.snapshot_seq or 0) >= SNAPSHOT_EVERY_ENTRIES:
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        """Consolidate: one entry (and its rows file) holding the whole state, then drop the
+        entries before it (batchgen.io.manifest_snapshot), so a load stays O(parts)."""
+        state = self.state
+        seq = state.last_seq + 1
+        entry = {"format": FORMAT, "seq": seq, "time": time.time(), "op": "snapshot",
+                 **snapshot_payload(self.out_dir, state, seq)}
+        write_json_atomic(manifest_dir(self.out_dir) / f"{seq:08d}.json", entry, exclusive=True)
+        # the in-memory state already is the snapshot's; only where each part's rows live moved
+        for record in state.parts.values():
+            record.seq = seq
+        state.last_seq = state.snapshot_seq = seq
+        state.snapshot_rows = entry["rows"]["name"]
+        self.drop_before(seq)
 
     def publish(self, staged: list[StagedPart], remove: list[str], *, durable: bool = False) -> None:
         """Step 3: removals, then rewrites of existing names, then new names (never a duplicate).
@@ -188,16 +206,20 @@ class Manifest:
         return damaged
 
     def drop_history(self) -> None:
-        """Delete entries before the latest "begin" (dead since it); oldest first, so a crash
-        part way leaves a contiguous suffix."""
-        begin = self.state.begin_seq
-        if begin is None:
-            return
+        """Delete entries before the latest "begin" or snapshot (dead since it)."""
+        first = max(self.state.begin_seq or 0, self.state.snapshot_seq or 0)
+        if first:
+            self.drop_before(first)
+
+    def drop_before(self, first: int) -> None:
+        """Delete entries before seq `first`, oldest first, so a crash part way leaves a contiguous
+        suffix; and every snapshot rows file but the current one."""
         directory = manifest_dir(self.out_dir)
         for seq, path in entry_paths(directory):
-            if seq >= begin:
+            if seq >= first:
                 break
             _unlink(path)
+        clean_rows_files(self.out_dir, self.state.snapshot_rows)
         fsync_dir(directory)
 
 

@@ -93,9 +93,12 @@ class ManifestState:
     last_seq: int = 0
     begin_seq: int | None = None  # the latest "begin" entry
     snapshot_seq: int | None = None  # the latest snapshot entry
+    snapshot_rows: str | None = None  # its rows file's name
     last_commit_time: float | None = None  # unix time of the latest entry that wrote or removed
     last_op: str | None = None
     keep_hashes: bool = False  # hold each ok row's prompt hash (a resume under --id-column needs them)
+    with_ids: bool = True  # False: counts only (status), a snapshot's rows file is not read
+    out_dir: Path | None = None  # where a snapshot's rows file is read from
 
     @property
     def num_committed_rows(self) -> int:
@@ -135,6 +138,7 @@ class ManifestState:
             self.fingerprint = entry["fingerprint"]
             self._clear()
             self.begin_seq = seq
+            self.snapshot_rows = None
         elif op == "inputs":
             self.inputs = entry
         elif op == "snapshot":
@@ -142,6 +146,8 @@ class ManifestState:
             self._clear()
             apply_snapshot(self, entry, keep_rows=keep_rows)
             self.snapshot_seq = seq
+            self.last_seq = seq
+            return  # last_op stays the last write op (batchgen compact reads it)
         elif op in WRITE_OPS:
             written = [PartRecord.from_json(p, seq, entry["shards"], keep_rows) for p in entry.get("write", [])]
             for name in [*entry.get("remove", []), *(r.name for r in written)]:
@@ -225,9 +231,12 @@ def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_manifest(out_dir: str | Path, *, keep_rows: bool = False, keep_hashes: bool = False) -> ManifestState:
-    """Replay `_manifest/` from its latest snapshot (an empty state when there is none)."""
-    state = ManifestState(keep_hashes=keep_hashes)
+def load_manifest(out_dir: str | Path, *, keep_rows: bool = False, keep_hashes: bool = False,
+                  with_ids: bool = True) -> ManifestState:
+    """Replay `_manifest/` from its latest snapshot (an empty state when there is none).
+
+    `with_ids=False` (status): parts carried by a snapshot have their counts but no ids."""
+    state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=Path(out_dir))
     for seq, path in entry_paths(manifest_dir(out_dir)):
         entry = read_entry_file(path)
         if entry.get("format") != FORMAT or entry.get("seq") != seq:

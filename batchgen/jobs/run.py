@@ -214,7 +214,12 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                 if session.state.num_committed_rows:
                     log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,
                              session.state.num_committed_rows, len(session.state.error_ids))
-                summary = job.run(scan)
+                try:
+                    summary = job.run(scan)
+                except BaseException:
+                    with guard.critical():
+                        _write_partial(session, job.summary)
+                    raise
                 with guard.critical():
                     _finish(config, session, summary)
             finally:
@@ -228,6 +233,19 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
             raise JobInterrupted(stop.signum, f"interrupted by {signal.Signals(stop.signum).name}{committed}; "
                                  "run the same command again to resume") from None
     return summary
+
+
+def _write_partial(session: OutputSession, summary: RunSummary) -> None:
+    """_summary.json of a run that stopped early (a signal, an error), marked partial, so the logs
+    and sensors of the task that ran it see how far it got. Best effort: the stop's own error wins."""
+    state = session.state
+    summary.partial, summary.complete = True, False
+    summary.output_rows = state.num_committed_rows
+    summary.output_rows_error = len(state.error_ids)
+    try:
+        write_json_atomic(session.out_dir / SUMMARY_FILE, summary.to_dict())
+    except OutputError as e:
+        log.warning("could not write the partial %s: %s", SUMMARY_FILE, e)
 
 
 def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> None:

@@ -68,6 +68,7 @@ class OutputSession:
                 log.warning("committed part %s is missing or damaged; its %d rows will be generated again",
                             record.name, record.num_rows)
             self.manifest.commit([], [r.name for r in damaged], op="repair")
+        self.manifest.drop_history()  # what a crash left of a snapshot's clean-up
         self.state.check_integrity()
 
     def check_fingerprint(self, fingerprint: dict[str, Any]) -> None:

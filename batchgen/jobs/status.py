@@ -22,7 +22,7 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     if not is_job_dir(out_dir):
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
-    state = load_manifest(out_dir)
+    state = load_manifest(out_dir, with_ids=False)  # counts only: O(parts) after a snapshot
     done: dict[str, list[int]] = {}
     for record in state.parts.values():
         for path, (num_ok, num_error) in record.shard_counts.items():

@@ -285,5 +285,7 @@ def test_an_engine_failure_keeps_the_rows_that_finished(tiny_model_dir, loaded, 
     monkeypatch.setattr(LLMEngine, "step", real_step)
     committed = load_manifest(out).num_committed_rows
     assert committed > 0  # the rows finished before the failure were committed on the way out
+    partial = json.loads((out / SUMMARY_FILE).read_text())
+    assert partial["partial"] and partial["output_rows"] == committed and partial["num_rows"] > 0
     summary = run_job(config(src, out, tiny_model_dir), loaded=loaded)
     assert summary.num_rows_skipped == committed and output(out) == reference
