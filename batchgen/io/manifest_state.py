@@ -99,6 +99,7 @@ class ManifestState:
     keep_hashes: bool = False  # hold each ok row's prompt hash (a resume under --id-column needs them)
     with_ids: bool = True  # False: counts only (status), a snapshot's rows file is not read
     out_dir: Path | None = None  # where a snapshot's rows file is read from
+    _part_of: dict[Any, str] | None = None  # ok id -> its part, built on first need (changed prompts)
 
     @property
     def num_committed_rows(self) -> int:
@@ -163,12 +164,16 @@ class ManifestState:
 
     def _clear(self) -> None:
         self.parts, self.ok_ids, self.error_ids, self.prompt_hashes = {}, set(), {}, {}
+        self._part_of = None
 
     def drop(self, name: str) -> None:
         record = self.parts.pop(name, None)
         if record is None:
             return
         self.ok_ids.difference_update(record.ids)
+        if self._part_of is not None:
+            for row_id in record.ids:
+                self._part_of.pop(row_id, None)
         for row_id in record.error_ids:
             del self.error_ids[row_id]
         if self.prompt_hashes:
@@ -185,6 +190,8 @@ class ManifestState:
                 self.error_ids[row_id] = record.name
             else:
                 self.ok_ids.add(row_id)
+                if self._part_of is not None:
+                    self._part_of[row_id] = record.name
         if self.keep_hashes and record.hashes is not None:
             for row_id, digest in zip(record.ids, record.hashes, strict=True):
                 if digest is not None:
@@ -194,13 +201,12 @@ class ManifestState:
         self.parts[record.name] = record
 
     def part_of(self, ids: set[Any]) -> dict[Any, str]:
-        """The part holding each of `ids` (committed ones only): one pass over the parts."""
-        found: dict[Any, str] = {}
-        for record in self.parts.values():
-            for row_id in record.ids:
-                if row_id in ids:
-                    found[row_id] = record.name
-        return found
+        """The part holding each of the committed ok `ids`. The index is built on first need (a
+        resume that found changed prompts) and kept up to date from then on."""
+        if self._part_of is None:
+            errors = self.error_ids
+            self._part_of = {row_id: r.name for r in self.parts.values() for row_id in r.ids if row_id not in errors}
+        return {row_id: self._part_of[row_id] for row_id in ids if row_id in self._part_of}
 
     def check_integrity(self) -> None:
         """Every committed id is in exactly one part; the counts agree."""
