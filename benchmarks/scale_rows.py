@@ -9,7 +9,8 @@ the manifest), not the model, is what is measured. Each size runs `python -m bat
 --commit-every 1000` in a fresh process into a fresh directory:
 
 - rows/s: rows / the job's own wall seconds (`_summary.json`: streaming and commits, model
-  loading excluded); peak RSS: the process's ru_maxrss, written at exit.
+  loading excluded); peak RSS: the process's ru_maxrss, written at exit; other_cores: the mean
+  number of cores other processes kept busy meanwhile (benchmarks/sysload.py).
 - the largest size is also SIGKILLed half way (once half its rows are committed) and resumed:
   resume start = seconds from the resumed run's "resuming" log line (model loaded, engine built,
   manifest read) to its first "shard" line (the first row handed to the engine, after every
@@ -37,6 +38,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from benchmarks.sysload import measure
 
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "BATCHGEN_LOG_LEVEL": "INFO"}
@@ -85,15 +88,17 @@ def start(argv: list[str], rss_file: Path, log_file: Path) -> subprocess.Popen:
 def run_job(argv: list[str], directory: Path, name: str) -> dict:
     rss_file, log_file = directory / f"{name}.rss", directory / f"{name}.log"
     t0 = time.monotonic()
-    proc = start(argv, rss_file, log_file)
-    proc.wait()
+    with measure() as load:  # a busy neighbour on a shared machine slows every step: record it
+        proc = start(argv, rss_file, log_file)
+        proc.wait()
     wall = time.monotonic() - t0
     assert proc.returncode == 0, log_file.read_text()[-2000:]
     out = Path(argv[argv.index("--output") + 1])
     summary = json.loads((out / "_summary.json").read_text())
     return {"rows": summary["num_rows"], "job_s": round(summary["wall_seconds"], 2), "process_s": round(wall, 2),
             "rows_per_s": round(summary["num_rows"] / summary["wall_seconds"], 1),
-            "peak_rss_mib": round(int(rss_file.read_text()) / 1024, 1), "log": str(log_file)}
+            "peak_rss_mib": round(int(rss_file.read_text()) / 1024, 1),
+            "other_cores": None if load.other_cores is None else round(load.other_cores, 2), "log": str(log_file)}
 
 
 def kill_half_way(argv: list[str], directory: Path, num_rows: int) -> int:
