@@ -45,6 +45,9 @@ _PromptColumnOpt = Annotated[str | None, typer.Option(help="Column holding the p
 _SystemOpt = Annotated[str | None, typer.Option(help="System prompt (chat models).")]
 _ChatOpt = Annotated[bool | None, typer.Option("--chat/--no-chat", help="Apply the tokenizer's chat "
     "template [on when it has one].")]
+_ParseSpecialTokensOpt = Annotated[bool | None, typer.Option("--parse-special-tokens/--no-parse-special-tokens",
+    help="Read special-token text in rows (e.g. <|im_start|>) as control tokens, for pre-rendered prompts "
+    "[on only with --no-chat].")]
 _MaxNewTokensOpt = Annotated[int | None, typer.Option(help="Most tokens to generate per row [256].")]
 _MaxNewTokensColumnOpt = Annotated[str | None, typer.Option(help="Column with a per-row "
     "max_new_tokens (null = the default).")]
@@ -104,6 +107,7 @@ def run(
                         'e.g. "Summarize:\\n\\n{text}".')] = None,
     system: _SystemOpt = None,
     chat: _ChatOpt = None,
+    parse_special_tokens: _ParseSpecialTokensOpt = None,
     max_new_tokens: _MaxNewTokensOpt = None,
     max_new_tokens_column: _MaxNewTokensColumnOpt = None,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy [0].")] = None,
@@ -159,7 +163,8 @@ def run(
     overrides = dict(
         inputs=input, output=output, model=model, trust_remote_code=trust_remote_code,
         prompt_column=prompt_column, id_column=id_column, template=template, system=system,
-        chat=chat, max_new_tokens=max_new_tokens, max_new_tokens_column=max_new_tokens_column,
+        chat=chat, parse_special_tokens=parse_special_tokens, max_new_tokens=max_new_tokens,
+        max_new_tokens_column=max_new_tokens_column,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
         ignore_eos=ignore_eos, batch_size=batch_size, max_num_batched_tokens=max_num_batched_tokens,
         kv_cache_memory=kv_cache_memory, compile=compile, mode=mode, device=device, dtype=dtype, max_rows=max_rows,
@@ -195,6 +200,7 @@ def plan(
     template: Annotated[str | None, typer.Option(help="Prompt template with {column} placeholders.")] = None,
     system: _SystemOpt = None,
     chat: _ChatOpt = None,
+    parse_special_tokens: _ParseSpecialTokensOpt = None,
     max_new_tokens: _MaxNewTokensOpt = None,
     max_new_tokens_column: _MaxNewTokensColumnOpt = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos", help="Generate through EOS "
@@ -229,7 +235,8 @@ def plan(
     overrides = dict(
         inputs=input, output=output, model=model, trust_remote_code=trust_remote_code,
         prompt_column=prompt_column, id_column=id_column, template=_template_flag(template), system=system,
-        chat=chat, max_new_tokens=max_new_tokens, max_new_tokens_column=max_new_tokens_column,
+        chat=chat, parse_special_tokens=parse_special_tokens, max_new_tokens=max_new_tokens,
+        max_new_tokens_column=max_new_tokens_column,
         ignore_eos=ignore_eos, batch_size=batch_size, max_num_batched_tokens=max_num_batched_tokens,
         kv_cache_memory=kv_cache_memory, mode=mode, window_rows=window_rows, length_column=length_column,
         sort_by_length=sort_by_length, static_min_occupancy=static_min_occupancy, device=device, dtype=dtype,

@@ -38,6 +38,7 @@ class JobConfig:
     template: str | None = None  # "{column}" placeholders only
     system: str | None = None
     chat: bool | None = None  # None = on when the tokenizer has a chat template
+    parse_special_tokens: bool | None = None  # row text may hold control tokens; None = only with chat off
     max_new_tokens: int = 256
     max_new_tokens_column: str | None = None
     temperature: float = 0.0
@@ -97,6 +98,10 @@ class JobConfig:
             raise ConfigError("no input given: pass --input PATH (a file, directory or glob)")
         if need_output and not self.output:
             raise ConfigError("no output directory given: pass --output DIR")
+        if self.output:
+            from batchgen.io.writers import refuse_url_output  # io imports no config: no cycle
+
+            refuse_url_output(self.output)
         _positive("max_new_tokens", self.max_new_tokens)
         for name in ("batch_size", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) == "auto":  # a config file's spelling of the default

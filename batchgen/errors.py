@@ -51,6 +51,10 @@ class InputError(UsageError):
         self.column = column
 
 
+class InputsChanged(UsageError):
+    """The inputs differ from those the committed rows came from, and their ids cannot tell rows apart."""
+
+
 class ModelLoadError(UsageError):
     """The model or tokenizer could not be loaded (missing, wrong path, missing optional package)."""
 
@@ -61,6 +65,10 @@ class UnsupportedModelError(UsageError):
 
 class OutputError(UsageError):
     """The output directory cannot be used (not writable, holds another job's output, locked)."""
+
+
+class UnsupportedOutputError(OutputError):
+    """The output is a URL (s3://, gs://, ...): object-store output is not supported yet."""
 
 
 class OutputLocked(OutputError):

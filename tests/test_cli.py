@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 from batchgen import __version__
 from batchgen.cli import app
 
-FIXED_COLUMNS = ["generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens", "error"]
+FIXED_COLUMNS = ["generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens", "error",
+                 "prompt_hash"]
 MAX_NEW = 8
 
 

@@ -34,6 +34,8 @@ class InputShard:
     path: str  # as resolved: an absolute local path, or a URI such as s3://bucket/key
     format: str  # "parquet" | "jsonl"
     num_rows: int | None  # from the Parquet footer; None for JSONL (unknown without reading it)
+    size: int | None = None  # bytes, as the filesystem reports them
+    mtime_ns: int | None = None  # modification time, where the filesystem gives one
 
 
 def resolve_inputs(patterns: list[str]) -> list[InputShard]:
@@ -197,4 +199,4 @@ def _open_shard(fs: pafs.FileSystem, info: pafs.FileInfo, display: str) -> Input
     if fmt == "parquet":
         with open_parquet(fs, info.path, display) as parquet_file:
             num_rows = parquet_file.metadata.num_rows
-    return InputShard(path=display, format=fmt, num_rows=num_rows)
+    return InputShard(path=display, format=fmt, num_rows=num_rows, size=info.size, mtime_ns=info.mtime_ns)

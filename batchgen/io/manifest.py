@@ -34,30 +34,45 @@ whole or absent; an appended line can be torn by a crash and needs checksums and
 
 Entry payloads (every entry also has "format", "seq", "time"):
     {"op": "begin", "fingerprint": {...}}   a job (re)starts here: earlier parts are all dropped
-    {"op": "inputs", "inputs": [{"path", "num_rows"}], "max_rows"}   what the latest run reads
+    {"op": "inputs", "inputs": [{"path", "num_rows", "identity"}], "max_rows", "orphans"}
+                                            what the latest run reads (batchgen.jobs.identity)
     {"op": "commit" | "compact" | "repair", "shards": [input paths], "write": [part], "remove": [names]}
+    {"op": "snapshot", ...}                 the whole state so far (batchgen.io.manifest_snapshot)
 A part: {"name", "temp", "num_rows", "num_bytes", "sha256", "ids": [...], "errors": [positions of
-         its error rows], "shard": [index into "shards", per row], "row": [input row index, per row]}.
+         its error rows], "shard": [index into "shards", per row], "row": [input row index, per row],
+         "hashes": [prompt hash per row, null for error rows]}.
 "shard" and "row" are hidden bookkeeping for `batchgen compact` (input order) and `status`.
-A part named again in "write" replaces the earlier version (a part minus its retried error rows).
+A part named again in "write" replaces the earlier version (a part minus its replaced rows).
+Every entry is checked against the state before it is written (ManifestState.validate).
 
-Loading replays the entries: memory is O(committed rows) (the set of ids) and the time is
-reading the small entry files.
+Loading replays the entries from the latest snapshot (batchgen.io.manifest_state): memory is
+O(committed rows) (the set of ids), and the time follows the parts, not the commits.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batchgen.errors import OutputError
+from batchgen.io.manifest_snapshot import SNAPSHOT_EVERY_ENTRIES, clean_rows_files, snapshot_payload
+from batchgen.io.manifest_state import (  # re-exported: the manifest's readers import them from here
+    FORMAT,
+    MANIFEST_DIR,
+    ManifestState,
+    PartRecord,
+    entry_paths,
+    fingerprint_digest,
+    is_job_dir,
+    load_manifest,
+    manifest_dir,
+    part_rows,
+    read_entry,
+)
 from batchgen.io.writers import (
     TEMP_SUFFIX,
     StagedPart,
@@ -68,187 +83,14 @@ from batchgen.io.writers import (
     write_json_atomic,
 )
 
+__all__ = ["FORMAT", "MANIFEST_DIR", "PART_NAME_RE", "SUCCESS_FILE", "Manifest", "ManifestState", "PartRecord",
+           "clear_success", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir", "part_rows",
+           "read_entry", "write_success"]
+
 log = logging.getLogger(__name__)
 
-MANIFEST_DIR = "_manifest"
 SUCCESS_FILE = "_SUCCESS"
-FORMAT = 1
 PART_NAME_RE = re.compile(r"part-\d{5,}-[0-9a-f]{8}\.parquet")
-_ENTRY_RE = re.compile(r"(\d{8})\.json")
-
-
-@dataclass(slots=True)
-class PartRecord:
-    name: str
-    temp: str  # the hidden name it was staged under; recovery publishes a leftover temp
-    seq: int  # the entry that wrote this version of the part (0 until committed)
-    num_rows: int
-    num_bytes: int
-    sha256: str
-    ids: list[Any]
-    error_ids: list[Any]  # the ids of its error rows
-    shard_counts: dict[str, list[int]]  # input shard path -> [ok rows, error rows] from it
-    shards: list[str] | None = None  # per row: input shard path (only when loaded with keep_rows)
-    rows: list[int] | None = None  # per row: index within its shard (only with keep_rows)
-
-    def to_json(self, shard_index: dict[str, int]) -> dict[str, Any]:
-        assert self.shards is not None and self.rows is not None, "a new part carries its rows"
-        errors = set(self.error_ids)
-        return {"name": self.name, "temp": self.temp, "num_rows": self.num_rows, "num_bytes": self.num_bytes,
-                "sha256": self.sha256, "ids": self.ids,
-                "errors": [i for i, row_id in enumerate(self.ids) if row_id in errors],
-                "shard": [shard_index[s] for s in self.shards], "row": self.rows}
-
-    @classmethod
-    def from_json(cls, p: dict[str, Any], seq: int, shard_paths: list[str], keep_rows: bool) -> PartRecord:
-        shards = [shard_paths[i] for i in p["shard"]]
-        errors = set(p["errors"])
-        return cls(p["name"], p["temp"], seq, p["num_rows"], p["num_bytes"], p["sha256"], p["ids"],
-                   [p["ids"][i] for i in p["errors"]], _shard_counts(shards, errors),
-                   shards if keep_rows else None, p["row"] if keep_rows else None)
-
-    @classmethod
-    def staged(cls, staged: StagedPart, ids: list[Any], is_error: list[bool], shards: list[str],
-               rows: list[int]) -> PartRecord:
-        assert len(ids) == len(is_error) == len(shards) == len(rows) == staged.num_rows
-        errors = {i for i, e in enumerate(is_error) if e}
-        return cls(staged.final_path.name, staged.temp_path.name, 0, staged.num_rows, staged.num_bytes,
-                   staged.sha256, ids, [ids[i] for i in sorted(errors)], _shard_counts(shards, errors),
-                   shards, rows)
-
-
-def _shard_counts(shards: list[str], errors: set[int]) -> dict[str, list[int]]:
-    counts: dict[str, list[int]] = {}
-    for i, shard in enumerate(shards):
-        counts.setdefault(shard, [0, 0])[i in errors] += 1
-    return counts
-
-
-@dataclass(slots=True)
-class ManifestState:
-    """The replayed log: committed parts and the ids they hold."""
-
-    fingerprint: dict[str, Any] | None = None
-    parts: dict[str, PartRecord] = field(default_factory=dict)
-    ok_ids: set[Any] = field(default_factory=set)
-    error_ids: dict[Any, str] = field(default_factory=dict)  # id of an error row -> its part's name
-    inputs: dict[str, Any] | None = None  # the latest "inputs" entry
-    last_seq: int = 0
-    begin_seq: int | None = None  # the latest "begin" entry
-    last_commit_time: float | None = None  # unix time of the latest entry that wrote or removed
-    last_op: str | None = None
-
-    @property
-    def num_committed_rows(self) -> int:
-        return len(self.ok_ids) + len(self.error_ids)
-
-    def apply(self, entry: dict[str, Any], *, keep_rows: bool = False) -> None:
-        op, seq = entry["op"], entry["seq"]
-        if op == "begin":
-            self.fingerprint = entry["fingerprint"]
-            self.parts, self.ok_ids, self.error_ids = {}, set(), {}
-            self.begin_seq = seq
-        elif op == "inputs":
-            self.inputs = entry
-        elif op in ("commit", "compact", "repair"):
-            written = [PartRecord.from_json(p, seq, entry["shards"], keep_rows) for p in entry.get("write", [])]
-            for name in [*entry.get("remove", []), *(r.name for r in written)]:
-                self._drop(name)
-            for record in written:
-                self._add(record)
-            self.last_commit_time = entry["time"]
-        else:
-            raise OutputError(f"manifest entry {seq} has an unknown op {op!r}; it was written by a newer "
-                              "batchgen")
-        self.last_seq = seq
-        self.last_op = op
-
-    def _drop(self, name: str) -> None:
-        record = self.parts.pop(name, None)
-        if record is None:
-            return
-        self.ok_ids.difference_update(record.ids)
-        for row_id in record.error_ids:
-            del self.error_ids[row_id]
-
-    def _add(self, record: PartRecord) -> None:
-        errors = set(record.error_ids)
-        for row_id in record.ids:
-            if row_id in self.ok_ids or row_id in self.error_ids:
-                raise OutputError(f"manifest is damaged: id {row_id!r} is committed twice "
-                                  f"(part {record.name} and another)")
-            if row_id in errors:
-                self.error_ids[row_id] = record.name
-            else:
-                self.ok_ids.add(row_id)
-        self.parts[record.name] = record
-
-    def check_integrity(self) -> None:
-        """Every committed id is in exactly one part; the counts agree."""
-        assert sum(r.num_rows for r in self.parts.values()) == self.num_committed_rows
-        assert not self.ok_ids & self.error_ids.keys()
-        for record in self.parts.values():
-            assert len(record.ids) == record.num_rows == sum(map(sum, record.shard_counts.values())), record.name
-            assert len(record.error_ids) == sum(c[1] for c in record.shard_counts.values()), record.name
-            assert all(self.error_ids[i] == record.name for i in record.error_ids), record.name
-
-
-def manifest_dir(out_dir: str | Path) -> Path:
-    return Path(out_dir) / MANIFEST_DIR
-
-
-def is_job_dir(out_dir: str | Path) -> bool:
-    return manifest_dir(out_dir).is_dir()
-
-
-def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
-    text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def load_manifest(out_dir: str | Path, *, keep_rows: bool = False) -> ManifestState:
-    """Replay `_manifest/` (an empty state when there is none)."""
-    state = ManifestState()
-    for seq, path in _entry_paths(manifest_dir(out_dir)):
-        try:
-            entry = json.loads(path.read_bytes())
-        except (OSError, ValueError) as e:  # an entry is written whole by rename: this is damage
-            raise OutputError(f"manifest entry {path} is unreadable ({e}); the output directory is "
-                              "damaged: pass --overwrite to start over") from e
-        if entry.get("format") != FORMAT or entry.get("seq") != seq:
-            raise OutputError(f"manifest entry {path} has format {entry.get('format')!r}, seq "
-                              f"{entry.get('seq')!r}; it was not written by this batchgen")
-        state.apply(entry, keep_rows=keep_rows)
-    return state
-
-
-def read_entry(out_dir: str | Path, seq: int) -> dict[str, Any]:
-    path = manifest_dir(out_dir) / f"{seq:08d}.json"
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:
-        raise OutputError(f"manifest entry {path} is unreadable ({e})") from e
-
-
-def part_rows(out_dir: str | Path, record: PartRecord) -> tuple[list[str], list[int]]:
-    """(input shard path, input row index) per row of a committed part, from its entry."""
-    if record.shards is not None and record.rows is not None:
-        return record.shards, record.rows
-    entry = read_entry(out_dir, record.seq)
-    p = next(p for p in entry["write"] if p["name"] == record.name)
-    return [entry["shards"][i] for i in p["shard"]], p["row"]
-
-
-def _entry_paths(directory: Path) -> list[tuple[int, Path]]:
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    entries = sorted((int(m.group(1)), directory / name) for name in names if (m := _ENTRY_RE.fullmatch(name)))
-    for (a, _), (b, path) in zip(entries, entries[1:], strict=False):
-        if b != a + 1:
-            raise OutputError(f"manifest is damaged: entry {a + 1:08d}.json is missing before {path.name}")
-    return entries
 
 
 class Manifest:
@@ -268,6 +110,7 @@ class Manifest:
                 raise OutputError(f"cannot create {directory}: {e.strerror or e}") from e
             fsync_dir(self.out_dir)
         entry = {"format": FORMAT, "seq": self.state.last_seq + 1, "time": time.time(), "op": op, **payload}
+        self.state.validate(entry)  # before it is durable: a bad entry would fail every later load
         write_json_atomic(directory / f"{entry['seq']:08d}.json", entry, exclusive=True)
         self.state.apply(entry)
         return entry
@@ -291,6 +134,23 @@ class Manifest:
         index = {path: i for i, path in enumerate(shard_paths)}
         self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
         self.publish([s for s, _ in parts], remove)
+        if op == "commit" and self.state.last_seq - (self.state.snapshot_seq or 0) >= SNAPSHOT_EVERY_ENTRIES:
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        """Consolidate: one entry (and its rows file) holding the whole state, then drop the
+        entries before it (batchgen.io.manifest_snapshot), so a load stays O(parts)."""
+        state = self.state
+        seq = state.last_seq + 1
+        entry = {"format": FORMAT, "seq": seq, "time": time.time(), "op": "snapshot",
+                 **snapshot_payload(self.out_dir, state, seq)}
+        write_json_atomic(manifest_dir(self.out_dir) / f"{seq:08d}.json", entry, exclusive=True)
+        # the in-memory state already is the snapshot's; only where each part's rows live moved
+        for record in state.parts.values():
+            record.seq = seq
+        state.last_seq = state.snapshot_seq = seq
+        state.snapshot_rows = entry["rows"]["name"]
+        self.drop_before(seq)
 
     def publish(self, staged: list[StagedPart], remove: list[str], *, durable: bool = False) -> None:
         """Step 3: removals, then rewrites of existing names, then new names (never a duplicate).
@@ -346,16 +206,20 @@ class Manifest:
         return damaged
 
     def drop_history(self) -> None:
-        """Delete entries before the latest "begin" (dead since it); oldest first, so a crash
-        part way leaves a contiguous suffix."""
-        begin = self.state.begin_seq
-        if begin is None:
-            return
+        """Delete entries before the latest "begin" or snapshot (dead since it)."""
+        first = max(self.state.begin_seq or 0, self.state.snapshot_seq or 0)
+        if first:
+            self.drop_before(first)
+
+    def drop_before(self, first: int) -> None:
+        """Delete entries before seq `first`, oldest first, so a crash part way leaves a contiguous
+        suffix; and every snapshot rows file but the current one."""
         directory = manifest_dir(self.out_dir)
-        for seq, path in _entry_paths(directory):
-            if seq >= begin:
+        for seq, path in entry_paths(directory):
+            if seq >= first:
                 break
             _unlink(path)
+        clean_rows_files(self.out_dir, self.state.snapshot_rows)
         fsync_dir(directory)
 
 

@@ -27,12 +27,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchgen.errors import OutputError
+from batchgen.errors import OutputError, UnsupportedOutputError
 
 logger = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
 _SEQ_DIGITS = 5  # names sort in write order up to 99999 parts per prefix
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 # Tests set this to inject faults: called with "write", "fsync", "rename", "fsync_dir" before
 # each stage of a part's write, with "file_write", "file_fsync", "file_rename",
@@ -135,8 +136,22 @@ class PartWriter:
         return rows.select(names).cast(self.schema)
 
 
+def refuse_url_output(out_dir: str | Path) -> None:
+    """An output URL would otherwise become a local directory named "s3:": refuse it (exit 2).
+
+    The commit protocol needs rename and directory fsync, which object stores do not have; object
+    store output needs its own commit (a later issue), not this one pointed at a bucket.
+    """
+    text = str(out_dir)
+    if _URL_RE.match(text):
+        raise UnsupportedOutputError(f"--output {text}: writing to a URL ({text.split('://')[0]}://) is not "
+                                     "supported yet; write to a local or mounted directory and copy it after "
+                                     "_SUCCESS")
+
+
 def check_output_dir(out_dir: str | Path) -> Path:
     """Create the output directory if missing and make sure this process can write into it."""
+    refuse_url_output(out_dir)
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise OutputError(f"output path exists and is not a directory: {path}")

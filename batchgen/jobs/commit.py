@@ -4,7 +4,9 @@ At most rows_per_part rows per part. A retried error row that now succeeds, or f
 differently, replaces its old row in the same commit: the part that held it is rewritten without
 it (or removed when nothing is left). One that fails again with the same message keeps its
 committed row and costs no write (today's error rows are all of that kind: a prompt that cannot
-be built fails the same way every time). Either way each id is in exactly one part.
+be built fails the same way every time). A committed row generated again because its prompt
+changed (--id-column, batchgen.jobs.resume) replaces its old row the same way. Either way each id
+is in exactly one part.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchgen.io.manifest import Manifest, PartRecord, part_rows
+from batchgen.io.manifest import Manifest, PartRecord
+from batchgen.io.manifest_state import part_row_lists
+from batchgen.io.schema import PROMPT_HASH
 from batchgen.io.writers import PartWriter
 
 
@@ -26,7 +30,7 @@ class CommitCounts:
     num_commits: int = 0
     num_parts_written: int = 0
     num_rows_committed: int = 0
-    num_rows_replaced: int = 0  # retried rows whose old error row was replaced
+    num_rows_replaced: int = 0  # retried or changed rows whose old row was replaced
     num_rows_unchanged: int = 0  # retried rows that failed again the same way (nothing written)
 
 
@@ -45,6 +49,7 @@ class Committer:
         self.writer = writer
         self.id_name = id_name
         self.rows_per_part = rows_per_part
+        self.with_hashes = PROMPT_HASH in writer.schema.names
         self.buffer: list[_Pending] = []
         self.counts = CommitCounts()
         self._old_errors: dict[str, dict[Any, str]] = {}  # part -> {id: message of an error row}, lazily
@@ -63,6 +68,8 @@ class Committer:
         seq_tag = f".{state.last_seq + 1:08d}"
         superseded: dict[str, set[Any]] = defaultdict(set)
         rows = []
+        changed = {item.out[self.id_name] for item in self.buffer} & state.ok_ids  # prompts that changed
+        old_parts = state.part_of(changed) if changed else {}
         for item in self.buffer:
             row_id = item.out[self.id_name]
             old_part = state.error_ids.get(row_id)
@@ -71,6 +78,8 @@ class Committer:
                     self.counts.num_rows_unchanged += 1  # the committed row already says this
                     continue
                 superseded[old_part].add(row_id)
+            elif row_id in old_parts:
+                superseded[old_parts[row_id]].add(row_id)
             rows.append(item)
         staged: list = []
         remove: list[str] = []
@@ -80,7 +89,8 @@ class Committer:
                 part = self.writer.stage_part([p.out for p in chunk], tag=seq_tag)
                 staged.append((part, PartRecord.staged(
                     part, [p.out[self.id_name] for p in chunk], [p.out["error"] is not None for p in chunk],
-                    [p.shard for p in chunk], [p.row for p in chunk])))
+                    [p.shard for p in chunk], [p.row for p in chunk],
+                    [p.out[PROMPT_HASH] for p in chunk] if self.with_hashes else None)))
             for name, ids in superseded.items():
                 rewrite = self._rewrite_without(name, ids, seq_tag)
                 if rewrite is None:
@@ -117,9 +127,10 @@ class Committer:
         id_type = table.schema.field(self.id_name).type
         kept = table.filter(pc.invert(pc.is_in(table.column(self.id_name), value_set=pa.array(list(ids), id_type))))
         kept_ids = kept.column(self.id_name).to_pylist()
-        shards, rows = part_rows(self.manifest.out_dir, record)
+        shards, rows, hashes = part_row_lists(self.manifest.out_dir, record)
         position = {row_id: i for i, row_id in enumerate(record.ids)}
         part = self.writer.stage_part(kept, name=name, tag=seq_tag)
         return part, PartRecord.staged(part, kept_ids, [e is not None for e in kept.column("error").to_pylist()],
                                        [shards[position[i]] for i in kept_ids],
-                                       [rows[position[i]] for i in kept_ids])
+                                       [rows[position[i]] for i in kept_ids],
+                                       None if hashes is None else [hashes[position[i]] for i in kept_ids])

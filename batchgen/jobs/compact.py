@@ -55,7 +55,7 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
     if not is_job_dir(out_dir):
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
     with OutputLock(out_dir):
-        manifest = Manifest(out_dir, load_manifest(out_dir, keep_rows=True))
+        manifest = Manifest(out_dir, load_manifest(out_dir, keep_rows=True, keep_hashes=True))
         if manifest.recover():
             raise OutputError(f"{out_dir} has missing or damaged parts; run the job again to regenerate them")
         state = manifest.state
@@ -83,8 +83,9 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
                 items = sorted(rows_by_shard[shard])
                 part = writer.stage_tables(reader.gather(items), tag=tag)
                 ids = [state.parts[name].ids[pos] for _, name, pos in items]
+                hashes = [state.prompt_hashes.get(i) for i in ids] if state.prompt_hashes else None
                 staged.append((part, PartRecord.staged(part, ids, [i in errors for i in ids], [shard] * len(items),
-                                                       [row for row, _, _ in items])))
+                                                       [row for row, _, _ in items], hashes)))
         except BaseException:
             for part, _ in staged:
                 part.temp_path.unlink(missing_ok=True)

@@ -36,7 +36,9 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     engine = build_engine(config, loaded)
     out_dir = Path(config.output) if config.output and Path(config.output).is_dir() else None
     # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows
-    state = load_manifest(out_dir) if out_dir is not None and is_job_dir(out_dir) else None
+    # with --id-column a committed row counts as done only while its prompt hash is unchanged, as in a run
+    state = (load_manifest(out_dir, keep_hashes=config.id_column is not None)
+             if out_dir is not None and is_job_dir(out_dir) else None)
     job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
     planner, block_size = job.planner, engine.block_size
     bytes_per_token = engine.kv_cache.spec.bytes_per_token

@@ -44,6 +44,7 @@ from batchgen.engine.scheduler import Policy
 from batchgen.engine.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.length import LengthPrediction, LengthPredictor, parse_known_length
 from batchgen.jobs.prompts import PromptBuilder, row_max_new_tokens
+from batchgen.jobs.resume import prompt_hash
 from batchgen.jobs.rows import InputRow
 from batchgen.jobs.stats import ceil_div, distribution
 
@@ -60,6 +61,10 @@ class PlannedRow:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def prompt_hash(self) -> str:
+        return prompt_hash(self.prompt_token_ids)
 
 
 def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:

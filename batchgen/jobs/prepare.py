@@ -8,8 +8,7 @@ Two steps, because a run must check its output directory between them, before a 
 
 `prepare_job` builds the prompt builder (sized for the engine's context), the output-length
 predictor (learned state from the output directory), the planner (sized for the engine's KV
-cache) and the resume rule: rows an earlier run committed are skipped, and so are its error rows
-unless --retry-errors (the default) asks to generate them again.
+cache) and the resume rule (batchgen.jobs.resume): rows an earlier run settled are skipped.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from batchgen.io.manifest import ManifestState
 from batchgen.jobs.length import LengthPredictor
 from batchgen.jobs.planner import PlannedRow, Planner, prepare_row
 from batchgen.jobs.prompts import PromptBuilder, RowError
+from batchgen.jobs.resume import ResumeRule
 from batchgen.jobs.rows import InputRow, RowSource
 from batchgen.jobs.scan import InputScan, scan_inputs
 
@@ -51,21 +51,6 @@ def length_model_key(loaded: LoadedModel, builder: PromptBuilder) -> dict[str, A
 
 
 @dataclass(slots=True)
-class ResumeRule:
-    """Which rows an earlier run already settled. `state` is the live manifest state."""
-
-    state: ManifestState
-    retry_errors: bool
-
-    def skips(self, row_id: Any) -> bool:
-        return row_id in self.state.ok_ids or (not self.retry_errors and row_id in self.state.error_ids)
-
-    @property
-    def num_rows_done(self) -> int:
-        return len(self.state.ok_ids) + (0 if self.retry_errors else len(self.state.error_ids))
-
-
-@dataclass(slots=True)
 class PreparedJob:
     config: JobConfig
     source: RowSource
@@ -76,22 +61,31 @@ class PreparedJob:
     num_rows_skipped: int = 0  # committed by an earlier run (or an error row kept: --no-retry-errors)
     num_rows_retried: int = 0  # error rows of an earlier run read to be generated again
     num_error_rows: int = 0  # rows whose prompt could not be built
+    num_rows_changed: int = 0  # committed rows (--id-column) whose prompt changed: generated again
 
     def rows(self, on_error: Callable[[InputRow, str], None]) -> Iterator[PlannedRow]:
-        """The rows to generate, prompts built; committed rows skipped, error rows handed to on_error."""
+        """The rows to generate, prompts built; settled rows skipped, error rows handed to on_error."""
+        resume = self.resume
         for row in self.source:
-            if self.resume.skips(row.row_id):
+            if resume.skips(row.row_id):
                 self.num_rows_skipped += 1
                 continue
-            self.num_rows_retried += row.row_id in self.resume.state.error_ids
+            check = resume.needs_prompt(row.row_id)
+            self.num_rows_retried += row.row_id in resume.state.error_ids
             try:
                 if row.error is not None:
                     raise RowError(row.error)
                 planned = prepare_row(row, self.builder, self.config)
             except RowError as e:
+                self.num_rows_changed += check  # its prompt no longer builds: an error row replaces it
                 self.num_error_rows += 1
                 on_error(row, str(e))
                 continue
+            if check:
+                if resume.unchanged(row.row_id, planned.prompt_hash):
+                    self.num_rows_skipped += 1
+                    continue
+                self.num_rows_changed += 1
             yield planned
 
 
@@ -100,10 +94,12 @@ def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engin
     """The shared setup once a model is loaded: `engine` is the first engine the job builds."""
     builder = PromptBuilder(loaded.tokenizer, inputs.source.template, system=config.system, chat=config.chat,
                             max_context_tokens=engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,
-                            max_prompt_tokens=config.max_prompt_tokens)
+                            max_prompt_tokens=config.max_prompt_tokens,
+                            parse_special_tokens=config.parse_special_tokens)
     predictor = LengthPredictor.load(out_dir, length_model_key(loaded, builder), ignore_eos=config.ignore_eos)
     planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_cache.num_blocks * engine.block_size,
                       block_size=engine.block_size, device_type=engine.device.type,
                       max_model_len=engine.max_model_len)
-    resume = ResumeRule(state if state is not None else ManifestState(), config.retry_errors)
+    resume = ResumeRule(state if state is not None else ManifestState(), config.retry_errors,
+                        check_prompts=config.id_column is not None)
     return PreparedJob(config, inputs.source, builder, predictor, planner, resume)

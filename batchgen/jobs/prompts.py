@@ -1,14 +1,19 @@
 """One input row -> prompt token ids for the engine, or a RowError for that row alone.
 
-Templates are parsed here, never by str.format or Jinja: a placeholder is a column name and nothing
-else, so no row value and no template can reach attribute access, indexing or code.
-The model's own chat template (Jinja, from the tokenizer) only ever receives row text as a message
+The row's text comes from its Template (batchgen.jobs.template: `{column}` placeholders, never
+str.format or Jinja). The model's own chat template (Jinja, from the tokenizer) only ever receives row text as a message
 content string.
+
+Data is data: text from the rows is tokenized with special-token parsing off, so a document holding
+`<|im_end|>\n<|im_start|>system\n...` stays those characters and can never forge a turn; the chat
+template's own special tokens are kept. `parse_special_tokens` (on by default only without the
+chat template, where rows are pre-rendered prompts) reads special-token text in rows as tokens.
 """
 
 from __future__ import annotations
 
 import numbers
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,138 +21,11 @@ from typing import Any
 from batchgen.config import LONG_PROMPT_POLICIES
 from batchgen.errors import ConfigError
 from batchgen.jobs.stats import ceil_div
+from batchgen.jobs.template import RowError, Template
 
-# Characters a placeholder name may not hold: braces end it, and ':' '!' '.' '[' ']' are what
-# str.format reads as format spec, conversion, attribute and index. Rejecting them (rather than
-# treating them as part of a column name) keeps `{x.__class__}` or `{x:>10}` from ever meaning
-# something a reader of the template might expect.
-_FORBIDDEN_IN_NAME = set("{}:!.[]\n\r")
+__all__ = ["BuiltPrompt", "PromptBuilder", "RowError", "Template", "parse_count", "row_max_new_tokens"]
+
 _MAX_TRUNCATION_ROUNDS = 8
-
-
-class RowError(Exception):
-    """A problem with one row that becomes an error row in the output (finish_reason='error').
-
-    The job goes on. str(e) is the one-line message for the output's `error` column.
-    """
-
-    def __init__(self, message: str, *, column: str | None = None):
-        super().__init__(message)
-        self.column = column
-
-
-class Template:
-    """A prompt template with `{column}` placeholders; `{{` and `}}` are literal braces.
-
-    A name is any text between single braces that is non-empty, has no surrounding whitespace and
-    holds none of `{ } : ! . [ ]` or a line break; names with spaces or dashes are fine.
-    `text=None` means the prompt column's value alone.
-
-    `document_column` is the one column cut when a prompt is too long: the prompt column if the
-    template uses it, else the template's last placeholder.
-    """
-
-    def __init__(self, text: str | None, prompt_column: str):
-        self.text = text
-        self.prompt_column = prompt_column
-        # Pieces alternate literal text (str) and column names (1-tuples) so render is one pass.
-        self._pieces: list[str | tuple[str]] = [(prompt_column,)] if text is None else _parse(text)
-        names = [p[0] for p in self._pieces if isinstance(p, tuple)]
-        if not names:
-            raise ConfigError(f"template {text!r} names no column, so every row would get the same "
-                              f"prompt; use e.g. {{{prompt_column}}}")
-        self.columns: list[str] = list(dict.fromkeys(names))
-        self.document_column: str = prompt_column if prompt_column in names else names[-1]
-        self.document_uses = names.count(self.document_column)
-
-    def check_columns(self, available: list[str], source: str) -> None:
-        missing = [c for c in self.columns if c not in available]
-        if not missing:
-            return
-        what = (f"column {missing[0]!r}, which does not exist" if len(missing) == 1 else
-                f"columns {', '.join(map(repr, missing))}, which do not exist")
-        raise ConfigError(f"{source}: template names {what}; columns: {', '.join(available)}")
-
-    def render(self, row: Mapping[str, Any], *, document_override: str | None = None) -> str:
-        """Fill the placeholders from `row`; `document_override` replaces the document's value."""
-        values = {}
-        for name in self.columns:
-            if name == self.document_column and document_override is not None:
-                values[name] = document_override
-            else:
-                values[name] = self._value(name, row)
-        return "".join(p if isinstance(p, str) else values[p[0]] for p in self._pieces)
-
-    def document_value(self, row: Mapping[str, Any]) -> str:
-        return self._value(self.document_column, row)
-
-    def _value(self, name: str, row: Mapping[str, Any]) -> str:
-        is_doc = name == self.document_column
-        label = f"prompt column {name!r}" if name == self.prompt_column else f"column {name!r}"
-        if name not in row:  # check_columns runs per file; a JSONL row may still lack a key
-            raise RowError(f"{label} is missing from this row", column=name)
-        value = row[name]
-        if value is None:
-            raise RowError(f"{label} is null", column=name)
-        if isinstance(value, str):
-            text = value
-        elif isinstance(value, numbers.Real):  # int, float, bool and numpy scalars read as text
-            text = str(value)
-        else:
-            raise RowError(f"{label} holds a {type(value).__name__}, not text", column=name)
-        if is_doc and text == "":
-            raise RowError(f"{label} is empty", column=name)
-        if is_doc and text.isspace():
-            raise RowError(f"{label} is whitespace only", column=name)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # lone surrogates: the tokenizer would fail or mangle them
-            raise RowError(f"{label} holds text that is not valid Unicode (at character {e.start})",
-                           column=name) from None
-        return text
-
-
-def _parse(text: str) -> list[str | tuple[str]]:
-    pieces: list[str | tuple[str]] = []
-    literal: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch in "{}" and text.startswith(ch * 2, i):
-            literal.append(ch)
-            i += 2
-        elif ch == "}":
-            raise ConfigError(f"template: single '}}' at character {i}; write '}}}}' for a literal brace")
-        elif ch == "{":
-            end = text.find("}", i + 1)
-            inner = text[i + 1:end] if end != -1 else ""
-            if end == -1 or "{" in inner:
-                raise ConfigError(f"template: '{{' at character {i} is never closed; "
-                                  "write '{{' for a literal brace")
-            _check_name(inner, i)
-            if literal:
-                pieces.append("".join(literal))
-                literal = []
-            pieces.append((inner,))
-            i = end + 1
-        else:
-            literal.append(ch)
-            i += 1
-    if literal:
-        pieces.append("".join(literal))
-    return pieces
-
-
-def _check_name(name: str, pos: int) -> None:
-    where = f"template: placeholder {{{name}}} at character {pos}"
-    if not name.strip():
-        raise ConfigError(f"{where} names no column; placeholders are {{column}}")
-    bad = sorted(_FORBIDDEN_IN_NAME & set(name))
-    if bad:
-        raise ConfigError(f"{where}: {' '.join(map(repr, bad))} not allowed; placeholders are plain "
-                          "{column} names, with no attribute, index, conversion or format spec")
-    if name != name.strip():
-        raise ConfigError(f"{where} has spaces around the name; write {{{name.strip()}}}")
 
 
 @dataclass(slots=True)
@@ -161,7 +39,7 @@ class PromptBuilder:
 
     def __init__(self, tokenizer, template: Template, *, system: str | None, chat: bool | None,
                  max_context_tokens: int, on_long_prompt: str = "truncate",
-                 max_prompt_tokens: int | None = None):
+                 max_prompt_tokens: int | None = None, parse_special_tokens: bool | None = None):
         has_chat_template = bool(getattr(tokenizer, "chat_template", None))
         if chat is None:
             chat = has_chat_template
@@ -182,6 +60,10 @@ class PromptBuilder:
         self.max_context_tokens = max_context_tokens
         self.max_prompt_tokens = max_prompt_tokens  # the user's own cap, below the context's
         self.on_long_prompt = on_long_prompt
+        self.parse_special_tokens = (not chat) if parse_special_tokens is None else parse_special_tokens
+        # the text of every special token: a row that holds none tokenizes the same either way
+        self._special_texts = sorted({t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                                      if t.special} | set(getattr(tokenizer, "all_special_tokens", [])))
         if chat:
             # Render once now: a chat template that rejects our message shape (some refuse a
             # system role) fails the job at start with a config error, not every row.
@@ -207,16 +89,38 @@ class PromptBuilder:
         return self._truncate(row, token_ids, max_prompt_tokens)
 
     def _tokenize(self, text: str) -> list[int]:
+        """Token ids of the prompt whose row-derived part is `text` (the rendered template)."""
+        as_data = not self.parse_special_tokens and self._holds_special_text(text)
         if not self.chat:
-            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+            return list(self.tokenizer(text, add_special_tokens=True, split_special_tokens=as_data)["input_ids"])
         messages = [{"role": "system", "content": self.system}] if self.system else []
-        messages.append({"role": "user", "content": text})
+        if not as_data:
+            messages.append({"role": "user", "content": text})
+            return self._encode(self._render(messages), parse=True)
+        # Render around a marker, then tokenize the template's own text with special tokens
+        # parsed and the row's text with them split into plain characters. A row without special
+        # text takes the path above, so its tokens are exactly what one whole-text pass gives.
+        marker = f"\x00batchgen-{uuid.uuid4().hex}\x00"
+        messages.append({"role": "user", "content": marker})
+        pieces = self._render(messages).split(marker)
+        ids = self._encode(pieces[0], parse=True)
+        for piece in pieces[1:]:
+            ids += self._encode(text, parse=False) + self._encode(piece, parse=True)
+        return ids
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
         # Render to text and tokenize ourselves: apply_chat_template(tokenize=True) returns a
-        # BatchEncoding in transformers 5.x but a list in 4.x. The rendered text already holds
-        # BOS and the like, so the tokenizer must not add them again.
-        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=False)
-        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        # BatchEncoding in transformers 5.x but a list in 4.x.
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def _encode(self, text: str, *, parse: bool) -> list[int]:
+        # The rendered text already holds BOS and the like: the tokenizer must not add them again.
+        if not text:
+            return []
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=not parse)["input_ids"])
+
+    def _holds_special_text(self, text: str) -> bool:
+        return any(special in text for special in self._special_texts)
 
     def _truncate(self, row: Mapping[str, Any], token_ids: list[int],
                   max_prompt_tokens: int) -> BuiltPrompt:
@@ -254,10 +158,11 @@ class PromptBuilder:
         Cutting the original string at a token's end keeps the text exact; decoding a cut token
         list instead can leave a broken character (U+FFFD) or altered spacing.
         """
+        split = not self.parse_special_tokens
         if getattr(self.tokenizer, "is_fast", False):
-            enc = self.tokenizer(doc, add_special_tokens=False, return_offsets_mapping=True)
+            enc = self.tokenizer(doc, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=split)
             return list(enc["input_ids"]), [end for _, end in enc["offset_mapping"]]
-        return list(self.tokenizer(doc, add_special_tokens=False)["input_ids"]), None
+        return list(self.tokenizer(doc, add_special_tokens=False, split_special_tokens=split)["input_ids"]), None
 
 
 def row_max_new_tokens(row: Mapping[str, Any], column: str | None, default: int) -> int:

@@ -70,7 +70,9 @@ class RunSummary(JobSummary):
     num_rows_skipped: int = 0  # committed by an earlier run (or an error row kept: --no-retry-errors)
     num_rows_retried: int = 0  # error rows of an earlier run generated again
     num_rows_replaced: int = 0  # ... whose new row replaced the old one (the rest failed the same way)
+    num_rows_changed: int = 0  # committed rows (--id-column) whose prompt changed: generated again, replaced
     num_commits: int = 0
+    partial: bool = False  # written by a run that stopped early (a signal, an error): counts so far
     output_rows: int = 0  # committed rows in the output directory after this run
     output_rows_error: int = 0
     complete: bool = False  # every input row has a committed output row (_SUCCESS written)
@@ -78,7 +80,8 @@ class RunSummary(JobSummary):
     def lines(self) -> list[str]:
         out = JobSummary.lines(self)
         out.insert(-1, f"resume: {self.num_rows_skipped} rows already committed, {self.num_rows_retried} error "
-                       f"rows retried ({self.num_rows_replaced} replaced); {self.num_commits} commits; output "
+                       f"rows retried, {self.num_rows_changed} changed prompts ({self.num_rows_replaced} replaced); "
+                       f"{self.num_commits} commits; output "
                        f"holds {self.output_rows} rows ({self.output_rows_error} errors)"
                        f"{'' if self.complete else ', incomplete'}")
         return out

@@ -1,8 +1,14 @@
 """Input rows of a job: checked up front, then streamed shard by shard with stable ids.
 
 Everything a user can get wrong about the input (missing file, missing column, corrupt footer,
-empty file, a template naming a column that does not exist) is checked by `RowSource.open`,
-before a model is loaded or an output directory is touched.
+empty file, a template naming a column that does not exist, two files whose columns have types
+that cannot be unified) is checked by `RowSource.open`, before a model is loaded or an output
+directory is touched. Every file's schema is read up front (Parquet footers; JSON Lines from the
+sample its reader types it by). Columns a job needs (prompt, template, id, limits, --keep-columns)
+must be in every file. The passthrough columns are the union of the files' columns, unified by
+pyarrow (int32 and int64 give int64, int and float give float64); a column a file lacks is null
+in its rows. A type conflict (a string column in one file, an integer in another) is refused
+naming both files, so a job never fails half way through its inputs.
 """
 
 from __future__ import annotations
@@ -37,9 +43,10 @@ class InputRow:
 
 class RowSource:
     def __init__(self, config: JobConfig, shards: list[InputShard], schema: pa.Schema,
-                 template: Template):
+                 template: Template, shard_schemas: list[pa.Schema] | None = None):
         self.config = config
         self.shards = shards
+        self.shard_schemas = shard_schemas if shard_schemas is not None else [schema] * len(shards)
         self.template = template
         self.id_field = (schema.field(config.id_column) if config.id_column
                          else pa.field(DERIVED_ID_COLUMN, pa.string()))
@@ -58,11 +65,12 @@ class RowSource:
             schema = read_schema(shard)  # empty / corrupt files fail here, naming the file
             _check_columns(config, template, schema.names, shard.path)
             schemas.append(schema)
-        try:
-            schema = pa.unify_schemas(schemas, promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise InputError(f"input files disagree on column types: {e}") from None
-        return cls(config, shards, schema, template)
+        used = schemas
+        if config.keep_columns is not None:  # only the columns the job reads need to agree
+            optional = [config.max_new_tokens_column, config.length_column, config.id_column]
+            names = {*template.columns, *[c for c in optional if c], *config.keep_columns}
+            used = [pa.schema([f for f in schema if f.name in names]) for schema in schemas]
+        return cls(config, shards, unify_schemas(shards, used), template, schemas)
 
     @property
     def num_rows(self) -> int | None:
@@ -75,9 +83,11 @@ class RowSource:
 
     def __iter__(self) -> Iterator[InputRow]:
         remaining = self.config.max_rows
-        for shard, label in zip(self.shards, self._shard_labels, strict=True):
+        for shard, label, schema in zip(self.shards, self._shard_labels, self.shard_schemas, strict=True):
             row_index = 0
-            for batch in iter_batches(shard, self.read_columns, self.config.read_batch_size):
+            # a passthrough column this file lacks is null in its rows (values.get gives None)
+            columns = [c for c in self.read_columns if c in schema.names]
+            for batch in iter_batches(shard, columns, self.config.read_batch_size):
                 invalid = invalid_cells(batch)
                 for i, values in enumerate(batch.to_pylist()):
                     if remaining is not None and remaining <= 0:
@@ -93,6 +103,28 @@ class RowSource:
                     row_index += 1
                     if remaining is not None:
                         remaining -= 1
+
+
+def unify_schemas(shards: list[InputShard], schemas: list[pa.Schema]) -> pa.Schema:
+    """One schema over every file (pyarrow's permissive unification); a conflict names both files."""
+    first: dict[str, tuple[pa.DataType, str]] = {}  # column -> (type, path) where first seen
+    for shard, schema in zip(shards, schemas, strict=True):
+        for f in schema:
+            if f.name not in first:
+                first[f.name] = (f.type, shard.path)
+                continue
+            seen_type, seen_path = first[f.name]
+            try:
+                pa.unify_schemas([pa.schema([pa.field(f.name, seen_type)]), pa.schema([f])],
+                                 promote_options="permissive")
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                raise InputError(f"holds {f.type}, but {seen_path} holds {seen_type} in this column; input "
+                                 "files must agree on column types (drop the column with --keep-columns, or "
+                                 "convert one file)", path=shard.path, column=f.name) from None
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a conflict between promoted types
+        raise InputError(f"input files disagree on column types: {e}") from None
 
 
 def _check_columns(config: JobConfig, template: Template, names: list[str], path: str) -> None:

@@ -32,17 +32,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from batchgen.config import JobConfig
 from batchgen.engine.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion
 from batchgen.engine.scheduler import Policy
 from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
 from batchgen.io.manifest import fingerprint_digest, write_success
-from batchgen.io.schema import output_schema
+from batchgen.io.schema import PROMPT_HASH, output_schema
 from batchgen.io.writers import PartWriter, write_json_atomic
 from batchgen.jobs.commit import Committer
 from batchgen.jobs.core import JobCore
-from batchgen.jobs.fingerprint import job_fingerprint
+from batchgen.jobs.fingerprint import job_fingerprint, model_fingerprint
 from batchgen.jobs.planner import PlannedRow
 from batchgen.jobs.prepare import JobInputs, open_inputs, prepare_job
 from batchgen.jobs.progress import Progress
@@ -61,7 +63,7 @@ class _LocalJob:
     """One run in this process: rows from the reader through the job core into committed parts."""
 
     def __init__(self, config: JobConfig, inputs: JobInputs, loaded: LoadedModel, session: OutputSession,
-                 guard: SignalGuard):
+                 guard: SignalGuard, schema: pa.Schema):
         self.config = config
         self.session = session
         self.guard = guard
@@ -71,10 +73,8 @@ class _LocalJob:
         first = self.core.engines.get(config.engine_policy())
         self.job = prepare_job(config, inputs, loaded, first, out_dir=session.out_dir, state=session.state)
         source = inputs.source
-        schema = output_schema(source.id_field, source.passthrough_fields)
-        self.fingerprint = job_fingerprint(config, source, schema, model={
-            "model": loaded.name, "model_revision": loaded.revision, "dtype": str(loaded.dtype).removeprefix("torch."),
-            "chat": self.job.builder.chat, "max_context_tokens": self.job.builder.max_context_tokens})
+        self.with_prompt_hash = PROMPT_HASH in schema.names
+        self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
         self.committer = Committer(session.manifest, PartWriter(session.out_dir, schema), source.id_field.name,
                                    rows_per_part=config.rows_per_part)
         self.commit_every_rows = config.commit_every_rows or config.rows_per_part
@@ -114,14 +114,16 @@ class _LocalJob:
         self.summary.num_rows_truncated += int(planned.num_truncated_tokens > 0)
         self.summary.length_sources[prediction.source] = self.summary.length_sources.get(prediction.source, 0) + 1
         self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
-        self.emit(planned.row, self.output_row(planned.row, completion=completion))
+        self.emit(planned.row, self.output_row(planned.row, completion=completion, digest=planned.prompt_hash))
 
     def failed(self, row: InputRow, message: str) -> None:
         self.emit(row, self.output_row(row, error=message))
 
-    def output_row(self, row: InputRow, *, completion: Completion | None = None,
-                   error: str | None = None) -> dict[str, Any]:
+    def output_row(self, row: InputRow, *, completion: Completion | None = None, error: str | None = None,
+                   digest: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {self.id_name: row.row_id}
+        if self.with_prompt_hash:
+            out[PROMPT_HASH] = digest
         if completion is not None:
             out.update(generated_text=completion.text, finish_reason=completion.finish_reason.value,
                        num_prompt_tokens=completion.num_prompt_tokens,
@@ -174,6 +176,7 @@ class _LocalJob:
         s.num_rows_replaced = counts.num_rows_replaced
         s.num_rows_skipped = job.num_rows_skipped
         s.num_rows_retried = job.num_rows_retried
+        s.num_rows_changed = job.num_rows_changed
         s.num_shards_static = core.num_shards[Policy.STATIC]
         s.num_shards_continuous = core.num_shards[Policy.CONTINUOUS]
         s.num_static_fallbacks = core.num_static_fallbacks
@@ -189,26 +192,34 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config)
     source, scan = inputs.source, inputs.scan
-    session = OutputSession(Path(config.output), overwrite=config.overwrite)
+    session = OutputSession(Path(config.output), overwrite=config.overwrite,
+                            keep_hashes=config.id_column is not None)
     summary: RunSummary | None = None
     with SignalGuard() as guard:
         try:
             try:
                 with guard.critical():
                     session.open()
-                schema = output_schema(source.id_field, source.passthrough_fields)
+                schema = output_schema(source.id_field, source.passthrough_fields,
+                                       with_prompt_hash=session.writes_prompt_hash())
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
+                session.check_inputs(scan, id_column=config.id_column)
                 if loaded is None:
                     loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                                         trust_remote_code=config.trust_remote_code, quantize=config.quantize,
                                         quantize_backend=config.quantize_backend)
-                job = _LocalJob(config, inputs, loaded, session, guard)
+                job = _LocalJob(config, inputs, loaded, session, guard, schema)
                 with guard.critical():
                     session.start(job.fingerprint, scan, config.max_rows)
                 if session.state.num_committed_rows:
                     log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,
                              session.state.num_committed_rows, len(session.state.error_ids))
-                summary = job.run(scan)
+                try:
+                    summary = job.run(scan)
+                except BaseException:
+                    with guard.critical():
+                        _write_partial(session, job.summary)
+                    raise
                 with guard.critical():
                     _finish(config, session, summary)
             finally:
@@ -222,6 +233,19 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
             raise JobInterrupted(stop.signum, f"interrupted by {signal.Signals(stop.signum).name}{committed}; "
                                  "run the same command again to resume") from None
     return summary
+
+
+def _write_partial(session: OutputSession, summary: RunSummary) -> None:
+    """_summary.json of a run that stopped early (a signal, an error), marked partial, so the logs
+    and sensors of the task that ran it see how far it got. Best effort: the stop's own error wins."""
+    state = session.state
+    summary.partial, summary.complete = True, False
+    summary.output_rows = state.num_committed_rows
+    summary.output_rows_error = len(state.error_ids)
+    try:
+        write_json_atomic(session.out_dir / SUMMARY_FILE, summary.to_dict())
+    except OutputError as e:
+        log.warning("could not write the partial %s: %s", SUMMARY_FILE, e)
 
 
 def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> None:

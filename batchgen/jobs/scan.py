@@ -1,7 +1,10 @@
 """The input scan: one pass over the id column before any output is touched.
 
 Row counts per shard (for status, progress and _SUCCESS) and duplicate or null ids, reported with
-file, row and column. Parquet shards with derived ids need no read at all.
+file, row and column; each file's identity (batchgen.jobs.identity) for the manifest. Parquet
+shards with derived ids need no read at all. A JSON Lines shard is read whole anyway (its rows are
+not counted anywhere else), so every column the job reads is typed in the same pass: a value late
+in the file that does not fit its column's type is refused here, before the first commit.
 """
 
 from __future__ import annotations
@@ -13,19 +16,24 @@ import pyarrow as pa
 
 from batchgen.errors import InputError
 from batchgen.io.readers import iter_batches
+from batchgen.jobs.identity import file_identity
 from batchgen.jobs.rows import RowSource
 
 
 @dataclass(slots=True)
 class InputScan:
     shard_rows: list[tuple[str, int]]  # (shard path, rows this run reads from it), input order
+    identities: list[dict[str, Any]] | None = None  # per shard, batchgen.jobs.identity.file_identity
+    ids: set[Any] | None = None  # the input's ids (--id-column), until the run has compared them
 
     @property
     def num_rows(self) -> int:
         return sum(n for _, n in self.shard_rows)
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [{"path": path, "num_rows": n} for path, n in self.shard_rows]
+        identities = self.identities or [None] * len(self.shard_rows)
+        return [{"path": path, "num_rows": n, **({"identity": identity} if identity else {})}
+                for (path, n), identity in zip(self.shard_rows, identities, strict=True)]
 
 
 def scan_inputs(source: RowSource) -> InputScan:
@@ -52,8 +60,12 @@ def scan_inputs(source: RowSource) -> InputScan:
             n = shard.num_rows if remaining is None else min(shard.num_rows, remaining)
         else:
             column = id_column or source.read_columns[0]
+            columns = [column]
+            if shard.format == "jsonl":  # the whole line is parsed anyway: type every column read
+                present = set(source.shard_schemas[len(shard_rows)].names)
+                columns = list(dict.fromkeys([column, *(c for c in source.read_columns if c in present)]))
             n = 0
-            for batch in iter_batches(shard, [column], config.read_batch_size):
+            for batch in iter_batches(shard, columns, config.read_batch_size):
                 values = batch.column(0).to_pylist() if id_column else [None] * batch.num_rows
                 if remaining is not None:
                     values = values[: remaining - n]
@@ -66,7 +78,9 @@ def scan_inputs(source: RowSource) -> InputScan:
         shard_rows.append((shard.path, n))
         if remaining is not None:
             remaining -= n
-    return InputScan(shard_rows)
+    identities = [file_identity(shard, schema) for shard, schema in zip(source.shards, source.shard_schemas,
+                                                                          strict=True)]
+    return InputScan(shard_rows, identities, seen if id_column else None)
 
 
 def _check_id(source: RowSource, seen: set[Any], row_id: Any, path: str, row: int) -> None:

@@ -1,13 +1,15 @@
 """One run's hold on its output directory: lock, crash recovery, fingerprint check, begin, release.
 
 `OutputSession.open` creates and locks the directory and finishes (or undoes) what a crashed run
-left there; `check_fingerprint` refuses a different config over committed rows; `start` writes
-the "begin" and "inputs" manifest entries; `close` releases the lock, and removes the directories
-this run created if it wrote nothing.
+left there; `check_fingerprint` refuses a different config over committed rows, `check_inputs`
+changed inputs under derived ids (batchgen.jobs.identity); `start` writes the "begin" and
+"inputs" manifest entries; `close` releases the lock, and removes the directories this run
+created if it wrote nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,10 @@ from batchgen.io.manifest import (
     is_job_dir,
     load_manifest,
 )
+from batchgen.io.schema import PROMPT_HASH
 from batchgen.io.writers import check_output_dir, fsync_dir
 from batchgen.jobs.fingerprint import fingerprint_changes
+from batchgen.jobs.identity import check_derived_ids, orphans
 from batchgen.jobs.scan import InputScan
 
 log = logging.getLogger("batchgen")
@@ -34,9 +38,10 @@ SUMMARY_FILE = "_summary.json"
 class OutputSession:
     """One run's hold on its output directory; see the module docstring."""
 
-    def __init__(self, out_dir: str | Path, *, overwrite: bool = False):
+    def __init__(self, out_dir: str | Path, *, overwrite: bool = False, keep_hashes: bool = False):
         self.out_dir = Path(out_dir)
         self.overwrite = overwrite
+        self.keep_hashes = keep_hashes  # hold committed rows' prompt hashes (--id-column resumes)
         self.created: list[Path] = []  # directories this run created, innermost first
         self.started = False  # a "begin" or "inputs" entry was written by this run
         self.lock = OutputLock(self.out_dir)
@@ -56,13 +61,14 @@ class OutputSession:
         check_output_dir(self.out_dir)
         self.lock.acquire()
         self._refuse_foreign_files()
-        self.manifest = Manifest(self.out_dir, load_manifest(self.out_dir))
+        self.manifest = Manifest(self.out_dir, load_manifest(self.out_dir, keep_hashes=self.keep_hashes))
         damaged = self.manifest.recover()
         if damaged:
             for record in damaged:
                 log.warning("committed part %s is missing or damaged; its %d rows will be generated again",
                             record.name, record.num_rows)
             self.manifest.commit([], [r.name for r in damaged], op="repair")
+        self.manifest.drop_history()  # what a crash left of a snapshot's clean-up
         self.state.check_integrity()
 
     def check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
@@ -76,6 +82,20 @@ class OutputSession:
                 f"{self.out_dir} holds {self.state.num_committed_rows} rows committed with other settings: "
                 f"{'; '.join(changes)}. Rerun with the original settings to resume, pass --overwrite "
                 "to start over, or choose a new --output")
+
+    def writes_prompt_hash(self) -> bool:
+        """Whether this run's parts carry the prompt_hash column: yes, unless it resumes rows
+        committed by a batchgen from before the column (their parts must stay one table)."""
+        old = self.state.fingerprint
+        if old is None or self.overwrite or not self.state.num_committed_rows:
+            return True
+        return any(name == PROMPT_HASH for name, _ in old.get("output_schema", []))
+
+    def check_inputs(self, scan: InputScan, *, id_column: str | None) -> None:
+        """Derived ids: refuse inputs that differ from the committed rows' (exit 2) unless --overwrite."""
+        if id_column is None and not self.overwrite:
+            old = self.state.inputs["inputs"] if self.state.inputs else None
+            check_derived_ids(str(self.out_dir), self.state.num_committed_rows, old, scan.to_json())
 
     def start(self, fingerprint: dict[str, Any], scan: InputScan, max_rows: int | None) -> None:
         """Begin the job (first run, --overwrite, or nothing committed under another config),
@@ -96,9 +116,14 @@ class OutputSession:
                 manifest.recover()  # deletes the parts the "begin" dropped
             manifest.drop_history()
         inputs = scan.to_json()
+        payload: dict[str, Any] = {"inputs": inputs, "max_rows": max_rows}
+        if scan.ids is not None and max_rows is None:  # --id-column: committed ids gone from the input
+            state = self.state
+            payload["orphans"] = orphans(itertools.chain(state.ok_ids, state.error_ids), scan.ids)
+            scan.ids = None  # compared: the set is not needed again
         last = self.state.inputs
-        if last is None or last.get("inputs") != inputs or last.get("max_rows") != max_rows:
-            manifest.append("inputs", inputs=inputs, max_rows=max_rows)
+        if last is None or any(last.get(key) != value for key, value in payload.items()):
+            manifest.append("inputs", **payload)
             self.started = True
 
     def close(self) -> None:

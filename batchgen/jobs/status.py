@@ -22,7 +22,7 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     if not is_job_dir(out_dir):
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
-    state = load_manifest(out_dir)
+    state = load_manifest(out_dir, with_ids=False)  # counts only: O(parts) after a snapshot
     done: dict[str, list[int]] = {}
     for record in state.parts.values():
         for path, (num_ok, num_error) in record.shard_counts.items():
@@ -45,6 +45,8 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
         "complete": complete,
         "running": holder,
         "max_rows": state.inputs.get("max_rows") if state.inputs else None,
+        # committed rows whose --id-column id the latest run did not find in its input: kept, not deleted
+        "orphans": state.inputs.get("orphans") if state.inputs else None,
         **totals,
         "shards": shards,
         "fingerprint": fingerprint_summary(state.fingerprint),
@@ -79,11 +81,17 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         remaining = "?" if shard["remaining"] is None else shard["remaining"]
         lines.append(f"  {shard['path']}: {rows} rows, {shard['done']} done, {shard['errored']} errored, "
                      f"{remaining} remaining")
+    orphans = status.get("orphans")
+    if orphans and orphans["num_rows"]:
+        examples = ", ".join(map(repr, orphans["examples"]))
+        lines.append(f"{orphans['num_rows']} committed rows whose id is no longer in the input (e.g. {examples}): "
+                     "kept in the output; filter them by id, or pass --overwrite to start over")
     fingerprint = status["fingerprint"]
     if fingerprint is not None:
         lines.append(f"fingerprint: {fingerprint['digest']} (model {fingerprint.get('model')} revision "
                      f"{fingerprint.get('model_revision')}, max_new_tokens {fingerprint.get('max_new_tokens')}, "
-                     f"temperature {fingerprint.get('temperature')}, batchgen {fingerprint.get('batchgen_version')})")
+                     f"temperature {fingerprint.get('temperature')}, "
+                     f"output format {fingerprint.get('output_format', 0)})")
     last = status["last_commit_time"]
     if last is None:
         lines.append("last commit: none yet")

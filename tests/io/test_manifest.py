@@ -260,12 +260,28 @@ def test_begin_drops_earlier_parts_and_history(out):
     assert state.fingerprint == {"model": "other"} and state.last_seq == 3
 
 
-def test_an_id_committed_twice_is_refused_as_damage(out):
+def test_an_id_committed_twice_never_reaches_the_manifest(out):
+    """Issue 11, case 8: the entry is validated before it is written, so a duplicate id that
+    reaches a commit leaves no durable bad entry and every later load still works."""
     manifest = Manifest(out)
     writer = PartWriter(out, SCHEMA)
     manifest.commit([stage(writer, [0, 1])])
-    with pytest.raises(OutputError, match="committed twice"):
+    entries = sorted(p.name for p in (out / MANIFEST_DIR).iterdir())
+    with pytest.raises(AssertionError, match="committed twice"):
         manifest.commit([stage(writer, [1], tag=".00000003")])
+    with pytest.raises(AssertionError, match="committed twice"):
+        manifest.commit([stage(writer, [5, 5], tag=".00000003")])
+    assert sorted(p.name for p in (out / MANIFEST_DIR).iterdir()) == entries
+    state = load_manifest(out)
+    state.check_integrity()
+    assert state.ok_ids == {0, 1}
+    # a damaged directory (an entry written by something else) is still reported as damage on load
+    bad = json.loads((out / MANIFEST_DIR / "00000002.json").read_text())
+    bad["seq"] = 3
+    bad["write"][0]["name"] = "part-00009-0000abcd.parquet"
+    (out / MANIFEST_DIR / "00000003.json").write_text(json.dumps(bad))
+    with pytest.raises(OutputError, match="committed twice"):
+        load_manifest(out)
 
 
 def test_unreadable_entry_and_gap_are_reported(out):

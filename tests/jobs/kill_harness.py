@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ class Fixture:
     model_dir: Path
     src: Path
     num_rows: int
+    input: Path | None = None  # what --input names: `src`, or a directory holding it (inputs that change)
 
 
 @dataclass(slots=True)
@@ -52,6 +54,8 @@ class SeedResult:
     rows_duplicated: int = 0  # ids visible more than once, at any check
     rows_missing: int = 0  # input ids absent from the final output
     rows_wrong: int = 0  # final rows that differ from the reference
+    rows_stale: int = 0  # final rows generated from an older prompt than the reference's (prompt_hash)
+    changes: list[int] = field(default_factory=list)  # rows committed when each input change was made
     rerun_rows: int = 0  # rows processed by a run after success (must be 0)
 
 
@@ -68,7 +72,7 @@ def make_fixture(directory: Path, num_rows: int = 240) -> Fixture:
 
 
 def job_args(fixture: Fixture, out: Path) -> list[str]:
-    return ["--input", str(fixture.src), "--output", str(out), "--model", str(fixture.model_dir),
+    return ["--input", str(fixture.input or fixture.src), "--output", str(out), "--model", str(fixture.model_dir),
             "--id-column", "id", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", str(MAX_NEW_TOKENS),
             "--kv-cache-memory", "16MiB", "--batch-size", "16", "--commit-every", str(COMMIT_EVERY), "--quiet"]
 
@@ -125,8 +129,12 @@ def read_output(out: Path) -> dict:
     return {row["id"]: row for row in table.to_pylist()}
 
 
-def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_s: float) -> SeedResult:
-    """Start, SIGKILL after a random delay, check; `kills` times (fewer if the job finishes first)."""
+def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_s: float,
+               between_kills: Callable[[int], None] | None = None) -> SeedResult:
+    """Start, SIGKILL after a random delay, check; `kills` times (fewer if the job finishes first).
+
+    `between_kills(k)` runs after the k-th kill's check (0-based), before the restart: it may
+    change the inputs (tests/jobs/changing_inputs.py)."""
     rng = random.Random(seed)
     result = SeedResult(seed)
     committed: set = set()
@@ -159,15 +167,20 @@ def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_
         result.rows_lost += len(committed - now)
         committed = now
         result.committed_at_kill.append(len(now))
+        if between_kills is not None:
+            result.changes.append(len(now))
+            between_kills(result.kills - 1)
     return result
 
 
 def check_final(out: Path, fixture: Fixture, reference: dict, result: SeedResult) -> None:
     ids = visible_ids(out)
     result.rows_duplicated += len(ids) - len(set(ids))
-    result.rows_missing = len(set(range(fixture.num_rows)) - set(ids))
+    result.rows_missing = len(set(reference) - set(ids))
     final = read_output(out)
     result.rows_wrong = sum(final.get(i) != row for i, row in reference.items())
+    result.rows_stale = sum((final.get(i) or {}).get("prompt_hash") != row["prompt_hash"]
+                            for i, row in reference.items())
     assert (out / "_SUCCESS").is_file()
 
 

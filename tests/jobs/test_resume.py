@@ -256,7 +256,11 @@ def test_status_of_a_finished_job_is_written_in_the_manifest(tiny_model_dir, loa
     run_job(config(src, out, tiny_model_dir, commit_every_rows=None, rows_per_part=10), loaded=loaded)
     state = load_manifest(out)
     assert [len(p.ids) for p in state.parts.values()] == [10, 10, 3]
-    assert state.inputs["inputs"] == [{"path": str(src), "num_rows": len(TEXTS)}]
+    stat = src.stat()
+    assert state.inputs["inputs"] == [{"path": str(src), "num_rows": len(TEXTS), "identity": {
+        "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "schema": state.inputs["inputs"][0]["identity"]["schema"],
+        "num_rows": len(TEXTS)}}]
+    assert state.inputs["orphans"] == {"num_rows": 0, "examples": []}
     assert state.fingerprint["model_revision"] == loaded.revision and state.fingerprint["id_column"] == "id"
 
 
@@ -281,5 +285,7 @@ def test_an_engine_failure_keeps_the_rows_that_finished(tiny_model_dir, loaded, 
     monkeypatch.setattr(LLMEngine, "step", real_step)
     committed = load_manifest(out).num_committed_rows
     assert committed > 0  # the rows finished before the failure were committed on the way out
+    partial = json.loads((out / SUMMARY_FILE).read_text())
+    assert partial["partial"] and partial["output_rows"] == committed and partial["num_rows"] > 0
     summary = run_job(config(src, out, tiny_model_dir), loaded=loaded)
     assert summary.num_rows_skipped == committed and output(out) == reference

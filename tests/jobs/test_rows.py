@@ -130,8 +130,9 @@ def test_input_column_that_would_overwrite_an_output_column(tmp_path, column):
 def test_input_files_that_disagree_on_types(tmp_path):
     a = _parquet(tmp_path / "a.parquet", text=["a"], n=[1])
     b = _parquet(tmp_path / "b.parquet", text=["b"], n=[[1, 2]])
-    with pytest.raises(InputError, match="input files disagree on column types"):
+    with pytest.raises(InputError, match="input files must agree on column types") as e:
         _open(tmp_path, [a, b])
+    assert str(a) in str(e.value) and str(b) in str(e.value) and "'n'" in str(e.value)  # names both files
 
 
 def test_max_rows_spans_shards(tmp_path):

@@ -97,6 +97,8 @@ def test_signal_during_generation_commits_finished_rows(tiny_model_dir, loaded, 
     assert 0 < state.num_committed_rows < NUM_ROWS  # the finished rows were committed on the way out
     assert ids_in(out) == state.ok_ids and not (out / SUCCESS_FILE).exists()
     assert not (out / "_batchgen.lock").exists()
+    partial = json.loads((out / "_summary.json").read_text())  # issue 11: the task's sensors see how far it got
+    assert partial["partial"] and not partial["complete"] and partial["output_rows"] == state.num_committed_rows
     monkeypatch.setattr(LLMEngine, "step", real_step)
     summary = run_job(config(src, out, tiny_model_dir), loaded=loaded)
     assert summary.num_rows_skipped == state.num_committed_rows

@@ -1,0 +1,210 @@
+"""Manifest snapshots: the whole committed state in one entry, so start-up costs O(parts), not O(commits).
+
+Without them a long job leaves one entry per commit, and every start and every `batchgen status`
+replays them all. Every SNAPSHOT_EVERY_ENTRIES entries the writer (batchgen.io.manifest) writes:
+
+    _manifest/NNNNNNNN.rows.parquet   per committed row: part index, id, error flag, input shard
+                                      index, input row index, prompt hash (temp + fsync + rename)
+    _manifest/NNNNNNNN.json           {"op": "snapshot", "fingerprint", "begin_seq", "inputs",
+                                      "last_commit_time", "last_write_op", "shards": [paths],
+                                      "parts": [{"name", "temp", "num_rows", "num_bytes", "sha256",
+                                      "shard_counts": [[shard index, ok rows, error rows], ...]}],
+                                      "rows": {"name", "num_rows", "num_bytes", "sha256"}}
+
+then deletes the entries before it (oldest first, so a crash leaves a contiguous suffix) and the
+previous snapshot's rows file. The entry is the commit point as always: a rows file no entry
+names is garbage, which `clean_rows_files` deletes. A reader that needs counts only (status)
+does not open the rows file: per-part counts are in the entry.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from batchgen.errors import OutputError
+from batchgen.io.manifest_state import ManifestState, PartRecord, manifest_dir, read_entry
+from batchgen.io.writers import TEMP_SUFFIX, file_digest, fsync_dir
+
+SNAPSHOT_EVERY_ENTRIES = 64  # a load replays at most this many entries after the snapshot
+ROWS_SUFFIX = ".rows.parquet"
+_ROW_GROUP_ROWS = 1 << 16
+
+
+def rows_file_name(seq: int) -> str:
+    return f"{seq:08d}{ROWS_SUFFIX}"
+
+
+def snapshot_payload(out_dir: Path, state: ManifestState, seq: int) -> dict[str, Any]:
+    """Write the rows file of a snapshot at `seq` (durable) and return the entry's payload."""
+    shard_index: dict[str, int] = {}
+    parts = []
+    for record in state.parts.values():
+        counts = [[shard_index.setdefault(path, len(shard_index)), ok, err]
+                  for path, (ok, err) in record.shard_counts.items()]
+        parts.append({"name": record.name, "temp": record.temp, "num_rows": record.num_rows,
+                      "num_bytes": record.num_bytes, "sha256": record.sha256, "shard_counts": counts})
+    name = rows_file_name(seq)
+    path = manifest_dir(out_dir) / name
+    temp = path.with_name(f".{name}{TEMP_SUFFIX}")
+    num_rows = _write_rows(out_dir, state, shard_index, temp)
+    os.replace(temp, path)
+    fsync_dir(path.parent)
+    num_bytes, sha256 = file_digest(path)
+    return {"fingerprint": state.fingerprint, "begin_seq": state.begin_seq, "inputs": state.inputs,
+            "last_commit_time": state.last_commit_time, "last_write_op": state.last_op,
+            "shards": list(shard_index), "parts": parts,
+            "rows": {"name": name, "num_rows": num_rows, "num_bytes": num_bytes, "sha256": sha256}}
+
+
+def _write_rows(out_dir: Path, state: ManifestState, shard_index: dict[str, int], temp: Path) -> int:
+    """Stream every part's rows into `temp` (fsynced), a few parts per row group: bounded memory."""
+    id_type = None
+    writer = None
+    pending: list[pa.Table] = []
+    num_pending = num_rows = 0
+    source = _RowLists(out_dir)
+    try:
+        for part_index, record in enumerate(state.parts.values()):
+            shards, rows, hashes = source.of(record)
+            errors = set(record.error_ids)
+            ids = pa.array(record.ids)
+            id_type = id_type or ids.type
+            pending.append(pa.table({
+                "part": pa.array([part_index] * record.num_rows, pa.int32()), "id": ids.cast(id_type),
+                "error": pa.array([i in errors for i in record.ids], pa.bool_()),
+                "shard": pa.array([shard_index[s] for s in shards], pa.int32()), "row": pa.array(rows, pa.int64()),
+                "hash": pa.array(hashes if hashes is not None else [None] * record.num_rows, pa.string())}))
+            num_pending += record.num_rows
+            if num_pending >= _ROW_GROUP_ROWS:
+                writer = _flush(writer, pending, temp)
+                num_rows += num_pending
+                pending, num_pending = [], 0
+        if pending or writer is None:
+            writer = _flush(writer, pending or [_empty()], temp)
+            num_rows += num_pending
+        writer.close()
+        with open(temp, "rb+") as file:
+            os.fsync(file.fileno())
+    except BaseException as e:
+        temp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise OutputError(f"cannot write the manifest snapshot {temp}: {e.strerror or e}") from e
+        raise
+    return num_rows
+
+
+class _RowLists:
+    """Per-row lists of committed parts, each entry and the previous snapshot's rows read once."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        self.entries: dict[int, tuple[dict[str, Any], dict[str, dict]]] = {}  # seq -> (entry, parts by name)
+        self.previous: tuple[pa.Table, dict[str, tuple[int, int]]] | None = None  # rows, name -> (start, n)
+
+    def of(self, record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
+        if record.shards is not None and record.rows is not None and record.hashes is not None:
+            return record.shards, record.rows, record.hashes
+        if record.seq not in self.entries:
+            entry = read_entry(self.out_dir, record.seq)
+            self.entries[record.seq] = (entry, {p["name"]: p for p in entry.get("write", entry.get("parts", []))})
+        entry, parts = self.entries[record.seq]
+        if entry["op"] != "snapshot":
+            p = parts[record.name]
+            return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
+        if self.previous is None:
+            offsets, start = {}, 0
+            for p in entry["parts"]:
+                offsets[p["name"]] = (start, p["num_rows"])
+                start += p["num_rows"]
+            self.previous = (_read_rows(self.out_dir, entry), offsets)
+        table, offsets = self.previous
+        rows = table.slice(*offsets[record.name])
+        hashes = rows.column("hash").to_pylist()
+        return ([entry["shards"][i] for i in rows.column("shard").to_pylist()], rows.column("row").to_pylist(),
+                None if all(h is None for h in hashes) else hashes)
+
+
+def _empty() -> pa.Table:
+    return pa.table({"part": pa.array([], pa.int32()), "id": pa.array([], pa.string()),
+                     "error": pa.array([], pa.bool_()), "shard": pa.array([], pa.int32()),
+                     "row": pa.array([], pa.int64()), "hash": pa.array([], pa.string())})
+
+
+def _flush(writer: pq.ParquetWriter | None, tables: list[pa.Table], temp: Path) -> pq.ParquetWriter:
+    table = pa.concat_tables(tables)
+    if writer is None:
+        writer = pq.ParquetWriter(temp, table.schema, compression="zstd")
+    writer.write_table(table.cast(writer.schema))
+    return writer
+
+
+def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bool) -> None:
+    """Set `state` (cleared) to the snapshot's. `state.with_ids=False` (status): counts only, the
+    rows file is not read."""
+    seq, out_dir, with_ids = entry["seq"], state.out_dir, state.with_ids
+    shards = entry["shards"]
+    state.fingerprint = entry["fingerprint"]
+    state.begin_seq = entry["begin_seq"]
+    state.inputs = entry["inputs"]
+    state.last_commit_time = entry["last_commit_time"]
+    table = _read_rows(out_dir, entry) if with_ids else None
+    columns = {name: table.column(name).to_pylist() for name in table.column_names} if table is not None else None
+    start = 0
+    for p in entry["parts"]:
+        n = p["num_rows"]
+        counts = {shards[i]: [ok, err] for i, ok, err in p["shard_counts"]}
+        record = PartRecord(p["name"], p["temp"], seq, n, p["num_bytes"], p["sha256"], [], [], counts)
+        if columns is not None:
+            end = start + n
+            assert columns["part"][start:end] == [len(state.parts)] * n, f"snapshot rows out of order at {p['name']}"
+            record.ids = columns["id"][start:end]
+            record.error_ids = [i for i, e in zip(record.ids, columns["error"][start:end], strict=True) if e]
+            record.hashes = columns["hash"][start:end]
+            if keep_rows:
+                record.shards = [shards[i] for i in columns["shard"][start:end]]
+                record.rows = columns["row"][start:end]
+            start = end
+            state.add(record)
+        else:
+            state.parts[record.name] = record
+    state.last_op = entry.get("last_write_op")
+    state.snapshot_rows = entry["rows"]["name"]
+
+
+def _read_rows(out_dir: Path | None, entry: dict[str, Any]) -> pa.Table:
+    assert out_dir is not None, "a snapshot's rows are read from its directory"
+    path = manifest_dir(out_dir) / entry["rows"]["name"]
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise OutputError(f"manifest snapshot rows {path} are unreadable ({e}); the output directory is damaged: "
+                          "pass --overwrite to start over") from e
+    if table.num_rows != entry["rows"]["num_rows"]:
+        raise OutputError(f"manifest snapshot rows {path} hold {table.num_rows} rows, not {entry['rows']['num_rows']}")
+    return table
+
+
+def snapshot_part(out_dir: str | Path, entry: dict[str, Any], name: str
+                  ) -> tuple[list[str], list[int], list[str | None] | None]:
+    """(shard path, row index, prompt hash) per row of part `name`, carried over by snapshot `entry`."""
+    index = next(i for i, p in enumerate(entry["parts"]) if p["name"] == name)
+    table = _read_rows(Path(out_dir), entry)
+    table = table.filter(pc.equal(table.column("part"), index))
+    shards = entry["shards"]
+    hashes = table.column("hash").to_pylist()
+    return ([shards[i] for i in table.column("shard").to_pylist()], table.column("row").to_pylist(),
+            None if all(h is None for h in hashes) else hashes)
+
+
+def clean_rows_files(out_dir: Path, keep: str | None) -> None:
+    """Delete rows files other than `keep` (the latest snapshot's): superseded, or never committed."""
+    directory = manifest_dir(out_dir)
+    for name in os.listdir(directory) if directory.is_dir() else []:
+        if name.endswith(ROWS_SUFFIX) and name != keep:
+            (directory / name).unlink(missing_ok=True)

@@ -1,0 +1,295 @@
+"""What an output directory's manifest says: committed parts, their row ids, the job's config.
+
+`load_manifest` replays the entries in `_manifest/` (batchgen.io.manifest writes them) into a
+`ManifestState`; `ManifestState.validate` checks an entry against the state before it is written,
+so an entry that would make the manifest unloadable (an id committed twice, a part whose lists
+disagree) is never made durable.
+
+Loading starts at the latest snapshot (batchgen.io.manifest_snapshot), so its cost follows the
+committed parts and the few entries after the snapshot, not the number of commits ever made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchgen.errors import OutputError
+from batchgen.io.writers import StagedPart
+
+MANIFEST_DIR = "_manifest"
+FORMAT = 1
+ENTRY_RE = re.compile(r"(\d{8})\.json")
+WRITE_OPS = ("commit", "compact", "repair")
+
+
+@dataclass(slots=True)
+class PartRecord:
+    name: str
+    temp: str  # the hidden name it was staged under; recovery publishes a leftover temp
+    seq: int  # the entry that wrote this version of the part (0 until committed)
+    num_rows: int
+    num_bytes: int
+    sha256: str
+    ids: list[Any]
+    error_ids: list[Any]  # the ids of its error rows
+    shard_counts: dict[str, list[int]]  # input shard path -> [ok rows, error rows] from it
+    shards: list[str] | None = None  # per row: input shard path (only when loaded with keep_rows)
+    rows: list[int] | None = None  # per row: index within its shard (only with keep_rows)
+    hashes: list[str | None] | None = None  # per row: its prompt hash (None for error rows and old parts)
+
+    def to_json(self, shard_index: dict[str, int]) -> dict[str, Any]:
+        assert self.shards is not None and self.rows is not None, "a new part carries its rows"
+        errors = set(self.error_ids)
+        out = {"name": self.name, "temp": self.temp, "num_rows": self.num_rows, "num_bytes": self.num_bytes,
+               "sha256": self.sha256, "ids": self.ids,
+               "errors": [i for i, row_id in enumerate(self.ids) if row_id in errors],
+               "shard": [shard_index[s] for s in self.shards], "row": self.rows}
+        if self.hashes is not None:
+            out["hashes"] = self.hashes
+        return out
+
+    @classmethod
+    def from_json(cls, p: dict[str, Any], seq: int, shard_paths: list[str], keep_rows: bool) -> PartRecord:
+        shards = [shard_paths[i] for i in p["shard"]]
+        errors = set(p["errors"])
+        return cls(p["name"], p["temp"], seq, p["num_rows"], p["num_bytes"], p["sha256"], p["ids"],
+                   [p["ids"][i] for i in p["errors"]], _shard_counts(shards, errors),
+                   shards if keep_rows else None, p["row"] if keep_rows else None, p.get("hashes"))
+
+    @classmethod
+    def staged(cls, staged: StagedPart, ids: list[Any], is_error: list[bool], shards: list[str],
+               rows: list[int], hashes: list[str | None] | None = None) -> PartRecord:
+        assert len(ids) == len(is_error) == len(shards) == len(rows) == staged.num_rows
+        assert hashes is None or len(hashes) == len(ids)
+        errors = {i for i, e in enumerate(is_error) if e}
+        return cls(staged.final_path.name, staged.temp_path.name, 0, staged.num_rows, staged.num_bytes,
+                   staged.sha256, ids, [ids[i] for i in sorted(errors)], _shard_counts(shards, errors),
+                   shards, rows, hashes)
+
+
+def _shard_counts(shards: list[str], errors: set[int]) -> dict[str, list[int]]:
+    counts: dict[str, list[int]] = {}
+    for i, shard in enumerate(shards):
+        counts.setdefault(shard, [0, 0])[i in errors] += 1
+    return counts
+
+
+@dataclass(slots=True)
+class ManifestState:
+    """The replayed log: committed parts and the ids they hold."""
+
+    fingerprint: dict[str, Any] | None = None
+    parts: dict[str, PartRecord] = field(default_factory=dict)
+    ok_ids: set[Any] = field(default_factory=set)
+    error_ids: dict[Any, str] = field(default_factory=dict)  # id of an error row -> its part's name
+    prompt_hashes: dict[Any, str] = field(default_factory=dict)  # ok id -> prompt hash (with keep_hashes)
+    inputs: dict[str, Any] | None = None  # the latest "inputs" entry
+    last_seq: int = 0
+    begin_seq: int | None = None  # the latest "begin" entry
+    snapshot_seq: int | None = None  # the latest snapshot entry
+    snapshot_rows: str | None = None  # its rows file's name
+    last_commit_time: float | None = None  # unix time of the latest entry that wrote or removed
+    last_op: str | None = None
+    keep_hashes: bool = False  # hold each ok row's prompt hash (a resume under --id-column needs them)
+    with_ids: bool = True  # False: counts only (status), a snapshot's rows file is not read
+    out_dir: Path | None = None  # where a snapshot's rows file is read from
+    _part_of: dict[Any, str] | None = None  # ok id -> its part, built on first need (changed prompts)
+
+    @property
+    def num_committed_rows(self) -> int:
+        return len(self.ok_ids) + len(self.error_ids)
+
+    def validate(self, entry: dict[str, Any]) -> None:
+        """Raise AssertionError if applying `entry` would break an invariant; changes nothing.
+
+        Called before an entry is written: a bad entry made durable would fail every later load.
+        """
+        if entry["op"] not in WRITE_OPS:
+            return
+        removed = {*entry.get("remove", []), *(p["name"] for p in entry.get("write", []))}
+        leaving: set[Any] = set()
+        for name in removed:
+            record = self.parts.get(name)
+            if record is not None:
+                leaving.update(record.ids)
+        seen: set[Any] = set()
+        num_shards = len(entry["shards"])
+        for p in entry.get("write", []):
+            ids = p["ids"]
+            n = p["num_rows"]
+            _require(len(ids) == n == len(p["shard"]) == len(p["row"]), f"part {p['name']}: row lists disagree")
+            _require("hashes" not in p or len(p["hashes"]) == n, f"part {p['name']}: hashes disagree")
+            _require(all(0 <= i < n for i in p["errors"]), f"part {p['name']}: error position out of range")
+            _require(all(0 <= s < num_shards for s in p["shard"]), f"part {p['name']}: shard index out of range")
+            for row_id in ids:
+                twice = row_id in seen or ((row_id in self.ok_ids or row_id in self.error_ids)
+                                           and row_id not in leaving)
+                _require(not twice, f"id {row_id!r} would be committed twice (part {p['name']})")
+                seen.add(row_id)
+
+    def apply(self, entry: dict[str, Any], *, keep_rows: bool = False) -> None:
+        op, seq = entry["op"], entry["seq"]
+        if op == "begin":
+            self.fingerprint = entry["fingerprint"]
+            self._clear()
+            self.begin_seq = seq
+            self.snapshot_rows = None
+        elif op == "inputs":
+            self.inputs = entry
+        elif op == "snapshot":
+            from batchgen.io.manifest_snapshot import apply_snapshot  # the snapshot's own module
+            self._clear()
+            apply_snapshot(self, entry, keep_rows=keep_rows)
+            self.snapshot_seq = seq
+            self.last_seq = seq
+            return  # last_op stays the last write op (batchgen compact reads it)
+        elif op in WRITE_OPS:
+            written = [PartRecord.from_json(p, seq, entry["shards"], keep_rows) for p in entry.get("write", [])]
+            for name in [*entry.get("remove", []), *(r.name for r in written)]:
+                self.drop(name)
+            for record in written:
+                self.add(record)
+            self.last_commit_time = entry["time"]
+        else:
+            raise OutputError(f"manifest entry {seq} has an unknown op {op!r}; it was written by a newer "
+                              "batchgen")
+        self.last_seq = seq
+        self.last_op = op
+
+    def _clear(self) -> None:
+        self.parts, self.ok_ids, self.error_ids, self.prompt_hashes = {}, set(), {}, {}
+        self._part_of = None
+
+    def drop(self, name: str) -> None:
+        record = self.parts.pop(name, None)
+        if record is None:
+            return
+        self.ok_ids.difference_update(record.ids)
+        if self._part_of is not None:
+            for row_id in record.ids:
+                self._part_of.pop(row_id, None)
+        for row_id in record.error_ids:
+            del self.error_ids[row_id]
+        if self.prompt_hashes:
+            for row_id in record.ids:
+                self.prompt_hashes.pop(row_id, None)
+
+    def add(self, record: PartRecord) -> None:
+        errors = set(record.error_ids)
+        for row_id in record.ids:
+            if row_id in self.ok_ids or row_id in self.error_ids:
+                raise OutputError(f"manifest is damaged: id {row_id!r} is committed twice "
+                                  f"(part {record.name} and another)")
+            if row_id in errors:
+                self.error_ids[row_id] = record.name
+            else:
+                self.ok_ids.add(row_id)
+                if self._part_of is not None:
+                    self._part_of[row_id] = record.name
+        if self.keep_hashes and record.hashes is not None:
+            for row_id, digest in zip(record.ids, record.hashes, strict=True):
+                if digest is not None:
+                    self.prompt_hashes[row_id] = digest
+        if not self.keep_hashes:
+            record.hashes = None  # not needed in memory: they stay in the entry
+        self.parts[record.name] = record
+
+    def part_of(self, ids: set[Any]) -> dict[Any, str]:
+        """The part holding each of the committed ok `ids`. The index is built on first need (a
+        resume that found changed prompts) and kept up to date from then on."""
+        if self._part_of is None:
+            errors = self.error_ids
+            self._part_of = {row_id: r.name for r in self.parts.values() for row_id in r.ids if row_id not in errors}
+        return {row_id: self._part_of[row_id] for row_id in ids if row_id in self._part_of}
+
+    def check_integrity(self) -> None:
+        """Every committed id is in exactly one part; the counts agree."""
+        assert sum(r.num_rows for r in self.parts.values()) == self.num_committed_rows
+        assert not self.ok_ids & self.error_ids.keys()
+        assert self.prompt_hashes.keys() <= self.ok_ids
+        for record in self.parts.values():
+            assert len(record.ids) == record.num_rows == sum(map(sum, record.shard_counts.values())), record.name
+            assert len(record.error_ids) == sum(c[1] for c in record.shard_counts.values()), record.name
+            assert all(self.error_ids[i] == record.name for i in record.error_ids), record.name
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:  # not `assert`: this check must also run under python -O
+        raise AssertionError(f"refusing to write a bad manifest entry: {message}")
+
+
+def manifest_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / MANIFEST_DIR
+
+
+def is_job_dir(out_dir: str | Path) -> bool:
+    return manifest_dir(out_dir).is_dir()
+
+
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_manifest(out_dir: str | Path, *, keep_rows: bool = False, keep_hashes: bool = False,
+                  with_ids: bool = True) -> ManifestState:
+    """Replay `_manifest/` from its latest snapshot (an empty state when there is none).
+
+    `with_ids=False` (status): parts carried by a snapshot have their counts but no ids."""
+    state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=Path(out_dir))
+    for seq, path in entry_paths(manifest_dir(out_dir)):
+        entry = read_entry_file(path)
+        if entry.get("format") != FORMAT or entry.get("seq") != seq:
+            raise OutputError(f"manifest entry {path} has format {entry.get('format')!r}, seq "
+                              f"{entry.get('seq')!r}; it was not written by this batchgen")
+        state.apply(entry, keep_rows=keep_rows)
+    return state
+
+
+def read_entry_file(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # an entry is written whole by rename: this is damage
+        raise OutputError(f"manifest entry {path} is unreadable ({e}); the output directory is "
+                          "damaged: pass --overwrite to start over") from e
+
+
+def read_entry(out_dir: str | Path, seq: int) -> dict[str, Any]:
+    return read_entry_file(manifest_dir(out_dir) / f"{seq:08d}.json")
+
+
+def part_rows(out_dir: str | Path, record: PartRecord) -> tuple[list[str], list[int]]:
+    """(input shard path, input row index) per row of a committed part, from its entry."""
+    if record.shards is not None and record.rows is not None:
+        return record.shards, record.rows
+    return part_row_lists(out_dir, record)[:2]
+
+
+def part_row_lists(out_dir: str | Path, record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
+    """(shard path, row index, prompt hash or None) per row of a committed part, from its entry."""
+    entry = read_entry(out_dir, record.seq)
+    if entry["op"] == "snapshot":  # a part carried over by a snapshot: its rows are in the snapshot's file
+        from batchgen.io.manifest_snapshot import snapshot_part
+
+        return snapshot_part(out_dir, entry, record.name)
+    p = next(p for p in entry["write"] if p["name"] == record.name)
+    return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
+
+
+def entry_paths(directory: Path) -> list[tuple[int, Path]]:
+    """(seq, path) of the entries from the latest snapshot on (all of them when there is none)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    entries = sorted((int(m.group(1)), directory / name) for name in names if (m := ENTRY_RE.fullmatch(name)))
+    for (a, _), (b, path) in zip(entries, entries[1:], strict=False):
+        if b != a + 1:
+            raise OutputError(f"manifest is damaged: entry {a + 1:08d}.json is missing before {path.name}")
+    return entries

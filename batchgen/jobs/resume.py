@@ -1,0 +1,54 @@
+"""The resume rule: which input rows an earlier run already settled, and each row's prompt hash.
+
+With derived ids ("<file>:<row>") the inputs are the same files as when the rows were committed
+(batchgen.jobs.identity refuses any change), so a committed id is settled. With --id-column rows
+and files may change between runs, so a committed id is settled only while its prompt is: the
+row's prompt is built again and its hash compared with the committed one; a changed prompt is
+generated again and its new row replaces the old one (batchgen.jobs.commit), as a retried error
+row does. Error rows are generated again unless --no-retry-errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from batchgen.io.manifest import ManifestState
+
+
+def prompt_hash(token_ids: list[int]) -> str:
+    """The documented `prompt_hash` output column: blake2b-64 (16 hex digits) of the prompt's
+    token ids as little-endian uint32."""
+    packed = array("I", token_ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return hashlib.blake2b(packed.tobytes(), digest_size=8).hexdigest()
+
+
+@dataclass(slots=True)
+class ResumeRule:
+    """Which rows an earlier run already settled. `state` is the live manifest state."""
+
+    state: ManifestState
+    retry_errors: bool
+    check_prompts: bool  # --id-column: a committed row counts only while its prompt hash is unchanged
+
+    def skips(self, row_id: Any) -> bool:
+        """Settled without looking at the row's prompt."""
+        if row_id in self.state.ok_ids:
+            return not self.needs_prompt(row_id)
+        return not self.retry_errors and row_id in self.state.error_ids
+
+    def needs_prompt(self, row_id: Any) -> bool:
+        """A committed ok row whose prompt must be built to tell whether it changed."""
+        return self.check_prompts and row_id in self.state.prompt_hashes
+
+    def unchanged(self, row_id: Any, digest: str) -> bool:
+        return self.state.prompt_hashes.get(row_id) == digest
+
+    @property
+    def num_rows_done(self) -> int:
+        return len(self.state.ok_ids) + (0 if self.retry_errors else len(self.state.error_ids))

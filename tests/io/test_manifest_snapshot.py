@@ -1,0 +1,142 @@
+"""Manifest snapshots (issue 11, item 9): a long job's manifest stays O(parts) to load.
+
+Every SNAPSHOT_EVERY_ENTRIES entries the whole state is written as one entry plus a rows file and
+the older entries are deleted; a reload gives the same state (ids, error rows, prompt hashes, the
+input rows of each part), status reads counts without the rows file, and a crash half way through
+a snapshot loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from batchgen.io import manifest as manifest_module
+from batchgen.io import manifest_snapshot
+from batchgen.io.manifest import MANIFEST_DIR, Manifest, PartRecord, load_manifest, part_rows
+from batchgen.io.schema import output_schema
+from batchgen.io.writers import PartWriter
+
+SCHEMA = output_schema(pa.field("id", pa.int64()), [])
+EVERY = 5
+
+
+class Crash(BaseException):
+    pass
+
+
+def rows(ids, error_ids):
+    return [{"id": i, "generated_text": None if i in error_ids else f"t{i}",
+             "finish_reason": "error" if i in error_ids else "stop", "num_prompt_tokens": 1,
+             "num_generated_tokens": 1, "error": "bad" if i in error_ids else None,
+             "prompt_hash": None if i in error_ids else f"{i:016x}"} for i in ids]
+
+
+def commit(manifest, writer, ids, error_ids=()):
+    part = writer.stage_part(rows(ids, error_ids), tag=f".{manifest.state.last_seq + 1:08d}")
+    shard = f"/data/shard-{ids[0] % 3}.parquet"
+    record = PartRecord.staged(part, list(ids), [i in error_ids for i in ids], [shard] * len(ids),
+                               [i * 10 for i in ids], [None if i in error_ids else f"{i:016x}" for i in ids])
+    manifest.commit([(part, record)])
+
+
+@pytest.fixture
+def out(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifest_module, "SNAPSHOT_EVERY_ENTRIES", EVERY)
+    path = tmp_path / "out"
+    path.mkdir()
+    Manifest(path).begin({"model": "m"})
+    return path
+
+
+def entries(out):
+    return sorted(p.name for p in (out / MANIFEST_DIR).iterdir())
+
+
+def test_a_long_job_keeps_a_bounded_manifest_and_reloads_the_same_state(out):
+    manifest = Manifest(out, load_manifest(out, keep_hashes=True))
+    manifest.state.keep_hashes = True
+    writer = PartWriter(out, SCHEMA)
+    for n in range(40):
+        commit(manifest, writer, [2 * n, 2 * n + 1], error_ids={2 * n + 1} if n % 7 == 0 else set())
+        assert len([e for e in entries(out) if e.endswith(".json")]) <= EVERY + 1
+        assert len([e for e in entries(out) if e.endswith(".rows.parquet")]) <= 1
+    live = manifest.state
+    live.check_integrity()
+    state = load_manifest(out, keep_hashes=True)
+    state.check_integrity()
+    assert (state.ok_ids, state.error_ids, state.prompt_hashes) == (live.ok_ids, live.error_ids, live.prompt_hashes)
+    assert state.prompt_hashes[4] == f"{4:016x}" and len(state.parts) == 40
+    assert {n: r.shard_counts for n, r in state.parts.items()} == {n: r.shard_counts for n, r in live.parts.items()}
+    first = next(iter(state.parts.values()))  # carried by the snapshot: its rows come from the rows file
+    assert part_rows(out, first) == (["/data/shard-0.parquet"] * 2, [0, 10])
+    kept = load_manifest(out, keep_rows=True)
+    assert kept.parts[first.name].rows == [0, 10]
+    # status reads counts only: the rows file is not needed
+    light = load_manifest(out, with_ids=False)
+    assert {n: r.shard_counts for n, r in light.parts.items()} == {n: r.shard_counts for n, r in live.parts.items()}
+    rows_file = next((out / MANIFEST_DIR).glob("*.rows.parquet"))
+    rows_file.rename(rows_file.with_suffix(".moved"))
+    load_manifest(out, with_ids=False)
+    with pytest.raises(Exception, match="unreadable"):
+        load_manifest(out)
+
+
+def test_a_crash_during_a_snapshot_loses_nothing(out, monkeypatch):
+    manifest = Manifest(out)
+    writer = PartWriter(out, SCHEMA)
+    for n in range(EVERY - 2):
+        commit(manifest, writer, [n])
+
+    real = manifest_module.write_json_atomic
+
+    def die_at_the_snapshot(path, entry, **kwargs):
+        if entry["op"] == "snapshot":
+            raise Crash
+        real(path, entry, **kwargs)
+
+    # the commit's entry and the rows file are written, then the process dies before the snapshot entry
+    monkeypatch.setattr(manifest_module, "write_json_atomic", die_at_the_snapshot)
+    with pytest.raises(Crash):
+        commit(manifest, writer, [100])
+    monkeypatch.undo()
+    assert list((out / MANIFEST_DIR).glob("*.rows.parquet"))  # written, never committed
+    from batchgen.jobs.session import OutputSession
+
+    session = OutputSession(out)
+    session.open()
+    try:
+        assert session.state.ok_ids == {*range(EVERY - 2), 100}
+        assert not list((out / MANIFEST_DIR).glob("*.rows.parquet"))
+    finally:
+        session.close()
+
+
+def test_a_crash_while_old_entries_are_deleted_leaves_a_loadable_suffix(out, monkeypatch):
+    manifest = Manifest(out)
+    writer = PartWriter(out, SCHEMA)
+    calls = []
+    real = manifest_module._unlink
+
+    def unlink_then_die(path):
+        calls.append(path)
+        real(path)
+        if len(calls) == 2:
+            raise Crash
+
+    monkeypatch.setattr(manifest_module, "_unlink", unlink_then_die)
+    with pytest.raises(Crash):
+        for n in range(EVERY + 1):
+            commit(manifest, writer, [n])
+    monkeypatch.undo()
+    state = load_manifest(out)
+    state.check_integrity()
+    assert state.ok_ids == set(range(EVERY - 1))
+    snapshot = json.loads((out / MANIFEST_DIR / f"{EVERY + 1:08d}.json").read_text())
+    assert snapshot["op"] == "snapshot" and snapshot["rows"]["num_rows"] == EVERY - 1
+
+
+def test_snapshot_every_is_what_the_writer_uses():
+    assert manifest_snapshot.SNAPSHOT_EVERY_ENTRIES == manifest_module.SNAPSHOT_EVERY_ENTRIES
