@@ -104,15 +104,7 @@ class EngineSlot:
         return sum(m.num_sampled_tokens for m in self.metrics)
 
     def summary(self) -> dict:
-        if len(self.metrics) == 1:
-            return self.metrics[0].summary()
-        merged = EngineMetrics(steps=[step for m in self.metrics for step in m.steps])
-        for m in self.metrics:
-            merged.num_prefix_hit_tokens += m.num_prefix_hit_tokens
-            merged.num_prompt_tokens += m.num_prompt_tokens
-            merged.num_generated_tokens += m.num_generated_tokens
-            merged.num_requests_finished += m.num_requests_finished
-        return merged.summary()
+        return EngineMetrics.merged(self.metrics).summary()
 
 
 class JobCore:
