@@ -141,6 +141,15 @@ def run(
                          "to --output and start over.")] = None,
     quiet: Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bar; a log line "
                      "every 30 s.")] = None,
+    metrics: Annotated[bool | None, typer.Option("--metrics/--no-metrics", help="Write per-second engine, row "
+                       "and commit records to OUTPUT/_metrics/ (`batchgen report`) [on].")] = None,
+    metrics_textfile: Annotated[str | None, typer.Option(help="Rewrite this node-exporter textfile (.prom) "
+                                "with the job's Prometheus metrics every --metrics-every-seconds.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve the Prometheus metrics over HTTP on this port "
+                            "while the job runs (0 = any free port).")] = None,
+    metrics_host: Annotated[str | None, typer.Option(help="Address --metrics-port listens on [127.0.0.1].")] = None,
+    metrics_every_seconds: Annotated[float | None, typer.Option(help="Seconds between metrics flushes and "
+                                     "textfile rewrites [10].")] = None,
 ) -> None:
     """Generate a completion for every input row and write Parquet parts to --output."""
     from batchgen.config import build_config
@@ -159,7 +168,8 @@ def run(
         commit_every_s=commit_every_seconds, retry_errors=retry_errors, overwrite=overwrite,
         quiet=quiet, window_rows=window_rows, length_column=length_column, sort_by_length=sort_by_length,
         static_min_occupancy=static_min_occupancy, quantize=quantize, quantize_backend=quantize_backend,
-        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype, metrics=metrics, metrics_textfile=metrics_textfile,
+        metrics_port=metrics_port, metrics_host=metrics_host, metrics_every_s=metrics_every_seconds,
     )
     with _user_errors():
         job_config = build_config(config, **overrides)

@@ -27,6 +27,7 @@ class StepStats:
     num_kv_blocks_free: int
     num_preempted: int
     num_overruns: int = 0
+    num_prefix_hit_tokens: int = 0  # prompt tokens this step found in the prefix cache
 
 
 class LogHistogram:
