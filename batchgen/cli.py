@@ -264,6 +264,21 @@ def status(
 
 
 @app.command()
+def report(
+    output_dir: Annotated[Path, typer.Argument(help="Output directory of a job: finished, running or killed.")],
+    to: Annotated[Path | None, typer.Option("--to", help="Directory for report.html (and the PNGs) "
+                  "[OUTPUT_DIR/_report].")] = None,
+    png: Annotated[bool, typer.Option("--png", help="Also write each figure as a PNG file.")] = False,
+) -> None:
+    """One HTML page of a job's figures: throughput, batch and KV use, step times, lengths, shards, errors."""
+    from batchgen.monitor.report import render_job_report
+
+    with _user_errors():
+        files = render_job_report(output_dir, dest=to, png=png)
+    typer.echo(json.dumps({"html": str(files.html_path), "png": [str(p) for p in files.png_paths]}))
+
+
+@app.command()
 def compact(
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory of a finished job.")],
 ) -> None:
