@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +36,8 @@ class JobMonitor:
             return None
         if config.overwrite:
             shutil.rmtree(metrics_dir(out_dir), ignore_errors=True)
-        run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{socket.gethostname()}-{os.getpid()}"
+        # unique even for two runs in one process within a second (tests, notebooks)
+        run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         recorder = MetricsRecorder(out_dir, run_id=run_id, write_files=config.metrics, every_s=config.metrics_every_s,
                                    context=context, work=work, input_rows=input_rows, output_rows=output_rows,
                                    output_rows_error=output_rows_error, last_commit_s=last_commit_s)
