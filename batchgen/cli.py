@@ -306,6 +306,9 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Rounds; each policy runs once per round.")] = 2,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    report: Annotated[Path | None, typer.Option("--report", help="Also write an HTML report of the comparison "
+                      "(figures side by side) to this directory.")] = None,
+    png: Annotated[bool, typer.Option("--png", help="With --report: each figure as a PNG file too.")] = False,
 ) -> None:
     """Measure engine throughput here: continuous against static batching, round-robin."""
     from batchgen.config import parse_bytes
@@ -319,8 +322,17 @@ def bench(
                                  mixed=not uniform, vocab_size=len(loaded.tokenizer),
                                  max_tokens=loaded.max_context_tokens // 2)
         budget = parse_bytes(kv_cache_memory) if kv_cache_memory else None
+        traces: dict | None = {} if report is not None else None
         result = run_bench(loaded, workload, default_engine_configs(batch_size, max_num_batched_tokens, budget),
-                           repeats)
+                           repeats, traces)
+        if report is not None:
+            from batchgen.monitor.bench_report import render_bench_report
+
+            facts = [("model", f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}"),
+                     ("workload", f"{num_requests} requests, {workload.num_output_tokens} output tokens, "
+                                  f"{'uniform' if uniform else 'mixed'} lengths, {repeats} rounds")]
+            files = render_bench_report(result, traces, report, facts=facts, png=png)
+            typer.echo(f"report: {files.html_path}", err=True)
     typer.echo(f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}: {num_requests} "
                f"requests, {workload.num_output_tokens} output tokens, {'uniform' if uniform else 'mixed'}", err=True)
     for name, r in result.items():

@@ -138,7 +138,7 @@ def _tokens_per_s(steps: pa.Table, t0: int, vlines, unit: tuple[float, str]) -> 
         series[f"per {width} s"] = (xs, rate)
         w = max(1, 10 // width)
         smooth = [sum(rate[max(0, i - w + 1):i + 1]) / len(rate[max(0, i - w + 1):i + 1]) for i in range(n)]
-        if w > 1:
+        if w > 1 and n > 2 * w:  # a job of a few seconds has nothing to smooth
             series[f"mean over {w * width} s"] = (xs, smooth)
     png = figures.lines("Tokens generated per second", unit[1], "tokens/s", series, vlines=vlines)
     return Figure("tokens_per_s", "Throughput over time", "Tokens the engine sampled per second (in-flight rows "
