@@ -17,7 +17,10 @@ effect, so two steadier figures come with it:
   whose ratio on/off is the CPU cost of monitoring per token;
 - the seconds spent inside the recorder's callbacks on the job's thread (per engine step, per
   finished row, per commit) as a share of the wall time: what monitoring adds to the hot path
-  (measured through a wrapper, so an upper bound).
+  (measured through a wrapper, so an upper bound);
+- the CPU seconds monitoring took in all (those callbacks plus the flusher thread's CPU time:
+  segments, textfile) as a share of the process' CPU time: the most tokens/s it can cost on a
+  CPU-bound job.
 
 Ratios are per round (the two runs of a round ran back to back) and summarized by their median.
 """
@@ -41,9 +44,20 @@ from benchmarks.checkpoint_cost import prompts
 from benchmarks.sysload import measure
 
 
-def instrument(spent: list[float]) -> None:
-    """Wrap the recorder's job-thread callbacks to add their time to spent[0] (the job code is unchanged)."""
+def instrument(spent: list[float], flush_cpu: list[float]) -> None:
+    """Wrap the recorder's job-thread callbacks to add their time to spent[0], and its flushes to add
+    their thread's CPU time to flush_cpu[0] (the job code is unchanged)."""
     cls = recorder_module.MetricsRecorder
+    real_flush = cls.flush
+
+    def timed_flush(self, *args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return real_flush(self, *args, **kwargs)
+        finally:
+            flush_cpu[0] += time.thread_time() - t0
+
+    cls.flush = timed_flush
     for name in ("on_step", "on_row", "on_commit"):
         real = getattr(cls, name)
 
@@ -69,8 +83,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
 
-    spent = [0.0]
-    instrument(spent)
+    spent, flush_cpu = [0.0], [0.0]
+    instrument(spent, flush_cpu)
     with tempfile.TemporaryDirectory(prefix="batchgen-metrics-") as tmp:
         tmp = Path(tmp)
         if args.model == "tiny":
@@ -98,7 +112,7 @@ def main() -> None:
                                       dtype=args.dtype, max_new_tokens=args.max_new_tokens, ignore_eos=True,
                                       max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
                                       quiet=True, commit_every_s=0, **configs[name])
-                spent[0] = 0.0
+                spent[0] = flush_cpu[0] = 0.0
                 with measure() as load:
                     summary = run_job(config, loaded=loaded)
                 metrics_dir = out / "_metrics"
@@ -108,6 +122,9 @@ def main() -> None:
                           "wall_s": round(summary.wall_seconds, 2), "steps": summary.engine.get("num_steps"),
                           "callback_s": round(spent[0], 4),
                           "callback_share": round(spent[0] / summary.wall_seconds, 5),
+                          "flush_cpu_s": round(flush_cpu[0], 4),
+                          "monitoring_cpu_share": round((spent[0] + flush_cpu[0]) / own, 5) if own else None,
+                          "other_cores": load.to_dict()["other_cores"],
                           "metrics_files": len(list(metrics_dir.glob("*.parquet"))) if metrics_dir.exists() else 0,
                           "other_cpu_s": load.to_dict()["other_cpu_s"]}
                 if round_index >= 0:
@@ -118,7 +135,9 @@ def main() -> None:
     for name, records in results.items():
         rates = [r["tokens_per_s"] for r in records]
         table[name] = {"min": min(rates), "median": statistics.median(rates), "max": max(rates),
-                       "callback_share_median": statistics.median(r["callback_share"] for r in records)}
+                       "callback_share_median": statistics.median(r["callback_share"] for r in records),
+                       "monitoring_cpu_share_median": statistics.median(r["monitoring_cpu_share"] or 0
+                                                                        for r in records)}
     pairs = list(zip(results["metrics-off"], results["metrics-on"], strict=True))
     wall = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in pairs]
     cpu = [b["tokens_per_cpu_s"] / a["tokens_per_cpu_s"] for a, b in pairs if a["tokens_per_cpu_s"]
@@ -130,7 +149,11 @@ def main() -> None:
                "on_vs_off_wall_per_round": [round(p, 4) for p in wall],
                "on_vs_off_per_cpu_s_median": round(statistics.median(cpu), 4) if cpu else None,
                "on_vs_off_per_cpu_s_per_round": [round(p, 4) for p in cpu],
-               "hot_path_share_median": table["metrics-on"]["callback_share_median"]}
+               "hot_path_share_median": table["metrics-on"]["callback_share_median"],
+               "monitoring_cpu_share_median": table["metrics-on"]["monitoring_cpu_share_median"],
+               # the round whose two runs saw the least load from other processes
+               "calmest_round": min(range(len(pairs)), key=lambda i: pairs[i][0]["other_cores"] + pairs[i][1][
+                   "other_cores"])}
     print(json.dumps(summary, indent=1))
 
 
