@@ -165,7 +165,8 @@ def horizontal_bars(title: str, xlabel: str, labels: Sequence[str], values: Sequ
         _no_data(ax, empty)
         return to_png(fig)
     short = [label if len(label) <= 60 else label[:57] + "..." for label in labels]
-    ax.barh(list(range(len(labels)))[::-1], values, color="C3")
+    ax.barh(list(range(len(labels)))[::-1], values, color="C3", height=0.6)
+    ax.set_ylim(-0.5 - max(0, 3 - len(labels)) / 2, len(labels) - 0.5 + max(0, 3 - len(labels)) / 2)  # thin bars
     ax.set_yticks(list(range(len(labels)))[::-1], short, fontsize=8)
     ax.set_xlabel(xlabel)
     for i, v in enumerate(values):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batchgen.monitor.recorder import RATE_WINDOW_S
 from batchgen.monitor.store import list_segments, metrics_dir, read_kind
@@ -37,7 +38,7 @@ def recent_steps(directory: Path, window_s: int = RATE_WINDOW_S) -> pa.Table:
         return pa.schema([]).empty_table()
     table = pa.concat_tables(reversed(tables))
     newest = table["time_s"].to_pylist()[-1]
-    return table.filter(pa.compute.greater(table["time_s"], newest - window_s))
+    return table.filter(pc.greater(table["time_s"], newest - window_s))
 
 
 def live_figures(out_dir: str | Path, *, running: bool) -> dict[str, Any] | None:
