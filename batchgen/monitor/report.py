@@ -33,6 +33,7 @@ REPORT_DIR = "_report"
 SUMMARY_FILE = "_summary.json"
 MAX_POINTS = 2000  # time series are binned to at most this many points
 MAX_ERROR_REASONS = 12
+GAP_S = 30  # no engine step for this long: the job was not generating (loading, between runs)
 
 
 def render_job_report(out_dir: str | Path, *, dest: str | Path | None = None, png: bool = False) -> ReportFiles:
@@ -161,10 +162,23 @@ def _batch_and_kv(steps: pa.Table, t0: int, vlines, unit: tuple[float, str]) -> 
             step_count[i] += ns
             if total:
                 kv[i] = max(100 * used / total, 0 if math.isnan(kv[i]) else kv[i])
-        xs = [(i * width + width / 2) / unit[0] for i in range(n)]
-        left["running sequences (mean)"] = (xs, [r / c if c else math.nan for r, c in zip(run_sum, step_count,
-                                                                                          strict=True)])
-        right["KV cache used, % (max)"] = (xs, kv)
+        # a slow machine takes seconds per step, leaving most bins empty: plot the bins that hold
+        # steps, joined, and break the line only where no step ran for GAP_S (between runs)
+        xs: list[float] = []
+        running: list[float] = []
+        kv_used: list[float] = []
+        last = None
+        for i in (i for i in range(n) if step_count[i]):
+            if last is not None and (i - last) * width > GAP_S:
+                xs.append(math.nan)
+                running.append(math.nan)
+                kv_used.append(math.nan)
+            xs.append((i * width + width / 2) / unit[0])
+            running.append(run_sum[i] / step_count[i])
+            kv_used.append(kv[i])
+            last = i
+        left["running sequences (mean)"] = (xs, running)
+        right["KV cache used, % (max)"] = (xs, kv_used)
     png = figures.lines("Running sequences and KV cache use", unit[1], "sequences", left, right=right,
                         right_label="% of KV blocks", vlines=vlines)
     return Figure("batch_kv", "Batch occupancy and KV memory", "Solid: sequences in the batch per step, averaged "
