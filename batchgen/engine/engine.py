@@ -102,7 +102,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.limits.max_num_seqs,
                                    max_num_batched_tokens=self.limits.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, policy=config.policy)
-        self.runner = ModelRunner(model, self.kv_cache, self.device, backend, compile=config.compile)
+        self.runner = ModelRunner(model, self.kv_cache, self.device, attention.make_backend(backend),
+                                  compile=config.compile)
         log.info("engine: %s policy, %s attention, %d KV blocks of %d tokens; %s%s", Policy(config.policy).value,
                  backend, num_blocks, block_size, self.limits.reason, "; compiled forward" if config.compile else "")
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
