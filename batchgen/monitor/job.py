@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batchgen.config import JobConfig
+from batchgen.errors import ConfigError
 from batchgen.monitor.prometheus import PrometheusExport
 from batchgen.monitor.recorder import MetricsRecorder
 from batchgen.monitor.store import metrics_dir
@@ -46,9 +47,13 @@ class JobMonitor:
             export = PrometheusExport(recorder, textfile=config.metrics_textfile, port=config.metrics_port,
                                       host=config.metrics_host)
         monitor = cls(recorder, export)
-        recorder.start()
         if export is not None and export.textfile is not None:
-            export.write_textfile()  # present from the start: a collector never finds it missing mid-job
+            try:
+                export.write_textfile()  # present from the start: a collector never finds it missing mid-job
+            except OSError as e:
+                export.close()
+                raise ConfigError(f"--metrics-textfile: cannot write {export.textfile}: {e.strerror or e}") from None
+        recorder.start()
         return monitor
 
     def close(self) -> None:

@@ -217,3 +217,14 @@ def test_status_json_has_live_figures_from_the_cli(fixture, tmp_path, one_thread
     assert proc.returncode == 0, proc.stderr
     live = json.loads(proc.stdout)["live"]
     assert set(live) >= {"tokens_per_s_last_minute", "eta_seconds", "running_sequences", "kv_cache_usage"}
+
+
+def test_bad_metrics_flags_are_user_errors(fixture, tmp_path, one_thread):
+    from batchgen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--metrics-textfile"):
+        run_job(config(fixture, tmp_path / "out", metrics_textfile=str(tmp_path / "missing" / "job.prom")))
+    with pytest.raises(ConfigError, match="metrics_port"):
+        config(fixture, tmp_path / "out2", metrics_port=70000)
+    with pytest.raises(ConfigError, match="metrics_every_s"):
+        config(fixture, tmp_path / "out3", metrics_every_s=0)
