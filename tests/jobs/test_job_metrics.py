@@ -21,6 +21,7 @@ from batchgen.config import build_config
 from batchgen.io.manifest import load_manifest
 from batchgen.jobs.run import run_job
 from batchgen.jobs.status import job_status
+from batchgen.monitor.report import render_job_report
 from batchgen.monitor.store import metrics_dir, read_kind
 from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, wait_until_locked
 
@@ -110,8 +111,9 @@ def test_no_metrics_writes_nothing(fixture, tmp_path, one_thread):
 # ---------------------------------------------------------------- subprocess jobs
 
 
-def start(fixture, out, *extra: str) -> subprocess.Popen:
-    args = [*job_args(fixture, out), "--max-new-tokens", "48", "--metrics-every-seconds", "0.2", *extra]
+def start(fixture, out, *extra: str, max_new_tokens: int = 48) -> subprocess.Popen:
+    args = [*job_args(fixture, out), "--max-new-tokens", str(max_new_tokens), "--metrics-every-seconds", "0.2",
+            *extra]
     return subprocess.Popen([sys.executable, "-m", "batchgen", "run", *args], env={**os.environ, **JOB_ENV},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -171,7 +173,8 @@ def test_port_scraped_during_a_run_then_sigterm_keeps_consistent_metrics(fixture
 
 def test_sigkill_leaves_readable_metrics_and_the_resume_continues_them(fixture, tmp_path, one_thread):
     out, prom = tmp_path / "out", tmp_path / "job.prom"
-    proc = start(fixture, out, "--metrics-textfile", str(prom))
+    # long rows, so the job still runs after its first commits while the report of it is drawn
+    proc = start(fixture, out, "--metrics-textfile", str(prom), max_new_tokens=160)
     try:
         assert wait_until_locked(proc, out)
         deadline = time.monotonic() + 120
@@ -180,6 +183,9 @@ def test_sigkill_leaves_readable_metrics_and_the_resume_continues_them(fixture, 
                 break
             time.sleep(0.02)
         assert proc.poll() is None, "the job ended before the kill"
+        # the report of a running job: it reads files only, so it works while the job writes them
+        report = render_job_report(out, dest=tmp_path / "report-running").html_path.read_text()
+        assert f"running (pid {proc.pid}" in report and report.count("data:image/png;base64,") == 6
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
@@ -195,7 +201,7 @@ def test_sigkill_leaves_readable_metrics_and_the_resume_continues_them(fixture, 
     rows_committed, = sums(out, "commits", "num_rows")
     assert 0 < rows_committed <= state.num_committed_rows  # the last commits may not have been flushed yet
     before = read_textfile(prom)
-    summary = run_job(config(fixture, out, metrics_textfile=str(prom), max_new_tokens=48))
+    summary = run_job(config(fixture, out, metrics_textfile=str(prom), max_new_tokens=160))
     after = read_textfile(prom)
     for name in (n for n in before if n.endswith("_total")):
         assert after[name] >= before[name], name
