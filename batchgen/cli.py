@@ -154,6 +154,15 @@ def run(
                          "to --output and start over.")] = None,
     quiet: Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bar; a log line "
                      "every 30 s.")] = None,
+    metrics: Annotated[bool | None, typer.Option("--metrics/--no-metrics", help="Write per-second engine, row "
+                       "and commit records to OUTPUT/_metrics/ (`batchgen report`) [on].")] = None,
+    metrics_textfile: Annotated[str | None, typer.Option(help="Rewrite this node-exporter textfile (.prom) "
+                                "with the job's Prometheus metrics every --metrics-every-seconds.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve the Prometheus metrics over HTTP on this port "
+                            "while the job runs (0 = any free port).")] = None,
+    metrics_host: Annotated[str | None, typer.Option(help="Address --metrics-port listens on [127.0.0.1].")] = None,
+    metrics_every_seconds: Annotated[float | None, typer.Option(help="Seconds between metrics flushes and "
+                                     "textfile rewrites [10].")] = None,
 ) -> None:
     """Generate a completion for every input row and write Parquet parts to --output."""
     from batchgen.config import build_config
@@ -174,7 +183,8 @@ def run(
         quiet=quiet, window_rows=window_rows, length_column=length_column, sort_by_length=sort_by_length,
         static_min_occupancy=static_min_occupancy, quantize=quantize, quantize_backend=quantize_backend,
         kv_cache_dtype=kv_cache_dtype, attention_backend=attention_backend, block_size=block_size,
-        cuda_graphs=cuda_graphs,
+        cuda_graphs=cuda_graphs, metrics=metrics, metrics_textfile=metrics_textfile,
+        metrics_port=metrics_port, metrics_host=metrics_host, metrics_every_s=metrics_every_seconds,
     )
     with _user_errors():
         job_config = build_config(config, **overrides)
@@ -274,6 +284,21 @@ def status(
 
 
 @app.command()
+def report(
+    output_dir: Annotated[Path, typer.Argument(help="Output directory of a job: finished, running or killed.")],
+    to: Annotated[Path | None, typer.Option("--to", help="Directory for report.html (and the PNGs) "
+                  "[OUTPUT_DIR/_report].")] = None,
+    png: Annotated[bool, typer.Option("--png", help="Also write each figure as a PNG file.")] = False,
+) -> None:
+    """One HTML page of a job's figures: throughput, batch and KV use, step times, lengths, shards, errors."""
+    from batchgen.monitor.report import render_job_report
+
+    with _user_errors():
+        files = render_job_report(output_dir, dest=to, png=png)
+    typer.echo(json.dumps({"html": str(files.html_path), "png": [str(p) for p in files.png_paths]}))
+
+
+@app.command()
 def compact(
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory of a finished job.")],
 ) -> None:
@@ -301,6 +326,9 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Rounds; each policy runs once per round.")] = 2,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    report: Annotated[Path | None, typer.Option("--report", help="Also write an HTML report of the comparison "
+                      "(figures side by side) to this directory.")] = None,
+    png: Annotated[bool, typer.Option("--png", help="With --report: each figure as a PNG file too.")] = False,
 ) -> None:
     """Measure engine throughput here: continuous against static batching, round-robin."""
     from batchgen.config import parse_bytes
@@ -314,8 +342,17 @@ def bench(
                                  mixed=not uniform, vocab_size=len(loaded.tokenizer),
                                  max_tokens=loaded.max_context_tokens // 2)
         budget = parse_bytes(kv_cache_memory) if kv_cache_memory else None
+        traces: dict | None = {} if report is not None else None
         result = run_bench(loaded, workload, default_engine_configs(batch_size, max_num_batched_tokens, budget),
-                           repeats)
+                           repeats, traces)
+        if report is not None:
+            from batchgen.monitor.bench_report import render_bench_report
+
+            facts = [("model", f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}"),
+                     ("workload", f"{num_requests} requests, {workload.num_output_tokens} output tokens, "
+                                  f"{'uniform' if uniform else 'mixed'} lengths, {repeats} rounds")]
+            files = render_bench_report(result, traces, report, facts=facts, png=png)
+            typer.echo(f"report: {files.html_path}", err=True)
     typer.echo(f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}: {num_requests} "
                f"requests, {workload.num_output_tokens} output tokens, {'uniform' if uniform else 'mixed'}", err=True)
     for name, r in result.items():

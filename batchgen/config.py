@@ -78,6 +78,11 @@ class JobConfig:
     read_batch_size: int = 256  # rows per input record batch
     quiet: bool = False
     log_every_s: float = 30.0
+    metrics: bool = True  # per-second records in <output>/_metrics/ (batchgen.monitor)
+    metrics_every_s: float = 10.0  # flush (and textfile) interval
+    metrics_textfile: str | None = None  # node-exporter textfile path
+    metrics_port: int | None = None  # Prometheus scrape endpoint; 0 = any free port
+    metrics_host: str = "127.0.0.1"  # localhost unless asked: the endpoint has no authentication
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -146,6 +151,13 @@ class JobConfig:
             raise ConfigError("stop strings must not be empty")
         if self.kv_cache_memory is not None:
             parse_bytes(self.kv_cache_memory)
+        if (isinstance(self.metrics_every_s, bool) or not isinstance(self.metrics_every_s, (int, float))
+                or self.metrics_every_s <= 0):
+            raise ConfigError(f"metrics_every_s must be a number of seconds > 0, got {self.metrics_every_s!r}")
+        if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(
+                self.metrics_port, int) or not 0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
+                              f"got {self.metrics_port!r}")
         return self
 
 

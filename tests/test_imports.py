@@ -1,5 +1,6 @@
 """The dependency direction stays as the architecture says: engine knows nothing of files or jobs,
-io nothing of models or jobs, and the scheduler, block manager and sequence run without torch."""
+io nothing of models or jobs, monitor nothing of jobs, and the scheduler, block manager and sequence
+run without torch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "batchgen"
 FORBIDDEN = {  # package -> packages none of its modules may import (at module level or inside a function)
     "engine": ("batchgen.io", "batchgen.jobs"),
     "io": ("batchgen.engine", "batchgen.jobs"),
+    "monitor": ("batchgen.jobs",),  # jobs feeds the monitor; status and report read its files without a job
 }
 TORCH_FREE = ("batchgen.engine.scheduler", "batchgen.engine.block_manager", "batchgen.engine.sequence")
 

@@ -273,13 +273,14 @@ class LLMEngine:
         elif not finished:
             raise EngineError("scheduler made no progress: nothing scheduled while requests wait")
         bm = self.block_manager
+        num_prefix_hit_tokens = bm.num_prefix_hit_tokens - self.metrics.num_prefix_hit_tokens  # this step's
         self.metrics.num_prefix_hit_tokens = bm.num_prefix_hit_tokens
         self.metrics.record(StepStats(
             step_seconds=time.perf_counter() - t0, num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting, num_batched_tokens=out.num_batched_tokens,
             num_sampled_tokens=len(samplers), num_kv_blocks_used=bm.num_used_blocks,
             num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
-            num_overruns=out.num_overruns))
+            num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens))
         return finished
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:

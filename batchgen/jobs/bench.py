@@ -18,6 +18,7 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import LoadedModel
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.engine.scheduler import Policy
+from batchgen.monitor.trace import StepTrace
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +48,11 @@ def make_workload(num_requests: int, *, mean_prompt_tokens: int, mean_output_tok
     return BenchWorkload(prompts, outputs)
 
 
-def run_once(loaded: LoadedModel, workload: BenchWorkload, engine_config: EngineConfig) -> dict:
+def run_once(loaded: LoadedModel, workload: BenchWorkload, engine_config: EngineConfig,
+             trace: StepTrace | None = None) -> dict:
     engine = LLMEngine(loaded.model, loaded.tokenizer, engine_config, eos_token_ids=loaded.eos_token_ids)
+    if trace is not None:
+        engine.metrics.listeners.append(trace)
     requests = [Request(str(i), p, SamplingParams(max_new_tokens=n, ignore_eos=True))
                 for i, (p, n) in enumerate(zip(workload.prompt_token_ids, workload.output_lens, strict=True))]
     started = time.perf_counter()
@@ -62,12 +66,16 @@ def run_once(loaded: LoadedModel, workload: BenchWorkload, engine_config: Engine
 
 
 def run_bench(loaded: LoadedModel, workload: BenchWorkload, engine_configs: dict[str, EngineConfig],
-              repeats: int) -> dict:
+              repeats: int, traces: dict[str, StepTrace] | None = None) -> dict:
+    """`traces`, if given, receives each policy's last run, step by step (the --report figures)."""
     runs: dict[str, list[dict]] = {name: [] for name in engine_configs}
     names = list(engine_configs)
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
-            runs[name].append(run_once(loaded, workload, engine_configs[name]))
+            trace = StepTrace() if traces is not None and r == repeats - 1 else None
+            runs[name].append(run_once(loaded, workload, engine_configs[name], trace))
+            if trace is not None:
+                traces[name] = trace
     result = {}
     for name, rs in runs.items():
         tps = [x["tokens_per_s"] for x in rs]

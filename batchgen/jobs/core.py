@@ -22,7 +22,7 @@ import gc
 import hashlib
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -30,7 +30,7 @@ import torch
 from batchgen.config import JobConfig, parse_bytes
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import LoadedModel
-from batchgen.engine.metrics import EngineMetrics
+from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.request import Completion, Request, SamplingParams
 from batchgen.engine.scheduler import Policy
 from batchgen.errors import BatchgenError, EngineError
@@ -80,6 +80,17 @@ class EngineSlot:
         self.engine: LLMEngine | None = None
         self.num_kv_blocks: int | None = None
         self.metrics: list[EngineMetrics] = []
+        self.listeners: list[Callable[[StepStats], None]] = []  # attached to every engine's metrics
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy of the engine in the slot: the one that produced the completion just yielded."""
+        return None if self.engine is None else Policy(self.engine.config.policy)
+
+    def add_listener(self, listener: Callable[[StepStats], None]) -> None:
+        self.listeners.append(listener)
+        if self.engine is not None:
+            self.engine.metrics.listeners.append(listener)
 
     def get(self, policy: Policy) -> LLMEngine:
         if self.engine is not None and self.engine.config.policy == policy:
@@ -88,6 +99,7 @@ class EngineSlot:
         self.engine = build_engine(self.config, self.loaded, policy, num_kv_blocks=self.num_kv_blocks)
         self.num_kv_blocks = self.engine.kv_cache.num_blocks
         self.metrics.append(self.engine.metrics)
+        self.engine.metrics.listeners.extend(self.listeners)
         return self.engine
 
     def drop(self, *, collect: bool = False) -> None:
@@ -106,15 +118,7 @@ class EngineSlot:
         return sum(m.num_sampled_tokens for m in self.metrics)
 
     def summary(self) -> dict:
-        if len(self.metrics) == 1:
-            return self.metrics[0].summary()
-        merged = EngineMetrics(steps=[step for m in self.metrics for step in m.steps])
-        for m in self.metrics:
-            merged.num_prefix_hit_tokens += m.num_prefix_hit_tokens
-            merged.num_prompt_tokens += m.num_prompt_tokens
-            merged.num_generated_tokens += m.num_generated_tokens
-            merged.num_requests_finished += m.num_requests_finished
-        return merged.summary()
+        return EngineMetrics.merged(self.metrics).summary()
 
 
 class JobCore:
@@ -127,6 +131,12 @@ class JobCore:
         self.keys = itertools.count()
         self.num_shards = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
         self.num_static_fallbacks = 0
+        self.shard_index: int | None = None  # the shard whose rows the engine was fed last
+
+    def context(self) -> tuple[str | None, int | None]:
+        """(engine mode, newest shard fed): what a metrics record of this moment is labelled with."""
+        policy = self.engines.policy
+        return (None if policy is None else policy.value), self.shard_index
 
     def generate(self, plans: Iterator[ShardPlan]) -> Iterator[tuple[PlannedRow, Completion]]:
         plan = next(plans, None)
@@ -175,6 +185,7 @@ class JobCore:
     def shard_requests(self, plan: ShardPlan) -> Iterator[Request]:
         config = self.config
         self.num_shards[plan.mode] += 1
+        self.shard_index = plan.index
         log.info("shard %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
                  plan.first_row_index, plan.mode, plan.reason)
         for planned in plan.rows:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen.engine.engine import LLMEngine
+from batchgen.engine.metrics import StepStats
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.jobs.planner import PlannedRow, ShardPlan, batch_slices
 from batchgen.jobs.stats import Reservoir, ceil_div, distribution
@@ -45,14 +46,18 @@ def calibrate(engine: LLMEngine, prompts: list[list[int]]) -> Calibration:
     runs = [[sample[0][:4]], sample, sample[:1]]
     points: list[tuple[int, float]] = []
     for run, batch in enumerate(runs):
-        first = len(engine.metrics.steps)
+        steps: list[StepStats] = []
+        engine.metrics.listeners.append(steps.append)
         for i, prompt_ids in enumerate(batch):
             engine.add_request(Request(f"calibrate-{run}-{i}", prompt_ids, SamplingParams(
                 max_new_tokens=CALIBRATION_NEW_TOKENS, ignore_eos=True)))
-        while engine.has_unfinished():
-            engine.step()
+        try:
+            while engine.has_unfinished():
+                engine.step()
+        finally:
+            engine.metrics.listeners.remove(steps.append)
         if run:  # the first run only warms the engine up
-            points += [(s.num_batched_tokens, s.step_seconds) for s in engine.metrics.steps[first:]]
+            points += [(s.num_batched_tokens, s.step_seconds) for s in steps]
     overhead, per_token = _fit_line(points)
     return Calibration(len(prompts), len(points), overhead, per_token)
 

@@ -57,6 +57,7 @@ class PlannedRow:
     num_truncated_tokens: int = 0
     known_output_tokens: int | None = None  # from --length-column
     prediction: LengthPrediction | None = None
+    shard_index: int | None = None  # the ShardPlan it was planned in (the metrics' rows per shard)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -136,6 +137,7 @@ class Planner:
         config = self.config
         for r in window:
             r.prediction = self.predictor.predict(r.num_prompt_tokens, r.max_new_tokens, r.known_output_tokens)
+            r.shard_index = self.num_shards
             self.num_predicted_tokens += r.prediction.p50
         self.num_planned_rows += len(window)
         ordered = sort_by_length(window) if config.sort_by_length else list(window)

@@ -53,6 +53,7 @@ from batchgen.jobs.rows import InputRow
 from batchgen.jobs.scan import InputScan
 from batchgen.jobs.session import SUMMARY_FILE, OutputSession
 from batchgen.jobs.signals import Interrupt, SignalGuard
+from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")
 
@@ -84,8 +85,16 @@ class _LocalJob:
         self.passthrough = [f.name for f in source.passthrough_fields]
         self.summary = RunSummary(output_dir=str(session.out_dir), model=loaded.name, mode=config.mode)
         self.progress: Progress | None = None
+        self.monitor: JobMonitor | None = None  # the metrics (batchgen.monitor), from run() on
 
     def run(self, scan: InputScan) -> RunSummary:
+        state = self.session.state  # what earlier runs committed: the gauges start there
+        self.monitor = JobMonitor.open(
+            self.config, self.session.out_dir, context=self.core.context, work=self.work, input_rows=scan.num_rows,
+            output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
+            last_commit_s=state.last_commit_time)
+        if self.monitor is not None:
+            self.core.engines.add_listener(self.monitor.recorder.on_step)
         self.progress = Progress(max(scan.num_rows - self.job.resume.num_rows_done, 0), quiet=self.config.quiet,
                                  log_every_s=self.config.log_every_s, work=self.work)
         started = time.monotonic()
@@ -107,6 +116,9 @@ class _LocalJob:
         finally:
             self.progress.close()
             self._fill_summary(time.monotonic() - started)
+            if self.monitor is not None:
+                with self.guard.critical():  # the last seconds' records: a signal now must not cut them
+                    self.monitor.close()
         return self.summary
 
     def finished(self, planned: PlannedRow, completion: Completion) -> None:
@@ -114,9 +126,18 @@ class _LocalJob:
         self.summary.num_rows_truncated += int(planned.num_truncated_tokens > 0)
         self.summary.length_sources[prediction.source] = self.summary.length_sources.get(prediction.source, 0) + 1
         self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
+        if self.monitor is not None:
+            policy = self.core.engines.policy
+            self.monitor.recorder.on_row(shard=planned.shard_index, mode=None if policy is None else policy.value,
+                                         num_prompt_tokens=completion.num_prompt_tokens,
+                                         num_generated_tokens=completion.num_generated_tokens,
+                                         predicted_tokens=prediction.p50, error=False)
         self.emit(planned.row, self.output_row(planned.row, completion=completion, digest=planned.prompt_hash))
 
     def failed(self, row: InputRow, message: str) -> None:
+        if self.monitor is not None:
+            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
+                                         predicted_tokens=None, error=True)
         self.emit(row, self.output_row(row, error=message))
 
     def output_row(self, row: InputRow, *, completion: Completion | None = None, error: str | None = None,
@@ -151,11 +172,17 @@ class _LocalJob:
 
     def commit(self) -> None:
         """Commit the finished rows and save the learned lengths: one section a signal does not cut."""
+        num_rows = len(self.committer)
+        t0 = time.monotonic()
         with self.guard.critical():
             self.committer.commit()
             predictor = self.job.predictor
             if predictor.num_observed_since_save:
                 predictor.save(self.session.out_dir)
+            if self.monitor is not None and num_rows:
+                state = self.session.state
+                self.monitor.recorder.on_commit(seconds=time.monotonic() - t0, output_rows=state.num_committed_rows,
+                                                output_rows_error=len(state.error_ids))
         self.last_commit = time.monotonic()
 
     def work(self) -> tuple[int, int | None]:

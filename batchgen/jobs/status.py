@@ -15,6 +15,7 @@ from batchgen.errors import OutputError
 from batchgen.io.lock import lock_holder
 from batchgen.io.manifest import SUCCESS_FILE, is_job_dir, load_manifest
 from batchgen.jobs.fingerprint import fingerprint_summary
+from batchgen.monitor.live import live_figures
 
 
 def job_status(out_dir: str | Path) -> dict[str, Any]:
@@ -39,9 +40,10 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
     holder = lock_holder(out_dir)
     complete = (out_dir / SUCCESS_FILE).is_file()
     totals = {key: sum(s[key] or 0 for s in shards) for key in ("rows", "done", "errored", "remaining")}
+    state_name = "running" if holder is not None else "complete" if complete else "incomplete"
     return {
         "output": str(out_dir),
-        "state": "running" if holder is not None else "complete" if complete else "incomplete",
+        "state": state_name,
         "complete": complete,
         "running": holder,
         "max_rows": state.inputs.get("max_rows") if state.inputs else None,
@@ -53,6 +55,8 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
         "last_commit_time": state.last_commit_time,
         "num_parts": len(state.parts),
         "num_entries": state.last_seq,
+        # from _metrics/ (batchgen.monitor.live): tokens/s over the last minute, ETA; None without metrics
+        "live": live_figures(out_dir, running=state_name == "running"),
     }
 
 
@@ -98,4 +102,9 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     else:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
         lines.append(f"last commit: {stamp} ({time.time() - last:.0f} s ago); {status['num_parts']} parts")
+    live = status.get("live")
+    if live is not None:
+        eta = "" if live["eta_seconds"] is None else f", ETA {live['eta_seconds']:.0f} s"
+        lines.append(f"metrics: {live['tokens_per_s_last_minute']:.1f} tok/s over the last minute of records{eta}; "
+                     f"{live['tokens_generated']} tokens generated in {live['engine_steps']} engine steps")
     return lines

@@ -41,3 +41,25 @@ def test_bench_command_prints_both_policies(tiny_model_dir):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(data) == {"continuous", "static"}
+
+
+def test_bench_report_shows_both_policies(tiny_model_dir, tmp_path):
+    import json
+    import re
+
+    from typer.testing import CliRunner
+
+    from batchgen.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--model", str(tiny_model_dir), "--num-requests", "16",
+                                      "--prompt-tokens", "8", "--output-tokens", "8", "--batch-size", "4",
+                                      "--kv-cache-memory", "4MiB", "--repeats", "1", "--device", "cpu",
+                                      "--dtype", "float32", "--report", str(tmp_path / "r"), "--png"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == 5
+    assert "continuous vs static" in html
+    pngs = sorted(p.name for p in (tmp_path / "r").glob("*.png"))
+    assert pngs == sorted(f"bench_{n}.png" for n in ("tokens_per_s", "over_time", "running", "kv", "step_times"))
+    assert set(data) == {"continuous", "static"}

@@ -1,0 +1,113 @@
+"""MetricsRecorder: one record per second per kind, sums equal to the events, counters that show only
+what was flushed and start from what earlier runs wrote."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from batchgen.engine.metrics import StepStats
+from batchgen.monitor import recorder as recorder_module
+from batchgen.monitor.recorder import MetricsRecorder
+from batchgen.monitor.store import metrics_dir, read_kind
+
+
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock(1_000_000.0)
+    monkeypatch.setattr(recorder_module.time, "time", c)
+    return c
+
+
+def step(n_sampled: int, running: int = 4, used: int = 10, secs: float = 0.01, preempted: int = 0) -> StepStats:
+    return StepStats(step_seconds=secs, num_running=running, num_waiting=2, num_batched_tokens=n_sampled + 3,
+                     num_sampled_tokens=n_sampled, num_kv_blocks_used=used, num_kv_blocks_free=90 - used,
+                     num_preempted=preempted, num_prefix_hit_tokens=1)
+
+
+def make(tmp_path, **kw) -> MetricsRecorder:
+    return MetricsRecorder(tmp_path, run_id=kw.pop("run_id", "r1"), write_files=True, every_s=3600,
+                           context=lambda: ("continuous", 0), **kw)
+
+
+def test_steps_aggregate_to_one_record_per_second(tmp_path, clock):
+    rec = make(tmp_path)
+    for i in range(250):  # 250 steps over 2.5 s
+        clock.t = 1_000_000.0 + i * 0.01
+        rec.on_step(step(3, running=i % 7, preempted=int(i == 7)))
+    rec.close()
+    table = read_kind(metrics_dir(tmp_path), "steps")
+    assert table["time_s"].to_pylist() == [1_000_000, 1_000_001, 1_000_002]
+    assert table["num_steps"].to_pylist() == [100, 100, 50]
+    assert sum(table["num_sampled_tokens"].to_pylist()) == 750
+    assert sum(table["num_preemptions"].to_pylist()) == 1
+    assert sum(table["num_prefix_hit_tokens"].to_pylist()) == 250
+    assert [sum(c) for c in table["step_hist_count"].to_pylist()] == [100, 100, 50]
+    assert table["num_running_max"].to_pylist() == [6, 6, 6]
+    assert set(table["mode"].to_pylist()) == {"continuous"} and set(table["run_id"].to_pylist()) == {"r1"}
+
+
+def test_rows_and_commits(tmp_path, clock):
+    rec = make(tmp_path)
+    for i in range(40):
+        rec.on_row(shard=i % 2, mode="static", num_prompt_tokens=5, num_generated_tokens=i, predicted_tokens=20,
+                   error=False)
+    rec.on_row(shard=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0, predicted_tokens=None, error=True)
+    rec.on_commit(seconds=0.5, output_rows=41, output_rows_error=1)
+    rec.close()
+    rows = read_kind(metrics_dir(tmp_path), "rows")
+    assert sorted(zip(rows["shard"].to_pylist(), rows["num_rows"].to_pylist(), strict=True),
+                  key=lambda x: (x[0] is None, x[0] or 0)) == [(0, 20), (1, 20), (None, 1)]
+    assert sum(rows["num_generated_tokens"].to_pylist()) == sum(range(40))
+    samples = rows["sample_actual_tokens"].to_pylist()
+    assert all(len(s) == 16 for s in samples[:2]) and samples[2] == []
+    assert set(rows["sample_predicted_tokens"].to_pylist()[0]) == {20}
+    commits = read_kind(metrics_dir(tmp_path), "commits").to_pylist()
+    assert len(commits) == 1
+    c = commits[0]
+    assert (c["num_rows"], c["num_rows_error"], c["num_generated_tokens"], c["output_rows"]) == (41, 1, 780, 41)
+
+
+def test_counters_show_what_was_flushed_and_resume_from_the_files(tmp_path, clock):
+    rec = make(tmp_path)
+    rec.on_step(step(5))
+    assert rec.snapshot().totals.num_generated_tokens == 0  # not on disk yet
+    clock.t += 1
+    rec.flush()
+    assert rec.snapshot().totals.num_generated_tokens == 5
+    rec.on_step(step(7))
+    rec.close()
+    assert rec.snapshot().totals.num_generated_tokens == 12
+    again = make(tmp_path, run_id="r2")
+    assert again.snapshot().totals.num_generated_tokens == 12  # seeded from the files: never lower
+    assert again.snapshot().totals.num_engine_steps == 2
+
+
+def test_tokens_per_second_and_eta(tmp_path, clock):
+    rec = make(tmp_path, work=lambda: (1000, 3000))
+    for i in range(300):  # 100 tokens per second for 30 s
+        clock.t = 1_000_000.0 + i * 0.1
+        rec.on_step(step(10))
+    clock.t = 1_000_030.0
+    snap = rec.snapshot()
+    assert snap.tokens_per_s == pytest.approx(100, rel=0.05)
+    assert snap.eta_seconds == pytest.approx(20, rel=0.05)  # 2000 tokens left at 100/s
+    rec.close()
+
+
+def test_monitor_modules_import_no_torch():
+    """status and report read metrics files without loading torch (seconds of start-up)."""
+    code = ("import sys; import batchgen.monitor.report, batchgen.monitor.live; "
+            "print(sorted(m for m in sys.modules if m == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,75 @@
+"""_metrics/ segments: closed files only, merged every MERGE_SEGMENTS, read once each even when a kill
+left a merged file beside the segments it replaced, and an unreadable file skipped."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from batchgen.monitor import store
+from batchgen.monitor.records import CommitSecond
+from batchgen.monitor.store import SegmentStore, list_segments, read_kind
+
+
+def commits(first_s: int, n: int) -> list[dict]:
+    out = []
+    for t in range(first_s, first_s + n):
+        c = CommitSecond(t)
+        c.num_commits, c.num_rows = 1, t
+        out.append(c.record("run-a"))
+    return out
+
+
+def test_segments_are_closed_files_named_by_sequence(tmp_path):
+    s = SegmentStore(tmp_path)
+    s.append("commits", commits(100, 3))
+    s.append("commits", commits(103, 2))
+    s.append("commits", [])  # nothing to write: no file
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["commits-00000001-00000001.parquet", "commits-00000002-00000002.parquet"]
+    for p in tmp_path.iterdir():
+        pq.read_table(p)  # each one complete on its own (footer written, file closed)
+    assert read_kind(tmp_path, "commits")["time_s"].to_pylist() == list(range(100, 105))
+    # a resumed run continues the sequence
+    assert SegmentStore(tmp_path).next_seq["commits"] == 3
+
+
+def test_merge_keeps_every_record_once_and_bounds_the_file_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "MERGE_SEGMENTS", 4)
+    s = SegmentStore(tmp_path)
+    for i in range(10):
+        s.append("commits", commits(10 * i, 2))
+    segs = list_segments(tmp_path, "commits")
+    assert [(g.first, g.last) for g in segs] == [(1, 4), (5, 8), (9, 9), (10, 10)]
+    assert len(list(tmp_path.iterdir())) == 4
+    table = read_kind(tmp_path, "commits")
+    assert table["time_s"].to_pylist() == [10 * i + j for i in range(10) for j in range(2)]
+
+
+def test_a_kill_between_merge_and_delete_shows_no_record_twice(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "MERGE_SEGMENTS", 3)
+    s = SegmentStore(tmp_path)
+    s.append("commits", commits(0, 1))
+    s.append("commits", commits(1, 1))
+    kept = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    s.append("commits", commits(2, 1))  # merges 1..3
+    for name, data in kept.items():  # as if killed before the small files were deleted
+        (tmp_path / name).write_bytes(data)
+    assert read_kind(tmp_path, "commits")["time_s"].to_pylist() == [0, 1, 2]
+
+
+def test_temp_files_of_a_killed_write_are_removed_and_bad_files_skipped(tmp_path, caplog):
+    (tmp_path / ".steps-00000001-00000001.parquet.tmp").write_bytes(b"PAR1 half")
+    s = SegmentStore(tmp_path)
+    assert not list(tmp_path.glob(".*"))
+    s.append("commits", commits(0, 2))
+    (tmp_path / "commits-00000002-00000002.parquet").write_bytes(b"not parquet")
+    with caplog.at_level("WARNING"):
+        assert read_kind(tmp_path, "commits").num_rows == 2
+    assert "unreadable metrics file" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["steps", "rows", "commits"])
+def test_reading_nothing_gives_an_empty_table_of_the_schema(tmp_path, kind):
+    table = read_kind(tmp_path / "absent", kind)
+    assert table.num_rows == 0 and "time_s" in table.column_names
