@@ -49,6 +49,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | cpu (C decode kernel) | flash (flash-attn, CUDA only)
     kv_cache_bytes: int | None = None  # None: sized from free memory
     num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
+    # prompt + max output tokens of every sequence this engine will run, when the caller knows them
+    # all (a small job): the cache then holds just those, all at once, if that is less than the budget
+    seq_token_needs: tuple[int, ...] | None = None
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
@@ -93,6 +96,15 @@ class LLMEngine:
                 num_blocks = plan_num_blocks(spec, self.device, config.kv_cache_bytes, peak)
             except ValueError as e:
                 raise ConfigError(f"KV cache: {e}") from None
+        # the longest sequence the budget allows: prompts are cut to it, and it does not change when
+        # the cache is sized to a job's need below (it is part of a job's fingerprint)
+        self.max_tokens_per_seq = min(self.max_model_len, num_blocks * block_size)
+        if config.num_kv_blocks is None and config.seq_token_needs:
+            needed = sum(-(-min(n, self.max_tokens_per_seq) // block_size) for n in config.seq_token_needs)
+            if needed < num_blocks:
+                log.info("KV cache sized to the job's need: %d sequences, %d blocks (the budget holds %d)",
+                         len(config.seq_token_needs), needed, num_blocks)
+                num_blocks = needed
         self.kv_cache = KVCache(spec, num_blocks, self.device)
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.limits = sizing.resolve_limits(
@@ -102,17 +114,13 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.limits.max_num_seqs,
                                    max_num_batched_tokens=self.limits.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, policy=config.policy)
-        self.runner = ModelRunner(model, self.kv_cache, self.device, backend, compile=config.compile)
+        self.runner = ModelRunner(model, self.kv_cache, self.device, backend, compile=config.compile,
+                                  eos_token_ids=eos_token_ids)
         log.info("engine: %s policy, %s attention, %d KV blocks of %d tokens; %s%s", Policy(config.policy).value,
                  backend, num_blocks, block_size, self.limits.reason, "; compiled forward" if config.compile else "")
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.metrics = EngineMetrics()
         self._seq_ids = itertools.count()
-
-    @property
-    def max_tokens_per_seq(self) -> int:
-        """The longest prompt + output one sequence can reach: the context or the whole cache."""
-        return min(self.max_model_len, self.block_manager.num_blocks * self.block_size)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -123,7 +131,9 @@ class LLMEngine:
             raise RequestRejected(
                 f"prompt of {num_prompt} tokens leaves no room to generate (limit {self.max_tokens_per_seq} "
                 "tokens: the model's context or the KV cache)")
-        self.scheduler.add(Sequence.from_request(next(self._seq_ids), request))
+        seq = Sequence.from_request(next(self._seq_ids), request)
+        self.scheduler.add(seq)
+        self.runner.add(seq)
         self.metrics.num_prompt_tokens += num_prompt
 
     def fit_batch_size(self, max_num_seqs: int) -> None:

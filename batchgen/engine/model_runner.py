@@ -39,7 +39,7 @@ DECODE_GROUP_MAX_RATIO = 2.0
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device,
-                 backend: str = "torch", compile: bool = False):
+                 backend: str = "torch", compile: bool = False, eos_token_ids: list[int] | None = None):
         assert backend in ("torch", "cpu", "flash")
         self.model = model
         self._forward = compile_forward(model) if compile else _forward
@@ -47,7 +47,7 @@ class ModelRunner:
         self.block_size = kv_cache.spec.block_size
         self.device = device
         self.backend = backend
-        self.sampler = Sampler()
+        self.sampler = Sampler(eos_token_ids)  # EOS ids: what min_tokens masks
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int]:
@@ -166,6 +166,9 @@ class ModelRunner:
             mask=mask[:, None, None, :].to(dev),
             max_num_blocks=max_num_blocks,
         )
+
+    def add(self, seq) -> None:
+        self.sampler.add(seq)
 
     def release(self, seq) -> None:
         self.sampler.release(seq)
