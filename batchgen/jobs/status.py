@@ -15,6 +15,7 @@ from batchgen.errors import OutputError
 from batchgen.io.lock import lock_holder
 from batchgen.io.manifest import SUCCESS_FILE, is_job_dir, load_manifest
 from batchgen.jobs.fingerprint import fingerprint_summary
+from batchgen.jobs.report import plural
 
 
 def job_status(out_dir: str | Path) -> dict[str, Any]:
@@ -89,5 +90,5 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         lines.append("last commit: none yet")
     else:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
-        lines.append(f"last commit: {stamp} ({time.time() - last:.0f} s ago); {status['num_parts']} parts")
+        lines.append(f"last commit: {stamp} ({time.time() - last:.0f} s ago); {plural(status['num_parts'], 'part')}")
     return lines
