@@ -3,8 +3,9 @@
 Both tick on a timer from the moment the job starts generating, not when a row finishes: rows run
 longest predicted output first, so in a shard's first minutes few rows finish while every slot
 generates. They count work, not rows: with a `work` callable (tokens generated so far, in flight
-included; the job's predicted total) the ETA is elapsed x (total - done) / done, the same figure
-in the bar and in the log line; without it, rows stand in for work.
+included; the job's predicted total) the ETA is the tokens to go over the rate since the first
+token was seen (the prompts' prefill before it would otherwise make the first minutes' ETA hours
+long), the same figure in the bar and in the log line; without it, rows stand in for work.
 
 On a terminal, log lines are written through the bar (tqdm's logging redirect), so they never
 print into it. A terminal of width 0 (some CI consoles) gets the log lines instead of a bar.
@@ -49,6 +50,7 @@ class Progress:
         self.num_errors = 0
         self.num_generated_tokens = 0
         self.started = time.monotonic()
+        self._first_tokens: tuple[float, int] | None = None  # (when, how many) at the first line with tokens
         self.log_every_s = log_every_s
         stream = stream if stream is not None else sys.stderr
         self._bar: tqdm | None = None
@@ -77,6 +79,10 @@ class Progress:
 
     def eta_s(self, tokens: int, predicted: int | None, elapsed_s: float) -> float | None:
         if predicted and tokens:
+            first = self._first_tokens
+            now = self.started + elapsed_s
+            if first is not None and tokens > first[1] and now > first[0]:
+                return (now - first[0]) * max(predicted - tokens, 0) / (tokens - first[1])
             return elapsed_s * max(predicted - tokens, 0) / tokens
         if self.total_rows and self.num_rows:
             return elapsed_s * (self.total_rows - self.num_rows) / self.num_rows
@@ -87,6 +93,8 @@ class Progress:
         tokens, predicted = self._work()
         elapsed = self.elapsed_s
         eta = self.eta_s(tokens, predicted, elapsed)
+        if tokens and self._first_tokens is None:
+            self._first_tokens = (self.started + elapsed, tokens)
         return (f"rows {self.num_rows}{total} ({self.num_errors} errors), {tokens} tokens, "
                 f"{tokens / max(elapsed, 1e-9):.1f} tok/s{'' if eta is None else f', ETA {eta:.0f}s'}")
 

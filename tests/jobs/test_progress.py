@@ -99,3 +99,16 @@ def test_a_terminal_of_width_zero_gets_log_lines(monkeypatch, caplog):
         wait_for(lambda: any(r.getMessage().startswith("rows 0/3") for r in caplog.records))
     finally:
         progress.close()
+
+
+def test_eta_counts_the_rate_since_the_first_token_not_the_prefill_before_it():
+    """60 s of prefill, then 100 tokens in 10 s: 300 to go is 30 s, not 60 x 3 = 180 s."""
+    tokens = [100]
+    progress = Progress(4, quiet=True, log_every_s=30, work=lambda: (tokens[0], 400))
+    progress.started -= 70
+    first = progress.line()  # the first tokens seen: the reference point
+    progress._first_tokens = (progress._first_tokens[0] - 10, 0)  # as if the first token came 10 s ago
+    second = progress.line()
+    progress.close()
+    assert first.endswith("ETA 210s"), first  # elapsed-based until there is a rate since the first token
+    assert second.endswith("ETA 30s"), second
