@@ -27,43 +27,46 @@ from batchgen.engine.sequence import Sequence
 
 
 class RowPenalties:
-    """One row's running token statistics, updated from its token ids as they grow."""
+    """One row's running token statistics, updated from its token ids as they grow.
 
-    def __init__(self, seq: Sequence, vocab_size: int, device: torch.device):
-        params = seq.request.sampling
-        self.params = params
+    Sparse: a row touches the logits of the tokens it has seen (hundreds), never the whole
+    vocabulary, as transformers' processors gather and scatter."""
+
+    def __init__(self, seq: Sequence):
+        self.params = params = seq.request.sampling
         self.num_counted = 0  # generated tokens already in `output_counts`
-        self.output_counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # [vocab_size]
-        self.seen: torch.Tensor | None = None  # [vocab_size] bool: in prompt or output (repetition only)
-        if params.repetition_penalty != 1.0:
-            self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            prompt = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.long, device=device)
-            self.seen[prompt[prompt < vocab_size]] = True
+        self.output_counts: dict[int, int] = {}  # token id -> times generated
+        # prompt and output tokens (repetition penalty only); a tensor of them is cached per growth
+        self.seen: set[int] | None = set(seq.token_ids[:seq.num_prompt_tokens]) \
+            if params.repetition_penalty != 1.0 else None
+        self._seen_ids: torch.Tensor | None = None
 
     def catch_up(self, seq: Sequence) -> None:
         """Count the tokens generated since the last step (token ids only grow, preempted or not)."""
-        new = seq.generated_token_ids[self.num_counted:]
-        if not new:
-            return
-        ids = torch.tensor(new, dtype=torch.long, device=self.output_counts.device)
-        self.output_counts.index_put_((ids,), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
-        if self.seen is not None:
-            self.seen[ids] = True
-        self.num_counted += len(new)
+        for token in seq.token_ids[seq.num_prompt_tokens + self.num_counted:]:
+            self.output_counts[token] = self.output_counts.get(token, 0) + 1
+            if self.seen is not None and token not in self.seen:
+                self.seen.add(token)
+                self._seen_ids = None
+            self.num_counted += 1
 
-    def apply(self, logits: torch.Tensor, num_generated_tokens: int, eos_token_ids: torch.Tensor) -> torch.Tensor:
-        # logits: [vocab_size] float32; returns the controlled row
-        p = self.params
+    def apply(self, logits: torch.Tensor, num_generated_tokens: int, eos_token_ids: torch.Tensor) -> None:
+        # logits: [vocab_size] float32, changed in place
+        p, device, vocab_size = self.params, logits.device, logits.shape[0]
         if num_generated_tokens < p.min_tokens and eos_token_ids.numel():
-            logits = logits.index_fill(0, eos_token_ids, float("-inf"))
+            logits.index_fill_(0, eos_token_ids, float("-inf"))
         if self.seen is not None:
-            penalized = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
-            logits = torch.where(self.seen, penalized, logits)
-        if p.frequency_penalty != 0.0:
-            logits = logits - p.frequency_penalty * self.output_counts
-        if p.presence_penalty != 0.0:
-            logits = logits - p.presence_penalty * (self.output_counts > 0).float()
-        return logits
+            if self._seen_ids is None or self._seen_ids.device != device:
+                self._seen_ids = torch.tensor(sorted(t for t in self.seen if t < vocab_size), dtype=torch.long,
+                                              device=device)
+            values = logits[self._seen_ids]
+            logits[self._seen_ids] = torch.where(values > 0, values / p.repetition_penalty,
+                                                 values * p.repetition_penalty)
+        if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and self.output_counts:
+            ids = torch.tensor(list(self.output_counts), dtype=torch.long, device=device)
+            counts = torch.tensor(list(self.output_counts.values()), dtype=torch.float32, device=device)
+            keep = ids < vocab_size
+            logits.index_add_(0, ids[keep], -(p.frequency_penalty * counts[keep] + p.presence_penalty))
 
 
 class Penalties:
@@ -80,7 +83,7 @@ class Penalties:
     def add(self, seq: Sequence) -> None:
         """Called when a request enters the engine; rows without a control are not tracked."""
         if seq.request.sampling.has_logits_controls:
-            self._rows[seq.seq_id] = None  # built at its first step, when the vocabulary size is known
+            self._rows[seq.seq_id] = None  # built at its first step
 
     def release(self, seq: Sequence) -> None:
         self._rows.pop(seq.seq_id, None)
@@ -97,7 +100,7 @@ class Penalties:
                 continue
             row = self._rows[seq.seq_id]
             if row is None:
-                row = self._rows[seq.seq_id] = RowPenalties(seq, vocab_size, logits.device)
+                row = self._rows[seq.seq_id] = RowPenalties(seq)
             row.catch_up(seq)
-            logits[i] = row.apply(logits[i], seq.num_generated_tokens, self._eos)
+            row.apply(logits[i], seq.num_generated_tokens, self._eos)
         return logits
