@@ -83,8 +83,8 @@ BatchSize = Annotated[int | None, _opt("--batch-size", metavar="N", help=(
 MaxNumBatchedTokens = Annotated[int | None, _opt("--max-num-batched-tokens", metavar="N", help=(
     "Token budget per engine step [auto: 2048 on CPU, 8192 on CUDA]."))]
 KvCacheMemory = Annotated[str | None, _opt("--kv-cache-memory", metavar="SIZE", help=(
-    "KV cache size, e.g. 2GiB [auto: what the job's rows need, at most 25% of free RAM up to 2 GiB on CPU, "
-    "90% of GPU memory on CUDA]."))]
+    "KV cache budget, e.g. 2GiB [auto: 25% of free RAM up to 2 GiB on CPU, 90% of GPU memory on CUDA]; a job of "
+    "at most --window-rows rows takes only what its rows need."))]
 Compile = Annotated[bool | None, _opt("--compile/--no-compile", help=(
     "torch.compile the model's forward [off: on this project's CPUs it did not pay for its compile time; "
     "see README]."))]
