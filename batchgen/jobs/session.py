@@ -133,8 +133,7 @@ class OutputSession:
         if any(n.endswith(".parquet") for n in names) and len(ours) == len(names):
             raise OutputError(f"{self.out_dir} already holds output parts that no batchgen manifest lists ({shown}); "
                               "pass --overwrite to replace them, or choose a new --output directory")
-        kind = "output parts that no batchgen manifest lists" if any(n.endswith(".parquet") for n in names) else (
-            "files of its own")
-        raise OutputError(f"{self.out_dir} is not empty and holds no batchgen job, only {kind} ({shown}); "
-                          "choose a new or empty --output directory, e.g. "
-                          f"{self.out_dir / 'job'}")
+        parquet = any(n.endswith(".parquet") for n in names)
+        unlisted = ", Parquet files that no batchgen manifest lists" if parquet else ""
+        raise OutputError(f"{self.out_dir} is not empty and is not a batchgen job's output directory (it holds "
+                          f"{shown}{unlisted}); choose a new or empty --output directory, e.g. {self.out_dir / 'job'}")

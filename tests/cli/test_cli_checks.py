@@ -87,7 +87,7 @@ def test_output_directory_holding_something_else_is_refused(docs, tmp_path):
     out = tmp_path / "out"
     (out / "demo").mkdir(parents=True)  # e.g. `make demo` wrote out/demo/, and the README said --output out/
     line = assert_answers_light(*batchgen("run", "-i", docs, "-o", out, "--prompt-column", "body"),
-                                "is not empty and holds no batchgen job")
+                                "is not empty and is not a batchgen job's output directory")
     assert "demo/" in line
     assert sorted(p.name for p in out.iterdir()) == ["demo"]
 
