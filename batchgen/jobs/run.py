@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from batchgen.config import JobConfig
 from batchgen.errors import ErrorRateExceeded, JobInterrupted
-from batchgen.io.manifest import fingerprint_digest, write_success
+from batchgen.io.manifest import fingerprint_digest, is_job_dir, load_manifest, write_success
 from batchgen.io.schema import output_schema
 from batchgen.io.writers import write_json_atomic
 from batchgen.jobs.fingerprint import job_fingerprint
@@ -56,6 +56,11 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     inputs = open_inputs(config)
     source, scan = inputs.source, inputs.scan
     session = OutputSession(Path(config.output), overwrite=config.overwrite)
+    if _needs_model(config, inputs, session):
+        # torch and transformers load here, before the lock, so that holding the lock means "past the
+        # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
+        import batchgen.engine.loader  # noqa: F401
+        import batchgen.jobs.local  # noqa: F401
     summary: RunSummary | None = None
     stage = "opening the output directory"  # what an interrupt stopped, for its message
     with SignalGuard() as guard:
@@ -101,6 +106,17 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
             raise JobInterrupted(stop.signum, f"interrupted by {signal.Signals(stop.signum).name} while {stage}; "
                                  f"{committed}; run the same command again to resume") from None
     return summary
+
+
+def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:
+    """Read-only, before the lock: False when the run will end without a model (a directory that
+    will be refused, a job with nothing left to do), read as `batchgen status` reads a live job."""
+    out_dir = session.out_dir
+    if session.foreign_names():
+        return False
+    if config.overwrite or not is_job_dir(out_dir):
+        return True
+    return not ResumeRule(load_manifest(out_dir), config.retry_errors).nothing_to_do(inputs)
 
 
 def _nothing_to_do(config: JobConfig, session: OutputSession) -> RunSummary:

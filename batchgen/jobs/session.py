@@ -111,15 +111,20 @@ class OutputSession:
                 except OSError:
                     break
 
+    def foreign_names(self) -> list[str]:
+        """What a directory that is not (yet) a batchgen job holds besides our lock and the hidden
+        temp files of a run killed before its first commit (recovery deletes those). Read-only."""
+        if not self.out_dir.is_dir() or is_job_dir(self.out_dir):
+            return []
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in self.out_dir.iterdir()
+                      if p.name != LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+
     def _refuse_foreign_files(self) -> None:
         """A directory that holds no batchgen job must be empty: parts written beside other files
         are read with them (`pyarrow.dataset` over the directory returns both, mixed schemas and all)."""
         if is_job_dir(self.out_dir):
             return
-        # the lock and the hidden temp files of a run killed before its first commit are ours (recovery
-        # deletes the latter)
-        names = sorted(p.name + ("/" if p.is_dir() else "") for p in self.out_dir.iterdir()
-                       if p.name != LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+        names = self.foreign_names()
         if not names:
             return
         # parts and files of a batchgen older than the manifest: replaced with --overwrite
