@@ -44,6 +44,12 @@ class JobConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int | None = None
+    # vLLM's SamplingParams (engine/sampling.py has the definitions); 1.0 / 0.0 / 0 = off
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # tokens generated before EOS or a stop string may end a row
+    sampling_column: str | None = None  # per-row overrides of the above (a JSON object or struct per cell)
     seed: int = 0
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
@@ -137,6 +143,8 @@ class JobConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"top_k must be >= 1 (or unset), got {self.top_k}")
+        check_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_tokens,
+                        ConfigError)
         _choice("mode", self.mode, MODES)
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
@@ -159,6 +167,21 @@ class JobConfig:
             raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
                               f"got {self.metrics_port!r}")
         return self
+
+
+def check_penalties(repetition: Any, presence: Any, frequency: Any, min_tokens: Any, error: type[Exception]) -> None:
+    """vLLM's ranges for the penalties; raise `error` naming the first value outside them."""
+    for name, value in (("repetition_penalty", repetition), ("presence_penalty", presence),
+                        ("frequency_penalty", frequency)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise error(f"{name} must be a number, got {value!r}")
+    if not repetition > 0:
+        raise error(f"repetition_penalty must be > 0 (1 = off), got {repetition}")
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if not -2.0 <= value <= 2.0:
+            raise error(f"{name} must be in [-2, 2] (0 = off), got {value}")
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise error(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
 
 
 def parse_bytes(text: str) -> int:

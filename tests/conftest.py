@@ -85,3 +85,9 @@ def write_part():
         return staged.final_path
 
     return write
+
+
+@pytest.fixture(scope="module")
+def loaded_eos(eos_model_dir):
+    """The EOS-happy tiny Llama (eos_model_dir) loaded once per module."""
+    return load_model(str(eos_model_dir), device="cpu", dtype="float32")

@@ -117,7 +117,8 @@ def test_parquet_input_and_output_schema(runner, tiny_model_dir, tmp_path):
                         n=list(range(5)))
     out = tmp_path / "out"
     result = ok(invoke(runner, tiny_model_dir, src, out))
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"output": str(out), "rows": 5, "errors": 0}
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"output": str(out), "rows": 5, "errors": 0,
+                                                                 "output_rows": 5, "output_errors": 0}
 
     table = read_output(out)
     assert table.num_rows == 5
@@ -342,7 +343,8 @@ def test_null_empty_and_whitespace_prompts_are_error_rows(runner, tiny_model_dir
     src = write_parquet(tmp_path / "in.parquet", text=texts, keep=list(range(5)))
     out = tmp_path / "out"
     result = ok(invoke(runner, tiny_model_dir, src, out))
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"output": str(out), "rows": 5, "errors": 3}
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"output": str(out), "rows": 5, "errors": 3,
+                                                                 "output_rows": 5, "output_errors": 3}
     rows = rows_by_id(read_output(out))
     assert len(rows) == 5
     expected = {1: "is null", 2: "is empty", 3: "whitespace only"}

@@ -70,7 +70,7 @@ def test_plan_json_shape(runner, tiny_model_dir, inputs, tmp_path):
 def test_plan_text_and_forced_mode(runner, tiny_model_dir, inputs):
     result = plan(runner, tiny_model_dir, inputs, "--mode", "continuous", "--max-new-tokens", "8")
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("plan: 9 rows (1 error rows) in 2 shards")
+    assert lines[0].startswith("plan: 9 rows (1 error row) in 2 shards")
     assert any(line.startswith("calibration: ") for line in lines)
     shard_lines = [line for line in lines if "--mode continuous" in line]
     assert len(shard_lines) == 2 and all(" continuous " in line for line in shard_lines)

@@ -18,6 +18,9 @@ FORBIDDEN = {  # package -> packages none of its modules may import (at module l
     "monitor": ("batchgen.jobs",),  # jobs feeds the monitor; status and report read its files without a job
 }
 TORCH_FREE = ("batchgen.engine.scheduler", "batchgen.engine.block_manager", "batchgen.engine.sequence")
+# what a command imports before its checks pass: a user's mistake must not wait seconds for torch
+CHECKS_TORCH_FREE = ("batchgen.cli", "batchgen.config", "batchgen.jobs.run", "batchgen.jobs.plan",
+                     "batchgen.jobs.status")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -43,6 +46,13 @@ def test_no_forbidden_imports(package):
 
 def test_scheduler_block_manager_and_sequence_import_no_torch():
     code = f"import sys; import {', '.join(TORCH_FREE)}; print(sorted(m for m in sys.modules if m == 'torch'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_the_cli_and_the_job_checks_import_neither_torch_nor_transformers():
+    code = (f"import sys; import {', '.join(CHECKS_TORCH_FREE)}; "
+            "print(sorted(m for m in sys.modules if m in ('torch', 'transformers', 'tqdm')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
 

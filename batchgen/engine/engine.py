@@ -50,6 +50,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | cpu (C decode kernel) | flash (flash-attn, CUDA only)
     kv_cache_bytes: int | None = None  # None: sized from free memory
     num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
+    # prompt + max output tokens of every sequence this engine will run, when the caller knows them
+    # all (a small job): the cache then holds just those, all at once, if that is less than the budget
+    seq_token_needs: tuple[int, ...] | None = None
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
@@ -108,9 +111,20 @@ class LLMEngine:
                 num_blocks = plan_num_blocks(spec, self.device, config.kv_cache_bytes, peak)
             except ValueError as e:
                 raise ConfigError(f"KV cache: {e}") from None
+        # the longest sequence the budget allows: prompts are cut to it, and it does not change when
+        # the cache is sized to a job's need below (it is part of a job's fingerprint)
+        self.max_tokens_per_seq = min(self.max_model_len, num_blocks * block_size)
+        if config.num_kv_blocks is None and config.seq_token_needs:
+            needed = sum(-(-min(n, self.max_tokens_per_seq) // block_size) for n in config.seq_token_needs)
+            needed += int(self.use_cuda_graphs)  # the graphs' padding block
+            if needed < num_blocks:
+                log.info("KV cache sized to the job's need: %d sequences, %d blocks (the budget holds %d)",
+                         len(config.seq_token_needs), needed, num_blocks)
+                num_blocks = needed
         if num_blocks < 2:
             self.use_cuda_graphs = False  # no block to spare for the padding rows
-        self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile)
+        self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile,
+                                  eos_token_ids=eos_token_ids)
         self._allocate_cache(num_blocks)
         self.limits = sizing.resolve_limits(
             device_type=self.device.type, kv_capacity_tokens=self.block_manager.num_blocks * block_size,
@@ -190,11 +204,6 @@ class LLMEngine:
             self.runner.graphs = None
         self.num_oom_retries += 1
 
-    @property
-    def max_tokens_per_seq(self) -> int:
-        """The longest prompt + output one sequence can reach: the context or the whole cache."""
-        return min(self.max_model_len, self.block_manager.num_blocks * self.block_size)
-
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         num_prompt = len(request.prompt_token_ids)
@@ -204,7 +213,9 @@ class LLMEngine:
             raise RequestRejected(
                 f"prompt of {num_prompt} tokens leaves no room to generate (limit {self.max_tokens_per_seq} "
                 "tokens: the model's context or the KV cache)")
-        self.scheduler.add(Sequence.from_request(next(self._seq_ids), request))
+        seq = Sequence.from_request(next(self._seq_ids), request)
+        self.scheduler.add(seq)
+        self.runner.add(seq)
         self.metrics.num_prompt_tokens += num_prompt
 
     def fit_batch_size(self, max_num_seqs: int) -> None:

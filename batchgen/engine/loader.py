@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
@@ -96,6 +97,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "auto",
                trust_remote_code: bool = False, quantize: str = "none", quantize_backend: str = "auto") -> LoadedModel:
+    # transformers' own loading bars and notices are noise in a batch job's log
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     name = DEFAULT_MODEL if name_or_path in (None, DEFAULT_MODEL) else str(name_or_path)

@@ -58,13 +58,13 @@ class DeviceTiming:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache | None, device: torch.device,
-                 backend: AttentionBackend, compile: bool = False):
+                 backend: AttentionBackend, compile: bool = False, eos_token_ids: list[int] | None = None):
         self.model = model
         self._forward = compile_forward(model) if compile else _forward
         self.kv_cache = kv_cache  # the engine's; replaced when it rebuilds the cache
         self.device = device
         self.backend = backend
-        self.sampler = Sampler()
+        self.sampler = Sampler(eos_token_ids)  # EOS ids: what min_tokens masks
         self.graphs: DecodeGraphs | None = None  # set by the engine once captured
         self.timing = DeviceTiming()
         self._last_sync_s: float | None = None  # host time the previous step's tokens came back
@@ -129,6 +129,9 @@ class ModelRunner:
     def forward_fn(self):
         """The model call (compiled or not): model, input_ids, position_ids, logits_to_keep -> logits."""
         return self._forward
+
+    def add(self, seq) -> None:
+        self.sampler.add(seq)
 
     def release(self, seq) -> None:
         self.sampler.release(seq)

@@ -29,16 +29,29 @@ class SamplingParams:
     seed: int | None = None  # per-request seed: a row's text does not depend on its batch-mates
     stop: tuple[str, ...] = ()  # stop strings; the text is cut before the match
     ignore_eos: bool = False  # keep generating through EOS (benchmarks)
+    # vLLM's SamplingParams controls; the definitions are in engine/sampling.py. Defaults are off.
+    repetition_penalty: float = 1.0  # tokens in the prompt or output: logit / x if > 0, else logit * x
+    presence_penalty: float = 0.0  # minus x for every token the output already holds
+    frequency_penalty: float = 0.0  # minus x times the count of every token the output already holds
+    min_tokens: int = 0  # EOS is masked and stop strings ignored until this many tokens are generated
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens
         assert self.temperature >= 0.0, self.temperature
         assert 0.0 < self.top_p <= 1.0, self.top_p
         assert self.top_k is None or self.top_k >= 1, self.top_k
+        assert self.repetition_penalty > 0.0, self.repetition_penalty
+        assert 0 <= self.min_tokens, self.min_tokens
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_logits_controls(self) -> bool:
+        """Any control that changes the logits before sampling (the sampler tracks these rows)."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.min_tokens > 0)
 
 
 @dataclass(slots=True)

@@ -2,6 +2,8 @@
 
 A row's random stream belongs to the row alone (seeded from its SamplingParams.seed and
 advanced once per sampled token), so its text does not depend on which rows share its batch.
+Repetition, presence and frequency penalties and min_tokens (engine/penalties.py) change the
+logits of the rows that ask for them first; with none asked for, a step skips them entirely.
 """
 
 from __future__ import annotations
@@ -10,18 +12,26 @@ import random
 
 import torch
 
+from batchgen.engine.penalties import Penalties
 from batchgen.engine.sequence import Sequence
 
 
 class Sampler:
-    def __init__(self) -> None:
+    def __init__(self, eos_token_ids: list[int] | None = None) -> None:
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private stream
+        self.penalties = Penalties(eos_token_ids or [])
+
+    def add(self, seq: Sequence) -> None:
+        """A request entered the engine (called once per sequence)."""
+        self.penalties.add(seq)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         # logits: [num_seqs, vocab_size], row i belongs to seqs[i]
         assert logits.shape[0] == len(seqs)
         if not seqs:
             return []
+        if self.penalties:  # a dict check: nothing per row when no row asked for a penalty
+            logits = self.penalties.apply(logits, seqs)
         # max(dim).indices is argmax (the first maximal index, as HF's greedy picks) but ~4x faster
         # than argmax on bf16 logits on the CPU: 3 ms instead of 11 ms for 128 rows of 49k
         greedy = logits.max(dim=-1).indices.tolist()
@@ -50,6 +60,7 @@ class Sampler:
 
     def release(self, seq: Sequence) -> None:
         self._generators.pop(seq.seq_id, None)
+        self.penalties.release(seq)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:

@@ -16,9 +16,11 @@ class StopChecker:
         """Called after each sampled token."""
         params = seq.request.sampling
         last = seq.token_ids[-1]
-        if not params.ignore_eos and last in self.eos_token_ids:
+        # before min_tokens nothing but the length ends a row (the sampler masks EOS until then)
+        may_stop = seq.num_generated_tokens >= params.min_tokens
+        if may_stop and not params.ignore_eos and last in self.eos_token_ids:
             return FinishReason.STOP
-        if params.stop and self._stop_string_at_tail(seq) is not None:
+        if may_stop and params.stop and self._stop_string_at_tail(seq) is not None:
             return FinishReason.STOP
         if seq.num_generated_tokens >= params.max_new_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
@@ -39,7 +41,11 @@ class StopChecker:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         stops = seq.request.sampling.stop
         if stops:
-            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+            # a stop string counts only where it ends after the first min_tokens tokens
+            min_tokens = seq.request.sampling.min_tokens
+            start = len(self.tokenizer.decode(token_ids[:min_tokens], skip_special_tokens=True)) if min_tokens else 0
+            cut = min((i for i in (text.find(s, max(0, start - len(s) + 1)) for s in stops) if i >= 0),
+                      default=None)
             if cut is not None:
                 text = text[:cut]
         return token_ids, text

@@ -35,12 +35,13 @@ from batchgen.engine.request import Completion, Request, SamplingParams
 from batchgen.engine.scheduler import Policy
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.planner import PlannedRow, ShardPlan
+from batchgen.jobs.row_sampling import sampling_settings
 
 log = logging.getLogger("batchgen")
 
 
 def build_engine(config: JobConfig, loaded: LoadedModel, policy: Policy | None = None, *,
-                 num_kv_blocks: int | None = None) -> LLMEngine:
+                 num_kv_blocks: int | None = None, seq_token_needs: tuple[int, ...] | None = None) -> LLMEngine:
     """An engine with `policy` (default: the config's first, continuous for auto)."""
     engine_config = EngineConfig(
         policy=Policy(policy or config.engine_policy()),
@@ -55,6 +56,7 @@ def build_engine(config: JobConfig, loaded: LoadedModel, policy: Policy | None =
         kv_cache_dtype=config.kv_cache_dtype,
         max_model_len=loaded.max_context_tokens,
         num_kv_blocks=num_kv_blocks,
+        seq_token_needs=seq_token_needs,
     )
     return LLMEngine(loaded.model, loaded.tokenizer, engine_config, eos_token_ids=loaded.eos_token_ids)
 
@@ -79,6 +81,7 @@ class EngineSlot:
         self.loaded = loaded
         self.engine: LLMEngine | None = None
         self.num_kv_blocks: int | None = None
+        self.seq_token_needs: tuple[int, ...] | None = None  # a small job's rows: sizes the first cache
         self.metrics: list[EngineMetrics] = []
         self.listeners: list[Callable[[StepStats], None]] = []  # attached to every engine's metrics
 
@@ -96,7 +99,8 @@ class EngineSlot:
         if self.engine is not None and self.engine.config.policy == policy:
             return self.engine
         self.drop()
-        self.engine = build_engine(self.config, self.loaded, policy, num_kv_blocks=self.num_kv_blocks)
+        self.engine = build_engine(self.config, self.loaded, policy, num_kv_blocks=self.num_kv_blocks,
+                                   seq_token_needs=self.seq_token_needs)
         self.num_kv_blocks = self.engine.kv_cache.num_blocks
         self.metrics.append(self.engine.metrics)
         self.engine.metrics.listeners.extend(self.listeners)
@@ -191,9 +195,10 @@ class JobCore:
         for planned in plan.rows:
             key = str(next(self.keys))
             request = Request(key, planned.prompt_token_ids, SamplingParams(
-                max_new_tokens=planned.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-                top_k=config.top_k, seed=row_seed(config.seed, planned.row.row_id), stop=tuple(config.stop),
-                ignore_eos=config.ignore_eos), predicted_num_output_tokens=planned.prediction.p90)
+                max_new_tokens=planned.max_new_tokens, seed=row_seed(config.seed, planned.row.row_id),
+                stop=tuple(config.stop), ignore_eos=config.ignore_eos,
+                **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
+                predicted_num_output_tokens=planned.prediction.p90)
             self.pending[key] = (planned, request)
             yield request
 

@@ -57,6 +57,12 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
                     "kv_cache_dtype": config.kv_cache_dtype}
     if quantization != {"quantize": "none", "quantize_backend": "auto", "kv_cache_dtype": "auto"}:
         fingerprint.update(quantization)
+    sampling = {"repetition_penalty": config.repetition_penalty, "presence_penalty": config.presence_penalty,
+                "frequency_penalty": config.frequency_penalty, "min_tokens": config.min_tokens,
+                "sampling_column": config.sampling_column}
+    if sampling != {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
+                    "sampling_column": None}:
+        fingerprint.update(sampling)
     if model is not None:
         assert set(model) == {"model", *MODEL_KEYS}, sorted(model)
         fingerprint.update(model)

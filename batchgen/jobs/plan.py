@@ -15,30 +15,41 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchgen.config import JobConfig
-from batchgen.engine.loader import LoadedModel, load_model
 from batchgen.engine.scheduler import Policy
 from batchgen.io.manifest import is_job_dir, load_manifest
-from batchgen.jobs.core import build_engine
-from batchgen.jobs.estimate import Tally, calibrate, kv_bytes, shard_seconds, shard_work
+from batchgen.jobs.output_size import OutputSize, text_bytes_per_token
 from batchgen.jobs.prepare import open_inputs, prepare_job
+from batchgen.jobs.report import plural
+from batchgen.jobs.resume import ResumeRule
+
+if TYPE_CHECKING:
+    from batchgen.engine.loader import LoadedModel
 
 
 def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibration_rows: int = 16) -> dict[str, Any]:
     """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config, need_output=False)
+    out_dir = Path(config.output) if config.output and Path(config.output).is_dir() else None
+    # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows;
+    # with --id-column a committed row counts as done only while its prompt hash is unchanged, as in a run
+    check_prompts = config.id_column is not None
+    state = load_manifest(out_dir, keep_hashes=check_prompts) if out_dir is not None and is_job_dir(out_dir) else None
+    if state is not None and ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs):
+        return {"nothing_to_do": True, "output": str(out_dir), "num_rows": 0, "num_rows_done": state.num_committed_rows,
+                "num_error_rows_done": len(state.error_ids), "shards": []}
+    # torch and transformers load here, once every check has passed
+    from batchgen.engine.loader import load_model
+    from batchgen.jobs.core import build_engine
+    from batchgen.jobs.estimate import Tally, calibrate, kv_bytes, shard_seconds, shard_work
+
     if loaded is None:
         loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                             trust_remote_code=config.trust_remote_code, quantize=config.quantize,
                             quantize_backend=config.quantize_backend)
     engine = build_engine(config, loaded)
-    out_dir = Path(config.output) if config.output and Path(config.output).is_dir() else None
-    # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows
-    # with --id-column a committed row counts as done only while its prompt hash is unchanged, as in a run
-    state = (load_manifest(out_dir, keep_hashes=config.id_column is not None)
-             if out_dir is not None and is_job_dir(out_dir) else None)
     job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
     planner, block_size = job.planner, engine.block_size
     bytes_per_token = engine.kv_cache.spec.bytes_per_token
@@ -49,11 +60,13 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     shards: list[dict[str, Any]] = []
     work = []
     sample: list[list[int]] = []
-    for plan in planner.plans(job.rows(on_error=lambda row, message: None)):
+    size = OutputSize([f.name for f in inputs.source.passthrough_fields])
+    for plan in planner.plans(job.rows(on_error=lambda row, message: size.add(row.row_id, row.values))):
         if not sample and calibration_rows > 0:
             step = max(1, plan.num_rows // calibration_rows)  # spread over the shard, not its longest rows
             sample = [r.prompt_token_ids for r in plan.rows[::step][:calibration_rows]]
         for r in plan.rows:
+            size.add(r.row.row_id, r.row.values)
             prompt_tally.add(r.num_prompt_tokens)
             p50_tally.add(r.prediction.p50)
             p90_tally.add(r.prediction.p90)
@@ -94,18 +107,22 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             "step_overhead_ms": round(1000 * calibration.step_overhead_s, 3),
             "ms_per_token": round(1000 * calibration.seconds_per_token, 5)},
         "estimated_seconds": None if total_s is None else round(total_s, 3),
+        "output_size": size.describe(p50_tally.total, text_bytes_per_token(loaded.tokenizer, sample)),
         "shards": shards,
     }
 
 
 def plan_lines(report: dict[str, Any]) -> list[str]:
     """The plan for people: a header, then one line per shard."""
+    if report.get("nothing_to_do"):
+        return [f"nothing to do: all {report['num_rows_done']} rows are committed in {report['output']} "
+                f"({plural(report['num_error_rows_done'], 'error row')}); a run there would load no model"]
     p, o50, o90, kv = report["prompt_tokens"], report["output_tokens_p50"], report["output_tokens_p90"], report["kv"]
     done = f"; {report['num_rows_done']} committed before, not planned" if report["num_rows_done"] else ""
     lines = [
-        f"plan: {report['num_rows']} rows ({report['num_error_rows']} error rows{done}) in {report['num_shards']} "
-        f"shards of at most {report['window_rows']} rows; mode {report['mode']}: {report['num_shards_static']} "
-        f"static, {report['num_shards'] - report['num_shards_static']} continuous",
+        f"plan: {plural(report['num_rows'], 'row')} ({plural(report['num_error_rows'], 'error row')}{done}) in "
+        f"{plural(report['num_shards'], 'shard')} of at most {report['window_rows']} rows; mode {report['mode']}: "
+        f"{report['num_shards_static']} static, {report['num_shards'] - report['num_shards_static']} continuous",
         f"prompt tokens: mean {p['mean']}, p50 {p['p50']}, p90 {p['p90']}, max {p['max']}, total {p['total']}",
         f"predicted output tokens per row: p50 mean {o50['mean']} (p50 {o50['p50']}, p90 {o50['p90']}, max "
         f"{o50['max']}); p90 mean {o90['mean']}; total {report['predicted_output_tokens']}; learned from "
@@ -113,6 +130,11 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         f"KV cache: {_size(kv['bytes_per_token'])} per token; the engine's cache holds {kv['cache_tokens']} tokens "
         f"({_size(kv['cache_bytes'])}); the most a shard needs at once: {_size(kv['needed_bytes_max'])}",
     ]
+    size = report["output_size"]
+    copied = ", ".join(f"{name} {_size(n)}" for name, n in size["copied_columns"].items()) or "none"
+    lines.append(f"output size: ~{_size(size['total_bytes'])} uncompressed: generated text ~"
+                 f"{_size(size['generated_text_bytes'])} ({size['bytes_per_token']} bytes per token), copied input "
+                 f"columns ~{_size(size['copied_columns_bytes'])} ({copied}; --keep-columns chooses them)")
     if report["shards"]:
         first = report["shards"][0]
         lines.append(f"batch (first shard): {first['batch_size_reason']}")

@@ -45,6 +45,7 @@ from batchgen.engine.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.length import LengthPrediction, LengthPredictor, parse_known_length
 from batchgen.jobs.prompts import PromptBuilder, row_max_new_tokens
 from batchgen.jobs.resume import prompt_hash
+from batchgen.jobs.row_sampling import row_sampling
 from batchgen.jobs.rows import InputRow
 from batchgen.jobs.stats import ceil_div, distribution
 
@@ -58,6 +59,7 @@ class PlannedRow:
     known_output_tokens: int | None = None  # from --length-column
     prediction: LengthPrediction | None = None
     shard_index: int | None = None  # the ShardPlan it was planned in (the metrics' rows per shard)
+    sampling: dict[str, Any] | None = None  # the row's own sampling settings (--sampling-column)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -73,8 +75,9 @@ def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> Pla
     max_new = row_max_new_tokens(row.values, config.max_new_tokens_column, config.max_new_tokens)
     known = parse_known_length(row.values.get(config.length_column), config.length_column) \
         if config.length_column else None
+    sampling = row_sampling(row.values, config.sampling_column)
     prompt = builder.build(row.values, max_new)
-    return PlannedRow(row, prompt.token_ids, max_new, prompt.num_truncated_tokens, known)
+    return PlannedRow(row, prompt.token_ids, max_new, prompt.num_truncated_tokens, known, sampling=sampling)
 
 
 @dataclass(slots=True)

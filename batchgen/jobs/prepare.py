@@ -16,11 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchgen.config import JobConfig
-from batchgen.engine.engine import LLMEngine
-from batchgen.engine.loader import LoadedModel
 from batchgen.io.manifest import ManifestState
 from batchgen.jobs.length import LengthPredictor
 from batchgen.jobs.planner import PlannedRow, Planner, prepare_row
@@ -28,6 +26,10 @@ from batchgen.jobs.prompts import PromptBuilder, RowError
 from batchgen.jobs.resume import ResumeRule
 from batchgen.jobs.rows import InputRow, RowSource
 from batchgen.jobs.scan import InputScan, scan_inputs
+
+if TYPE_CHECKING:  # open_inputs and the resume rule run before torch is imported
+    from batchgen.engine.engine import LLMEngine
+    from batchgen.engine.loader import LoadedModel
 
 
 @dataclass(slots=True)
@@ -87,6 +89,32 @@ class PreparedJob:
                     continue
                 self.num_rows_changed += 1
             yield planned
+
+
+def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, resume: ResumeRule
+                    ) -> tuple[int, ...] | None:
+    """Prompt + max output tokens of every row a small job will run (at most one planning window),
+    so that its KV cache holds just those (engine.EngineConfig.seq_token_needs); None for a larger one.
+
+    Prompts are built against the model's context, which is at least the engine's (an engine
+    with a smaller budget cuts them shorter): the need is never under-counted."""
+    if inputs.scan.num_rows - resume.num_rows_done > config.window_rows:
+        return None
+    builder = PromptBuilder(loaded.tokenizer, inputs.source.template, system=config.system, chat=config.chat,
+                            max_context_tokens=loaded.max_context_tokens, on_long_prompt=config.on_long_prompt,
+                            max_prompt_tokens=config.max_prompt_tokens)
+    needs = []
+    for row in inputs.source:
+        if resume.skips(row.row_id) or row.error is not None:
+            continue
+        try:
+            planned = prepare_row(row, builder, config)
+        except RowError:
+            continue
+        needs.append(planned.num_prompt_tokens + planned.max_new_tokens)
+        if len(needs) > config.window_rows:
+            return None
+    return tuple(needs) or None
 
 
 def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engine: LLMEngine, *,

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 commit', '2 commits', '0 commits' (nouns here take a plain -s)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 @dataclass(slots=True)
 class JobSummary:
     output_dir: str
@@ -41,8 +46,8 @@ class JobSummary:
     def lines(self) -> list[str]:
         e = self.engine
         out = [
-            f"done: {self.num_rows} rows ({self.num_rows_ok} ok, {self.num_rows_error} errors, "
-            f"{self.num_rows_truncated} truncated prompts) in {self.wall_seconds:.1f}s",
+            f"done: {plural(self.num_rows, 'row')} ({self.num_rows_ok} ok, {plural(self.num_rows_error, 'error')}, "
+            f"{plural(self.num_rows_truncated, 'truncated prompt')}) in {self.wall_seconds:.1f}s",
             f"tokens: {self.num_prompt_tokens} prompt, {self.num_generated_tokens} generated, "
             f"{self.generated_tokens_per_s:.1f} generated tok/s ({self.model}, {self.mode})",
         ]
@@ -56,9 +61,11 @@ class JobSummary:
             mae = "n/a" if self.length_mae is None else f"{self.length_mae:.1f}"
             rho = "n/a" if self.length_spearman is None else f"{self.length_spearman:.2f}"
             sources = ", ".join(f"{k} {v}" for k, v in sorted(self.length_sources.items())) or "none"
-            out.append(f"plan: {self.num_shards_static} static and {self.num_shards_continuous} continuous shards, "
-                       f"{self.num_static_fallbacks} static fallbacks; output length predicted (p50) vs actual: "
-                       f"MAE {mae} tokens, Spearman {rho} over {self.num_length_predictions} rows ({sources})")
+            out.append(f"plan: {self.num_shards_static} static and {self.num_shards_continuous} continuous "
+                       f"{'shard' if self.num_shards_static + self.num_shards_continuous == 1 else 'shards'}, "
+                       f"{plural(self.num_static_fallbacks, 'static fallback')}; output length predicted (p50) "
+                       f"vs actual: MAE {mae} tokens, Spearman {rho} over "
+                       f"{plural(self.num_length_predictions, 'row')} ({sources})")
         out.append(f"output: {self.output_dir}")
         return out
 
@@ -76,12 +83,18 @@ class RunSummary(JobSummary):
     output_rows: int = 0  # committed rows in the output directory after this run
     output_rows_error: int = 0
     complete: bool = False  # every input row has a committed output row (_SUCCESS written)
+    nothing_to_do: bool = False  # every input row was committed before this run: no model was loaded
 
     def lines(self) -> list[str]:
+        if self.nothing_to_do:
+            return [f"nothing to do: all {self.num_rows_skipped} rows are committed "
+                    f"({plural(self.output_rows_error, 'error row')}); no model was loaded",
+                    f"output: {self.output_dir}"]
         out = JobSummary.lines(self)
-        out.insert(-1, f"resume: {self.num_rows_skipped} rows already committed, {self.num_rows_retried} error "
-                       f"rows retried, {self.num_rows_changed} changed prompts ({self.num_rows_replaced} replaced); "
-                       f"{self.num_commits} commits; output "
-                       f"holds {self.output_rows} rows ({self.output_rows_error} errors)"
+        out.insert(-1, f"resume: {plural(self.num_rows_skipped, 'row')} already committed, "
+                       f"{plural(self.num_rows_retried, 'error row')} retried, "
+                       f"{plural(self.num_rows_changed, 'changed prompt')} ({self.num_rows_replaced} replaced); "
+                       f"{plural(self.num_commits, 'commit')}; output holds {plural(self.output_rows, 'row')} "
+                       f"({plural(self.output_rows_error, 'error')})"
                        f"{'' if self.complete else ', incomplete'}")
         return out

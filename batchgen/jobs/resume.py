@@ -14,9 +14,12 @@ import hashlib
 import sys
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchgen.io.manifest import ManifestState
+
+if TYPE_CHECKING:
+    from batchgen.jobs.prepare import JobInputs
 
 
 def prompt_hash(token_ids: list[int]) -> str:
@@ -52,3 +55,14 @@ class ResumeRule:
     @property
     def num_rows_done(self) -> int:
         return len(self.state.ok_ids) + (0 if self.retry_errors else len(self.state.error_ids))
+
+    def nothing_to_do(self, inputs: JobInputs) -> bool:
+        """Every input row is settled, so a run would generate nothing (and need no model).
+
+        Ids are unique, so fewer settled rows than input rows means work without reading a row;
+        otherwise one pass over the ids (the id column alone, or none for derived ids) decides. Under
+        --id-column a committed row is settled only once its prompt hash is compared, which needs the
+        tokenizer, so such a rerun is never "nothing to do" here."""
+        if not self.state.num_committed_rows or self.num_rows_done < inputs.scan.num_rows:
+            return False
+        return all(self.skips(row_id) for row_id in inputs.source.iter_ids(inputs.scan.shard_rows))

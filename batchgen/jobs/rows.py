@@ -13,6 +13,7 @@ naming both files, so a job never fails half way through its inputs.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -51,7 +52,7 @@ class RowSource:
         self.id_field = (schema.field(config.id_column) if config.id_column
                          else pa.field(DERIVED_ID_COLUMN, pa.string()))
         self.passthrough_fields = _passthrough(config, schema, self.id_field.name)
-        optional = [config.max_new_tokens_column, config.length_column, config.id_column]
+        optional = [config.max_new_tokens_column, config.length_column, config.sampling_column, config.id_column]
         needed = [*template.columns, *[c for c in optional if c], *[f.name for f in self.passthrough_fields]]
         self.read_columns = list(dict.fromkeys(needed))
         self._shard_labels = _shard_labels(shards)
@@ -63,11 +64,12 @@ class RowSource:
         schemas = []
         for shard in shards:
             schema = read_schema(shard)  # empty / corrupt files fail here, naming the file
-            _check_columns(config, template, schema.names, shard.path)
+            _check_columns(config, template, schema, shard.path)
             schemas.append(schema)
         used = schemas
         if config.keep_columns is not None:  # only the columns the job reads need to agree
-            optional = [config.max_new_tokens_column, config.length_column, config.id_column]
+            optional = [config.max_new_tokens_column, config.length_column, config.sampling_column,
+                        config.id_column]
             names = {*template.columns, *[c for c in optional if c], *config.keep_columns}
             used = [pa.schema([f for f in schema if f.name in names]) for schema in schemas]
         return cls(config, shards, unify_schemas(shards, used), template, schemas)
@@ -80,6 +82,20 @@ class RowSource:
         if self.config.max_rows is not None:
             return self.config.max_rows if total is None else min(total, self.config.max_rows)
         return total
+
+    def iter_ids(self, shard_rows: list[tuple[str, int]]) -> Iterator[Any]:
+        """The ids of the rows `__iter__` yields, reading the id column alone (derived ids: nothing).
+        `shard_rows`: (path, rows read) per shard, from the input scan (which applied --max-rows)."""
+        for shard, label, (_, num_rows) in zip(self.shards, self._shard_labels, shard_rows, strict=True):
+            if not self.config.id_column:
+                yield from (f"{label}:{i}" for i in range(num_rows))
+                continue
+            n = 0
+            for batch in iter_batches(shard, [self.config.id_column], self.config.read_batch_size):
+                yield from batch.column(0).to_pylist()[: num_rows - n]
+                n += batch.num_rows
+                if n >= num_rows:
+                    break
 
     def __iter__(self) -> Iterator[InputRow]:
         remaining = self.config.max_rows
@@ -127,20 +143,46 @@ def unify_schemas(shards: list[InputShard], schemas: list[pa.Schema]) -> pa.Sche
         raise InputError(f"input files disagree on column types: {e}") from None
 
 
-def _check_columns(config: JobConfig, template: Template, names: list[str], path: str) -> None:
+def _check_columns(config: JobConfig, template: Template, schema: pa.Schema, path: str) -> None:
+    names = schema.names
     listed = ", ".join(names)
     if config.prompt_column not in names and config.template is None:
-        raise InputError(f"prompt column {config.prompt_column!r} not found; columns: {listed}",
+        likely = likely_prompt_column(schema, config.prompt_column)
+        hint = f"; pass --prompt-column {likely}" if likely else "; no column holds text"
+        raise InputError(f"prompt column {config.prompt_column!r} not found; columns: {listed}{hint}",
                          path=path)
     template.check_columns(names, path)
     for flag, column in (("--id-column", config.id_column),
                          ("--max-new-tokens-column", config.max_new_tokens_column),
-                         ("--length-column", config.length_column)):
+                         ("--length-column", config.length_column),
+                         ("--sampling-column", config.sampling_column)):
         if column is not None and column not in names:
             raise InputError(f"{flag} {column!r} not found; columns: {listed}", path=path)
     for column in config.keep_columns or []:
         if column not in names:
             raise InputError(f"--keep-columns {column!r} not found; columns: {listed}", path=path)
+
+
+# what people call the column a prompt comes from, likeliest first
+_PROMPT_NAMES = ("prompt", "text", "body", "content", "document", "doc", "article", "input", "question",
+                 "instruction", "message", "query", "passage", "context", "source")
+
+
+def likely_prompt_column(schema: pa.Schema, asked: str) -> str | None:
+    """The text column a user most likely meant: a usual name, else the closest name, else the
+    only text column. None when no column holds text."""
+    text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    if not text:
+        return None
+    lowered = {name.lower(): name for name in text}
+    for common in _PROMPT_NAMES:
+        if common in lowered:
+            return lowered[common]
+    close = difflib.get_close_matches(asked.lower(), list(lowered), n=1, cutoff=0.6)
+    if close:
+        return lowered[close[0]]
+    not_ids = [n for n in text if not n.lower().endswith(("id", "_key", "uuid"))]
+    return (not_ids or text)[0]
 
 
 def _passthrough(config: JobConfig, schema: pa.Schema, id_name: str) -> list[pa.Field]:

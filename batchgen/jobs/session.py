@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import FingerprintMismatch, OutputError
-from batchgen.io.lock import OutputLock
+from batchgen.io.lock import LOCK_FILE, OutputLock
 from batchgen.io.manifest import (
     PART_NAME_RE,
     SUCCESS_FILE,
@@ -136,22 +136,34 @@ class OutputSession:
                 except OSError:
                     break
 
+    def foreign_names(self) -> list[str]:
+        """What a directory that is not (yet) a batchgen job holds besides our lock and the hidden
+        temp files of a run killed before its first commit (recovery deletes those). Read-only."""
+        if not self.out_dir.is_dir() or is_job_dir(self.out_dir):
+            return []
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in self.out_dir.iterdir()
+                      if p.name != LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+
     def _refuse_foreign_files(self) -> None:
-        """Parquet files no manifest speaks for would be read with ours: refuse them."""
+        """A directory that holds no batchgen job must be empty: parts written beside other files
+        are read with them (`pyarrow.dataset` over the directory returns both, mixed schemas and all)."""
         if is_job_dir(self.out_dir):
             return
-        names = sorted(p.name for p in self.out_dir.iterdir() if p.suffix == ".parquet"
-                       and not p.name.startswith((".", "_")))
+        names = self.foreign_names()
         if not names:
             return
-        ours = [n for n in names if PART_NAME_RE.fullmatch(n)]
+        # parts and files of a batchgen older than the manifest: replaced with --overwrite
+        ours = [n for n in names if PART_NAME_RE.fullmatch(n) or n in (SUCCESS_FILE, SUMMARY_FILE)]
         if self.overwrite and len(ours) == len(names):
             for name in ours:
                 (self.out_dir / name).unlink()
-            for name in (SUCCESS_FILE, SUMMARY_FILE):
-                (self.out_dir / name).unlink(missing_ok=True)
             fsync_dir(self.out_dir)
             return
-        hint = "pass --overwrite to replace them, or " if len(ours) == len(names) else ""
-        raise OutputError(f"{self.out_dir} already holds output parts that no batchgen manifest lists "
-                          f"({names[0]}{', ...' if len(names) > 1 else ''}); {hint}choose a new --output directory")
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        if any(n.endswith(".parquet") for n in names) and len(ours) == len(names):
+            raise OutputError(f"{self.out_dir} already holds output parts that no batchgen manifest lists ({shown}); "
+                              "pass --overwrite to replace them, or choose a new --output directory")
+        parquet = any(n.endswith(".parquet") for n in names)
+        unlisted = ", Parquet files that no batchgen manifest lists" if parquet else ""
+        raise OutputError(f"{self.out_dir} is not empty and is not a batchgen job's output directory (it holds "
+                          f"{shown}{unlisted}); choose a new or empty --output directory, e.g. {self.out_dir / 'job'}")

@@ -15,6 +15,7 @@ from batchgen.errors import OutputError
 from batchgen.io.lock import lock_holder
 from batchgen.io.manifest import SUCCESS_FILE, is_job_dir, load_manifest
 from batchgen.jobs.fingerprint import fingerprint_summary
+from batchgen.jobs.report import plural
 from batchgen.monitor.live import live_figures
 
 
@@ -101,7 +102,7 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         lines.append("last commit: none yet")
     else:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
-        lines.append(f"last commit: {stamp} ({time.time() - last:.0f} s ago); {status['num_parts']} parts")
+        lines.append(f"last commit: {stamp} ({time.time() - last:.0f} s ago); {plural(status['num_parts'], 'part')}")
     live = status.get("live")
     if live is not None:
         eta = "" if live["eta_seconds"] is None else f", ETA {live['eta_seconds']:.0f} s"

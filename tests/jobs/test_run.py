@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -219,14 +218,12 @@ def test_output_dir_that_exists_empty_is_used(loaded_models, tmp_path):
 
 def test_progress_counts_tokens_in_flight_against_the_predicted_total(loaded_models, tmp_path, caplog):
     """ignore-EOS: every row's length is known, so the job's predicted total is exact and the last
-    progress line has generated all of it, ETA 0 s."""
+    progress line (written when the job ends) has generated all of it, ETA 0 s."""
     model_dir, loaded = loaded_models("plain")
     src = write_prompts(tmp_path / "in.parquet", [f"row {i}" for i in range(6)], n=[3, 9, 1, 12, 5, 7])
     caplog.set_level(logging.INFO, logger="batchgen")
     run_job(job_config(src, tmp_path / "out", model_dir, ignore_eos=True, max_new_tokens_column="n",
-                       log_every_s=0), loaded=loaded)
+                       log_every_s=30), loaded=loaded)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rows ")]
-    assert len(lines) == 6
-    tokens = [int(re.search(r", (\d+) tokens", line).group(1)) for line in lines]
-    assert tokens[0] == 6  # the 1-token row finished first, when all 6 rows had sampled a token each
-    assert tokens[-1] == 37 and lines[-1].endswith("ETA 0s"), lines[-1]
+    assert lines, "the job ends with a progress line"
+    assert lines[-1].startswith("rows 6/6 (0 errors), 37 tokens") and lines[-1].endswith("ETA 0s"), lines[-1]

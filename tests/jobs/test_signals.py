@@ -130,7 +130,7 @@ def test_signal_while_loading_the_model_leaves_no_directory(tiny_model_dir, src,
         os.kill(os.getpid(), signal.SIGTERM)
         raise AssertionError("not reached")
 
-    monkeypatch.setattr("batchgen.jobs.run.load_model", load_then_signal)
+    monkeypatch.setattr("batchgen.engine.loader.load_model", load_then_signal)  # imported when needed
     with pytest.raises(JobInterrupted) as info:
         run_job(config(src, out, tiny_model_dir))
     assert info.value.exit_code == 143
@@ -174,7 +174,7 @@ def test_sigterm_to_a_running_process(tiny_model_dir, loaded, src, tmp_path):
         proc.kill()
     assert proc.returncode == 143, stderr
     assert time.monotonic() - t0 < 10
-    assert "error: interrupted by SIGTERM;" in stderr and "rows are committed" in stderr
+    assert "error: interrupted by SIGTERM while generating;" in stderr and "rows committed so far" in stderr
     assert_resumes(src, out, tiny_model_dir, loaded)
 
 

@@ -1,0 +1,63 @@
+"""`batchgen bench`: the engine's throughput on this machine, continuous against static batching."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from batchgen.cli.app import app
+from batchgen.cli.console import setup_logging, user_errors
+
+
+@app.command()
+def bench(
+    model: Annotated[str | None, typer.Option(metavar="MODEL", help="HF model id, local dir or .gguf "
+                                              "[embedded model].")] = None,
+    num_requests: Annotated[int, typer.Option(metavar="N", help="Requests in the workload.")] = 128,
+    prompt_tokens: Annotated[int, typer.Option(metavar="N", help="Mean prompt length in tokens.")] = 128,
+    output_tokens: Annotated[int, typer.Option(metavar="N", help="Mean output length in tokens (ignore-EOS).")] = 128,
+    uniform: Annotated[bool, typer.Option("--uniform/--mixed", help="Equal lengths, or heavy-tailed "
+                       "log-normal ones [mixed].")] = False,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences running at once.")] = 128,
+    max_num_batched_tokens: Annotated[int, typer.Option(metavar="N", help="Token budget per engine step.")] = 2048,
+    kv_cache_memory: Annotated[str | None, typer.Option(metavar="SIZE", help="KV cache size, e.g. 2GiB "
+                                                        "[auto].")] = None,
+    repeats: Annotated[int, typer.Option(metavar="N", help="Rounds; each policy runs once per round.")] = 2,
+    device: Annotated[str, typer.Option(metavar="DEVICE", help="auto | cpu | cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="auto | float32 | bfloat16 | float16.")] = "auto",
+    report: Annotated[Path | None, typer.Option("--report", metavar="DIR", help="Also write an HTML report of "
+                      "the comparison (figures side by side) to this directory.")] = None,
+    png: Annotated[bool, typer.Option("--png", help="With --report: each figure as a PNG file too.")] = False,
+) -> None:
+    """Measure engine throughput here: continuous against static batching, round-robin."""
+    with user_errors():
+        from batchgen.config import parse_bytes
+        from batchgen.engine.loader import load_model
+        from batchgen.jobs.bench import default_engine_configs, make_workload, run_bench
+
+        setup_logging(quiet=True)
+        loaded = load_model(model, device=device, dtype=dtype)
+        workload = make_workload(num_requests, mean_prompt_tokens=prompt_tokens, mean_output_tokens=output_tokens,
+                                 mixed=not uniform, vocab_size=len(loaded.tokenizer),
+                                 max_tokens=loaded.max_context_tokens // 2)
+        budget = parse_bytes(kv_cache_memory) if kv_cache_memory else None
+        traces: dict | None = {} if report is not None else None
+        result = run_bench(loaded, workload, default_engine_configs(batch_size, max_num_batched_tokens, budget),
+                           repeats, traces)
+        if report is not None:
+            from batchgen.monitor.bench_report import render_bench_report
+
+            facts = [("model", f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}"),
+                     ("workload", f"{num_requests} requests, {workload.num_output_tokens} output tokens, "
+                                  f"{'uniform' if uniform else 'mixed'} lengths, {repeats} rounds")]
+            files = render_bench_report(result, traces, report, facts=facts, png=png)
+            typer.echo(f"report: {files.html_path}", err=True)
+    typer.echo(f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}: {num_requests} "
+               f"requests, {workload.num_output_tokens} output tokens, {'uniform' if uniform else 'mixed'}", err=True)
+    for name, r in result.items():
+        typer.echo(f"{name:>10}: median {r['tokens_per_s_median']:.1f} tok/s, min {r['tokens_per_s_min']:.1f} "
+                   f"({len(r['runs'])} runs)", err=True)
+    typer.echo(json.dumps(result))

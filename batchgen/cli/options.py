@@ -1,0 +1,150 @@
+"""Every option `run` and `plan` share, declared once, and how their values become JobConfig overrides.
+
+Adding a job option is two local changes: an alias here (its flag, metavar and help) and a
+parameter of that type in the command (cli/run.py, cli/plan.py). A parameter whose name is a
+JobConfig field is passed through by `config_overrides`; RENAMED maps the few that differ.
+
+Metavars are explicit (PATH, DIR, COL, N, ...): Typer's own render Python types (`<list[str]>`).
+`--input` and `--output` cannot be click-required, because a --config file may set them; their
+help says so, and JobConfig.validate names the missing one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+# CLI parameter -> JobConfig field, where the names differ
+RENAMED = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
+           "metrics_every_seconds": "metrics_every_s"}
+# parameters of a command that are not job settings
+NOT_CONFIG = {"config", "calibration_rows", "as_json"}
+
+
+def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """A command's parameters (its `locals()`) as build_config overrides; None = not given."""
+    out = {RENAMED.get(name, name): value for name, value in params.items() if name not in NOT_CONFIG}
+    if out.get("template") is not None:
+        # shells pass "\n" literally; a template flag is where users mean a newline
+        out["template"] = out["template"].replace("\\n", "\n").replace("\\t", "\t")
+    return out
+
+
+def _opt(*names: str, metavar: str | None = None, help: str) -> typer.models.OptionInfo:
+    return typer.Option(*names, metavar=metavar, help=help)
+
+
+REQUIRED = "required, here or in --config"
+
+Input = Annotated[list[str] | None, _opt("--input", "-i", metavar="PATH", help=(
+    f"Input file, directory or glob (.parquet, .jsonl, .jsonl.gz); repeatable [{REQUIRED}]."))]
+Output = Annotated[str | None, _opt("--output", "-o", metavar="DIR", help=(
+    "Output directory: new, empty, or this job's own (a rerun resumes) [" + REQUIRED + "]."))]
+Config = Annotated[Path | None, _opt("--config", metavar="FILE", help="YAML config (see configs/); flags override it.")]
+Model = Annotated[str | None, _opt("--model", metavar="MODEL", help=(
+    "HF model id, local dir or .gguf [the embedded SmolLM2-135M-Instruct]."))]
+TrustRemoteCode = Annotated[bool | None, _opt("--trust-remote-code", help=(
+    "Allow the model's own Python code to run [off]."))]
+PromptColumn = Annotated[str | None, _opt("--prompt-column", metavar="COL", help="Column holding the prompt [text].")]
+IdColumn = Annotated[str | None, _opt("--id-column", metavar="COL", help=(
+    "Column of unique row ids [derived: file name + row index]."))]
+Template = Annotated[str | None, _opt("--template", metavar="TEXT", help=(
+    'Prompt template with {column} placeholders, e.g. "Summarize:\\n\\n{text}".'))]
+System = Annotated[str | None, _opt("--system", metavar="TEXT", help="System prompt (chat models).")]
+Chat = Annotated[bool | None, _opt("--chat/--no-chat", help=(
+    "Apply the tokenizer's chat template [on when it has one]."))]
+MaxNewTokens = Annotated[int | None, _opt("--max-new-tokens", metavar="N", help=(
+    "Most tokens to generate per row [256]."))]
+MaxNewTokensColumn = Annotated[str | None, _opt("--max-new-tokens-column", metavar="COL", help=(
+    "Column with a per-row max_new_tokens (null = the default)."))]
+Temperature = Annotated[float | None, _opt("--temperature", metavar="T", help="0 = greedy [0].")]
+TopP = Annotated[float | None, _opt("--top-p", metavar="P", help="Nucleus sampling mass [1.0].")]
+TopK = Annotated[int | None, _opt("--top-k", metavar="K", help="Sample from the k likeliest tokens [off].")]
+RepetitionPenalty = Annotated[float | None, _opt("--repetition-penalty", metavar="X", help=(
+    "Divide positive logits (multiply negative ones) of tokens already in the prompt or output by X; "
+    "1 = off [1.0]."))]
+PresencePenalty = Annotated[float | None, _opt("--presence-penalty", metavar="X", help=(
+    "Subtract X from the logit of every token already generated, in [-2, 2] [0]."))]
+FrequencyPenalty = Annotated[float | None, _opt("--frequency-penalty", metavar="X", help=(
+    "Subtract X times its count from the logit of every token already generated, in [-2, 2] [0]."))]
+MinTokens = Annotated[int | None, _opt("--min-tokens", metavar="N", help=(
+    "Generate at least N tokens before EOS or a stop string may end a row [0]."))]
+SamplingColumn = Annotated[str | None, _opt("--sampling-column", metavar="COL", help=(
+    "Column of per-row sampling overrides: a JSON object (or struct) with any of temperature, top_p, "
+    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens (null = the job's)."))]
+Seed = Annotated[int | None, _opt("--seed", metavar="N", help=(
+    "Job seed; each row's seed derives from it and the row id [0]."))]
+Stop = Annotated[list[str] | None, _opt("--stop", metavar="TEXT", help="Stop string; repeatable.")]
+IgnoreEos = Annotated[bool | None, _opt("--ignore-eos", help="Generate through EOS (benchmarks).")]
+BatchSize = Annotated[int | None, _opt("--batch-size", metavar="N", help=(
+    "Sequences running at once [auto: what the KV cache holds of this job's rows, at most 256 on CPU, "
+    "1024 on CUDA]."))]
+MaxNumBatchedTokens = Annotated[int | None, _opt("--max-num-batched-tokens", metavar="N", help=(
+    "Token budget per engine step [auto: 2048 on CPU, 8192 on CUDA]."))]
+KvCacheMemory = Annotated[str | None, _opt("--kv-cache-memory", metavar="SIZE", help=(
+    "KV cache budget, e.g. 2GiB [auto: 25% of free RAM up to 2 GiB on CPU, 90% of GPU memory on CUDA]; a job of "
+    "at most --window-rows rows takes only what its rows need."))]
+Compile = Annotated[bool | None, _opt("--compile/--no-compile", help=(
+    "torch.compile the model's forward [off: on this project's CPUs it did not pay for its compile time; "
+    "see README]."))]
+ParseSpecialTokens = Annotated[bool | None, _opt("--parse-special-tokens/--no-parse-special-tokens", help=(
+    "Read special-token text in rows (e.g. <|im_start|>) as control tokens, for pre-rendered prompts "
+    "[on only with --no-chat]."))]
+AttentionBackend = Annotated[str | None, _opt("--attention-backend", metavar="NAME", help=(
+    "auto | torch | cpu | flash [auto: flash-attn on CUDA when installed, else torch; the C kernel on CPU]; "
+    "the log says which and why."))]
+BlockSize = Annotated[int | None, _opt("--block-size", metavar="N", help=(
+    "Tokens per KV cache block [auto: the attention backend's: 256 for flash-attn, else 16]."))]
+CudaGraphs = Annotated[bool | None, _opt("--cuda-graphs/--no-cuda-graphs", help=(
+    "CUDA: decode-only steps replay CUDA graphs captured at start for padded batch sizes [on; needs flash-attn]."))]
+Metrics = Annotated[bool | None, _opt("--metrics/--no-metrics", help=(
+    "Write per-second engine, row and commit records to OUTPUT/_metrics/ (`batchgen report`) [on]."))]
+MetricsTextfile = Annotated[str | None, _opt("--metrics-textfile", metavar="PATH", help=(
+    "Rewrite this node-exporter textfile (.prom) with the job's Prometheus metrics every "
+    "--metrics-every-seconds."))]
+MetricsPort = Annotated[int | None, _opt("--metrics-port", metavar="PORT", help=(
+    "Serve the Prometheus metrics over HTTP on this port while the job runs (0 = any free port)."))]
+MetricsHost = Annotated[str | None, _opt("--metrics-host", metavar="HOST", help=(
+    "Address --metrics-port listens on [127.0.0.1]."))]
+MetricsEverySeconds = Annotated[float | None, _opt("--metrics-every-seconds", metavar="S", help=(
+    "Seconds between metrics flushes and textfile rewrites [10]."))]
+Mode = Annotated[str | None, _opt("--mode", metavar="MODE", help=(
+    "auto | continuous | static [auto]: auto runs each shard static where its predicted lengths are alike, "
+    "continuous where they are mixed."))]
+WindowRows = Annotated[int | None, _opt("--window-rows", metavar="N", help=(
+    "Rows planned together (sorted by predicted length, one mode); bounds memory [1024]."))]
+LengthColumn = Annotated[str | None, _opt("--length-column", metavar="COL", help=(
+    "Column of known output lengths in tokens (null cells are predicted)."))]
+SortByLength = Annotated[bool | None, _opt("--sort-by-length/--no-sort-by-length", help=(
+    "Run each shard's rows longest predicted output first: static batches hold alike rows, continuous "
+    "leaves the short rows for the draining tail [on]."))]
+StaticMinOccupancy = Annotated[float | None, _opt("--static-min-occupancy", metavar="X", help=(
+    "auto: static when its batches would keep at least this share of slots busy [1.0]."))]
+Device = Annotated[str | None, _opt("--device", metavar="DEVICE", help="auto | cpu | cuda [auto].")]
+Dtype = Annotated[str | None, _opt("--dtype", metavar="DTYPE", help="auto | float32 | bfloat16 | float16 [auto].")]
+Quantize = Annotated[str | None, _opt("--quantize", metavar="SCHEME", help=(
+    "Weights: none | auto (a quantized GGUF's nearest) | int8 | int8-weight | int4 [none]."))]
+QuantizeBackend = Annotated[str | None, _opt("--quantize-backend", metavar="NAME", help=(
+    "auto | torchao | quanto [auto]."))]
+KvCacheDtype = Annotated[str | None, _opt("--kv-cache-dtype", metavar="DTYPE", help=(
+    "auto (model dtype) | int8 | fp8 [auto]."))]
+MaxRows = Annotated[int | None, _opt("--max-rows", metavar="N", help="Process only the first N rows [all].")]
+OnLongPrompt = Annotated[str | None, _opt("--on-long-prompt", metavar="POLICY", help="truncate | error [truncate].")]
+MaxPromptTokens = Annotated[int | None, _opt("--max-prompt-tokens", metavar="N", help=(
+    "Cut longer prompts (in their document part) to this many tokens [the context]."))]
+KeepColumns = Annotated[list[str] | None, _opt("--keep-columns", metavar="COL", help=(
+    "Input column to copy to the output; repeatable [all]."))]
+MaxErrorRate = Annotated[float | None, _opt("--max-error-rate", metavar="X", help=(
+    "Exit 3 when more than this fraction of rows fail [off]."))]
+RowsPerPart = Annotated[int | None, _opt("--rows-per-part", metavar="N", help="Rows per output part file [1000].")]
+CommitEvery = Annotated[int | None, _opt("--commit-every", metavar="N", help=(
+    "Commit finished rows after this many, so a crash loses at most that much work [--rows-per-part]."))]
+CommitEverySeconds = Annotated[float | None, _opt("--commit-every-seconds", metavar="S", help=(
+    "Also commit finished rows this often; 0 = off [60]."))]
+RetryErrors = Annotated[bool | None, _opt("--retry-errors/--no-retry-errors", help=(
+    "On resume, generate committed error rows again [on]."))]
+Overwrite = Annotated[bool | None, _opt("--overwrite", help=(
+    "Drop what an earlier job committed to --output and start over."))]
+Quiet = Annotated[bool | None, _opt("--quiet", "-q", help="No progress bar; a log line every 30 s.")]

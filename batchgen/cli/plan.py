@@ -1,0 +1,71 @@
+"""`batchgen plan`: the dry run's flags; the work is batchgen.jobs.plan's."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from batchgen.cli import options as o
+from batchgen.cli.app import app
+from batchgen.cli.console import setup_logging, user_errors
+
+
+@app.command()
+def plan(
+    input: o.Input = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", metavar="DIR", help=(
+        "The job's output directory, if it exists: only the rows a resume would run are planned, with its "
+        "learned output lengths. Nothing is written."))] = None,
+    config: o.Config = None,
+    model: o.Model = None,
+    trust_remote_code: o.TrustRemoteCode = None,
+    prompt_column: o.PromptColumn = None,
+    id_column: o.IdColumn = None,
+    template: o.Template = None,
+    system: o.System = None,
+    chat: o.Chat = None,
+    parse_special_tokens: o.ParseSpecialTokens = None,
+    max_new_tokens: o.MaxNewTokens = None,
+    max_new_tokens_column: o.MaxNewTokensColumn = None,
+    ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos", help="Generate through EOS (benchmarks): "
+                                                    "every row's length is known.")] = None,
+    batch_size: o.BatchSize = None,
+    max_num_batched_tokens: o.MaxNumBatchedTokens = None,
+    kv_cache_memory: o.KvCacheMemory = None,
+    mode: o.Mode = None,
+    window_rows: o.WindowRows = None,
+    length_column: o.LengthColumn = None,
+    sort_by_length: o.SortByLength = None,
+    static_min_occupancy: o.StaticMinOccupancy = None,
+    device: o.Device = None,
+    dtype: o.Dtype = None,
+    quantize: o.Quantize = None,
+    quantize_backend: o.QuantizeBackend = None,
+    kv_cache_dtype: o.KvCacheDtype = None,
+    attention_backend: o.AttentionBackend = None,
+    block_size: o.BlockSize = None,
+    max_rows: o.MaxRows = None,
+    on_long_prompt: o.OnLongPrompt = None,
+    max_prompt_tokens: o.MaxPromptTokens = None,
+    keep_columns: o.KeepColumns = None,
+    calibration_rows: Annotated[int, typer.Option(metavar="N", help=(
+        "Rows of the first shard the calibration run generates a few tokens for (0 = no calibration, no time "
+        "estimate)."))] = 16,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Dry run: shards, prompt and predicted output lengths, mode per shard and why, KV memory, time, output size."""
+    overrides = o.config_overrides(locals())
+    with user_errors():
+        from batchgen.config import build_config
+        from batchgen.jobs.plan import plan_job, plan_lines  # imports torch only once the checks have passed
+
+        job_config = build_config(config, need_output=False, **overrides)
+        setup_logging(quiet=True)
+        report = plan_job(job_config, calibration_rows=calibration_rows)
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        for line in plan_lines(report):
+            typer.echo(line)

@@ -1,0 +1,90 @@
+"""`batchgen run`: parse the flags, then hand the job to batchgen.jobs.run.
+
+Everything a user can get wrong (flags, config file, inputs, columns, template, output directory)
+is checked before torch and transformers are imported, which alone takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from batchgen.cli import options as o
+from batchgen.cli.app import app
+from batchgen.cli.console import setup_logging, user_errors
+
+
+@app.command()
+def run(
+    input: o.Input = None,
+    output: o.Output = None,
+    config: o.Config = None,
+    model: o.Model = None,
+    trust_remote_code: o.TrustRemoteCode = None,
+    prompt_column: o.PromptColumn = None,
+    id_column: o.IdColumn = None,
+    template: o.Template = None,
+    system: o.System = None,
+    chat: o.Chat = None,
+    parse_special_tokens: o.ParseSpecialTokens = None,
+    max_new_tokens: o.MaxNewTokens = None,
+    max_new_tokens_column: o.MaxNewTokensColumn = None,
+    temperature: o.Temperature = None,
+    top_p: o.TopP = None,
+    top_k: o.TopK = None,
+    repetition_penalty: o.RepetitionPenalty = None,
+    presence_penalty: o.PresencePenalty = None,
+    frequency_penalty: o.FrequencyPenalty = None,
+    min_tokens: o.MinTokens = None,
+    sampling_column: o.SamplingColumn = None,
+    seed: o.Seed = None,
+    stop: o.Stop = None,
+    ignore_eos: o.IgnoreEos = None,
+    batch_size: o.BatchSize = None,
+    max_num_batched_tokens: o.MaxNumBatchedTokens = None,
+    kv_cache_memory: o.KvCacheMemory = None,
+    compile: o.Compile = None,
+    mode: o.Mode = None,
+    window_rows: o.WindowRows = None,
+    length_column: o.LengthColumn = None,
+    sort_by_length: o.SortByLength = None,
+    static_min_occupancy: o.StaticMinOccupancy = None,
+    device: o.Device = None,
+    dtype: o.Dtype = None,
+    quantize: o.Quantize = None,
+    quantize_backend: o.QuantizeBackend = None,
+    kv_cache_dtype: o.KvCacheDtype = None,
+    attention_backend: o.AttentionBackend = None,
+    block_size: o.BlockSize = None,
+    cuda_graphs: o.CudaGraphs = None,
+    max_rows: o.MaxRows = None,
+    on_long_prompt: o.OnLongPrompt = None,
+    max_prompt_tokens: o.MaxPromptTokens = None,
+    keep_columns: o.KeepColumns = None,
+    max_error_rate: o.MaxErrorRate = None,
+    rows_per_part: o.RowsPerPart = None,
+    commit_every: o.CommitEvery = None,
+    commit_every_seconds: o.CommitEverySeconds = None,
+    retry_errors: o.RetryErrors = None,
+    overwrite: o.Overwrite = None,
+    quiet: o.Quiet = None,
+    metrics: o.Metrics = None,
+    metrics_textfile: o.MetricsTextfile = None,
+    metrics_port: o.MetricsPort = None,
+    metrics_host: o.MetricsHost = None,
+    metrics_every_seconds: o.MetricsEverySeconds = None,
+) -> None:
+    """Generate a completion for every input row and write Parquet parts to --output."""
+    overrides = o.config_overrides(locals())
+    with user_errors():
+        from batchgen.config import build_config
+        from batchgen.jobs.run import run_job  # imports torch only once the job's checks have passed
+
+        job_config = build_config(config, **overrides)
+        setup_logging(job_config.quiet)
+        summary = run_job(job_config)
+    for line in summary.lines():
+        typer.echo(line, err=True)
+    typer.echo(json.dumps({"output": summary.output_dir, "rows": summary.num_rows, "errors": summary.num_rows_error,
+                           "output_rows": summary.output_rows, "output_errors": summary.output_rows_error}))

@@ -1,0 +1,195 @@
+"""The local executor: one run in this process, from the reader through the job core into commits.
+
+Each finished row goes to the committer, the progress line and the output-length predictor,
+whose state is saved with each commit (`_length_model.json`). batchgen.jobs.run builds it once
+the job's checks have passed and the model is loaded; this module imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from batchgen.config import JobConfig
+from batchgen.engine.loader import LoadedModel
+from batchgen.engine.request import Completion
+from batchgen.engine.scheduler import Policy
+from batchgen.errors import OutputError
+from batchgen.io.schema import PROMPT_HASH
+from batchgen.io.writers import PartWriter
+from batchgen.jobs.commit import Committer
+from batchgen.jobs.core import JobCore
+from batchgen.jobs.fingerprint import job_fingerprint, model_fingerprint
+from batchgen.jobs.planner import PlannedRow
+from batchgen.jobs.prepare import JobInputs, prepare_job, seq_token_needs
+from batchgen.jobs.progress import Progress
+from batchgen.jobs.report import RunSummary
+from batchgen.jobs.resume import ResumeRule
+from batchgen.jobs.rows import InputRow
+from batchgen.jobs.scan import InputScan
+from batchgen.jobs.session import OutputSession
+from batchgen.jobs.signals import Interrupt, SignalGuard
+from batchgen.monitor.job import JobMonitor
+
+log = logging.getLogger("batchgen")
+
+
+class LocalJob:
+    """One run in this process: rows from the reader through the job core into committed parts."""
+
+    def __init__(self, config: JobConfig, inputs: JobInputs, loaded: LoadedModel, session: OutputSession,
+                 guard: SignalGuard, schema: pa.Schema):
+        self.config = config
+        self.session = session
+        self.guard = guard
+        self.core = JobCore(config, loaded)
+        self.core.engines.seq_token_needs = seq_token_needs(config, inputs, loaded,
+                                                            ResumeRule(session.state, config.retry_errors,
+                                                                       config.id_column is not None))
+        # prompts and plans are sized for the first engine; only the slot keeps it, so that a mode
+        # switch frees its KV cache
+        first = self.core.engines.get(config.engine_policy())
+        self.job = prepare_job(config, inputs, loaded, first, out_dir=session.out_dir, state=session.state)
+        source = inputs.source
+        self.with_prompt_hash = PROMPT_HASH in schema.names
+        self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
+        self.committer = Committer(session.manifest, PartWriter(session.out_dir, schema), source.id_field.name,
+                                   rows_per_part=config.rows_per_part)
+        self.commit_every_rows = config.commit_every_rows or config.rows_per_part
+        self.commit_every_s = config.commit_every_s or None
+        self.last_commit = time.monotonic()
+        self.id_name = source.id_field.name
+        self.passthrough = [f.name for f in source.passthrough_fields]
+        self.summary = RunSummary(output_dir=str(session.out_dir), model=loaded.name, mode=config.mode)
+        self.progress: Progress | None = None
+        self.monitor: JobMonitor | None = None  # the metrics (batchgen.monitor), from run() on
+
+    def run(self, scan: InputScan) -> RunSummary:
+        state = self.session.state  # what earlier runs committed: the gauges start there
+        self.monitor = JobMonitor.open(
+            self.config, self.session.out_dir, context=self.core.context, work=self.work, input_rows=scan.num_rows,
+            output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
+            last_commit_s=state.last_commit_time)
+        if self.monitor is not None:
+            self.core.engines.add_listener(self.monitor.recorder.on_step)
+        self.progress = Progress(max(scan.num_rows - self.job.resume.num_rows_done, 0), quiet=self.config.quiet,
+                                 log_every_s=self.config.log_every_s, work=self.work)
+        started = time.monotonic()
+        try:
+            plans = self.job.planner.plans(self.job.rows(on_error=self.failed))
+            for planned, completion in self.core.generate(plans):
+                self.finished(planned, completion)
+            self.commit()
+        except Interrupt:
+            self.commit()  # the rows that finished before the signal
+            raise
+        except Exception as e:
+            if not isinstance(e, OutputError):  # an engine failure: keep the work that did finish
+                try:
+                    self.commit()
+                except OutputError:
+                    log.warning("could not commit the %d finished rows", len(self.committer))
+            raise
+        finally:
+            self.progress.close()
+            self._fill_summary(time.monotonic() - started)
+            if self.monitor is not None:
+                with self.guard.critical():  # the last seconds' records: a signal now must not cut them
+                    self.monitor.close()
+        return self.summary
+
+    def finished(self, planned: PlannedRow, completion: Completion) -> None:
+        prediction = planned.prediction
+        self.summary.num_rows_truncated += int(planned.num_truncated_tokens > 0)
+        self.summary.length_sources[prediction.source] = self.summary.length_sources.get(prediction.source, 0) + 1
+        self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
+        if self.monitor is not None:
+            policy = self.core.engines.policy
+            self.monitor.recorder.on_row(shard=planned.shard_index, mode=None if policy is None else policy.value,
+                                         num_prompt_tokens=completion.num_prompt_tokens,
+                                         num_generated_tokens=completion.num_generated_tokens,
+                                         predicted_tokens=prediction.p50, error=False)
+        self.emit(planned.row, self.output_row(planned.row, completion=completion, digest=planned.prompt_hash))
+
+    def failed(self, row: InputRow, message: str) -> None:
+        if self.monitor is not None:
+            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
+                                         predicted_tokens=None, error=True)
+        self.emit(row, self.output_row(row, error=message))
+
+    def output_row(self, row: InputRow, *, completion: Completion | None = None, error: str | None = None,
+                   digest: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {self.id_name: row.row_id}
+        if self.with_prompt_hash:
+            out[PROMPT_HASH] = digest
+        if completion is not None:
+            out.update(generated_text=completion.text, finish_reason=completion.finish_reason.value,
+                       num_prompt_tokens=completion.num_prompt_tokens,
+                       num_generated_tokens=completion.num_generated_tokens, error=None)
+        else:
+            out.update(generated_text=None, finish_reason="error", num_prompt_tokens=None,
+                       num_generated_tokens=0, error=error)
+        for name in self.passthrough:
+            out[name] = row.values.get(name)
+        return out
+
+    def emit(self, row: InputRow, out: dict[str, Any]) -> None:
+        s = self.summary
+        s.num_rows += 1
+        is_error = out["finish_reason"] == "error"
+        s.num_rows_error += int(is_error)
+        s.num_rows_ok += int(not is_error)
+        s.num_prompt_tokens += out["num_prompt_tokens"] or 0
+        s.num_generated_tokens += out["num_generated_tokens"] or 0
+        self.progress.update(num_generated_tokens=out["num_generated_tokens"] or 0, error=is_error)
+        self.committer.add(out, row.shard.path, row.row_index)
+        if len(self.committer) >= self.commit_every_rows or (
+                self.commit_every_s is not None and time.monotonic() - self.last_commit >= self.commit_every_s):
+            self.commit()
+
+    def commit(self) -> None:
+        """Commit the finished rows and save the learned lengths: one section a signal does not cut."""
+        num_rows = len(self.committer)
+        t0 = time.monotonic()
+        with self.guard.critical():
+            self.committer.commit()
+            predictor = self.job.predictor
+            if predictor.num_observed_since_save:
+                predictor.save(self.session.out_dir)
+            if self.monitor is not None and num_rows:
+                state = self.session.state
+                self.monitor.recorder.on_commit(seconds=time.monotonic() - t0, output_rows=state.num_committed_rows,
+                                                output_rows_error=len(state.error_ids))
+        self.last_commit = time.monotonic()
+
+    def work(self) -> tuple[int, int | None]:
+        """(tokens generated so far, in flight included; predicted total of the job, None before a
+        row is planned): the rows not planned yet are counted at the planned rows' mean p50."""
+        tokens = self.core.engines.num_sampled_tokens()
+        planner, progress = self.job.planner, self.progress
+        if not planner.num_planned_rows:
+            return tokens, None
+        unplanned = max(0, progress.total_rows - planner.num_planned_rows - self.summary.num_rows_error)
+        mean = planner.num_predicted_tokens / planner.num_planned_rows
+        return tokens, round(planner.num_predicted_tokens + unplanned * mean)
+
+    def _fill_summary(self, wall_seconds: float) -> None:
+        s, counts, job, core = self.summary, self.committer.counts, self.job, self.core
+        s.num_commits = counts.num_commits
+        s.num_parts_written = counts.num_parts_written
+        s.num_rows_replaced = counts.num_rows_replaced
+        s.num_rows_skipped = job.num_rows_skipped
+        s.num_rows_retried = job.num_rows_retried
+        s.num_rows_changed = job.num_rows_changed
+        s.num_shards_static = core.num_shards[Policy.STATIC]
+        s.num_shards_continuous = core.num_shards[Policy.CONTINUOUS]
+        s.num_static_fallbacks = core.num_static_fallbacks
+        s.wall_seconds = wall_seconds
+        s.engine = core.engines.summary()
+        error = job.predictor.error()
+        s.num_length_predictions = error.num_rows
+        s.length_mae = None if error.mae is None else round(error.mae, 3)
+        s.length_spearman = None if error.spearman is None else round(error.spearman, 4)

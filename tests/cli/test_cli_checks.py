@@ -1,0 +1,113 @@
+"""A user's mistakes answer before torch is imported; a finished job's rerun loads nothing.
+
+Each case runs the real `batchgen` entry point in a fresh interpreter and reports whether torch
+or transformers were imported by the time it exited: importing them takes seconds, so a mistake
+that waits for them costs the user that much (issue 17: 7-10 s for `run -i nope.jsonl`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchgen.config import build_config
+from batchgen.jobs.run import run_job
+
+PROBE = """
+import json, sys
+from batchgen.cli import main
+sys.argv = ["batchgen", *json.loads(sys.argv[1])]
+try:
+    main()
+    code = 0
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}),
+      file=sys.__stdout__)
+"""
+
+
+def batchgen(*args: str) -> tuple[int, list[str], str]:
+    """(exit code, heavy modules imported, stderr) of one CLI run in a fresh interpreter."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps([str(a) for a in args])],
+                          capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report["code"], report["heavy"], proc.stderr
+
+
+@pytest.fixture
+def docs(tmp_path):
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"doc_id": ["a", "b"], "body": ["first text", "second text"], "n": [1, 2]}), path)
+    return path
+
+
+def assert_answers_light(code: int, heavy: list[str], stderr: str, *needles: str) -> str:
+    assert code == 2, stderr
+    assert heavy == [], f"imported {heavy} before answering"
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_missing_input_file(tmp_path):
+    assert_answers_light(*batchgen("run", "-i", tmp_path / "nope.jsonl", "-o", tmp_path / "out"), "nope.jsonl")
+
+
+def test_missing_prompt_column_suggests_the_likely_one(docs, tmp_path):
+    line = assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out"), "prompt column 'text' not found")
+    assert line.endswith("pass --prompt-column body"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_template_naming_a_missing_column(docs, tmp_path):
+    assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--template", "Sum: {txt}"), "'txt'")
+
+
+def test_unknown_config_key(docs, tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text("prompt_column: body\nmax_tokens: 5\n")
+    assert_answers_light(*batchgen("run", "--config", config, "-i", docs, "-o", tmp_path / "out"),
+                         "unknown setting 'max_tokens'")
+
+
+def test_bad_sampling_value(docs, tmp_path):
+    assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body",
+                                   "--presence-penalty", "3"), "presence_penalty must be in [-2, 2]")
+
+
+def test_output_directory_holding_something_else_is_refused(docs, tmp_path):
+    out = tmp_path / "out"
+    (out / "demo").mkdir(parents=True)  # e.g. `make demo` wrote out/demo/, and the README said --output out/
+    line = assert_answers_light(*batchgen("run", "-i", docs, "-o", out, "--prompt-column", "body"),
+                                "is not empty and is not a batchgen job's output directory")
+    assert "demo/" in line
+    assert sorted(p.name for p in out.iterdir()) == ["demo"]
+
+
+def test_rerun_of_a_finished_job_loads_no_model(docs, tmp_path, tiny_model_dir):
+    out = tmp_path / "out"
+    args = ["--prompt-column", "body", "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32",
+            "--max-new-tokens", "4", "--kv-cache-memory", "16MiB", "--quiet"]
+    run_job(build_config(inputs=[str(docs)], output=str(out), prompt_column="body", model=str(tiny_model_dir),
+                         device="cpu", dtype="float32", max_new_tokens=4, kv_cache_memory="16MiB", quiet=True))
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["run", "-i", str(docs), "-o", str(out), *args])],
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert report == {"code": 0, "heavy": []}, proc.stderr
+    assert "nothing to do: all 2 rows are committed (0 error rows); no model was loaded" in proc.stderr
+    assert json.loads(lines[-2]) == {"output": str(out), "rows": 0, "errors": 0, "output_rows": 2, "output_errors": 0}
+    # plan --output over the same job: the same answer, no model either
+    plan_args = ["plan", "-i", str(docs), "-o", str(out), *args[:-1]]
+    plan = subprocess.run([sys.executable, "-c", PROBE, json.dumps(plan_args)], capture_output=True, text=True,
+                          timeout=120)
+    assert json.loads(plan.stdout.strip().splitlines()[-1]) == {"code": 0, "heavy": []}, plan.stderr
+    assert "nothing to do: all 2 rows are committed" in plan.stdout
