@@ -1,20 +1,14 @@
-"""Shared fixtures: the tiny models of tests/tiny.py, saved and loaded as a user would pass them,
-and helpers more than one test file needs.
-
-One conftest for the whole tree: the engine's attention tests still `from conftest import` the
-tiny models, which a second conftest.py (imported under the same module name) would break.
-"""
+"""Fixtures every package's tests share: the tiny models of tests/tiny.py, saved as a user would
+pass them. Each test package has its own conftest.py for what only it needs (tests/jobs: the
+loaded models; tests/io: the part writer); test files import plain helpers from tests/tiny.py
+and tests/jobs/helpers.py, never from a conftest."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from batchgen.engine.loader import load_model
-from batchgen.io.writers import PartWriter, publish_staged
-
-# re-exported for the engine's attention tests, which still import them from here
-from tests.tiny import VOCAB_SIZE, make_tiny_model, make_tokenizer  # noqa: F401
+from tests.tiny import make_tiny_model, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -50,44 +44,3 @@ def eos_model_dir(tmp_path_factory, tokenizer):
     make_tiny_model("llama", eos_boost=12.0).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-# ---------------------------------------------------------------- jobs
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    """The tiny Llama loaded once per module, handed to run_job as a user's --model would load."""
-    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
-
-
-# ---------------------------------------------------------------- io
-
-
-@pytest.fixture
-def write_part():
-    """Write rows as one visible part (stage, then publish), all or nothing: the part write a job
-    does without the manifest. On failure nothing of the part is left and the name is reused."""
-
-    def write(writer: PartWriter, rows):
-        seq = writer.next_seq
-        try:
-            staged = writer.stage_part(rows)
-            try:
-                publish_staged([staged])
-            except BaseException:
-                staged.temp_path.unlink(missing_ok=True)
-                staged.final_path.unlink(missing_ok=True)
-                raise
-        except BaseException:
-            writer.next_seq = seq
-            raise
-        return staged.final_path
-
-    return write
-
-
-@pytest.fixture(scope="module")
-def loaded_eos(eos_model_dir):
-    """The EOS-happy tiny Llama (eos_model_dir) loaded once per module."""
-    return load_model(str(eos_model_dir), device="cpu", dtype="float32")

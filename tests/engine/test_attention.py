@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import VOCAB_SIZE, make_tiny_model
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from batchgen.engine import attention
@@ -26,6 +25,7 @@ from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.sequence import Sequence
 from batchgen.errors import UnsupportedModelError
+from tests.tiny import VOCAB_SIZE, make_tiny_model
 
 TINY = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -33,12 +33,8 @@ TINY = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hi
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny tensors gain nothing from intra-op threads; on a busy shared machine they cost ~10x
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread_for_every_test(one_thread):
+    """Every test here runs on one intra-op thread (conftest's one_thread)."""
 
 
 def build(config, attn_implementation: str = "sdpa"):

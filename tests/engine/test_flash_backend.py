@@ -12,12 +12,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_model
 
 from batchgen.engine import attention
 from batchgen.engine.backends import flash
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Request, SamplingParams
+from tests.tiny import make_tiny_model
 
 
 def fake_flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -13,7 +13,6 @@ import random
 
 import pytest
 import torch
-from conftest import make_tiny_model
 from test_native import reference
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -23,6 +22,7 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.kv_cache import KVCacheSpec
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.errors import ConfigError
+from tests.tiny import make_tiny_model
 
 FAKE_QUANT_ATTENTION = "batchgen_test_int8_kv_sdpa"
 
@@ -91,14 +91,6 @@ def test_kernel_on_int8_pages_matches_float64_reference(q_dtype, num_heads, num_
 def _fake_quant_sdpa(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, kv_quant.fake_quantize(key), kv_quant.fake_quantize(value),
                                   attention_mask, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])

@@ -11,12 +11,12 @@ import copy
 
 import pytest
 import torch
-from conftest import make_tiny_model
 
 from batchgen.engine import quantize
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.errors import ConfigError
+from tests.tiny import make_tiny_model
 
 pytest.importorskip("torchao")
 pytest.importorskip("optimum.quanto")

@@ -15,13 +15,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.config import build_config
 from batchgen.engine.loader import load_model
 from batchgen.errors import FingerprintMismatch
 from batchgen.io.manifest import MANIFEST_DIR, SUCCESS_FILE, load_manifest
 from batchgen.io.writers import file_digest
 from batchgen.jobs.fingerprint import ADDED_KEYS
 from batchgen.jobs.run import run_job
+from tests.jobs.helpers import tiny_job_config
 
 TEXTS = [f"row {i} " + "ab" * i for i in range(10)]
 
@@ -34,11 +34,8 @@ def src(tmp_path):
 
 
 def config(src, out, model_dir, **overrides):
-    values = dict(inputs=[str(src)], output=str(out), model=str(model_dir), device="cpu", dtype="float32",
-                  id_column="id", max_new_tokens=3, kv_cache_memory="16MiB", quiet=True, commit_every_rows=3,
-                  batch_size=4)
-    values.update(overrides)
-    return build_config(None, **values)
+    return tiny_job_config(src, out, model_dir, **{**dict(id_column="id", max_new_tokens=3, commit_every_rows=3,
+                                                          batch_size=4), **overrides})
 
 
 def copy_model(model_dir, path, edit):

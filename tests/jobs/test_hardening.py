@@ -20,19 +20,18 @@ import os
 import shutil
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from batchgen.cli import app
-from batchgen.config import build_config
 from batchgen.engine.loader import load_model
 from batchgen.errors import InputError, OutputError
 from batchgen.io import discovery, writers
 from batchgen.io.manifest import SUCCESS_FILE, load_manifest
 from batchgen.jobs.run import run_job
+from tests.jobs.helpers import committed_rows, tiny_job_config
 
 MAX_NEW = 3
 
@@ -50,18 +49,12 @@ def short_context(tiny_model_dir, tmp_path_factory):
 
 
 def config(src, out, model_dir, **overrides):
-    values = dict(inputs=[str(src)] if not isinstance(src, list) else [str(s) for s in src], output=str(out),
-                  model=str(model_dir), device="cpu", dtype="float32", max_new_tokens=MAX_NEW, chat=False,
-                  kv_cache_memory="16MiB", quiet=True, commit_every_rows=3)
-    values.update(overrides)
-    return build_config(None, **values)
+    return tiny_job_config(src, out, model_dir, **{**dict(max_new_tokens=MAX_NEW, chat=False, commit_every_rows=3),
+                                                   **overrides})
 
 
 def output(out, id_column="row_id") -> dict:
-    table = ds.dataset(str(out), format="parquet").to_table()
-    ids = table.column(id_column).to_pylist()
-    assert len(ids) == len(set(ids))
-    return {row[id_column]: row for row in table.to_pylist()}
+    return committed_rows(out, id_column)
 
 
 def write_jsonl_bytes(path, lines: list[bytes], *, final_newline=True):

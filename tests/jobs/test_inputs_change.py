@@ -20,6 +20,7 @@ from batchgen.errors import ConfigError, InputError, InputsChanged, UnsupportedO
 from batchgen.io.manifest import SUCCESS_FILE, load_manifest
 from batchgen.jobs.run import run_job
 from batchgen.jobs.status import job_status, status_lines
+from tests.jobs.helpers import tiny_job_config
 
 TEXTS = [f"doc {i} " + "xyz" * (i % 4) for i in range(9)]
 
@@ -31,11 +32,8 @@ def write(path, texts, **columns):
 
 
 def config(inputs, out, model_dir, **overrides):
-    values = dict(inputs=[str(p) for p in inputs], output=str(out), model=str(model_dir), device="cpu",
-                  dtype="float32", max_new_tokens=3, kv_cache_memory="16MiB", quiet=True, commit_every_rows=4,
-                  batch_size=4)
-    values.update(overrides)
-    return build_config(None, **values)
+    return tiny_job_config(inputs, out, model_dir, **{**dict(max_new_tokens=3, commit_every_rows=4, batch_size=4),
+                                                      **overrides})
 
 
 def table(out):

@@ -12,11 +12,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.config import build_config
 from batchgen.errors import ErrorRateExceeded, FingerprintMismatch, InputError, OutputError
 from batchgen.io import writers
 from batchgen.io.manifest import MANIFEST_DIR, SUCCESS_FILE, load_manifest
 from batchgen.jobs.run import SUMMARY_FILE, run_job
+from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.tiny import make_tiny_model
 
 MAX_NEW = 4
@@ -33,18 +33,12 @@ def write_input(path, texts=TEXTS, ids=None):
 
 
 def config(src, out, model_dir, **overrides):
-    values = dict(inputs=[str(src)], output=str(out), model=str(model_dir), device="cpu", dtype="float32",
-                  id_column="id", max_new_tokens=MAX_NEW, kv_cache_memory="16MiB", quiet=True,
-                  commit_every_rows=5, batch_size=4)
-    values.update(overrides)
-    return build_config(None, **values)
+    return tiny_job_config(src, out, model_dir, **{**dict(id_column="id", max_new_tokens=MAX_NEW,
+                                                          commit_every_rows=5, batch_size=4), **overrides})
 
 
 def output(out) -> dict:
-    table = ds.dataset(str(out), format="parquet").to_table()
-    ids = table.column("id").to_pylist()
-    assert len(ids) == len(set(ids)), "an id appears twice"
-    return {row["id"]: row for row in table.to_pylist()}
+    return committed_rows(out)
 
 
 @pytest.fixture(scope="module")

@@ -12,17 +12,16 @@ import json
 import logging
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from batchgen.config import build_config
 from batchgen.engine.loader import load_model
 from batchgen.errors import ConfigError, ErrorRateExceeded, OutputError
 from batchgen.jobs.core import row_seed
 from batchgen.jobs.run import SUMMARY_FILE, run_job
+from tests.jobs.helpers import committed_rows, tiny_job_config
 
 MAX_NEW = 12
 # 1 to 144 bytes (= tokens): single-token prompts, multi-byte UTF-8, and prompts longer than one
@@ -52,17 +51,11 @@ def write_prompts(path, texts, **columns):
 
 
 def job_config(src, out, model_dir, **overrides):
-    values = dict(inputs=[str(src)], output=str(out), model=str(model_dir), device="cpu", dtype="float32",
-                  chat=False, max_new_tokens=MAX_NEW, kv_cache_memory="16MiB", quiet=True)
-    values.update(overrides)
-    return build_config(None, **values)
+    return tiny_job_config(src, out, model_dir, **{**dict(chat=False, max_new_tokens=MAX_NEW), **overrides})
 
 
 def read_rows(out) -> dict:
-    table = ds.dataset(str(out), format="parquet").to_table()
-    rows = {row["row_id"]: row for row in table.to_pylist()}
-    assert len(rows) == table.num_rows
-    return rows
+    return committed_rows(out, "row_id")
 
 
 @functools.cache

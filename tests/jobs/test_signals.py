@@ -15,13 +15,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.config import build_config
 from batchgen.engine.engine import LLMEngine
 from batchgen.errors import JobInterrupted
 from batchgen.io import writers
 from batchgen.io.manifest import SUCCESS_FILE, load_manifest
 from batchgen.jobs.run import run_job
 from batchgen.jobs.signals import Interrupt, SignalGuard
+from tests.jobs.helpers import tiny_job_config
 
 NUM_ROWS = 40
 
@@ -35,11 +35,8 @@ def src(tmp_path):
 
 
 def config(src, out, model_dir, **overrides):
-    values = dict(inputs=[str(src)], output=str(out), model=str(model_dir), device="cpu", dtype="float32",
-                  id_column="id", max_new_tokens=6, kv_cache_memory="16MiB", quiet=True, commit_every_rows=4,
-                  batch_size=4)
-    values.update(overrides)
-    return build_config(None, **values)
+    return tiny_job_config(src, out, model_dir, **{**dict(id_column="id", max_new_tokens=6, commit_every_rows=4,
+                                                          batch_size=4), **overrides})
 
 
 def ids_in(out):
