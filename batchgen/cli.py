@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from batchgen import __version__
+from batchgen import __version__, omp
 from batchgen.errors import BatchgenError
 
 # rich_markup_mode=None: plain click help. Rich markup reads the "[text]", "[auto]" defaults in the
@@ -59,6 +59,12 @@ _KvCacheMemoryOpt = Annotated[str | None, typer.Option(help="KV cache size, e.g.
 _CompileOpt = Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile the model's "
     "forward [off: on this project's CPUs it did not pay for its compile time; see README].")]
 _ModeOpt = Annotated[str | None, typer.Option(help=MODE_HELP)]
+_AttentionBackendOpt = Annotated[str | None, typer.Option(help="auto | torch | cpu | flash [auto: flash-attn on "
+    "CUDA when installed, else torch; the C kernel on CPU]; the log says which and why.")]
+_BlockSizeOpt = Annotated[int | None, typer.Option(help="Tokens per KV cache block [auto: the attention "
+    "backend's: 256 for flash-attn, else 16].")]
+_CudaGraphsOpt = Annotated[bool | None, typer.Option("--cuda-graphs/--no-cuda-graphs", help="CUDA: decode-only "
+    "steps replay CUDA graphs captured at start for padded batch sizes [on; needs flash-attn].")]
 _WindowRowsOpt = Annotated[int | None, typer.Option(help=WINDOW_ROWS_HELP)]
 _LengthColumnOpt = Annotated[str | None, typer.Option(help=LENGTH_COLUMN_HELP)]
 _SortByLengthOpt = Annotated[bool | None, typer.Option("--sort-by-length/--no-sort-by-length",
@@ -116,6 +122,9 @@ def run(
     max_num_batched_tokens: _MaxNumBatchedTokensOpt = None,
     kv_cache_memory: _KvCacheMemoryOpt = None,
     compile: _CompileOpt = None,
+    attention_backend: _AttentionBackendOpt = None,
+    block_size: _BlockSizeOpt = None,
+    cuda_graphs: _CudaGraphsOpt = None,
     mode: _ModeOpt = None,
     window_rows: _WindowRowsOpt = None,
     length_column: _LengthColumnOpt = None,
@@ -164,7 +173,8 @@ def run(
         commit_every_s=commit_every_seconds, retry_errors=retry_errors, overwrite=overwrite,
         quiet=quiet, window_rows=window_rows, length_column=length_column, sort_by_length=sort_by_length,
         static_min_occupancy=static_min_occupancy, quantize=quantize, quantize_backend=quantize_backend,
-        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype, attention_backend=attention_backend, block_size=block_size,
+        cuda_graphs=cuda_graphs,
     )
     with _user_errors():
         job_config = build_config(config, **overrides)
@@ -198,6 +208,8 @@ def plan(
     batch_size: _BatchSizeOpt = None,
     max_num_batched_tokens: _MaxNumBatchedTokensOpt = None,
     kv_cache_memory: _KvCacheMemoryOpt = None,
+    attention_backend: _AttentionBackendOpt = None,
+    block_size: _BlockSizeOpt = None,
     mode: _ModeOpt = None,
     window_rows: _WindowRowsOpt = None,
     length_column: _LengthColumnOpt = None,
@@ -230,6 +242,7 @@ def plan(
         sort_by_length=sort_by_length, static_min_occupancy=static_min_occupancy, device=device, dtype=dtype,
         max_rows=max_rows, on_long_prompt=on_long_prompt, max_prompt_tokens=max_prompt_tokens,
         quantize=quantize, quantize_backend=quantize_backend, kv_cache_dtype=kv_cache_dtype,
+        attention_backend=attention_backend, block_size=block_size,
     )
     with _user_errors():
         job_config = build_config(config, need_output=False, **overrides)
@@ -361,4 +374,5 @@ def _setup_logging(quiet: bool) -> None:
 
 
 def main() -> None:
+    omp.apply_defaults()  # before any command imports torch
     app()

@@ -24,6 +24,7 @@ LONG_PROMPT_POLICIES = ("truncate", "error")
 QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized GGUF's nearest scheme, else none
 QUANTIZE_BACKENDS = ("auto", "torchao", "quanto")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
 
 
 @dataclass(slots=True)
@@ -48,7 +49,9 @@ class JobConfig:
     ignore_eos: bool = False
     batch_size: int | None = None  # static: rows per batch; continuous: max running sequences; None: auto
     max_num_batched_tokens: int | None = None  # token budget per step; None: auto (engine/sizing.py)
-    block_size: int = 16
+    block_size: int | None = None  # tokens per KV block; None: the attention backend's (256 flash-attn, else 16)
+    attention_backend: str = "auto"  # auto | torch | cpu | flash (engine/attention.py: auto's rule)
+    cuda_graphs: bool = True  # CUDA: replay captured graphs for decode-only steps (engine/cuda_graphs.py)
     kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
     enable_prefix_caching: bool = True
     compile: bool = False  # torch.compile the forward (README: where it pays)
@@ -100,12 +103,11 @@ class JobConfig:
 
             refuse_url_output(self.output)
         _positive("max_new_tokens", self.max_new_tokens)
-        for name in ("batch_size", "max_num_batched_tokens"):
+        for name in ("batch_size", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) == "auto":  # a config file's spelling of the default
                 setattr(self, name, None)
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        _positive("block_size", self.block_size)
         _positive("rows_per_part", self.rows_per_part)
         _positive("read_batch_size", self.read_batch_size)
         _positive("window_rows", self.window_rows)
@@ -136,6 +138,9 @@ class JobConfig:
         _choice("quantize", self.quantize, QUANTIZE)
         _choice("quantize_backend", self.quantize_backend, QUANTIZE_BACKENDS)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         _choice("on_long_prompt", self.on_long_prompt, LONG_PROMPT_POLICIES)
         if any(s == "" for s in self.stop):
             raise ConfigError("stop strings must not be empty")

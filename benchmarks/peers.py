@@ -68,13 +68,13 @@ def build_rows(workload: str, tokenizer, args) -> pa.Table:
                      "max_new_tokens": pa.array(budgets, pa.int32())})
 
 
-def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str]) -> dict:
+def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str], env: dict | None = None) -> dict:
     out = tmp / f"out-{time.monotonic_ns()}"
     cmd = [str(Path(sys.executable).parent / "batchgen"), "run", "--input", str(rows), "--output", str(out),
            "--dtype", dtype, "--no-chat", "--ignore-eos", "--max-new-tokens-column", "max_new_tokens",
            "--id-column", "id", "--quiet", *extra]
     with sysload.measure() as load:
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"batchgen failed ({done.returncode}): {done.stderr[-2000:]}")
     summary = json.loads((out / "_summary.json").read_text())
@@ -84,8 +84,10 @@ def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str]) -> dict:
 
 
 def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path) -> dict:
+    # the recipe's $PEER/cache beside the venv: vLLM's compile cache lives across runs, as a user's does
+    cache = python.parent.parent.parent / "cache"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", VLLM_CPU_OMP_THREADS_BIND="auto",
-               VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "vllm-inductor"),
+               VLLM_CACHE_ROOT=str(cache / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                VLLM_LOGGING_STREAM="ext://sys.stderr")
     env.pop("PYTHONPATH", None)

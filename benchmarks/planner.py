@@ -93,7 +93,8 @@ def job_config(src: Path, out: Path, lm_name: str, args, kv_bytes: int, **overri
     values = dict(inputs=[str(src)], output=str(out), model=lm_name, dtype=args.dtype, device=args.device, chat=False,
                   id_column="id", max_new_tokens_column="budget", max_new_tokens=args.max_output_len,
                   ignore_eos=True, batch_size=args.batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                  kv_cache_memory=str(kv_bytes), quiet=True, overwrite=True, commit_every_s=0)
+                  kv_cache_memory=str(kv_bytes), quiet=True, overwrite=True, commit_every_s=0,
+                  cuda_graphs=not args.no_cuda_graphs)
     values.update(overrides)
     return build_config(None, **values)
 
@@ -179,6 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help="[3]")
     p.add_argument("--workloads", default="uniform,mixed")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run decode steps eagerly")
     p.add_argument("--quick", action="store_true",
                    help="development preset: --n 32 --max-output-len 128 --uniform-output-len 32 --batch-size 8 "
                         "--repeats 2 (flags given override it)")
@@ -245,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                          "generated_tokens": tokens, "tokens_per_s": round(rate, 2),
                          "num_shards_static": summary.num_shards_static,
                          "num_shards_continuous": summary.num_shards_continuous,
-                         "engine": {k: summary.engine.get(k) for k in ("num_steps", "step_ms_mean", "running_mean",
-                                                                      "num_preemptions", "num_overruns")},
+                         "engine": {k: summary.engine.get(k) for k in (
+                             "num_steps", "step_ms_mean", "step_ms_p50", "running_mean", "num_preemptions",
+                             "num_overruns")},
                          "sysload": load.to_dict()})
             other = "n/a" if load.other_cpu_s is None else f"{load.other_cpu_s:.1f}"
             cores = "n/a" if load.other_cores is None else f"{load.other_cores:.2f}"

@@ -37,6 +37,7 @@ import transformers
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+from batchgen.engine.attention import resolve_backend
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import LoadedModel, load_model
 from batchgen.engine.request import Request, SamplingParams
@@ -72,15 +73,21 @@ def run_batchgen(lm: LoadedModel, workload: Workload, args, policy: Policy, kv_b
     engine = LLMEngine(lm.model, lm.tokenizer, EngineConfig(
         policy=policy, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=kv_blocks, enable_prefix_caching=True,
-        attention_backend=args.attention_backend))
+        attention_backend=args.attention_backend, cuda_graphs=not args.no_cuda_graphs))
     requests = [Request(str(i), list(p), SamplingParams(max_new_tokens=o, ignore_eos=True))
                 for i, (p, o) in enumerate(workload)]
     with sysload.measure() as load:
         outputs = {int(c.request_id): c.token_ids for c in engine.generate(requests)}
     computed = sum(len(t) for t in outputs.values())
     summary = engine.metrics.summary()
-    extra = {k: summary.get(k) for k in ("num_steps", "step_ms_mean", "running_mean", "running_max",
+    extra = {k: summary.get(k) for k in ("num_steps", "step_ms_mean", "step_ms_p50", "running_mean", "running_max",
                                          "num_preemptions", "kv_blocks_used_max", "kv_blocks_total")}
+    extra["attention_backend"] = engine.backend.name
+    extra["block_size"] = engine.block_size
+    if engine.runner.graphs is not None:
+        extra["cuda_graph_steps"] = engine.runner.graphs.stats.num_graph_steps
+    if engine.device.type == "cuda":
+        extra["device_timing"] = engine.runner.timing.summary()
     del engine
     return RunResult(outputs, sum(o for _, o in workload), computed, load, extra)
 
@@ -88,8 +95,9 @@ def run_batchgen(lm: LoadedModel, workload: Workload, args, policy: Policy, kv_b
 def hf_generate_batch(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy, left-padded, EOS disabled: every row runs max_new_tokens steps."""
     width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    device = next(model.parameters()).device
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
     for row, p in enumerate(prompts):
         input_ids[row, width - len(p):] = torch.tensor(p)
         attention_mask[row, width - len(p):] = 1
@@ -270,8 +278,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="rounds; each system runs once per round")
     p.add_argument("--max-num-seqs", type=int, default=128, help="batchgen concurrency and static batch size")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=None, help="KV block size [the attention backend's: 256 "
+                   "flash-attn, else 16]; also transformers' continuous-batching page size")
     p.add_argument("--attention-backend", default="auto", help="batchgen's: auto, cpu (C kernel), torch, flash")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="batchgen: run decode steps eagerly on CUDA")
     p.add_argument("--hf-batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice; 1 is steadier on a busy machine)")
@@ -301,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ContinuousBatchingLogger").addFilter(_DropPsutilNoise())
     t_start = time.perf_counter()
-    models = {d: load_model(args.model, device="cpu", dtype=d) for d in args.dtypes}
+    models = {d: load_model(args.model, device=args.device, dtype=d) for d in args.dtypes}
     first = models[args.dtypes[0]]
+    if args.block_size is None:  # the engine's own choice, so both paged systems use the same pages
+        args.block_size = resolve_backend(args.attention_backend, first.device, None, first.dtype)[1]
     workload = sharegpt.build_workload(first.tokenizer, args.n, args.seed, args.max_prompt_len, args.max_output_len,
                                        tokenizer_name=first.name)
     kv_blocks = kv_blocks_for(workload, args.max_num_seqs, args.block_size)

@@ -541,7 +541,8 @@ RUN_FLAGS = [
     "--temperature", "--top-p", "--top-k", "--seed", "--stop", "--ignore-eos", "--batch-size",
     "--max-num-batched-tokens", "--kv-cache-memory", "--mode", "--device", "--dtype", "--max-rows",
     "--on-long-prompt", "--keep-columns", "--rows-per-part", "--quiet", "--window-rows", "--length-column",
-    "--sort-by-length", "--no-sort-by-length", "--static-min-occupancy",
+    "--sort-by-length", "--no-sort-by-length", "--static-min-occupancy", "--attention-backend", "--block-size",
+    "--cuda-graphs", "--no-cuda-graphs",
 ]
 
 
@@ -553,6 +554,16 @@ def test_run_help_lists_the_flags(runner):
     # defaults written as [value] in the help text must survive (rich markup would eat "[text]")
     for default in ("[text]", "[256]", "[auto]", "[truncate]"):
         assert default in result.output, default
+
+
+def test_engine_flags_reach_the_config_and_bad_values_exit_2(runner, tmp_path):
+    from batchgen.config import build_config
+
+    config = build_config(None, inputs=["x"], output="o", attention_backend="torch", block_size=32, cuda_graphs=False)
+    assert (config.attention_backend, config.block_size, config.cuda_graphs) == ("torch", 32, False)
+    result = runner.invoke(app, ["run", "--input", "x.parquet", "--output", str(tmp_path / "o"),
+                                 "--attention-backend", "flashinfer"])
+    assert result.exit_code == 2 and "attention_backend must be one of" in result.output
 
 
 def test_no_arguments_shows_help(runner):

@@ -6,85 +6,46 @@ per layer with that layer's q/k/v (RoPE already applied). With no mask function 
 our name, transformers passes `attention_mask=None`: causality and the isolation between the
 sequences packed into one row are enforced here.
 
-Per layer the function
-  1. writes the step's new K/V into the paged cache at `slot_mapping`;
-  2. attends: sequences with one new token (decode, or the last token of a chunk) in one batched
-     SDPA over their gathered blocks, padded to the group's longest context and masked;
-     sequences with several new tokens (prefill chunks) one SDPA each, causal, with the query
-     offset by the tokens already cached.
-
-Backends: "cpu" (the CPU default) runs decode through a C kernel that reads K/V in place from
-the pages (engine/native.py); "torch" (SDPA over gathered blocks) runs everywhere, CUDA included,
-and is the fallback where the kernel cannot be built; "flash" is flash-attn's paged varlen on CUDA.
+Per layer the function writes the step's new K/V into the paged cache at `slot_mapping`, then
+hands attention to the engine's backend (engine/backends/), chosen once per engine: "cpu" (the
+CPU default) decodes through a C kernel that reads K/V in place from the pages; "torch" (SDPA
+over gathered blocks) runs everywhere, CUDA included, and is the fallback where the kernel cannot
+be built; "flash" is flash-attn's paged varlen on CUDA. Each backend builds its own per-step
+metadata once (`build_metadata`) and attends per layer (`forward`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from batchgen.engine import kv_quant, native
+from batchgen.engine import kv_quant
+from batchgen.engine.backends import (
+    BACKENDS,
+    FLASH_BLOCK_SIZE_MULTIPLE,
+    AttentionBackend,
+    FlashBackend,
+    LayerKV,
+    NativeCpuBackend,
+)
 from batchgen.errors import UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
 
 
 @dataclass(slots=True)
-class DecodeGroup:
-    """Sequences that each have exactly one query token this step."""
-
-    token_idx: torch.Tensor  # [B] positions of their query tokens in the packed row
-    block_ids: torch.Tensor  # [B * max_num_blocks] each one's block table, padded with block 0
-    mask: torch.Tensor  # [B, 1, 1, max_num_blocks * block_size] True where the key is real
-    max_num_blocks: int
-
-
-@dataclass(slots=True)
-class NativeDecode:
-    """Every decode sequence of the step for the CPU kernel, which reads the pages in place."""
-
-    token_idx: torch.Tensor  # [B] positions of their query tokens in the packed row
-    block_tables: torch.Tensor  # [B, max_num_blocks] int32, padded with block 0 (never read)
-    context_lens: torch.Tensor  # [B] int32
-
-
-@dataclass(slots=True)
-class PrefillSeq:
-    """One sequence with several query tokens this step (a prompt or a chunk of one)."""
-
-    start: int  # its first query token in the packed row
-    end: int
-    context_len: int  # cached past + new tokens
-    # its block table covering [0, context_len), or None when it has no cached past, so its
-    # new K/V are the whole context and need no gather
-    block_ids: torch.Tensor | None
-    mask: torch.Tensor | None  # [num_new, context_len] causal with offset; None = plain causal
-
-
-@dataclass(slots=True)
-class FlashMetadata:
-    """flash-attn's paged varlen call: every scheduled sequence in one kernel launch."""
-
-    cu_seqlens_q: torch.Tensor  # [B + 1] int32, query tokens per sequence, cumulated
-    cu_seqlens_k: torch.Tensor  # [B + 1] int32, context (cached + new) per sequence, cumulated
-    max_seqlen_q: int
-    max_seqlen_k: int
-    block_table: torch.Tensor  # [B, max_num_blocks] int32
-
-
-@dataclass(slots=True)
 class AttentionMetadata:
+    """One step's attention inputs, shared by every layer."""
+
     slot_mapping: torch.Tensor  # [T] cache slot for each new token
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, kv_heads, head_dim]
     block_size: int
-    decode_groups: list[DecodeGroup] = field(default_factory=list)
-    native_decode: NativeDecode | None = None  # set: decode through the CPU kernel, not decode_groups
-    prefills: list[PrefillSeq] = field(default_factory=list)
-    flash: FlashMetadata | None = None  # set: use flash-attn instead of the torch SDPA path
+    backend: AttentionBackend
+    step: Any  # what `backend.build_metadata` built for this step
     kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # int8 pages: per layer k, v [num_slots, kv_heads]
 
 
@@ -143,48 +104,8 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
         k_scale, v_scale = meta.kv_scales[layer_idx]
         k, v = kv_quant.write(k_cache, v_cache, k_scale, v_scale, meta.slot_mapping, k, v)
 
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k.shape[1]
-    bs = meta.block_size
-    # the cache seen as pages: [num_blocks, block_size, kv_heads, head_dim] (flash-attn's layout)
-    k_blocks = k_cache.view(-1, bs, num_kv_heads, head_dim)
-    v_blocks = v_cache.view(-1, bs, num_kv_heads, head_dim)
-    if meta.flash is not None:
-        return _flash_forward(q, k_blocks, v_blocks, meta.flash, scale)
-    # NOTE: torch.empty_like(q) would copy q's transposed strides; the output must be dense
-    out = q.new_empty(q.shape)  # [T, num_heads, head_dim]
-    group_size = num_heads // num_kv_heads
-    if meta.native_decode is not None:
-        nd = meta.native_decode
-        od = native.load()(q.index_select(0, nd.token_idx), k_cache, v_cache, nd.block_tables, nd.context_lens,
-                           bs, scale, None if k_scale is None else (k_scale, v_scale))
-        out.index_copy_(0, nd.token_idx, od)
-    for group in meta.decode_groups:
-        batch = group.token_idx.shape[0]
-        max_seqlen_k = group.max_num_blocks * bs
-        shape = (batch, max_seqlen_k, num_kv_heads, head_dim)
-        kd = kv_quant.gather(k_blocks, k_scale, group.block_ids, q.dtype).view(shape).transpose(1, 2)
-        vd = kv_quant.gather(v_blocks, v_scale, group.block_ids, q.dtype).view(shape).transpose(1, 2)
-        # One query token per sequence: the query heads sharing a KV head become that head's
-        # "query positions" ([B, kv_heads, group_size, head_dim]), so GQA needs no repeated K/V.
-        # Head h reads KV head h // group_size, as transformers' repeat_kv lays them out.
-        qd = q.index_select(0, group.token_idx).view(batch, num_kv_heads, group_size, head_dim)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
-        out.index_copy_(0, group.token_idx, od.reshape(batch, num_heads, head_dim))
-    for p in meta.prefills:
-        qp = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, num_heads, n, head_dim]
-        if p.block_ids is None:
-            kp = k[p.start:p.end]
-            vp = v[p.start:p.end]
-        else:  # [context_len, kv_heads, head_dim]
-            kp = kv_quant.gather(k_blocks, k_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
-            vp = kv_quant.gather(v_blocks, v_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
-        kp = kp.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context_len, head_dim]
-        vp = vp.transpose(0, 1).unsqueeze(0)
-        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
-                                            scale=scale, enable_gqa=True)
-        out[p.start:p.end] = op[0].transpose(0, 1)
-    return out
+    layer = LayerKV(k_cache, v_cache, meta.block_size, k_scale, v_scale)
+    return meta.backend.forward(q, k, v, layer, meta.step, scale)
 
 
 @_paged_attention_op.register_fake
@@ -192,60 +113,66 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: 
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-def _flash_forward(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, flash: FlashMetadata,
-                   scaling: float) -> torch.Tensor:
-    # q: [T, num_heads, head_dim]; k/v_blocks: [num_blocks, block_size, kv_heads, head_dim]
-    # flash-attn aligns causal masks bottom-right when seqlen_q < seqlen_k (>= 2.1), which is
-    # exactly "query i of a chunk sees the cached past plus new tokens up to itself".
-    return flash_attn_varlen_func()(
-        q.contiguous(), k_blocks, v_blocks, flash.cu_seqlens_q, flash.cu_seqlens_k, flash.max_seqlen_q,
-        flash.max_seqlen_k, softmax_scale=scaling, causal=True, block_table=flash.block_table)
+def make_backend(name: str) -> AttentionBackend:
+    return BACKENDS[name]()
 
 
-def flash_attn_varlen_func():
-    """flash-attn's varlen function, imported on first use (tests may replace this hook)."""
-    from flash_attn import flash_attn_varlen_func as fn
-
-    return fn
-
-
-FLASH_BLOCK_SIZE_MULTIPLE = 256  # flash-attn 2 paged KV needs pages of a multiple of 256 tokens
+@dataclass(frozen=True, slots=True)
+class BackendChoice:
+    name: str  # "torch" | "cpu" | "flash"
+    block_size: int  # tokens per KV page: the user's, else the backend's own
+    reason: str  # one line for the log: why this backend
 
 
-def flash_available(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+DEFAULT_BLOCK_SIZE = 16  # the torch and cpu backends: small pages waste little of a short sequence's last page
 
 
-def cpu_kernel_available(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and native.PagedDecodeKernel.supports(dtype, dtype) and native.load() is not None
+def select_backend(backend: str, device: torch.device, block_size: int | None,
+                   dtype: torch.dtype = torch.float32) -> BackendChoice:
+    """The attention backend and its page size, with the reason `batchgen run` logs.
 
-
-def resolve_backend(backend: str, device: torch.device, block_size: int | None,
-                    dtype: torch.dtype = torch.float32) -> tuple[str, int]:
-    """Pick the attention backend and the block size it needs: ("torch"|"cpu"|"flash", block_size)."""
-    if backend not in ("auto", "torch", "cpu", "flash"):
+    auto: flash-attn's paged kernel on CUDA when the package imports (with its 256-token pages,
+    unless the user set a block size it cannot use); the C decode kernel on CPU where it builds;
+    torch SDPA everywhere else. A block size left unset is the chosen backend's.
+    """
+    if backend not in ("auto", *BACKENDS):
         raise ValueError(f"attention backend must be auto, torch, cpu or flash; got {backend!r}")
     if backend == "auto":
-        use_flash = flash_available(device) and (block_size is None or block_size % FLASH_BLOCK_SIZE_MULTIPLE == 0)
-        backend = "flash" if use_flash else "cpu" if cpu_kernel_available(device, dtype) else "torch"
-    if backend == "cpu" and not cpu_kernel_available(device, dtype):
+        backend, reason = _auto_backend(device, block_size, dtype)
+    else:
+        reason = "set by --attention-backend"
+    if backend == "cpu" and not NativeCpuBackend.available(device, dtype):
         raise ValueError(f"the cpu attention backend needs a CPU model in float32 or bfloat16 (got {device.type}, "
                          f"{dtype}) and a C compiler to build its kernel")
     if backend == "flash":
-        if not flash_available(device):
+        if not FlashBackend.available(device):
             raise ValueError("the flash attention backend needs CUDA and the flash-attn package")
         block_size = block_size or FLASH_BLOCK_SIZE_MULTIPLE
         if block_size % FLASH_BLOCK_SIZE_MULTIPLE:
             raise ValueError(f"flash-attn's paged KV needs a block size that is a multiple of "
                              f"{FLASH_BLOCK_SIZE_MULTIPLE}, got {block_size}")
-        return backend, block_size
-    return backend, block_size or 16
+        return BackendChoice(backend, block_size, reason)
+    return BackendChoice(backend, block_size or DEFAULT_BLOCK_SIZE, reason)
+
+
+def _auto_backend(device: torch.device, block_size: int | None, dtype: torch.dtype) -> tuple[str, str]:
+    if device.type == "cuda":
+        if not FlashBackend.available(device):
+            return "torch", "auto: flash-attn is not installed (pip install flash-attn), so torch SDPA"
+        if block_size is not None and block_size % FLASH_BLOCK_SIZE_MULTIPLE:
+            return "torch", (f"auto: flash-attn is installed but the set block size {block_size} is not a multiple "
+                             f"of {FLASH_BLOCK_SIZE_MULTIPLE}, so torch SDPA")
+        return "flash", "auto: flash-attn's paged varlen kernel on CUDA"
+    if NativeCpuBackend.available(device, dtype):
+        return "cpu", "auto: the C decode kernel on CPU"
+    return "torch", f"auto: no C kernel for {device.type} / {dtype} (or no C compiler), so torch SDPA"
+
+
+def resolve_backend(backend: str, device: torch.device, block_size: int | None,
+                    dtype: torch.dtype = torch.float32) -> tuple[str, int]:
+    """Pick the attention backend and the block size it needs: ("torch"|"cpu"|"flash", block_size)."""
+    choice = select_backend(backend, device, block_size, dtype)
+    return choice.name, choice.block_size
 
 
 def _reject_unsupported(module: torch.nn.Module, kwargs: dict) -> None:

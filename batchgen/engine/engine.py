@@ -21,7 +21,7 @@ import torch
 
 from batchgen.engine import attention, kv_quant, sizing
 from batchgen.engine.block_manager import BlockManager
-from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks
+from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks, profile_activation_bytes
 from batchgen.engine.loader import find_eos_token_ids
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model_runner import ModelRunner
@@ -29,6 +29,7 @@ from batchgen.engine.request import Completion, FinishReason, Request
 from batchgen.engine.scheduler import Policy, Scheduler
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.stopping import StopChecker
+from batchgen.engine.threads import ThreadGovernor
 from batchgen.errors import ConfigError, EngineError, UnsupportedModelError, UsageError
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,17 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
+    # CPU: run on the cores other processes leave, re-checked every few seconds (engine/threads.py);
+    # off when OMP_NUM_THREADS pins the count
+    adaptive_threads: bool = True
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
+    cuda_graphs: bool = True  # CUDA + a graph-safe attention backend (flash): decode steps replay graphs
+
+
+# a step that runs out of device memory is retried after freeing some: the KV cache loses this
+# share of its blocks and the batch limits halve, at most this many times in a row
+OOM_CACHE_SHRINK = 0.9
+MAX_OOM_RETRIES = 4
 
 
 class LLMEngine:
@@ -70,44 +81,114 @@ class LLMEngine:
         if eos_token_ids is None:
             eos_token_ids = find_eos_token_ids(model, tokenizer)
         try:
-            backend, block_size = attention.resolve_backend(config.attention_backend, self.device, config.block_size,
-                                                           model.dtype)
+            choice = attention.select_backend(config.attention_backend, self.device, config.block_size, model.dtype)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        backend, block_size, reason = choice.name, choice.block_size, choice.reason
         cache_dtype = kv_quant.resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype, self.device)
         if cache_dtype == torch.int8 and backend == "flash":  # flash-attn reads no int8 pages
             if config.attention_backend == "flash":
                 raise ConfigError("the int8 KV cache runs on the cpu or torch attention backend, not flash")
-            backend, block_size = "torch", config.block_size or 16
+            backend, block_size = "torch", config.block_size or attention.DEFAULT_BLOCK_SIZE
+            reason = "auto: flash-attn reads no int8 KV pages, so torch SDPA"
+        log.info("attention: %s, %d-token KV blocks (%s)", backend, block_size, reason)
         self.block_size = block_size
-        spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
+        self.backend = attention.make_backend(backend)
+        self.use_cuda_graphs = self._graphs_possible(config)
+        spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
             peak = 0
             if self.device.type == "cuda" and config.kv_cache_bytes is None:
                 # auto limits are chosen after the cache is sized: profile the largest they can be
                 max_seqs, max_tokens = sizing.upper_limits(self.device.type)
-                peak = _profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
+                peak = profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
                                                  config.max_num_seqs or max_seqs)
             try:
                 num_blocks = plan_num_blocks(spec, self.device, config.kv_cache_bytes, peak)
             except ValueError as e:
                 raise ConfigError(f"KV cache: {e}") from None
-        self.kv_cache = KVCache(spec, num_blocks, self.device)
-        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        if num_blocks < 2:
+            self.use_cuda_graphs = False  # no block to spare for the padding rows
+        self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile)
+        self._allocate_cache(num_blocks)
         self.limits = sizing.resolve_limits(
-            device_type=self.device.type, kv_capacity_tokens=num_blocks * block_size,
+            device_type=self.device.type, kv_capacity_tokens=self.block_manager.num_blocks * block_size,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             expected_seq_tokens=config.expected_seq_tokens, max_model_len=self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.limits.max_num_seqs,
                                    max_num_batched_tokens=self.limits.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, policy=config.policy)
-        self.runner = ModelRunner(model, self.kv_cache, self.device, backend, compile=config.compile)
         log.info("engine: %s policy, %s attention, %d KV blocks of %d tokens; %s%s", Policy(config.policy).value,
                  backend, num_blocks, block_size, self.limits.reason, "; compiled forward" if config.compile else "")
+        self._capture_graphs()
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.metrics = EngineMetrics()
+        self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
         self._seq_ids = itertools.count()
+        self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
+        self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
+
+    # ---- device memory: the cache, the graphs, recovery from OOM ------------------------------------
+    def _graphs_possible(self, config: EngineConfig) -> bool:
+        if not config.cuda_graphs or self.device.type != "cuda":
+            return False
+        if not getattr(self.backend, "supports_cuda_graphs", False):
+            log.info("CUDA graphs: off, the %s attention backend has no graph-safe decode (flash-attn has)",
+                     self.backend.name)
+            return False
+        return True
+
+    def _allocate_cache(self, num_blocks: int) -> None:
+        """The KV cache and its block pool. With CUDA graphs the last block is kept out of the pool:
+        the graphs' padding rows write their K/V there."""
+        self.runner.graphs = None  # the graphs hold the old cache's addresses
+        self.runner.kv_cache = self.kv_cache = None  # free the old cache before allocating the new one
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.kv_cache = KVCache(self.spec, num_blocks, self.device)
+        self.runner.kv_cache = self.kv_cache
+        usable = num_blocks - 1 if self.use_cuda_graphs else num_blocks
+        self.block_manager = BlockManager(usable, self.block_size, self.config.enable_prefix_caching)
+
+    def _capture_graphs(self) -> None:
+        if not self.use_cuda_graphs:
+            return
+        from batchgen.engine.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(
+            self.model, self.runner.forward_fn, self.kv_cache, self.backend, max_num_seqs=self.limits.max_num_seqs,
+            max_blocks_per_seq=-(-self.max_tokens_per_seq // self.block_size),
+            dummy_block=self.kv_cache.num_blocks - 1,
+            vocab_size=self.model.get_output_embeddings().weight.shape[0], device=self.device)
+        with torch.inference_mode():
+            graphs.capture()
+        self.runner.graphs = graphs
+
+    def _recover_from_oom(self, error: BaseException) -> None:
+        """Free device memory and let the step run again: every running row goes back to the queue
+        (its tokens kept, its K/V recomputed), the KV cache shrinks and the batch limits halve."""
+        num_running = self.scheduler.preempt_all()
+        old_blocks = self.kv_cache.num_blocks
+        new_blocks = max(2, int(old_blocks * OOM_CACHE_SHRINK))
+        max_seqs = max(1, min(self.limits.max_num_seqs, max(1, num_running)) // 2)
+        budget = max(max_seqs, self.limits.max_num_batched_tokens // 2)
+        log.warning("out of device memory during a step (%s): %d running rows requeued; KV cache %d -> %d blocks, "
+                    "batch size %d -> %d, step budget %d -> %d tokens; retrying", str(error).splitlines()[0][:200],
+                    num_running, old_blocks, new_blocks, self.limits.max_num_seqs, max_seqs,
+                    self.limits.max_num_batched_tokens, budget)
+        self.limits = dataclasses.replace(self.limits, max_num_seqs=max_seqs, max_num_batched_tokens=budget,
+                                          reason=f"{self.limits.reason}; halved after a device OOM")
+        self.scheduler.max_num_seqs, self.scheduler.max_num_batched_tokens = max_seqs, budget
+        self._max_num_seqs_cap = max_seqs
+        self._allocate_cache(new_blocks)
+        self.scheduler.set_block_manager(self.block_manager)
+        try:
+            self._capture_graphs()
+        except torch.cuda.OutOfMemoryError:
+            log.warning("CUDA graphs: off, capturing them again ran out of memory")
+            self.runner.graphs = None
+        self.num_oom_retries += 1
 
     @property
     def max_tokens_per_seq(self) -> int:
@@ -133,6 +214,8 @@ class LLMEngine:
         """
         if self.config.max_num_seqs is not None or max_num_seqs < 1 or self.scheduler.has_unfinished():
             return
+        if self._max_num_seqs_cap is not None:
+            max_num_seqs = min(max_num_seqs, self._max_num_seqs_cap)
         budget = max(self.limits.max_num_batched_tokens, max_num_seqs)
         if (max_num_seqs, budget) != (self.limits.max_num_seqs, self.limits.max_num_batched_tokens):
             log.info("engine: batch size %d for the rows to come (was %d)", max_num_seqs, self.limits.max_num_seqs)
@@ -161,15 +244,27 @@ class LLMEngine:
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[Completion]:
+        if self.threads is not None:
+            self.threads.tick()
         t0 = time.perf_counter()
-        out = self.scheduler.schedule()
         finished: list[Completion] = []
-        for seq in out.out_of_memory:
-            log.warning("request %s stopped early: the KV cache cannot hold it", seq.request.request_id)
-            finished.append(self._finish(seq, FinishReason.LENGTH))
+        for attempt in itertools.count():
+            out = self.scheduler.schedule()
+            for seq in out.out_of_memory:
+                log.warning("request %s stopped early: the KV cache cannot hold it", seq.request.request_id)
+                finished.append(self._finish(seq, FinishReason.LENGTH))
+            if not out.scheduled:
+                break
+            try:
+                token_ids = self.runner.run(out)
+                break
+            except torch.cuda.OutOfMemoryError as e:
+                if attempt >= MAX_OOM_RETRIES:
+                    raise EngineError(f"out of device memory {attempt + 1} times in a row, even after shrinking "
+                                      "the KV cache and the batch; set a smaller --kv-cache-memory") from e
+                self._recover_from_oom(e)
         samplers: list[Sequence] = []
         if out.scheduled:
-            token_ids = self.runner.run(out)
             samplers = self.scheduler.update(out, token_ids)
             for seq in samplers:
                 reason = self.stop_checker.check(seq)
@@ -200,30 +295,6 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
-
-
-def _profile_activation_bytes(model, num_tokens: int, num_seqs: int) -> int:
-    """Peak activation memory of one full-budget step, so the KV cache leaves room for it.
-
-    Runs the model once on `num_tokens` dummy tokens with plain SDPA attention (whose memory is
-    close to ours) and `num_seqs` logits rows, then restores our attention function.
-    """
-    device = next(model.parameters()).device
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    model.set_attn_implementation("sdpa")
-    try:
-        with torch.inference_mode():
-            ids = torch.zeros((1, num_tokens), dtype=torch.long, device=device)
-            keep = torch.arange(num_tokens - min(num_seqs, num_tokens), num_tokens, device=device)
-            model(input_ids=ids, use_cache=False, logits_to_keep=keep)
-        torch.cuda.synchronize(device)
-    finally:
-        model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
-    peak = torch.cuda.max_memory_allocated(device) - before
-    torch.cuda.empty_cache()
-    return int(peak)
 
 
 def _check_model_supported(model) -> None:

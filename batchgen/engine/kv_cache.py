@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from batchgen.engine import kv_quant
+from batchgen.engine.attention import ATTN_IMPLEMENTATION
 
 log = logging.getLogger(__name__)
 
@@ -103,3 +104,27 @@ class KVCache:
     @property
     def num_bytes(self) -> int:
         return self.num_blocks * self.spec.bytes_per_block
+
+
+def profile_activation_bytes(model, num_tokens: int, num_seqs: int) -> int:
+    """Peak activation memory of one full-budget step, so the KV cache leaves room for it.
+
+    Runs the model once on `num_tokens` dummy tokens with plain SDPA attention (whose memory is
+    close to ours) and `num_seqs` logits rows, then restores our attention function.
+    """
+    device = next(model.parameters()).device
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.inference_mode():
+            ids = torch.zeros((1, num_tokens), dtype=torch.long, device=device)
+            keep = torch.arange(num_tokens - min(num_seqs, num_tokens), num_tokens, device=device)
+            model(input_ids=ids, use_cache=False, logits_to_keep=keep)
+        torch.cuda.synchronize(device)
+    finally:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    torch.cuda.empty_cache()
+    return int(peak)

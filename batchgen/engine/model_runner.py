@@ -7,58 +7,97 @@ One step is one forward over all scheduled tokens packed into a single row:
     slot_mapping  [T]     where each new token's K/V goes in the paged cache
     logits_to_keep [S]    the last token of each sequence that samples this step, so the LM head
                           runs on S rows instead of T
+
+Decode-only steps replay a CUDA graph instead when the engine captured them (engine/cuda_graphs.py).
+On CUDA the step's inputs go up from pinned host memory with non-blocking copies, and the sampled
+tokens come back in one copy per step (the sampler's `.tolist()`), so the CPU packs the inputs
+while the GPU may still run earlier work.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from batchgen.engine.attention import (
-    AttentionMetadata,
-    DecodeGroup,
-    FlashMetadata,
-    NativeDecode,
-    PrefillSeq,
-    forward_context,
-)
+from batchgen.engine.attention import AttentionMetadata, forward_context
+from batchgen.engine.backends import AttentionBackend, PackedSeq
 from batchgen.engine.kv_cache import KVCache
 from batchgen.engine.sampling import Sampler
 from batchgen.engine.scheduler import SchedulerOutput
 
+if TYPE_CHECKING:
+    from batchgen.engine.cuda_graphs import DecodeGraphs
+
 log = logging.getLogger(__name__)
 
-# decode sequences are grouped by context length so that padding to a group's longest context
-# wastes little; a new group starts when the longest would exceed this multiple of the shortest
-DECODE_GROUP_MAX_RATIO = 2.0
+
+@dataclass(slots=True)
+class DeviceTiming:
+    """CUDA only: where a step's time went, for the overlap between host work and the GPU.
+
+    idle_s: host time between one step's tokens coming back (the GPU then has nothing queued) and
+    the next step starting: scheduling, stop checks, detokenization, the job's writes and commits.
+    forward_s: the GPU timeline from the step's start to its logits (CUDA events), launch gaps
+    included. Per step both cost nothing but two events and two clock reads.
+    """
+
+    num_steps: int = 0
+    idle_s: float = 0.0
+    forward_s: float = 0.0
+
+    def summary(self) -> dict:
+        n = max(1, self.num_steps)
+        return {"num_steps": self.num_steps, "gpu_idle_ms_per_step": round(1000 * self.idle_s / n, 3),
+                "forward_ms_per_step": round(1000 * self.forward_s / n, 3)}
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device,
-                 backend: str = "torch", compile: bool = False):
-        assert backend in ("torch", "cpu", "flash")
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache | None, device: torch.device,
+                 backend: AttentionBackend, compile: bool = False):
         self.model = model
         self._forward = compile_forward(model) if compile else _forward
-        self.kv_cache = kv_cache
-        self.block_size = kv_cache.spec.block_size
+        self.kv_cache = kv_cache  # the engine's; replaced when it rebuilds the cache
         self.device = device
         self.backend = backend
         self.sampler = Sampler()
+        self.graphs: DecodeGraphs | None = None  # set by the engine once captured
+        self.timing = DeviceTiming()
+        self._last_sync_s: float | None = None  # host time the previous step's tokens came back
+        self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                        if device.type == "cuda" else None)
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int]:
         """Run one step; return the sampled token of each sampler, in `out.samplers` order."""
-        bs = self.block_size
+        if self._events is not None:
+            if self._last_sync_s is not None:  # the GPU had nothing queued since the last sync
+                self.timing.idle_s += time.perf_counter() - self._last_sync_s
+            self._events[0].record()
+        logits = self.graphs.run(out) if self.graphs is not None else None
+        if logits is None:
+            logits = self._run_eager(out)
+        if self._events is not None:
+            self._events[1].record()
+        tokens = self.sampler.sample(logits, out.samplers)  # the step's one device-to-host copy
+        if self._events is not None:  # sampling synchronized: both events have completed
+            self._last_sync_s = time.perf_counter()
+            self.timing.num_steps += 1
+            self.timing.forward_s += self._events[0].elapsed_time(self._events[1]) / 1000
+        return tokens
+
+    def _run_eager(self, out: SchedulerOutput) -> torch.Tensor:
+        """The packed forward of any step; returns the samplers' logits [S, vocab_size]."""
+        bs = self.kv_cache.spec.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
         logits_idx: list[int] = []
-        decode: list[tuple[int, list[int], int]] = []  # (token index, block_table, context_len)
-        prefills: list[PrefillSeq] = []
+        packed: list[PackedSeq] = []
         t = 0
         for s in out.scheduled:
             seq, n = s.seq, s.num_new_tokens
@@ -68,111 +107,41 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:context_len])
             positions.extend(range(start, context_len))
             slot_mapping.extend(block_table[p // bs] * bs + p % bs for p in range(start, context_len))
-            if n == 1:
-                decode.append((t, block_table, context_len))
-            else:
-                prefills.append(self._prefill_seq(t, n, start, block_table))
+            packed.append(PackedSeq(t, n, start, block_table))
             if s.samples:
                 logits_idx.append(t + n - 1)
             t += n
 
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long).to(dev, non_blocking=True),
+            slot_mapping=_to_device(slot_mapping, dev),
             kv_caches=self.kv_cache.layers,
             block_size=bs,
+            backend=self.backend,
+            step=self.backend.build_metadata(packed, bs, dev),
             kv_scales=self.kv_cache.scales,
         )
-        if self.backend == "flash":
-            meta.flash = self._flash_metadata(out)
-        elif self.backend == "cpu":
-            meta.native_decode = self._native_decode(decode)
-            meta.prefills = prefills
-        else:
-            meta.decode_groups = self._decode_groups(decode)
-            meta.prefills = prefills
-        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
-        keep = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
+        ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
         with forward_context(meta):
-            logits = self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
-        return self.sampler.sample(logits, out.samplers)
+            return self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
 
-    def _flash_metadata(self, out: SchedulerOutput) -> FlashMetadata:
-        seqlens_q = [s.num_new_tokens for s in out.scheduled]
-        seqlens_k = [s.seq.num_computed_tokens + s.num_new_tokens for s in out.scheduled]
-        max_num_blocks = -(-max(seqlens_k) // self.block_size)
-        block_table = []
-        for s in out.scheduled:
-            row = s.seq.block_table[:max_num_blocks]
-            block_table.append(row + [0] * (max_num_blocks - len(row)))
-        cu_q = torch.tensor([0, *itertools.accumulate(seqlens_q)], dtype=torch.int32)
-        cu_k = torch.tensor([0, *itertools.accumulate(seqlens_k)], dtype=torch.int32)
-        dev = self.device
-        return FlashMetadata(cu_seqlens_q=cu_q.to(dev), cu_seqlens_k=cu_k.to(dev), max_seqlen_q=max(seqlens_q),
-                             max_seqlen_k=max(seqlens_k),
-                             block_table=torch.tensor(block_table, dtype=torch.int32).to(dev))
-
-    def _prefill_seq(self, start_token: int, num_new: int, num_past: int,
-                     block_table: list[int]) -> PrefillSeq:
-        context_len = num_past + num_new
-        if num_past == 0:
-            # no cached past: the new K/V are the whole context, plain causal attention
-            return PrefillSeq(start_token, start_token + num_new, context_len, None, None)
-        num_blocks = -(-context_len // self.block_size)
-        q_pos = torch.arange(num_past, context_len)
-        mask = torch.arange(context_len)[None, :] <= q_pos[:, None]  # [num_new, context_len]
-        return PrefillSeq(start_token, start_token + num_new, context_len,
-                          torch.tensor(block_table[:num_blocks]).to(self.device), mask.to(self.device))
-
-    def _native_decode(self, decode: list[tuple[int, list[int], int]]) -> NativeDecode | None:
-        if not decode:
-            return None
-        max_num_blocks = max(-(-c // self.block_size) for _, _, c in decode)
-        block_tables = [bt[:max_num_blocks] + [0] * (max_num_blocks - len(bt[:max_num_blocks])) for _, bt, _ in decode]
-        dev = self.device
-        return NativeDecode(
-            token_idx=torch.tensor([i for i, _, _ in decode]).to(dev),
-            block_tables=torch.tensor(block_tables, dtype=torch.int32).to(dev),
-            context_lens=torch.tensor([c for _, _, c in decode], dtype=torch.int32).to(dev),
-        )
-
-    def _decode_groups(self, decode: list[tuple[int, list[int], int]]) -> list[DecodeGroup]:
-        if not decode:
-            return []
-        decode = sorted(decode, key=lambda d: d[2])
-        groups, current = [], [decode[0]]
-        for d in decode[1:]:
-            if d[2] > DECODE_GROUP_MAX_RATIO * current[0][2]:
-                groups.append(current)
-                current = []
-            current.append(d)
-        groups.append(current)
-        return [self._decode_group(g) for g in groups]
-
-    def _decode_group(self, group: list[tuple[int, list[int], int]]) -> DecodeGroup:
-        max_num_blocks = -(-group[-1][2] // self.block_size)
-        block_ids: list[int] = []
-        for _, block_table, context_len in group:
-            n = -(-context_len // self.block_size)
-            block_ids.extend(block_table[:n])
-            block_ids.extend([0] * (max_num_blocks - n))  # padding block 0, masked below
-        context_lens = torch.tensor([c for _, _, c in group])
-        mask = torch.arange(max_num_blocks * self.block_size)[None, :] < context_lens[:, None]
-        dev = self.device
-        return DecodeGroup(
-            token_idx=torch.tensor([i for i, _, _ in group]).to(dev),
-            block_ids=torch.tensor(block_ids).to(dev),
-            mask=mask[:, None, None, :].to(dev),
-            max_num_blocks=max_num_blocks,
-        )
+    @property
+    def forward_fn(self):
+        """The model call (compiled or not): model, input_ids, position_ids, logits_to_keep -> logits."""
+        return self._forward
 
     def release(self, seq) -> None:
         self.sampler.release(seq)
 
 
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 on `device`; on CUDA through pinned memory, so the copy does not block the host."""
+    pinned = device.type == "cuda"
+    return torch.tensor(values, dtype=torch.long, pin_memory=pinned).to(device, non_blocking=pinned)
+
+
 def _forward(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-             logits_to_keep: torch.Tensor) -> torch.Tensor:
+             logits_to_keep: torch.Tensor | int) -> torch.Tensor:
     return model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
                  logits_to_keep=logits_to_keep).logits
 

@@ -198,6 +198,20 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
+    def preempt_all(self) -> int:
+        """Release every running sequence to the front of the queue, oldest first (their tokens stay:
+        they are recomputed when readmitted). The engine's recovery from a device OOM."""
+        running = list(self.running)
+        for seq in reversed(running):  # the newest goes to the front first, so the oldest ends up first
+            self._preempt(seq)
+        return len(running)
+
+    def set_block_manager(self, block_manager: BlockManager) -> None:
+        """Swap in a rebuilt (e.g. smaller) KV block pool; nothing may hold blocks of the old one."""
+        assert not self.running
+        self.block_manager = block_manager
+        self.watermark_blocks = max(1, block_manager.num_blocks // 100)
+
     def _park_overrun(self, seq: Sequence) -> None:
         seq.reserved_for_prediction = False
         seq.num_overruns += 1

@@ -149,7 +149,8 @@ def test_packed_steps_match_plain_attention(block_size, budget, prefix_caching, 
     bm = BlockManager(200 // block_size, block_size, enable_prefix_caching=prefix_caching)
     sched = Scheduler(bm, max_num_seqs=5, max_num_batched_tokens=budget, max_model_len=128)
     spec = KVCacheSpec(num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32, block_size=block_size)
-    runner = ModelRunner(stub, KVCache(spec, bm.num_blocks, torch.device("cpu")), torch.device("cpu"), backend)
+    runner = ModelRunner(stub, KVCache(spec, bm.num_blocks, torch.device("cpu")), torch.device("cpu"),
+                         attention.make_backend(backend))
     rng = random.Random(block_size)
     shared = [rng.randrange(40) for _ in range(13)]
     for i in range(10):

@@ -121,7 +121,7 @@ def test_defaults(case, tokenizer):
     # default scheduling; the cache is sized from an explicit budget (the CPU default takes
     # a share of free RAM, gigabytes, which is slow to allocate in a test)
     engine, _ = run(case, tokenizer, EngineConfig(kv_cache_bytes=4 * 2**20))
-    assert engine.runner.backend == "cpu", "the CPU default is the C decode kernel"
+    assert engine.runner.backend.name == "cpu", "the CPU default is the C decode kernel"
     assert engine.block_manager.num_blocks == 4 * 2**20 // engine.kv_cache.spec.bytes_per_block
 
 
@@ -174,7 +174,7 @@ def test_torch_attention_backend(case, tokenizer, block_size):
     # the fallback without a compiler and the path on CUDA without flash-attn: it must agree too
     engine, _ = run(case, tokenizer, EngineConfig(attention_backend="torch", block_size=block_size,
                                                   num_kv_blocks=3000 // block_size, max_num_batched_tokens=48))
-    assert engine.runner.backend == "torch"
+    assert engine.runner.backend.name == "torch"
 
 
 def test_everything_tight_with_integrity_checks_every_step(case, tokenizer):

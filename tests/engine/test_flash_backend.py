@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from conftest import make_tiny_model
 
 from batchgen.engine import attention
+from batchgen.engine.backends import flash
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Request, SamplingParams
 
@@ -50,10 +51,10 @@ def test_flash_metadata_gives_generate_equal_greedy_output(tokenizer, monkeypatc
     prompts = [torch.randint(5, 200, (int(n),), generator=gen).tolist() for n in (3, 17, 40, 9, 33, 1)]
     expected = [reference.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                                    pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    monkeypatch.setattr(attention, "flash_attn_varlen_func", lambda: fake_flash_attn_varlen_func)
+    monkeypatch.setattr(flash, "flash_attn_varlen_func", lambda: fake_flash_attn_varlen_func)
     engine = LLMEngine(model, tokenizer, EngineConfig(attention_backend="torch", block_size=8, num_kv_blocks=64,
                                                       max_num_batched_tokens=max_num_batched_tokens))
-    engine.runner.backend = "flash"  # the CPU cannot import flash-attn; the metadata path is what we test
+    engine.runner.backend = flash.FlashBackend()  # the CPU cannot import flash-attn; the metadata path is what we test
     requests = [Request(str(i), p, SamplingParams(max_new_tokens=12, ignore_eos=True)) for i, p in enumerate(prompts)]
     got = {c.request_id: c.token_ids for c in engine.generate(requests)}
     assert [got[str(i)] for i in range(len(prompts))] == expected
@@ -73,9 +74,34 @@ def test_backend_resolution_on_cpu():
 
 
 def test_flash_block_size_must_be_a_multiple_of_256(monkeypatch):
-    monkeypatch.setattr(attention, "flash_available", lambda device: True)
+    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device: True))
     cuda = torch.device("cuda")
     assert attention.resolve_backend("auto", cuda, None) == ("flash", 256)
     assert attention.resolve_backend("auto", cuda, 16) == ("torch", 16)  # auto keeps the user's block size
     with pytest.raises(ValueError, match="multiple of 256"):
         attention.resolve_backend("flash", cuda, 16)
+
+
+def test_default_selection_on_cuda_is_flash_with_its_page_size(monkeypatch):
+    """The job's default block size (None) lets auto pick flash-attn and its 256-token pages; the
+    reason says why, and without flash-attn the torch path says that it is missing."""
+    from batchgen.config import build_config
+
+    config = build_config(None, inputs=["x"], output="o")
+    assert config.block_size is None and config.attention_backend == "auto" and config.cuda_graphs is True
+    assert build_config(None, inputs=["x"], output="o", block_size="auto").block_size is None
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device: True))
+    choice = attention.select_backend(config.attention_backend, cuda, config.block_size, torch.bfloat16)
+    assert (choice.name, choice.block_size) == ("flash", 256) and "flash-attn" in choice.reason
+    assert "not a multiple of 256" in attention.select_backend("auto", cuda, 16).reason
+    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device: False))
+    choice = attention.select_backend("auto", cuda, None, torch.bfloat16)
+    assert (choice.name, choice.block_size) == ("torch", 16) and "not installed" in choice.reason
+    assert attention.select_backend("torch", cuda, None).reason == "set by --attention-backend"
+
+
+def test_engine_logs_the_backend_and_why(tokenizer, caplog):
+    with caplog.at_level("INFO", logger="batchgen.engine.engine"):
+        LLMEngine(make_tiny_model("llama"), tokenizer, EngineConfig(attention_backend="torch", num_kv_blocks=8))
+    assert "attention: torch, 16-token KV blocks (set by --attention-backend)" in caplog.text

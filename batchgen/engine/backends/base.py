@@ -1,0 +1,58 @@
+"""What every attention backend sees: the step's packed sequences and one layer's paged cache.
+
+A backend is a small object chosen once per engine (`attention.make_backend`):
+`build_metadata` turns the step's packed sequences into the tensors its kernels need, once per
+step; `forward` attends for one layer, after the new K/V were written into the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(slots=True)
+class PackedSeq:
+    """One scheduled sequence's place in the step's packed row of tokens."""
+
+    start: int  # its first new token in the packed row
+    num_new_tokens: int
+    num_past_tokens: int  # already in the cache before this step
+    block_table: list[int]
+
+    @property
+    def context_len(self) -> int:
+        return self.num_past_tokens + self.num_new_tokens
+
+
+@dataclass(slots=True)
+class LayerKV:
+    """One layer's paged cache, after this step's new K/V were written."""
+
+    k_cache: torch.Tensor  # [num_slots, kv_heads, head_dim]
+    v_cache: torch.Tensor
+    block_size: int
+    k_scale: torch.Tensor | None = None  # int8 pages: [num_slots, kv_heads] bf16 scales
+    v_scale: torch.Tensor | None = None
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The caches seen as pages: [num_blocks, block_size, kv_heads, head_dim] (flash-attn's layout)."""
+        shape = (-1, self.block_size, *self.k_cache.shape[1:])
+        return self.k_cache.view(shape), self.v_cache.view(shape)
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> Any:
+        """Per-step tensors for `forward`, built once and shared by every layer."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: Any,
+                scale: float) -> torch.Tensor:
+        """q [T, heads, head_dim], the step's new k/v [T, kv_heads, head_dim] -> out [T, heads, head_dim]."""
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,91 @@
+"""Compute threads that follow the cores the machine leaves us, re-checked as the job runs.
+
+On a CPU, every parallel region of the forward ends at a barrier, so one compute thread that
+shares its core with another process holds up all of them. `benchmarks/threads.py` measured on 2
+cores with a busy neighbour: one thread generates more than two (66.6 against 53.1 tok/s) while on a
+quiet machine two are faster. So every `interval_s` the governor reads how much CPU the *other*
+processes took (all busy time from /proc/stat minus our own) and runs on the cores they leave,
+between 1 and the thread count the engine started with. Linux only; elsewhere it does nothing.
+
+It is on when the user did not pin threads (OMP_NUM_THREADS unset); an explicit thread count wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system [idle iowait] irq softirq steal
+_base_threads: int | None = None  # the thread count before any governor changed it
+_last_set: int | None = None  # what a governor last set, so a later engine starts from the base
+
+
+def _remember(num_threads: int) -> None:
+    global _last_set
+    _last_set = num_threads
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(busy seconds of the whole machine, this process's CPU seconds), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    busy = sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields)) / ticks
+    t = os.times()
+    return busy, t.user + t.system
+
+
+class ThreadGovernor:
+    def __init__(self, max_threads: int, interval_s: float = 5.0,
+                 read: Callable[[], tuple[float, float] | None] = cpu_seconds,
+                 clock: Callable[[], float] = time.monotonic,
+                 set_threads: Callable[[int], None] = torch.set_num_threads):
+        self.max_threads = max_threads
+        self.interval_s = interval_s
+        self._read, self._clock, self._set = read, clock, set_threads
+        self.num_threads = max_threads
+        self._t0 = clock()
+        self._last = read()
+        self.num_changes = 0
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> ThreadGovernor | None:
+        """A governor for CPU engines whose thread count the user left alone; else None."""
+        global _base_threads
+        if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or cpu_seconds() is None:
+            return None
+        current = torch.get_num_threads()
+        if _base_threads is None or current != _last_set:
+            # the count the process runs with, unless an earlier engine's governor lowered it
+            _base_threads = current
+        return cls(_base_threads) if _base_threads > 1 else None
+
+    def tick(self) -> None:
+        """Call once per step; re-checks the machine every `interval_s`."""
+        now = self._clock()
+        if now - self._t0 < self.interval_s:
+            return
+        sample = self._read()
+        if sample is None or self._last is None:
+            return
+        wall = now - self._t0
+        other_cores = max(0.0, (sample[0] - self._last[0]) - (sample[1] - self._last[1])) / wall
+        self._t0, self._last = now, sample
+        # a neighbour that keeps at least half a core busy takes that core from us
+        target = max(1, min(self.max_threads, self.max_threads - int(other_cores + 0.5)))
+        if target != self.num_threads:
+            log.info("engine: %d compute thread%s (other processes keep %.1f cores busy)", target,
+                     "" if target == 1 else "s", other_cores)
+            self._set(target)
+            self.num_threads = target
+            _remember(target)
+            self.num_changes += 1
