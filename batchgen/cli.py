@@ -148,6 +148,12 @@ def run(
                             "many, so a crash loses at most that much work [--rows-per-part].")] = None,
     commit_every_seconds: Annotated[float | None, typer.Option("--commit-every-seconds", help="Also commit "
                                     "finished rows this often; 0 = off [60].")] = None,
+    stop_grace_seconds: Annotated[float | None, typer.Option("--stop-grace-seconds", help="On SIGTERM/SIGINT, "
+                                  "exit within this many seconds: finished rows commit first, then rows in "
+                                  "flight are checkpointed and continued on resume; 0 = no limit [25].")] = None,
+    checkpoint_in_flight_every: Annotated[float | None, typer.Option(
+        "--checkpoint-in-flight-every", help="Also checkpoint rows in flight this often (seconds), so even "
+        "kill -9 loses at most that much of each row; 0 = off [off].")] = None,
     retry_errors: Annotated[bool | None, typer.Option("--retry-errors/--no-retry-errors", help="On resume, "
                             "generate committed error rows again [on].")] = None,
     overwrite: Annotated[bool | None, typer.Option("--overwrite", help="Drop what an earlier job committed "
@@ -170,7 +176,8 @@ def run(
         kv_cache_memory=kv_cache_memory, compile=compile, mode=mode, device=device, dtype=dtype, max_rows=max_rows,
         on_long_prompt=on_long_prompt, max_prompt_tokens=max_prompt_tokens, keep_columns=keep_columns,
         rows_per_part=rows_per_part, max_error_rate=max_error_rate, commit_every_rows=commit_every,
-        commit_every_s=commit_every_seconds, retry_errors=retry_errors, overwrite=overwrite,
+        commit_every_s=commit_every_seconds, stop_grace_s=stop_grace_seconds,
+        checkpoint_in_flight_every_s=checkpoint_in_flight_every, retry_errors=retry_errors, overwrite=overwrite,
         quiet=quiet, window_rows=window_rows, length_column=length_column, sort_by_length=sort_by_length,
         static_min_occupancy=static_min_occupancy, quantize=quantize, quantize_backend=quantize_backend,
         kv_cache_dtype=kv_cache_dtype, attention_backend=attention_backend, block_size=block_size,

@@ -22,7 +22,7 @@ import gc
 import hashlib
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from batchgen.config import JobConfig, parse_bytes
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import LoadedModel
 from batchgen.engine.metrics import EngineMetrics
-from batchgen.engine.request import Completion, Request, SamplingParams
+from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
 from batchgen.engine.scheduler import Policy
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.planner import PlannedRow, ShardPlan
@@ -120,9 +120,13 @@ class EngineSlot:
 class JobCore:
     """Planned shards in, (row, completion) pairs out, in finishing order; see the module docstring."""
 
-    def __init__(self, config: JobConfig, loaded: LoadedModel):
+    def __init__(self, config: JobConfig, loaded: LoadedModel, *,
+                 continuation_for: Callable[[PlannedRow], Continuation | None] | None = None,
+                 between_steps: Callable[[], None] | None = None):
         self.config = config
         self.engines = EngineSlot(config, loaded)
+        self.continuation_for = continuation_for  # an earlier attempt's tokens for a row, if any
+        self.between_steps = between_steps  # called between engine steps (stop, checkpoint)
         self.pending: dict[str, tuple[PlannedRow, Request]] = {}  # request id -> (row, its request)
         self.keys = itertools.count()
         self.num_shards = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
@@ -141,7 +145,7 @@ class JobCore:
             try:
                 engine = self.engines.get(stretch.mode)
                 engine.fit_batch_size(stretch.batch_size)
-                for completion in engine.generate(stretch):
+                for completion in engine.generate(stretch, between_steps=self.between_steps):
                     yield self._finished(completion)
                 return
             except Exception as e:
@@ -156,7 +160,8 @@ class JobCore:
             self.engines.drop(collect=True)
             static = self.engines.get(Policy.STATIC)
             static.fit_batch_size(stretch.batch_size)
-            for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest)):
+            for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest),
+                                              between_steps=self.between_steps):
                 yield self._finished(completion)
             if stretch.done:
                 return
@@ -167,6 +172,14 @@ class JobCore:
         if stretch.mode != Policy.CONTINUOUS or stretch.failed:
             return False
         return isinstance(e, EngineError) or not isinstance(e, BatchgenError)
+
+    def in_flight(self) -> list[tuple[PlannedRow, Continuation]]:
+        """The rows in the engine that have generated tokens, with their tokens and random state so
+        far; call between steps (batchgen.engine.engine.LLMEngine.in_flight)."""
+        engine = self.engines.engine
+        if engine is None:
+            return []
+        return [(self.pending[request.request_id][0], continuation) for request, continuation in engine.in_flight()]
 
     def _finished(self, completion: Completion) -> tuple[PlannedRow, Completion]:
         planned, _ = self.pending.pop(completion.request_id)
@@ -182,7 +195,8 @@ class JobCore:
             request = Request(key, planned.prompt_token_ids, SamplingParams(
                 max_new_tokens=planned.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
                 top_k=config.top_k, seed=row_seed(config.seed, planned.row.row_id), stop=tuple(config.stop),
-                ignore_eos=config.ignore_eos), predicted_num_output_tokens=planned.prediction.p90)
+                ignore_eos=config.ignore_eos), predicted_num_output_tokens=planned.prediction.p90,
+                continuation=self.continuation_for(planned) if self.continuation_for is not None else None)
             self.pending[key] = (planned, request)
             yield request
 
