@@ -1,0 +1,164 @@
+"""SIGTERM at random moments, then resume: rows in flight continue from their checkpoint (issue 18).
+
+In-process: the job runs in the main thread (where its signal handlers live) and a timer thread
+sends the process a real SIGTERM after a random delay, up to two times per seed; then the same job
+resumes to the end. Greedy and seeded sampling. Each seed checks that the final output equals an
+uninterrupted run row for row (text, finish reason, token counts), that the tokens sampled over
+all attempts are at most the uninterrupted run's plus the rows in flight at each signal (no row
+starts over), and that a checkpointed row is never an output row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from batchgen.config import build_config
+from batchgen.errors import JobInterrupted
+from batchgen.io.manifest import load_manifest
+from batchgen.io.partials import read_partials
+from batchgen.jobs.run import run_job
+from batchgen.jobs.status import job_status
+
+NUM_ROWS = 10
+MAX_NEW_TOKENS = 48  # long rows next to a batch of 3: most signals land with rows in flight
+NUM_SEEDS = 12  # per sampling mode: 24 seeds in all
+SIGNALS_PER_SEED = 2
+SAMPLING = {"greedy": {}, "seeded": {"temperature": 1.1, "top_p": 0.95, "seed": 7}}
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inflight") / "in.parquet"
+    rng = random.Random(3)
+    texts = ["".join(rng.choice("abcdefgh ijk") for _ in range(rng.randint(3, 24))) for _ in range(NUM_ROWS)]
+    pq.write_table(pa.table({"id": list(range(NUM_ROWS)), "text": texts}), path)
+    return path
+
+
+def config(src, out, model_dir, **overrides):
+    values = dict(inputs=[str(src)], output=str(out), model=str(model_dir), device="cpu", dtype="float32",
+                  id_column="id", max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True, kv_cache_memory="16MiB",
+                  quiet=True, batch_size=3, commit_every_rows=2, stop_grace_s=0)  # 0: no exit timer in pytest
+    values.update(overrides)
+    return build_config(None, **values)
+
+
+@pytest.fixture(autouse=True)
+def harmless_late_signal():
+    """A timer that fires just after a job ended must not terminate pytest."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def output(out) -> dict:
+    rows = ds.dataset(str(out), format="parquet").to_table().to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "an id is visible twice"
+    return {r["id"]: {k: r[k] for k in ("generated_text", "finish_reason", "num_prompt_tokens",
+                                        "num_generated_tokens", "prompt_hash")} for r in rows}
+
+
+def sampled_tokens(out) -> int:
+    return json.loads((out / "_summary.json").read_text())["num_sampled_tokens"]
+
+
+@pytest.fixture(scope="module")
+def references(src, tiny_model_dir, loaded, tmp_path_factory):
+    """Per sampling mode: the uninterrupted output, tokens sampled, wall seconds."""
+    refs = {}
+    for name, sampling in SAMPLING.items():
+        out = tmp_path_factory.mktemp(f"ref-{name}") / "out"
+        t0 = time.monotonic()
+        summary = run_job(config(src, out, tiny_model_dir, **sampling), loaded=loaded)
+        refs[name] = (output(out), summary.num_sampled_tokens, time.monotonic() - t0)
+        assert summary.num_sampled_tokens == NUM_ROWS * MAX_NEW_TOKENS
+    return refs
+
+
+def interrupted_run(cfg, loaded, delay_s: float) -> bool:
+    """Run until a SIGTERM sent after `delay_s`; False if the job finished first."""
+    timer = threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        run_job(cfg, loaded=loaded)
+        return False
+    except JobInterrupted as e:
+        assert e.exit_code == 143
+        return True
+    finally:
+        timer.cancel()
+
+
+@pytest.mark.parametrize("mode", list(SAMPLING))
+def test_sigterm_at_random_moments_then_resume_equals_uninterrupted(src, tiny_model_dir, loaded, references,
+                                                                   tmp_path, one_thread, mode):
+    reference, reference_tokens, reference_s = references[mode]
+    num_continued = num_signals = 0
+    for seed in range(NUM_SEEDS):
+        rng = random.Random(seed)
+        out = tmp_path / f"seed-{seed}"
+        cfg = config(src, out, tiny_model_dir, **SAMPLING[mode])
+        tokens = in_flight_at_signals = 0
+        for _ in range(SIGNALS_PER_SEED):
+            if not interrupted_run(cfg, loaded, rng.uniform(0.1, 0.8) * reference_s):
+                break
+            num_signals += 1
+            tokens += sampled_tokens(out)
+            state = load_manifest(out)
+            partials = read_partials(out, state.partials, state.partials["fingerprint"]) if state.partials else {}
+            in_flight_at_signals += len(partials)
+            committed = output(out) if state.num_committed_rows else {}
+            assert set(committed) == state.ok_ids
+            assert not set(partials) & set(committed), "a row is both committed and checkpointed"
+            for row_id, partial in partials.items():  # a checkpoint is a prefix of the uninterrupted row
+                assert 0 < len(partial.token_ids) < reference[row_id]["num_generated_tokens"]
+            assert job_status(out)["partial_rows"] == len(partials)
+        summary = run_job(cfg, loaded=loaded)
+        tokens += summary.num_sampled_tokens
+        num_continued += summary.num_rows_continued
+        assert output(out) == reference, f"seed {seed}: the resumed output differs from the uninterrupted run"
+        assert tokens <= reference_tokens + in_flight_at_signals, f"seed {seed}: rows started over"
+        assert tokens == reference_tokens, f"seed {seed}: {tokens - reference_tokens} tokens generated twice"
+        final = load_manifest(out).partials
+        assert final is None or final["num_rows"] == 0, "partials outlived their rows"
+    assert num_signals >= NUM_SEEDS and num_continued > 0  # the signals did land mid-generation
+
+
+def test_changed_config_drops_partials(src, tiny_model_dir, loaded, tmp_path, one_thread):
+    out = tmp_path / "out"
+    cfg = config(src, out, tiny_model_dir, commit_every_rows=1000)  # nothing committed before the signal
+    from batchgen.engine.engine import LLMEngine
+
+    real_step, steps = LLMEngine.step, []
+
+    def step(self):
+        steps.append(1)
+        if len(steps) == 20:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    LLMEngine.step = step
+    try:
+        with pytest.raises(JobInterrupted):
+            run_job(cfg, loaded=loaded)
+    finally:
+        LLMEngine.step = real_step
+    state = load_manifest(out)
+    assert state.num_committed_rows == 0 and state.partials["num_rows"] == 3  # a full batch in flight
+    # another max_new_tokens: a new job begins over no committed row, and the partials go with the old one
+    summary = run_job(config(src, out, tiny_model_dir, max_new_tokens=MAX_NEW_TOKENS - 8), loaded=loaded)
+    assert summary.num_rows_continued == 0
+    assert summary.num_sampled_tokens == NUM_ROWS * (MAX_NEW_TOKENS - 8)
+    assert load_manifest(out).partials is None
+    assert not list((out / "_manifest").glob("*.partials.json"))
