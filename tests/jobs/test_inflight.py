@@ -69,10 +69,6 @@ def output(out) -> dict:
                                         "num_generated_tokens", "prompt_hash")} for r in rows}
 
 
-def sampled_tokens(out) -> int:
-    return json.loads((out / "_summary.json").read_text())["num_sampled_tokens"]
-
-
 @pytest.fixture(scope="module")
 def references(src, tiny_model_dir, loaded, tmp_path_factory):
     """Per sampling mode: the uninterrupted output, tokens sampled, wall seconds."""
@@ -111,10 +107,17 @@ def test_sigterm_at_random_moments_then_resume_equals_uninterrupted(src, tiny_mo
         cfg = config(src, out, tiny_model_dir, **SAMPLING[mode])
         tokens = in_flight_at_signals = 0
         for _ in range(SIGNALS_PER_SEED):
-            if not interrupted_run(cfg, loaded, rng.uniform(0.1, 0.8) * reference_s):
+            interrupted = interrupted_run(cfg, loaded, rng.uniform(0.1, 0.8) * reference_s)
+            summary_file = out / "_summary.json"  # absent: the signal landed before the job began generating
+            attempt = json.loads(summary_file.read_text()) if summary_file.exists() else {
+                "num_sampled_tokens": 0, "num_rows_continued": 0}
+            tokens += attempt["num_sampled_tokens"]  # the attempt's, whether the signal or the end came first
+            num_continued += attempt["num_rows_continued"]
+            if not interrupted:
                 break
             num_signals += 1
-            tokens += sampled_tokens(out)
+            if not (out / "_manifest").is_dir():
+                continue  # the signal landed before the job began: it left nothing behind
             state = load_manifest(out)
             partials = read_partials(out, state.partials, state.partials["fingerprint"]) if state.partials else {}
             in_flight_at_signals += len(partials)
@@ -124,7 +127,7 @@ def test_sigterm_at_random_moments_then_resume_equals_uninterrupted(src, tiny_mo
             for row_id, partial in partials.items():  # a checkpoint is a prefix of the uninterrupted row
                 assert 0 < len(partial.token_ids) < reference[row_id]["num_generated_tokens"]
             assert job_status(out)["partial_rows"] == len(partials)
-        summary = run_job(cfg, loaded=loaded)
+        summary = run_job(cfg, loaded=loaded)  # nothing left to do when an attempt above finished
         tokens += summary.num_sampled_tokens
         num_continued += summary.num_rows_continued
         assert output(out) == reference, f"seed {seed}: the resumed output differs from the uninterrupted run"
