@@ -134,6 +134,8 @@ class _LocalJob:
     def between_steps(self) -> None:
         """Between two engine steps: stop here on a signal, and checkpoint rows in flight when due."""
         self.guard.raise_if_interrupted()
+        if self.summary.first_token_time is None and self.core.engines.num_sampled_tokens():
+            self.summary.first_token_time = time.time()
         if self.checkpoint_every_s is not None and time.monotonic() - self.last_checkpoint >= self.checkpoint_every_s:
             with self.guard.critical():
                 self.checkpoint_in_flight(stopping=False)
