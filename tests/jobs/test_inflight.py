@@ -165,3 +165,83 @@ def test_changed_config_drops_partials(src, tiny_model_dir, loaded, tmp_path, on
     assert summary.num_sampled_tokens == NUM_ROWS * (MAX_NEW_TOKENS - 8)
     assert load_manifest(out).partials is None
     assert not list((out / "_manifest").glob("*.partials.json"))
+
+
+class HardKill(BaseException):
+    """Stands in for kill -9 at a step boundary: no except clause of the job catches it, so
+    nothing is committed or checkpointed on the way out."""
+
+
+def test_periodic_checkpoints_survive_a_hard_kill(src, tiny_model_dir, loaded, references, tmp_path, one_thread,
+                                                   monkeypatch):
+    from batchgen.engine.engine import LLMEngine
+
+    reference, reference_tokens, _ = references["seeded"]
+    out = tmp_path / "out"
+    cfg = config(src, out, tiny_model_dir, **SAMPLING["seeded"], commit_every_rows=1000,
+                 checkpoint_in_flight_every_s=1e-9)  # every step: the most a kill can find written
+    real_step, steps = LLMEngine.step, []
+
+    def step(self):
+        steps.append(1)
+        if len(steps) == 70:
+            raise HardKill
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    with pytest.raises(HardKill):
+        run_job(cfg, loaded=loaded)
+    monkeypatch.setattr(LLMEngine, "step", real_step)
+    state = load_manifest(out)
+    assert state.num_committed_rows == 0 and state.partials["num_rows"] == 3
+    # 69 steps ran: the last checkpoint holds every token they sampled
+    assert state.partials["num_tokens"] == sum(
+        len(p.token_ids) for p in read_partials(out, state.partials, state.partials["fingerprint"]).values())
+    summary = run_job(config(src, out, tiny_model_dir, **SAMPLING["seeded"]), loaded=loaded)
+    assert summary.num_rows_continued == 3 and summary.num_tokens_continued == state.partials["num_tokens"]
+    assert output(out) == reference
+    assert summary.num_sampled_tokens == reference_tokens - summary.num_tokens_continued
+
+
+def test_damaged_partials_are_ignored(src, tiny_model_dir, loaded, references, tmp_path, one_thread, monkeypatch):
+    """A partial file that does not match its entry costs only the regeneration of its rows."""
+    from batchgen.engine.engine import LLMEngine
+
+    reference, reference_tokens, _ = references["greedy"]
+    out = tmp_path / "out"
+    real_step, steps = LLMEngine.step, []
+
+    def step(self):
+        steps.append(1)
+        if len(steps) == 10:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    with pytest.raises(JobInterrupted):
+        run_job(config(src, out, tiny_model_dir, commit_every_rows=1000), loaded=loaded)
+    monkeypatch.setattr(LLMEngine, "step", real_step)
+    path = next((out / "_manifest").glob("*.partials.json"))
+    path.write_text(path.read_text().replace("[", "[1,", 1))
+    summary = run_job(config(src, out, tiny_model_dir), loaded=loaded)
+    assert summary.num_rows_continued == 0 and summary.num_sampled_tokens == reference_tokens
+    assert output(out) == reference
+
+
+def test_grace_budget_bounds_signal_to_exit(tmp_path):
+    """A job stuck past --stop-grace-seconds is ended by the guard's timer with 128 + signum."""
+    import subprocess
+    import sys
+
+    child = ("import time, batchgen.jobs.signals as s\n"
+             "with s.SignalGuard(0.5) as g:\n"
+             "    with g.deferred():\n"
+             "        print('ready', flush=True)\n"
+             "        time.sleep(60)  # a step that never ends\n")
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    assert 0.4 < time.monotonic() - t0 < 10
+    assert b"--stop-grace-seconds" in proc.stderr.read()
