@@ -141,8 +141,10 @@ def main() -> None:
             continued += s.get("num_rows_continued", 0)
             if s.get("num_rows_continued") and s.get("first_token_time"):
                 first_token_s.append(s["first_token_time"] - launched)
-            if proc.returncode == 0:
-                break  # finished before its signal
+            if proc.returncode == 0 or (out / "_SUCCESS").exists():
+                # finished before its signal, or in the moment after its handlers were restored
+                # (-15 then): the job was complete
+                break
             assert proc.returncode == 143, proc.returncode
             signals += 1
             (out / "_summary.json").unlink(missing_ok=True)  # the next attempt's, not this one's
