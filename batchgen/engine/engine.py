@@ -127,6 +127,9 @@ class LLMEngine:
         self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
         self._seq_ids = itertools.count()
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
+        # False while a step runs: a step that raised may have drawn some rows' random numbers
+        # without appending their tokens, so their random state no longer matches their tokens
+        self._rows_whole = True
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
         self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
 
@@ -221,6 +224,8 @@ class LLMEngine:
         checkpoint keeps. Consistent only between steps (a step appends tokens and draws random
         numbers), which is where the job calls it."""
         seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        if not self._rows_whole:  # after a failed step: greedy rows' tokens are still right, nothing else
+            seqs = [seq for seq in seqs if seq.request.sampling.greedy]
         return [(seq.request, Continuation(tuple(seq.generated_token_ids), self.runner.sampler.rng_state(seq)))
                 for seq in seqs if seq.num_generated_tokens]
 
@@ -274,6 +279,7 @@ class LLMEngine:
             self.threads.tick()
         t0 = time.perf_counter()
         finished: list[Completion] = []
+        self._rows_whole = False
         for attempt in itertools.count():
             out = self.scheduler.schedule()
             for seq in out.out_of_memory:
@@ -306,6 +312,7 @@ class LLMEngine:
             num_sampled_tokens=len(samplers), num_kv_blocks_used=bm.num_used_blocks,
             num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
             num_overruns=out.num_overruns))
+        self._rows_whole = True
         return finished
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:

@@ -18,6 +18,7 @@ of that shard run again in static mode, and the stretch goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import itertools
@@ -152,7 +153,14 @@ class JobCore:
                 if not self._is_engine_fault(stretch, e):
                     raise
                 failure = f"{type(e).__name__}: {e}"
-            # the failed engine's frames went with the exception, so drop() frees its memory
+            # the rows it had generated part of go on from there (LLMEngine.in_flight keeps only
+            # what is still exact after a failed step); the failed engine's frames went with the
+            # exception, so drop() frees its memory
+            failed = self.engines.engine
+            carried = {request.request_id: c for request, c in failed.in_flight()} if failed is not None else {}
+            for key, (planned, request) in self.pending.items():
+                if key in carried:
+                    self.pending[key] = (planned, dataclasses.replace(request, continuation=carried[key]))
             unfinished = [request for _, request in self.pending.values()]
             log.warning("the continuous engine failed (%s); running its %d unfinished rows and the rest of the "
                         "shard in static mode", failure, len(unfinished))

@@ -245,3 +245,40 @@ def test_grace_budget_bounds_signal_to_exit(tmp_path):
     assert proc.wait(timeout=30) == 143
     assert 0.4 < time.monotonic() - t0 < 10
     assert b"--stop-grace-seconds" in proc.stderr.read()
+
+
+@pytest.mark.parametrize("mode", list(SAMPLING))
+def test_an_engine_fault_continues_rows_in_the_static_rerun(src, tiny_model_dir, loaded, references, tmp_path,
+                                                            one_thread, monkeypatch, mode):
+    """A continuous engine that fails mid-step: its rows go on in the static engine from the tokens
+    they reached (greedy rows; a seeded row's random state may be past its tokens, so it starts over)."""
+    from batchgen.engine.engine import LLMEngine
+    from batchgen.engine.model_runner import ModelRunner
+    from batchgen.engine.scheduler import Policy
+
+    reference, reference_tokens, _ = references[mode]
+    real_run, steps = ModelRunner.run, []
+
+    def flaky(self, out):
+        if self.engine_policy is Policy.CONTINUOUS:
+            steps.append(1)
+            if len(steps) == 30:
+                raise RuntimeError("injected fault")
+        return real_run(self, out)
+
+    real_init = LLMEngine.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.runner.engine_policy = self.config.policy
+
+    monkeypatch.setattr(LLMEngine, "__init__", init)
+    monkeypatch.setattr(ModelRunner, "run", flaky)
+    summary = run_job(config(src, tmp_path / "out", tiny_model_dir, mode="continuous", **SAMPLING[mode]),
+                      loaded=loaded)
+    assert summary.num_static_fallbacks == 1
+    assert output(tmp_path / "out") == reference
+    if mode == "greedy":  # the 3 rows in flight went on: nothing sampled twice
+        assert summary.num_sampled_tokens == reference_tokens
+    else:
+        assert summary.num_sampled_tokens > reference_tokens
