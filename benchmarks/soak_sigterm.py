@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--checkpoint-every", type=float, default=0.25, help="for the overhead run (seconds)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-delay-s", type=float, default=None,
+                        help="signal at uniform(0, this) s after generation starts [half the reference job time]")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="stop signalling after this many seconds of soak (then run to the end)")
     parser.add_argument("--json", type=Path, help="write the record here")
@@ -129,7 +131,7 @@ def main() -> None:
             proc = subprocess.Popen(cmd, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE)
             if wait_generating(proc):
-                time.sleep(rng.uniform(0.0, stream_s / 2))
+                time.sleep(rng.uniform(0.0, args.max_delay_s or stream_s / 2))
             if proc.poll() is None:
                 t0 = time.monotonic()
                 proc.send_signal(signal.SIGTERM)
