@@ -112,6 +112,8 @@ def main() -> None:
 
         ref_wall_s = run_to_end(job_args(model_dir, src, tmp / "ref", args))
         ref = summary(tmp / "ref")
+        assert ref["num_rows_error"] == 0 and ref["num_sampled_tokens"], (
+            "the reference run failed rows: prompt + --max-new-tokens must fit the tiny model's 512 positions")
         periodic = job_args(model_dir, src, tmp / "periodic", args) + [
             "--checkpoint-in-flight-every", str(args.checkpoint_every)]
         periodic_wall_s = run_to_end(periodic)
