@@ -21,7 +21,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system [idle iowait] irq softirq steal
+# /proc/stat's cpu line: user nice system idle iowait irq softirq steal. Time of niced processes
+# (field 1) is left out while we run at normal priority: the kernel gives them only the slices we
+# leave, so they do not take a core from us (a `nice -n 19` test suite beside a job, say).
+_BUSY_FIELDS = (0, 2, 5, 6, 7)
+_NICE_FIELD = 1
 _base_threads: int | None = None  # the thread count before any governor changed it
 _last_set: int | None = None  # what a governor last set, so a later engine starts from the base
 
@@ -39,7 +43,8 @@ def cpu_seconds() -> tuple[float, float] | None:
     except OSError:
         return None
     ticks = os.sysconf("SC_CLK_TCK")
-    busy = sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields)) / ticks
+    counted = _BUSY_FIELDS if os.getpriority(os.PRIO_PROCESS, 0) <= 0 else (*_BUSY_FIELDS, _NICE_FIELD)
+    busy = sum(int(fields[i]) for i in counted if i < len(fields)) / ticks
     t = os.times()
     return busy, t.user + t.system
 
