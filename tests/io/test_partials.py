@@ -9,7 +9,7 @@ from batchgen.io.manifest import MANIFEST_DIR, Manifest, PartRecord, load_manife
 from batchgen.io.partials import PartialRow, clean_partial_files, read_partials, write_partials
 from batchgen.io.schema import output_schema
 from batchgen.io.writers import PartWriter
-from batchgen.jobs.status import job_status
+from batchgen.jobs.status import job_status, status_lines
 
 SCHEMA = output_schema(pa.field("id", pa.int64()), [])
 
@@ -46,6 +46,7 @@ def test_partials_round_trip_through_snapshots_and_begin(tmp_path, monkeypatch):
     assert state.snapshot_seq is not None and state.num_committed_rows == 4
     assert read_partials(out, state.partials, "fp") == {7: rows[0]}
     assert job_status(out)["partial_rows"] == 1 and job_status(out)["partial_tokens"] == 3
+    assert "in flight when stopped: 1 rows with 3 tokens generated" in "\n".join(status_lines(job_status(out)))
     (out / MANIFEST_DIR / ".stale.partials.json").write_text("{}")
     (out / MANIFEST_DIR / "00000099.partials.json").write_text("{}")  # written, never committed
     clean_partial_files(out, keep=state.partials["file"])
