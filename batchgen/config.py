@@ -79,6 +79,12 @@ class JobConfig:
     rows_per_part: int = 1000  # rows per output Parquet part file
     commit_every_rows: int | None = None  # commit after this many finished rows; None = rows_per_part
     commit_every_s: float | None = 60.0  # also commit finished rows this often; None or 0 = off
+    # first SIGTERM/SIGINT -> exit at the latest (finished rows commit first, then in-flight
+    # checkpoints); the default fits a 30 s eviction notice. None or 0 = no limit
+    stop_grace_s: float | None = 25.0
+    # also checkpoint in-flight rows this often, so a kill -9 loses at most this much of each row;
+    # None or 0 = off (a signal still checkpoints them)
+    checkpoint_in_flight_every_s: float | None = None
     retry_errors: bool = True  # a resumed run generates committed error rows again
     overwrite: bool = False  # drop what an earlier job committed to the output directory
     read_batch_size: int = 256  # rows per input record batch
@@ -131,6 +137,10 @@ class JobConfig:
                                                 or not isinstance(self.commit_every_s, (int, float))
                                                 or self.commit_every_s < 0):
             raise ConfigError(f"commit_every_s must be a number of seconds >= 0 (0 = off), got {self.commit_every_s!r}")
+        for name in ("stop_grace_s", "checkpoint_in_flight_every_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise ConfigError(f"{name} must be a number of seconds >= 0 (0 = off), got {value!r}")
         if self.max_rows is not None and self.max_rows < 0:
             raise ConfigError(f"max_rows must be >= 0, got {self.max_rows}")
         if self.max_prompt_tokens is not None:

@@ -467,6 +467,8 @@ def test_output_path_that_is_a_file(runner, tiny_model_dir, tmp_path):
     (["--on-long-prompt", "skip"], "on_long_prompt must be one of truncate, error"),
     (["--kv-cache-memory", "lots"], "kv_cache_memory: cannot read 'lots'"),
     (["--template", "{text.__class__}"], "not allowed"),
+    (["--stop-grace-seconds", "-1"], "stop_grace_s must be a number of seconds >= 0"),
+    (["--checkpoint-in-flight-every", "-5"], "checkpoint_in_flight_every_s must be a number of seconds >= 0"),
 ])
 def test_bad_config_values(runner, tiny_model_dir, tmp_path, flags, needle):
     src = write_parquet(tmp_path / "in.parquet", text=["x"])
@@ -544,7 +546,7 @@ RUN_FLAGS = [
     "--max-num-batched-tokens", "--kv-cache-memory", "--mode", "--device", "--dtype", "--max-rows",
     "--on-long-prompt", "--keep-columns", "--rows-per-part", "--quiet", "--window-rows", "--length-column",
     "--sort-by-length", "--no-sort-by-length", "--static-min-occupancy", "--attention-backend", "--block-size",
-    "--cuda-graphs", "--no-cuda-graphs",
+    "--cuda-graphs", "--no-cuda-graphs", "--stop-grace-seconds", "--checkpoint-in-flight-every",
 ]
 
 

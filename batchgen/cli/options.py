@@ -18,7 +18,8 @@ import typer
 
 # CLI parameter -> JobConfig field, where the names differ
 RENAMED = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
-           "metrics_every_seconds": "metrics_every_s"}
+           "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
+           "checkpoint_in_flight_every": "checkpoint_in_flight_every_s"}
 # parameters of a command that are not job settings
 NOT_CONFIG = {"config", "calibration_rows", "as_json"}
 
@@ -143,6 +144,12 @@ CommitEvery = Annotated[int | None, _opt("--commit-every", metavar="N", help=(
     "Commit finished rows after this many, so a crash loses at most that much work [--rows-per-part]."))]
 CommitEverySeconds = Annotated[float | None, _opt("--commit-every-seconds", metavar="S", help=(
     "Also commit finished rows this often; 0 = off [60]."))]
+StopGraceSeconds = Annotated[float | None, _opt("--stop-grace-seconds", metavar="S", help=(
+    "On SIGTERM/SIGINT, exit within this many seconds: finished rows commit first, then rows in flight are "
+    "checkpointed and continued on resume; 0 = no limit [25]."))]
+CheckpointInFlightEvery = Annotated[float | None, _opt("--checkpoint-in-flight-every", metavar="S", help=(
+    "Also checkpoint rows in flight this often (seconds), so even kill -9 loses at most that much of each row; "
+    "0 = off [off]."))]
 RetryErrors = Annotated[bool | None, _opt("--retry-errors/--no-retry-errors", help=(
     "On resume, generate committed error rows again [on]."))]
 Overwrite = Annotated[bool | None, _opt("--overwrite", help=(

@@ -66,6 +66,8 @@ def run(
     rows_per_part: o.RowsPerPart = None,
     commit_every: o.CommitEvery = None,
     commit_every_seconds: o.CommitEverySeconds = None,
+    stop_grace_seconds: o.StopGraceSeconds = None,
+    checkpoint_in_flight_every: o.CheckpointInFlightEvery = None,
     retry_errors: o.RetryErrors = None,
     overwrite: o.Overwrite = None,
     quiet: o.Quiet = None,

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +25,7 @@ from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks, prof
 from batchgen.engine.loader import find_eos_token_ids
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model_runner import ModelRunner
-from batchgen.engine.request import Completion, FinishReason, Request
+from batchgen.engine.request import Completion, Continuation, FinishReason, Request
 from batchgen.engine.scheduler import Policy, Scheduler
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.stopping import StopChecker
@@ -140,6 +140,10 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
         self._seq_ids = itertools.count()
+        self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
+        # False while a step runs: a step that raised may have drawn some rows' random numbers
+        # without appending their tokens, so their random state no longer matches their tokens
+        self._rows_whole = True
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
         self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
 
@@ -214,9 +218,26 @@ class LLMEngine:
                 f"prompt of {num_prompt} tokens leaves no room to generate (limit {self.max_tokens_per_seq} "
                 "tokens: the model's context or the KV cache)")
         seq = Sequence.from_request(next(self._seq_ids), request)
+        self.metrics.num_prompt_tokens += num_prompt
+        if seq.num_generated_tokens:
+            # a continued row whose earlier tokens already end it (a stop was sampled in the very
+            # step the earlier attempt was stopped after): finish it as that attempt would have
+            reason = self.stop_checker.check(seq)
+            if reason is not None:
+                self._finished_on_admission.append(self._finish(seq, reason))
+                return
         self.scheduler.add(seq)
         self.runner.add(seq)
-        self.metrics.num_prompt_tokens += num_prompt
+
+    def in_flight(self) -> list[tuple[Request, Continuation]]:
+        """Every unfinished row that has generated tokens, with its generation so far: what a
+        checkpoint keeps. Consistent only between steps (a step appends tokens and draws random
+        numbers), which is where the job calls it."""
+        seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        if not self._rows_whole:  # after a failed step: greedy rows' tokens are still right, nothing else
+            seqs = [seq for seq in seqs if seq.request.sampling.greedy]
+        return [(seq.request, Continuation(tuple(seq.generated_token_ids), self.runner.sampler.rng_state(seq)))
+                for seq in seqs if seq.num_generated_tokens]
 
     def fit_batch_size(self, max_num_seqs: int) -> None:
         """Take the job planner's batch size for the rows to come, when the user left it to auto.
@@ -237,8 +258,12 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
-        """Run requests to completion, pulling them lazily; yields in finishing order."""
+    def generate(self, requests: Iterable[Request], *,
+                 between_steps: Callable[[], None] | None = None) -> Iterator[Completion]:
+        """Run requests to completion, pulling them lazily; yields in finishing order.
+
+        `between_steps` is called after each step, once its finished rows were handed out: the
+        one point where every row's state is whole (a job stops or checkpoints there)."""
         source = iter(requests)
         lookahead = 2 * self.limits.max_num_seqs  # enough waiting rows to refill the batch
         exhausted = False
@@ -249,9 +274,14 @@ class LLMEngine:
                     exhausted = True
                 else:
                     self.add_request(request)
+            if self._finished_on_admission:
+                done, self._finished_on_admission = self._finished_on_admission, []
+                yield from done
             if not self.has_unfinished():
                 return
             yield from self.step()
+            if between_steps is not None:
+                between_steps()
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[Completion]:
@@ -259,6 +289,7 @@ class LLMEngine:
             self.threads.tick()
         t0 = time.perf_counter()
         finished: list[Completion] = []
+        self._rows_whole = False
         for attempt in itertools.count():
             out = self.scheduler.schedule()
             for seq in out.out_of_memory:
@@ -292,6 +323,7 @@ class LLMEngine:
             num_sampled_tokens=len(samplers), num_kv_blocks_used=bm.num_used_blocks,
             num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
             num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens))
+        self._rows_whole = True
         return finished
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:

@@ -54,6 +54,20 @@ class SamplingParams:
                 or self.min_tokens > 0)
 
 
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """A row's generation so far, from an earlier attempt that was stopped: the engine continues it
+    (prefill of prompt + these tokens, then sampling from where it left off) instead of starting over."""
+
+    token_ids: tuple[int, ...]  # generated so far (at least one)
+    # the row's sampling generator right after sampling them (torch.Generator.get_state() bytes):
+    # restored, the row draws the same random numbers an uninterrupted run would; None for greedy rows
+    rng_state: bytes | None = None
+
+    def __post_init__(self):
+        assert self.token_ids, "a continuation holds at least one generated token"
+
+
 @dataclass(slots=True)
 class Request:
     request_id: str
@@ -63,6 +77,9 @@ class Request:
     # prompt + this instead of prompt + max_new_tokens; a row that runs past it is parked and
     # finished in a later batch, never cut short. None = reserve for max_new_tokens.
     predicted_num_output_tokens: int | None = None
+    # what an earlier, stopped attempt generated: counted in max_new_tokens, stop checks and the
+    # completion, exactly as if this attempt had generated it
+    continuation: Continuation | None = None
 
 
 @dataclass(slots=True)

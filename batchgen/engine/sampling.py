@@ -55,8 +55,23 @@ class Sampler:
             seed = seq.request.sampling.seed
             gen = torch.Generator(device="cpu")
             gen.manual_seed(seed if seed is not None else random.getrandbits(63))
+            continuation = seq.request.continuation
+            if continuation is not None and continuation.rng_state is not None:
+                # where the stopped attempt left this row's stream: the next draw is the one an
+                # uninterrupted run would make
+                gen.set_state(torch.frombuffer(bytearray(continuation.rng_state), dtype=torch.uint8))
             self._generators[seq.seq_id] = gen
         return gen
+
+    def rng_state(self, seq: Sequence) -> bytes | None:
+        """The row's generator state now (for a checkpoint between steps); None for a greedy row."""
+        if seq.request.sampling.greedy:
+            return None
+        gen = self._generators.get(seq.seq_id)
+        if gen is None:  # nothing sampled in this attempt yet: the state it was given still holds
+            continuation = seq.request.continuation
+            return continuation.rng_state if continuation is not None else None
+        return gen.get_state().numpy().tobytes()
 
     def release(self, seq: Sequence) -> None:
         self._generators.pop(seq.seq_id, None)

@@ -46,7 +46,10 @@ class Sequence:
     @classmethod
     def from_request(cls, seq_id: int, request: Request) -> Sequence:
         assert len(request.prompt_token_ids) >= 1, "a prompt needs at least one token"
-        return cls(seq_id=seq_id, request=request, token_ids=list(request.prompt_token_ids),
+        # a continued row starts with its earlier tokens already generated: its first step
+        # prefills them with the prompt (the same path a preempted sequence takes to recompute)
+        generated = request.continuation.token_ids if request.continuation is not None else ()
+        return cls(seq_id=seq_id, request=request, token_ids=[*request.prompt_token_ids, *generated],
                    num_prompt_tokens=len(request.prompt_token_ids))
 
     @property

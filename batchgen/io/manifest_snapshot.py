@@ -58,6 +58,7 @@ def snapshot_payload(out_dir: Path, state: ManifestState, seq: int) -> dict[str,
     num_bytes, sha256 = file_digest(path)
     return {"fingerprint": state.fingerprint, "begin_seq": state.begin_seq, "inputs": state.inputs,
             "last_commit_time": state.last_commit_time, "last_write_op": state.last_op,
+            "partials": state.partials,  # in-flight checkpoints outlive the entries a snapshot drops
             "shards": list(shard_index), "parts": parts,
             "rows": {"name": name, "num_rows": num_rows, "num_bytes": num_bytes, "sha256": sha256}}
 
@@ -153,6 +154,7 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
     state.begin_seq = entry["begin_seq"]
     state.inputs = entry["inputs"]
     state.last_commit_time = entry["last_commit_time"]
+    state.partials = entry.get("partials")  # absent in snapshots written before partial checkpoints
     table = _read_rows(out_dir, entry) if with_ids else None
     columns = {name: table.column(name).to_pylist() for name in table.column_names} if table is not None else None
     start = 0

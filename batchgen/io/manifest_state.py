@@ -96,6 +96,7 @@ class ManifestState:
     snapshot_rows: str | None = None  # its rows file's name
     last_commit_time: float | None = None  # unix time of the latest entry that wrote or removed
     last_op: str | None = None
+    partials: dict[str, Any] | None = None  # the latest "partials" entry (batchgen.io.partials)
     keep_hashes: bool = False  # hold each ok row's prompt hash (a resume under --id-column needs them)
     with_ids: bool = True  # False: counts only (status), a snapshot's rows file is not read
     out_dir: Path | None = None  # where a snapshot's rows file is read from
@@ -138,10 +139,15 @@ class ManifestState:
         if op == "begin":
             self.fingerprint = entry["fingerprint"]
             self._clear()
+            self.partials = None  # checkpoints of another config's rows are dead
             self.begin_seq = seq
             self.snapshot_rows = None
         elif op == "inputs":
             self.inputs = entry
+        elif op == "partials":
+            self.partials = entry
+            self.last_seq = seq
+            return  # not a write of output rows: last_op stays (batchgen compact reads it)
         elif op == "snapshot":
             from batchgen.io.manifest_snapshot import apply_snapshot  # the snapshot's own module
             self._clear()

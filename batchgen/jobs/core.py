@@ -18,6 +18,7 @@ of that shard run again in static mode, and the stretch goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import itertools
@@ -31,7 +32,7 @@ from batchgen.config import JobConfig, parse_bytes
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import LoadedModel
 from batchgen.engine.metrics import EngineMetrics, StepStats
-from batchgen.engine.request import Completion, Request, SamplingParams
+from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
 from batchgen.engine.scheduler import Policy
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.planner import PlannedRow, ShardPlan
@@ -128,9 +129,13 @@ class EngineSlot:
 class JobCore:
     """Planned shards in, (row, completion) pairs out, in finishing order; see the module docstring."""
 
-    def __init__(self, config: JobConfig, loaded: LoadedModel):
+    def __init__(self, config: JobConfig, loaded: LoadedModel, *,
+                 continuation_for: Callable[[PlannedRow], Continuation | None] | None = None,
+                 between_steps: Callable[[], None] | None = None):
         self.config = config
         self.engines = EngineSlot(config, loaded)
+        self.continuation_for = continuation_for  # an earlier attempt's tokens for a row, if any
+        self.between_steps = between_steps  # called between engine steps (stop, checkpoint)
         self.pending: dict[str, tuple[PlannedRow, Request]] = {}  # request id -> (row, its request)
         self.keys = itertools.count()
         self.num_shards = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
@@ -155,14 +160,21 @@ class JobCore:
             try:
                 engine = self.engines.get(stretch.mode)
                 engine.fit_batch_size(stretch.batch_size)
-                for completion in engine.generate(stretch):
+                for completion in engine.generate(stretch, between_steps=self.between_steps):
                     yield self._finished(completion)
                 return
             except Exception as e:
                 if not self._is_engine_fault(stretch, e):
                     raise
                 failure = f"{type(e).__name__}: {e}"
-            # the failed engine's frames went with the exception, so drop() frees its memory
+            # the rows it had generated part of go on from there (LLMEngine.in_flight keeps only
+            # what is still exact after a failed step); the failed engine's frames went with the
+            # exception, so drop() frees its memory
+            failed = self.engines.engine
+            carried = {request.request_id: c for request, c in failed.in_flight()} if failed is not None else {}
+            for key, (planned, request) in self.pending.items():
+                if key in carried:
+                    self.pending[key] = (planned, dataclasses.replace(request, continuation=carried[key]))
             unfinished = [request for _, request in self.pending.values()]
             log.warning("the continuous engine failed (%s); running its %d unfinished rows and the rest of the "
                         "shard in static mode", failure, len(unfinished))
@@ -170,7 +182,8 @@ class JobCore:
             self.engines.drop(collect=True)
             static = self.engines.get(Policy.STATIC)
             static.fit_batch_size(stretch.batch_size)
-            for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest)):
+            for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest),
+                                              between_steps=self.between_steps):
                 yield self._finished(completion)
             if stretch.done:
                 return
@@ -181,6 +194,14 @@ class JobCore:
         if stretch.mode != Policy.CONTINUOUS or stretch.failed:
             return False
         return isinstance(e, EngineError) or not isinstance(e, BatchgenError)
+
+    def in_flight(self) -> list[tuple[PlannedRow, Continuation]]:
+        """The rows in the engine that have generated tokens, with their tokens and random state so
+        far; call between steps (batchgen.engine.engine.LLMEngine.in_flight)."""
+        engine = self.engines.engine
+        if engine is None:
+            return []
+        return [(self.pending[request.request_id][0], continuation) for request, continuation in engine.in_flight()]
 
     def _finished(self, completion: Completion) -> tuple[PlannedRow, Completion]:
         planned, _ = self.pending.pop(completion.request_id)
@@ -198,7 +219,8 @@ class JobCore:
                 max_new_tokens=planned.max_new_tokens, seed=row_seed(config.seed, planned.row.row_id),
                 stop=tuple(config.stop), ignore_eos=config.ignore_eos,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
-                predicted_num_output_tokens=planned.prediction.p90)
+                predicted_num_output_tokens=planned.prediction.p90,
+                continuation=self.continuation_for(planned) if self.continuation_for is not None else None)
             self.pending[key] = (planned, request)
             yield request
 

@@ -15,14 +15,17 @@ import pyarrow as pa
 
 from batchgen.config import JobConfig
 from batchgen.engine.loader import LoadedModel
-from batchgen.engine.request import Completion
+from batchgen.engine.request import Completion, Continuation
 from batchgen.engine.scheduler import Policy
 from batchgen.errors import OutputError
+from batchgen.io.manifest import fingerprint_digest
+from batchgen.io.partials import PartialRow
 from batchgen.io.schema import PROMPT_HASH
 from batchgen.io.writers import PartWriter
 from batchgen.jobs.commit import Committer
 from batchgen.jobs.core import JobCore
 from batchgen.jobs.fingerprint import job_fingerprint, model_fingerprint
+from batchgen.jobs.inflight import InFlightCheckpoints
 from batchgen.jobs.planner import PlannedRow
 from batchgen.jobs.prepare import JobInputs, prepare_job, seq_token_needs
 from batchgen.jobs.progress import Progress
@@ -36,6 +39,10 @@ from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")
 
+# after a signal, in-flight checkpoints are written only with this much of the grace budget left
+# (a write is one JSON file and one manifest entry: milliseconds, unless the disk is stalling)
+MIN_SECONDS_FOR_CHECKPOINT = 1.0
+
 
 class LocalJob:
     """One run in this process: rows from the reader through the job core into committed parts."""
@@ -45,7 +52,10 @@ class LocalJob:
         self.config = config
         self.session = session
         self.guard = guard
-        self.core = JobCore(config, loaded)
+        self.core = JobCore(config, loaded, continuation_for=self.continuation_for, between_steps=self.between_steps)
+        self.checkpoints: InFlightCheckpoints | None = None  # once the job began (session.start)
+        self.checkpoint_every_s = config.checkpoint_in_flight_every_s or None
+        self.last_checkpoint = time.monotonic()
         self.core.engines.seq_token_needs = seq_token_needs(config, inputs, loaded,
                                                             ResumeRule(session.state, config.retry_errors,
                                                                        config.id_column is not None))
@@ -78,18 +88,25 @@ class LocalJob:
         self.progress = Progress(max(scan.num_rows - self.job.resume.num_rows_done, 0), quiet=self.config.quiet,
                                  log_every_s=self.config.log_every_s, work=self.work)
         started = time.monotonic()
+        self.checkpoints = InFlightCheckpoints(self.session.manifest, fingerprint_digest(self.fingerprint))
         try:
             plans = self.job.planner.plans(self.job.rows(on_error=self.failed))
-            for planned, completion in self.core.generate(plans):
-                self.finished(planned, completion)
-            self.commit()
+            with self.guard.deferred():  # a signal stops the job between engine steps (between_steps)
+                for planned, completion in self.core.generate(plans):
+                    self.finished(planned, completion)
+            with self.guard.critical():
+                self.commit()
+                self.checkpoints.write([])  # drops the partials of rows that finished
         except Interrupt:
-            self.commit()  # the rows that finished before the signal
+            with self.guard.critical():
+                self.commit()  # the rows that finished before the signal, first
+                self.checkpoint_in_flight(stopping=True)
             raise
         except Exception as e:
             if not isinstance(e, OutputError):  # an engine failure: keep the work that did finish
                 try:
                     self.commit()
+                    self.checkpoint_in_flight(stopping=True)
                 except OutputError:
                     log.warning("could not commit the %d finished rows", len(self.committer))
             raise
@@ -101,7 +118,42 @@ class LocalJob:
                     self.monitor.close()
         return self.summary
 
+    def continuation_for(self, planned: PlannedRow) -> Continuation | None:
+        checkpoints = self.checkpoints
+        if checkpoints is None or not checkpoints.saved:
+            return None
+        return checkpoints.continuation_for(planned.row.row_id, planned.prompt_hash)
+
+    def between_steps(self) -> None:
+        """Between two engine steps: stop here on a signal, and checkpoint rows in flight when due."""
+        self.guard.raise_if_interrupted()
+        if self.summary.first_token_time is None and self.core.engines.num_sampled_tokens():
+            self.summary.first_token_time = time.time()
+        if self.checkpoint_every_s is not None and time.monotonic() - self.last_checkpoint >= self.checkpoint_every_s:
+            with self.guard.critical():
+                self.checkpoint_in_flight(stopping=False)
+
+    def checkpoint_in_flight(self, *, stopping: bool) -> None:
+        """Commit every in-flight row's tokens so far (batchgen.jobs.inflight). Between steps only:
+        a row's tokens and its random state are whole there."""
+        if self.checkpoints is None:
+            return
+        left = self.guard.seconds_left()
+        if stopping and left < MIN_SECONDS_FOR_CHECKPOINT:
+            log.warning("no time left to checkpoint rows in flight (%.1f s of the grace budget): they start over "
+                        "on resume", max(left, 0.0))
+            return
+        rows = [PartialRow(planned.row.row_id, planned.prompt_hash, c.token_ids, c.rng_state)
+                for planned, c in self.core.in_flight()]
+        self.checkpoints.write(rows)
+        self.last_checkpoint = time.monotonic()
+        if stopping and rows:
+            log.warning("checkpointed %d rows in flight (%d tokens): a resume continues them", len(rows),
+                        sum(len(r.token_ids) for r in rows))
+
     def finished(self, planned: PlannedRow, completion: Completion) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.finished(planned.row.row_id)
         prediction = planned.prediction
         self.summary.num_rows_truncated += int(planned.num_truncated_tokens > 0)
         self.summary.length_sources[prediction.source] = self.summary.length_sources.get(prediction.source, 0) + 1
@@ -179,6 +231,12 @@ class LocalJob:
     def _fill_summary(self, wall_seconds: float) -> None:
         s, counts, job, core = self.summary, self.committer.counts, self.job, self.core
         s.num_commits = counts.num_commits
+        s.num_sampled_tokens = core.engines.num_sampled_tokens()
+        if self.checkpoints is not None:
+            s.num_rows_continued = self.checkpoints.num_rows_continued
+            s.num_tokens_continued = self.checkpoints.num_tokens_continued
+            s.num_inflight_checkpoints = self.checkpoints.num_writes
+            s.inflight_checkpoint_seconds = round(self.checkpoints.seconds_writing, 4)
         s.num_parts_written = counts.num_parts_written
         s.num_rows_replaced = counts.num_rows_replaced
         s.num_rows_skipped = job.num_rows_skipped

@@ -79,6 +79,12 @@ class RunSummary(JobSummary):
     num_rows_replaced: int = 0  # ... whose new row replaced the old one (the rest failed the same way)
     num_rows_changed: int = 0  # committed rows (--id-column) whose prompt changed: generated again, replaced
     num_commits: int = 0
+    num_sampled_tokens: int = 0  # tokens this run's engine sampled, rows still in flight included
+    num_rows_continued: int = 0  # rows continued from an earlier attempt's in-flight checkpoint
+    num_tokens_continued: int = 0  # ... the tokens that attempt had generated (not generated again)
+    first_token_time: float | None = None  # unix time of this run's first sampled token (restart latency)
+    num_inflight_checkpoints: int = 0  # in-flight checkpoints this run wrote (signal, timer)
+    inflight_checkpoint_seconds: float = 0.0  # time spent writing them
     partial: bool = False  # written by a run that stopped early (a signal, an error): counts so far
     output_rows: int = 0  # committed rows in the output directory after this run
     output_rows_error: int = 0

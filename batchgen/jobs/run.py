@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batchgen")
 
+# after a signal, in-flight checkpoints are written only with this much of the grace budget left
+# (a write is one JSON file and one manifest entry: milliseconds, unless the disk is stalling)
+MIN_SECONDS_FOR_CHECKPOINT = 1.0
+
 __all__ = ["SUMMARY_FILE", "RunSummary", "run_job"]
 
 
@@ -65,7 +69,7 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
         import batchgen.jobs.local  # noqa: F401
     summary: RunSummary | None = None
     stage = "opening the output directory"  # what an interrupt stopped, for its message
-    with SignalGuard() as guard:
+    with SignalGuard(config.stop_grace_s or None) as guard:
         try:
             try:
                 with guard.critical():

@@ -24,6 +24,7 @@ from batchgen.io.manifest import (
     is_job_dir,
     load_manifest,
 )
+from batchgen.io.partials import clean_partial_files
 from batchgen.io.schema import PROMPT_HASH
 from batchgen.io.writers import check_output_dir, fsync_dir
 from batchgen.jobs.fingerprint import fingerprint_changes
@@ -69,6 +70,8 @@ class OutputSession:
                             record.name, record.num_rows)
             self.manifest.commit([], [r.name for r in damaged], op="repair")
         self.manifest.drop_history()  # what a crash left of a snapshot's clean-up
+        partials = self.state.partials
+        clean_partial_files(self.out_dir, keep=partials["file"] if partials else None)  # uncommitted ones
         self.state.check_integrity()
 
     def check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
@@ -115,6 +118,7 @@ class OutputSession:
             if had_rows:
                 manifest.recover()  # deletes the parts the "begin" dropped
             manifest.drop_history()
+            clean_partial_files(self.out_dir, keep=None)  # the "begin" dropped them
         inputs = scan.to_json()
         payload: dict[str, Any] = {"inputs": inputs, "max_rows": max_rows}
         if scan.ids is not None and max_rows is None:  # --id-column: committed ids gone from the input

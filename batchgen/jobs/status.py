@@ -55,6 +55,9 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
         "fingerprint": fingerprint_summary(state.fingerprint),
         "last_commit_time": state.last_commit_time,
         "num_parts": len(state.parts),
+        # rows in flight when a job stopped, checkpointed: a resume continues them (never output rows)
+        "partial_rows": state.partials["num_rows"] if state.partials else 0,
+        "partial_tokens": state.partials["num_tokens"] if state.partials else 0,
         "num_entries": state.last_seq,
         # from _metrics/ (batchgen.monitor.live): tokens/s over the last minute, ETA; None without metrics
         "live": live_figures(out_dir, running=state_name == "running"),
@@ -97,6 +100,9 @@ def status_lines(status: dict[str, Any]) -> list[str]:
                      f"{fingerprint.get('model_revision')}, max_new_tokens {fingerprint.get('max_new_tokens')}, "
                      f"temperature {fingerprint.get('temperature')}, "
                      f"output format {fingerprint.get('output_format', 0)})")
+    if status.get("partial_rows"):
+        lines.append(f"in flight when stopped: {status['partial_rows']} rows with {status['partial_tokens']} tokens "
+                     "generated, checkpointed; a resume continues them")
     last = status["last_commit_time"]
     if last is None:
         lines.append("last commit: none yet")

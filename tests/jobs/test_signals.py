@@ -116,7 +116,9 @@ def test_signal_during_a_commit_lets_the_commit_finish(tiny_model_dir, loaded, s
     with pytest.raises(JobInterrupted):
         run_job(config(src, out, tiny_model_dir), loaded=loaded)
     state = load_manifest(out)
-    assert state.num_committed_rows >= 8 and state.num_committed_rows % 4 == 0
+    # the two commits before the signal, plus the rest of that step's finished rows: the signal
+    # stops the job at the next step boundary (issue 18), and everything finished by then commits
+    assert state.num_committed_rows >= 8
     assert ids_in(out) == state.ok_ids  # the commit in flight was published whole
 
 
