@@ -188,6 +188,28 @@ def _reject_unsupported(module: torch.nn.Module, kwargs: dict) -> None:
             f"model type {model_type!r} uses attention sinks, which batchgen does not support")
 
 
+def check_model_supported(model) -> None:
+    """Refuse, at engine start, a model whose attention this engine cannot run (the same features
+    `_reject_unsupported` refuses per call, caught before any KV cache is allocated)."""
+    config = getattr(model.config, "text_config", None) or model.config
+    name = getattr(model.config, "name_or_path", None) or config.model_type
+    if not getattr(model, "_supports_attention_backend", False):
+        raise UnsupportedModelError(f"model {name!r} does not use transformers' attention interface")
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise UnsupportedModelError(
+            f"model {name!r} ({config.model_type}) uses {sorted(set(layer_types) - {'full_attention'})} "
+            "layers; batchgen supports full-attention decoder models only")
+    if getattr(config, "use_sliding_window", False) or (
+            getattr(config, "sliding_window", None) and not hasattr(config, "use_sliding_window")
+            and not layer_types):
+        raise UnsupportedModelError(f"model {name!r} ({config.model_type}) uses sliding-window attention, "
+                                    "which batchgen does not support")
+    if getattr(config, "attn_logit_softcapping", None):
+        raise UnsupportedModelError(f"model {name!r} ({config.model_type}) uses attention softcapping, "
+                                    "which batchgen does not support")
+
+
 def register() -> None:
     """Register the attention function with transformers (idempotent)."""
     from transformers import AttentionInterface

@@ -30,7 +30,7 @@ from batchgen.engine.scheduler import Policy, Scheduler
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.stopping import StopChecker
 from batchgen.engine.threads import ThreadGovernor
-from batchgen.errors import ConfigError, EngineError, UnsupportedModelError, UsageError
+from batchgen.errors import ConfigError, EngineError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None, *,
                  eos_token_ids: list[int] | None = None):
         self.config = config = config or EngineConfig()
-        _check_model_supported(model)
+        attention.check_model_supported(model)
         attention.register()
         model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
         self.model = model
@@ -340,22 +340,3 @@ class LLMEngine:
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
 
-
-def _check_model_supported(model) -> None:
-    config = getattr(model.config, "text_config", None) or model.config
-    name = getattr(model.config, "name_or_path", None) or config.model_type
-    if not getattr(model, "_supports_attention_backend", False):
-        raise UnsupportedModelError(f"model {name!r} does not use transformers' attention interface")
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        raise UnsupportedModelError(
-            f"model {name!r} ({config.model_type}) uses {sorted(set(layer_types) - {'full_attention'})} "
-            "layers; batchgen supports full-attention decoder models only")
-    if getattr(config, "use_sliding_window", False) or (
-            getattr(config, "sliding_window", None) and not hasattr(config, "use_sliding_window")
-            and not layer_types):
-        raise UnsupportedModelError(f"model {name!r} ({config.model_type}) uses sliding-window attention, "
-                                    "which batchgen does not support")
-    if getattr(config, "attn_logit_softcapping", None):
-        raise UnsupportedModelError(f"model {name!r} ({config.model_type}) uses attention softcapping, "
-                                    "which batchgen does not support")

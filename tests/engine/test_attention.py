@@ -10,7 +10,6 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from batchgen.engine import attention
-from batchgen.engine import engine as engine_module
 from batchgen.engine.attention import (
     ATTN_IMPLEMENTATION,
     UnsupportedAttentionFeature,
@@ -85,7 +84,7 @@ def test_forward_context_does_not_nest_and_always_clears():
 def test_attention_itself_refuses_features_it_lacks(config, attn, match, tokenizer, monkeypatch):
     # second line of defence: should a model slip past the engine's config check, the attention
     # function refuses the kwargs it cannot honour rather than silently attend the wrong way
-    monkeypatch.setattr(engine_module, "_check_model_supported", lambda model: None)
+    monkeypatch.setattr(attention, "check_model_supported", lambda model: None)
     engine = LLMEngine(build(config, attn), tokenizer, EngineConfig(num_kv_blocks=8))
     with pytest.raises(UnsupportedAttentionFeature, match=match):
         list(engine.generate([Request("r", [5, 6, 7], SamplingParams(max_new_tokens=2))]))
