@@ -56,11 +56,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="batchgen-ckpt-") as tmp:
         tmp = Path(tmp)
         if args.model == "tiny":
-            from tests.tiny import make_tiny_model, make_tokenizer
+            from tests.tiny import save_tiny_model_dir
 
-            model_path = str(tmp / "tiny")
-            make_tiny_model("llama").save_pretrained(model_path)
-            make_tokenizer().save_pretrained(model_path)
+            model_path = save_tiny_model_dir(tmp / "tiny")
         else:
             model_path = None if args.model == "default" else args.model
         loaded = load_model(model_path, device="cpu", dtype=args.dtype)

@@ -54,11 +54,10 @@ _STAMP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
 def make_model(directory: Path) -> Path:
-    from tests.tiny import make_tiny_model, make_tokenizer
+    from tests.tiny import save_tiny_model_dir
 
     path = directory / "tiny-llama"
-    make_tiny_model("llama").save_pretrained(path)
-    make_tokenizer().save_pretrained(path)
+    save_tiny_model_dir(path)
     return path
 
 

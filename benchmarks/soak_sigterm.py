@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from tests.tiny import make_tiny_model, make_tokenizer
+from tests.tiny import save_tiny_model_dir
 
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "BATCHGEN_LOG_LEVEL": "INFO"}  # INFO: the soak waits for the "shard ..." line before signalling
@@ -104,8 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="batchgen-sigterm-") as tmp:
         tmp = Path(tmp)
         model_dir = tmp / "tiny-llama"
-        make_tiny_model("llama").save_pretrained(model_dir)
-        make_tokenizer().save_pretrained(model_dir)
+        save_tiny_model_dir(model_dir)
         src = tmp / "in.parquet"
         texts = ["".join(rng.choice("abcdefgh ijk") for _ in range(rng.randint(5, 40))) for _ in range(args.rows)]
         pq.write_table(pa.table({"id": list(range(args.rows)), "text": texts}), src)

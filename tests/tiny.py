@@ -74,3 +74,10 @@ def make_tiny_model(arch: str = "llama", seed: int = 0, eos_boost: float = 0.0):
             # A bias-free head: shift EOS's row toward the mean hidden direction instead.
             head.weight[config.eos_token_id] += eos_boost * head.weight.mean(0)
     return model
+
+
+def save_tiny_model_dir(path) -> str:
+    """The tiny Llama and its tokenizer saved as a local HF directory, as a user passes --model."""
+    make_tiny_model("llama").save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return str(path)

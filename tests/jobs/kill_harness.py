@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from tests.tiny import make_tiny_model, make_tokenizer
+from tests.tiny import save_tiny_model_dir
 
 MAX_NEW_TOKENS = 8
 COMMIT_EVERY = 8
@@ -62,8 +62,7 @@ class SeedResult:
 def make_fixture(directory: Path, num_rows: int = 240) -> Fixture:
     """The tiny model saved as an HF directory and an input of `num_rows` prompts with an id column."""
     model_dir = directory / "tiny-llama"
-    make_tiny_model("llama").save_pretrained(model_dir)
-    make_tokenizer().save_pretrained(model_dir)
+    save_tiny_model_dir(model_dir)
     rng = random.Random(0)
     texts = ["".join(rng.choice("abcdefgh ijklmnop") for _ in range(rng.randint(3, 40))) for _ in range(num_rows)]
     src = directory / "in.parquet"
