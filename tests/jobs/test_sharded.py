@@ -141,3 +141,11 @@ def test_output_directories_of_other_jobs_are_refused(tmp_path, inputs, tiny_mod
         run_job(config(inputs[:1], tmp_path / "other", tiny_model_dir, num_shards=2, shard_index=0), loaded=loaded)
     with pytest.raises(ConfigError, match="needs --num-shards"):
         config(inputs[:1], tmp_path / "x", tiny_model_dir, shard_index=0)
+
+
+def test_plan_plans_one_shards_share(tmp_path, inputs, tiny_model_dir, loaded):
+    from batchgen.jobs.plan import plan_job
+
+    shares = [plan_job(config(inputs[:2], tmp_path / "out", tiny_model_dir, num_shards=2, shard_index=i),
+                       loaded=loaded, calibration_rows=0)["num_rows"] for i in range(2)]
+    assert shares == [15, 16]
