@@ -149,3 +149,38 @@ def test_plan_plans_one_shards_share(tmp_path, inputs, tiny_model_dir, loaded):
     shares = [plan_job(config(inputs[:2], tmp_path / "out", tiny_model_dir, num_shards=2, shard_index=i),
                        loaded=loaded, calibration_rows=0)["num_rows"] for i in range(2)]
     assert shares == [15, 16]
+
+
+def test_a_shard_stopped_by_sigterm_commits_exits_143_and_its_retry_resumes(tmp_path, inputs, tiny_model_dir, loaded,
+                                                                           monkeypatch):
+    """What an Airflow task timeout or a cleared task does to a shard, then the task's retry."""
+    import os
+    import signal
+
+    from batchgen.engine.engine import LLMEngine
+    from batchgen.errors import JobInterrupted
+    from batchgen.io.manifest import load_manifest
+
+    out = tmp_path / "out"
+    real_step, steps = LLMEngine.step, []
+
+    def step(self):
+        steps.append(1)
+        if len(steps) == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    shard0 = config(inputs[:2], out, tiny_model_dir, num_shards=2, shard_index=0, batch_size=2, commit_every_rows=2)
+    with pytest.raises(JobInterrupted) as info:
+        run_job(shard0, loaded=loaded)
+    assert info.value.exit_code == 143
+    committed = load_manifest(out / "shard-0-of-2").num_committed_rows
+    assert 0 < committed < 15
+    monkeypatch.setattr(LLMEngine, "step", real_step)
+    run_job(config(inputs[:2], out, tiny_model_dir, num_shards=2, shard_index=1), loaded=loaded)
+    with pytest.raises(ShardsIncomplete, match=rf"shard 0 of 2 .* stopped after committing {committed} rows"):
+        finalize_output(out)
+    summary = run_job(shard0, loaded=loaded)  # the retry: the same command
+    assert summary.num_rows_skipped == committed
+    assert finalize_output(out)["rows"] == 31 == len(committed_rows(out, "row_id"))
