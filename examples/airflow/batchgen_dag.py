@@ -33,11 +33,12 @@ with DAG(
     catchup=False,
     default_args={"retries": 3, "retry_delay": timedelta(seconds=30)},
     params={
-        "input": Param("prompts.parquet", type="string", description="--input: file, directory, glob or URL"),
-        "output": Param("out/job", type="string", description="--output: the job's directory (shards inside)"),
+        # absolute paths: a BashOperator task runs in a temporary working directory
+        "input": Param("/data/prompts.parquet", type="string", description="--input: file, directory, glob or URL"),
+        "output": Param("/data/out/job", type="string", description="--output: the job's directory (shards inside)"),
         "num_shards": Param(2, type="integer", minimum=1, description="processes the job is split into"),
         "model": Param("", type="string", description="--model (empty: batchgen's default)"),
-        "args": Param("", type="string", description="more `batchgen run` flags, e.g. --config FILE"),
+        "args": Param("", type="string", description="more `batchgen run` flags (shell words), e.g. --config FILE"),
         "batchgen": Param("batchgen", type="string", description="the batchgen executable on the workers"),
     },
     tags=["batchgen"],
@@ -57,9 +58,9 @@ with DAG(
             command += ["--model", params["model"]]
         return shlex.join(command) + (" " + params["args"] if params["args"] else "")
 
-    @task.bash(retries=0)
+    @task.bash
     def finalize(params=None) -> str:
-        """Runs once every shard succeeded: checks the set, writes OUTPUT/_SUCCESS."""
+        """Runs once every shard succeeded: checks the set, writes OUTPUT/_SUCCESS (idempotent)."""
         return shlex.join([params["batchgen"], "finalize", "--output", params["output"]])
 
     run_shard.expand(shard_index=shard_indices()) >> finalize()
