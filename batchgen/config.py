@@ -72,6 +72,10 @@ class JobConfig:
     quantize_backend: str = "auto"  # auto | torchao | quanto
     kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
     max_rows: int | None = None
+    # one shard of a sharded job (batchgen.jobs.split): this process reads its share of the input and
+    # writes output/shard-{shard_index}-of-{num_shards}/; None = the whole job in one process
+    num_shards: int | None = None
+    shard_index: int | None = None
     on_long_prompt: str = "truncate"
     max_prompt_tokens: int | None = None  # cap prompts below the context (cut in the document part)
     keep_columns: list[str] | None = None  # None = pass every other input column through
@@ -141,6 +145,9 @@ class JobConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ConfigError(f"{name} must be a number of seconds >= 0 (0 = off), got {value!r}")
+        from batchgen.jobs.split import check_shard_flags  # pyarrow-only imports: no cycle, no torch
+
+        check_shard_flags(self.num_shards, self.shard_index)
         if self.max_rows is not None and self.max_rows < 0:
             raise ConfigError(f"max_rows must be >= 0, got {self.max_rows}")
         if self.max_prompt_tokens is not None:

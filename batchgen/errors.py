@@ -5,8 +5,13 @@ Exit codes (documented in README):
     1  unexpected failure (a bug, an engine crash)
     2  usage, config or input error: nothing was generated for it, fix the command or the data
     3  the job finished but more rows failed than --max-error-rate allows
+    4  `batchgen finalize`: a shard of the sharded job is missing, still running or not complete;
+       run (or resume) it, then finalize again
   130  interrupted by SIGINT (Ctrl-C): finished rows were committed, rerun the command to resume
   143  interrupted by SIGTERM: the same
+
+No code is 99, which Airflow's BashOperator reads as "skip the task" (skip_on_exit_code): every
+failure above must fail (and retry) an Airflow task, never skip it. tests/test_errors.py checks.
 """
 
 from __future__ import annotations
@@ -77,6 +82,16 @@ class OutputLocked(OutputError):
 
 class FingerprintMismatch(OutputError):
     """The output directory holds rows committed under a different job config."""
+
+
+class ShardsMismatch(OutputError):
+    """A sharded job's shards do not form one job: other settings, other inputs, a row in two shards."""
+
+
+class ShardsIncomplete(BatchgenError):
+    """`batchgen finalize`: a shard is missing, still running or not complete (exit 4): run or resume it."""
+
+    exit_code = 4
 
 
 class EngineError(BatchgenError):

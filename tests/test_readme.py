@@ -52,7 +52,7 @@ def test_first_usage_example_reads_a_file_that_exists_into_its_own_directory():
     assert "--keep-columns" in first, "the first example shows how not to copy every document again"
 
 
-@pytest.mark.parametrize("command", ["run", "plan", "status", "compact", "bench"])
+@pytest.mark.parametrize("command", ["run", "plan", "status", "compact", "finalize", "bench"])
 def test_every_flag_in_the_readme_exists(command):
     help_text = CliRunner().invoke(app, [command, "--help"]).output
     known = set(re.findall(r"(--[a-z][a-z0-9-]*|-[a-z]\b)", help_text))

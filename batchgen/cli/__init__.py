@@ -3,7 +3,7 @@
     app.py       the Typer app and --version
     options.py   every option `run` and `plan` share (flag, metavar, help) and the config overrides
     console.py   error lines, exit codes for interrupts, logging set-up
-    run.py, plan.py, status.py (status, compact), bench.py, report.py: one command each
+    run.py, plan.py, status.py (status, compact), finalize.py, bench.py, report.py: one command each
 
 A command imports its job module inside its body, so `batchgen --help` and every check of a
 command's flags and inputs run without importing torch.
@@ -12,7 +12,7 @@ command's flags and inputs run without importing torch.
 from __future__ import annotations
 
 from batchgen import omp
-from batchgen.cli import bench, plan, report, run, status  # noqa: F401  (each registers its command on `app`)
+from batchgen.cli import bench, finalize, plan, report, run, status  # noqa: F401  (each registers its command on `app`)
 from batchgen.cli.app import app
 
 __all__ = ["app", "main"]

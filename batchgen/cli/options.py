@@ -132,6 +132,12 @@ QuantizeBackend = Annotated[str | None, _opt("--quantize-backend", metavar="NAME
 KvCacheDtype = Annotated[str | None, _opt("--kv-cache-dtype", metavar="DTYPE", help=(
     "auto (model dtype) | int8 | fp8 [auto]."))]
 MaxRows = Annotated[int | None, _opt("--max-rows", metavar="N", help="Process only the first N rows [all].")]
+NumShards = Annotated[int | None, _opt("--num-shards", metavar="N", help=(
+    "Run one shard of a job split N ways (with --shard-index): a deterministic split of the input by file and "
+    "row range; this process writes OUTPUT/shard-I-of-N/, and `batchgen finalize` checks the set [off]."))]
+ShardIndex = Annotated[int | None, _opt("--shard-index", metavar="I", help=(
+    "This process's shard, 0 to N-1 (with --num-shards; e.g. Airflow's map_index, a Kubernetes "
+    "JOB_COMPLETION_INDEX)."))]
 OnLongPrompt = Annotated[str | None, _opt("--on-long-prompt", metavar="POLICY", help="truncate | error [truncate].")]
 MaxPromptTokens = Annotated[int | None, _opt("--max-prompt-tokens", metavar="N", help=(
     "Cut longer prompts (in their document part) to this many tokens [the context]."))]

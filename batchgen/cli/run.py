@@ -59,6 +59,8 @@ def run(
     block_size: o.BlockSize = None,
     cuda_graphs: o.CudaGraphs = None,
     max_rows: o.MaxRows = None,
+    num_shards: o.NumShards = None,
+    shard_index: o.ShardIndex = None,
     on_long_prompt: o.OnLongPrompt = None,
     max_prompt_tokens: o.MaxPromptTokens = None,
     keep_columns: o.KeepColumns = None,

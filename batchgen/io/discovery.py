@@ -36,6 +36,18 @@ class InputShard:
     num_rows: int | None  # from the Parquet footer; None for JSONL (unknown without reading it)
     size: int | None = None  # bytes, as the filesystem reports them
     mtime_ns: int | None = None  # modification time, where the filesystem gives one
+    # the rows [start, stop) a sharded job's share reads (batchgen.jobs.split); None = the whole file
+    rows: tuple[int, int] | None = None
+
+    @property
+    def num_rows_read(self) -> int | None:
+        """Rows this shard reads: its row range's, else the file's (None: JSONL, unknown unread)."""
+        return self.rows[1] - self.rows[0] if self.rows is not None else self.num_rows
+
+    @property
+    def first_row(self) -> int:
+        """Index in the file of the first row read (row ids count from the file's start)."""
+        return self.rows[0] if self.rows is not None else 0
 
 
 def resolve_inputs(patterns: list[str]) -> list[InputShard]:

@@ -36,21 +36,44 @@ def open_parquet(fs: pafs.FileSystem, fs_path: str, display: str) -> Iterator[pq
 
 
 def parquet_batches(fs: pafs.FileSystem, fs_path: str, display: str, columns: list[str] | None,
-                    batch_size: int) -> Iterator[pa.RecordBatch]:
-    """The file's rows in order, as batches of at most batch_size rows (empty row groups skipped)."""
-    num_rows_read = 0
+                    batch_size: int, *, rows: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+    """The file's rows in order, as batches of at most batch_size rows (empty row groups skipped).
+
+    `rows` = [start, stop): only those rows. Only the row groups that hold them are read (their
+    row counts are in the footer); rows of the first and last of those outside the range are
+    dropped after decoding, so a share of a file costs at most two row groups' extra reading."""
     with open_parquet(fs, fs_path, display) as parquet_file:
-        batches = parquet_file.iter_batches(batch_size=batch_size, columns=columns)
-        while True:
+        start, stop = rows if rows is not None else (0, parquet_file.metadata.num_rows)
+        groups, position = _row_groups(parquet_file.metadata, start, stop)  # position: the first group's first row
+        if not groups:
+            return
+        batches = parquet_file.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups)
+        while position < stop:
             try:
                 batch = next(batches)
             except StopIteration:
                 return
             except (pa.ArrowInvalid, OSError) as e:  # a corrupt page or column chunk
-                raise InputError(f"cannot read Parquet data: {e}", path=display, row=num_rows_read) from e
+                raise InputError(f"cannot read Parquet data: {e}", path=display, row=position) from e
+            first, position = position, position + batch.num_rows
+            if position <= start:  # a batch of the first row group before the range
+                continue
+            batch = batch.slice(max(start - first, 0), min(stop, position) - max(start, first))
             if batch.num_rows:  # a row group may be empty; callers count rows, not batches
-                num_rows_read += batch.num_rows
                 yield _repair_utf8(batch)
+
+
+def _row_groups(metadata: pq.FileMetaData, start: int, stop: int) -> tuple[list[int], int]:
+    """The row groups holding rows [start, stop), and the file row index of the first one's first row."""
+    groups, first, position = [], 0, 0
+    for i in range(metadata.num_row_groups):
+        n = metadata.row_group(i).num_rows
+        if position + n > start and position < stop:
+            if not groups:
+                first = position
+            groups.append(i)
+        position += n
+    return groups, first
 
 
 def _repair_utf8(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -36,7 +36,9 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
     """Stream the shard in file order as record batches of at most `batch_size` rows.
 
     Only `columns` are read (None = all), in the order given. The i-th row over all batches is
-    row i of the shard (0-based); for JSONL that is the i-th non-blank line. Missing columns are
+    row i of the shard (0-based); for JSONL that is the i-th non-blank line. A Parquet shard with a
+    row range (a sharded job's share of a file) yields only those rows: row i is the file's row
+    `shard.first_row + i`. Missing columns are
     checked before the first batch, so this raises at once rather than on first iteration.
 
     JSON Lines policy (details in batchgen.io.jsonl):
@@ -60,7 +62,8 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
     if shard.format == "parquet":
         _check_columns(shard, columns, read_columns(shard))
-        return parquet_batches(*filesystem(shard.path), shard.path, columns, batch_size)
+        return parquet_batches(*filesystem(shard.path), shard.path, columns, batch_size, rows=shard.rows)
+    assert shard.rows is None, "JSON Lines files are split whole (their row count is unknown unread)"
     schema, sample, records = sample_records(*filesystem(shard.path), shard.path)
     try:
         _check_columns(shard, columns, schema.names)

@@ -53,6 +53,10 @@ class CompactSummary:
 def compact_output(out_dir: str | Path) -> CompactSummary:
     out_dir = Path(out_dir)
     if not is_job_dir(out_dir):
+        from batchgen.jobs.sharded import compact_sharded, is_sharded_output
+
+        if is_sharded_output(out_dir):  # each shard compacted; the job's _SUCCESS written again
+            return compact_sharded(out_dir)
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
     with OutputLock(out_dir):
         manifest = Manifest(out_dir, load_manifest(out_dir, keep_rows=True, keep_hashes=True))

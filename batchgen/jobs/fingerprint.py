@@ -63,6 +63,10 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
     if sampling != {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
                     "sampling_column": None}:
         fingerprint.update(sampling)
+    if config.num_shards is not None:
+        # a sharded job's shards share one fingerprint (the index is the directory's name), and the
+        # number of shards is in it: shards of two different splits of a job never pass as one set
+        fingerprint["num_shards"] = config.num_shards
     if model is not None:
         assert set(model) == {"model", *MODEL_KEYS}, sorted(model)
         fingerprint.update(model)

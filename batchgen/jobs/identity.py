@@ -9,6 +9,8 @@ schema ("inputs" manifest entry). A resume compares them with the files it is gi
   (rows inserted before a resume) or skip new rows (another day's file of the same name). With
   rows committed, such a resume is refused (exit 2) naming each file and what changed; the ways
   out are --overwrite, a new --output, or an --id-column.
+- A shard of a sharded job (--num-shards) records only the files it reads, each with the row
+  range it reads ("rows"): its check covers its share, and a changed split is a change.
 - With --id-column, files and rows may come and go between runs (incremental backfills): the
   row's own id and its prompt hash decide (batchgen.jobs.resume), and committed ids that no longer
   appear in the input are counted ("orphans") for `batchgen status`, never deleted.
@@ -25,7 +27,8 @@ from batchgen.errors import InputsChanged
 from batchgen.io.discovery import InputShard
 
 # the fields of an identity, with how a change is described
-_FIELDS = (("num_rows", "rows"), ("size", "bytes"), ("schema", "schema"), ("mtime_ns", "modified"))
+_FIELDS = (("num_rows", "rows"), ("size", "bytes"), ("schema", "schema"), ("mtime_ns", "modified"),
+           ("rows", "row range"))
 
 
 def file_identity(shard: InputShard, schema: pa.Schema) -> dict[str, Any]:
@@ -35,6 +38,10 @@ def file_identity(shard: InputShard, schema: pa.Schema) -> dict[str, Any]:
                                 "schema": hashlib.sha256(text.encode()).hexdigest()[:16]}
     if shard.num_rows is not None:
         identity["num_rows"] = shard.num_rows  # the Parquet footer's count (JSONL: unknown unread)
+    if shard.rows is not None:
+        # a sharded job's share of the file (batchgen.jobs.split): another split (other files, another
+        # --num-shards) moves rows between shards, which a resume of this shard must not miss
+        identity["rows"] = list(shard.rows)
     return identity
 
 
@@ -63,7 +70,13 @@ def _describe(key: str, label: str, before: Any, now: Any) -> str:
         return "modified since"
     if key == "schema":
         return "columns or types changed"
+    if key == "rows":
+        return f"this shard's rows {_range(before)} -> {_range(now)} (the split changed)"
     return f"{before} -> {now} {label}"
+
+
+def _range(rows: list[int] | None) -> str:
+    return "all" if rows is None else f"[{rows[0]}, {rows[1]})"
 
 
 def check_derived_ids(out_dir: str, num_committed_rows: int, old: list[dict[str, Any]] | None,

@@ -24,6 +24,7 @@ from batchgen.jobs.output_size import OutputSize, text_bytes_per_token
 from batchgen.jobs.prepare import open_inputs, prepare_job
 from batchgen.jobs.report import plural
 from batchgen.jobs.resume import ResumeRule
+from batchgen.jobs.split import shard_output_dir
 
 if TYPE_CHECKING:
     from batchgen.engine.loader import LoadedModel
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibration_rows: int = 16) -> dict[str, Any]:
     """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config, need_output=False)
-    out_dir = Path(config.output) if config.output and Path(config.output).is_dir() else None
+    out_dir = shard_output_dir(config.output, config.shard_index, config.num_shards) if config.output else None
+    out_dir = out_dir if out_dir is not None and out_dir.is_dir() else None
     # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows;
     # with --id-column a committed row counts as done only while its prompt hash is unchanged, as in a run
     check_prompts = config.id_column is not None

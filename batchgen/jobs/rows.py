@@ -29,6 +29,7 @@ from batchgen.io.discovery import InputShard, resolve_inputs
 from batchgen.io.readers import iter_batches, read_schema
 from batchgen.io.schema import OUTPUT_FIXED_FIELDS
 from batchgen.jobs.prompts import Template
+from batchgen.jobs.split import split_inputs
 
 DERIVED_ID_COLUMN = "row_id"  # output id column when ids are derived from file name + row index
 
@@ -37,7 +38,7 @@ DERIVED_ID_COLUMN = "row_id"  # output id column when ids are derived from file 
 class InputRow:
     row_id: Any  # the id column's value, or "<file>:<row index>"
     shard: InputShard
-    row_index: int  # 0-based within the shard
+    row_index: int  # 0-based within the file (also in a sharded job's share of it)
     values: dict[str, Any]  # the columns read (template, max-tokens and passthrough columns)
     error: str | None = None  # a cell did not hold valid text (read with U+FFFD): an error row
 
@@ -48,6 +49,8 @@ class RowSource:
         self.config = config
         self.shards = shards
         self.shard_schemas = shard_schemas if shard_schemas is not None else [schema] * len(shards)
+        self.max_rows = config.max_rows  # rows read at most, over all shards in order; None = all
+        self.job_files: list[tuple[InputShard, pa.Schema]] | None = None  # a sharded job's files, all of them
         self.template = template
         self.id_field = (schema.field(config.id_column) if config.id_column
                          else pa.field(DERIVED_ID_COLUMN, pa.string()))
@@ -59,6 +62,27 @@ class RowSource:
 
     @classmethod
     def open(cls, config: JobConfig) -> RowSource:
+        """Every file of the job is checked and its schema read, also by a shard of a sharded job
+        (--num-shards): all shards then agree on the output schema (the union of the files'
+        columns) and on the labels of derived ids, and fail alike on a bad file."""
+        source = cls._open_all(config)
+        if config.num_shards is not None:
+            source._restrict(split_inputs(source.shards, config.num_shards, config.shard_index, config.max_rows))
+        return source
+
+    def _restrict(self, share: list[InputShard]) -> None:
+        """Read only a sharded job's share (batchgen.jobs.split): some files, some cut to a row
+        range. Labels stay those of all files; --max-rows was applied before the split."""
+        self.job_files = list(zip(self.shards, self.shard_schemas, strict=True))  # every file of the job
+        position = {s.path: i for i, s in enumerate(self.shards)}
+        keep = [position[s.path] for s in share]
+        self.shards = share
+        self.shard_schemas = [self.shard_schemas[i] for i in keep]
+        self._shard_labels = [self._shard_labels[i] for i in keep]
+        self.max_rows = None
+
+    @classmethod
+    def _open_all(cls, config: JobConfig) -> RowSource:
         shards = resolve_inputs(config.inputs)
         template = Template(config.template, config.prompt_column)
         schemas = []
@@ -77,10 +101,10 @@ class RowSource:
     @property
     def num_rows(self) -> int | None:
         """Total rows if every shard knows its count (Parquet), capped by --max-rows."""
-        counts = [s.num_rows for s in self.shards]
+        counts = [s.num_rows_read for s in self.shards]
         total = None if any(c is None for c in counts) else sum(counts)
-        if self.config.max_rows is not None:
-            return self.config.max_rows if total is None else min(total, self.config.max_rows)
+        if self.max_rows is not None:
+            return self.max_rows if total is None else min(total, self.max_rows)
         return total
 
     def iter_ids(self, shard_rows: list[tuple[str, int]]) -> Iterator[Any]:
@@ -88,7 +112,7 @@ class RowSource:
         `shard_rows`: (path, rows read) per shard, from the input scan (which applied --max-rows)."""
         for shard, label, (_, num_rows) in zip(self.shards, self._shard_labels, shard_rows, strict=True):
             if not self.config.id_column:
-                yield from (f"{label}:{i}" for i in range(num_rows))
+                yield from (f"{label}:{i}" for i in range(shard.first_row, shard.first_row + num_rows))
                 continue
             n = 0
             for batch in iter_batches(shard, [self.config.id_column], self.config.read_batch_size):
@@ -98,9 +122,9 @@ class RowSource:
                     break
 
     def __iter__(self) -> Iterator[InputRow]:
-        remaining = self.config.max_rows
+        remaining = self.max_rows
         for shard, label, schema in zip(self.shards, self._shard_labels, self.shard_schemas, strict=True):
-            row_index = 0
+            row_index = shard.first_row  # ids and the manifest count rows from the file's start
             # a passthrough column this file lacks is null in its rows (values.get gives None)
             columns = [c for c in self.read_columns if c in schema.names]
             for batch in iter_batches(shard, columns, self.config.read_batch_size):

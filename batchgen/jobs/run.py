@@ -15,6 +15,8 @@ same command again resumes: committed rows are skipped by id, error rows are gen
 (unless --no-retry-errors) and replace their old row. `_SUCCESS` is written last, once every
 input row has a committed output row and the error rate is within --max-error-rate.
 SIGTERM / SIGINT commit the finished rows and exit 143 / 130 (batchgen.jobs.signals).
+One shard of a sharded job (--num-shards, batchgen.jobs.split) is such a job over its share of
+the input, in OUTPUT/shard-I-of-N/.
 
 Rows reach the engine through the length planner (batchgen.jobs.planner): windows of rows become
 shards with predicted output lengths, a run order and a mode each, which the job core
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from batchgen.config import JobConfig
 from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
-from batchgen.io.manifest import fingerprint_digest, is_job_dir, load_manifest, write_success
+from batchgen.io.manifest import clear_success, fingerprint_digest, is_job_dir, load_manifest, write_success
 from batchgen.io.schema import output_schema
 from batchgen.io.writers import write_json_atomic
 from batchgen.jobs.fingerprint import job_fingerprint
@@ -42,7 +44,9 @@ from batchgen.jobs.prepare import open_inputs
 from batchgen.jobs.report import RunSummary, plural
 from batchgen.jobs.resume import ResumeRule
 from batchgen.jobs.session import SUMMARY_FILE, OutputSession
+from batchgen.jobs.sharded import check_job_output
 from batchgen.jobs.signals import Interrupt, SignalGuard
+from batchgen.jobs.split import shard_output_dir
 
 if TYPE_CHECKING:
     from batchgen.engine.loader import LoadedModel
@@ -60,8 +64,10 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config)
     source, scan = inputs.source, inputs.scan
-    session = OutputSession(Path(config.output), overwrite=config.overwrite,
-                            keep_hashes=config.id_column is not None)
+    if config.num_shards is not None:  # one shard of a sharded job: OUTPUT/shard-I-of-N/
+        check_job_output(Path(config.output), config.num_shards)
+    session = OutputSession(shard_output_dir(config.output, config.shard_index, config.num_shards),
+                            overwrite=config.overwrite, keep_hashes=config.id_column is not None)
     if _needs_model(config, inputs, session):
         # torch and transformers load here, before the lock, so that holding the lock means "past the
         # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
@@ -94,6 +100,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                                         quantize_backend=config.quantize_backend)
                 job = LocalJob(config, inputs, loaded, session, guard, schema)
                 with guard.critical():
+                    if config.num_shards is not None:  # this shard's rows may change: the set is not final
+                        clear_success(config.output)
                     session.start(job.fingerprint, scan, config.max_rows)
                 if session.state.num_committed_rows:
                     log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,

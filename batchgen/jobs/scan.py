@@ -9,6 +9,8 @@ in the file that does not fit its column's type is refused here, before the firs
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,8 @@ class InputScan:
     shard_rows: list[tuple[str, int]]  # (shard path, rows this run reads from it), input order
     identities: list[dict[str, Any]] | None = None  # per shard, batchgen.jobs.identity.file_identity
     ids: set[Any] | None = None  # the input's ids (--id-column), until the run has compared them
+    # a shard of a sharded job: {"num_shards", "shard_index", "job_inputs": digest of every file's identity}
+    split: dict[str, Any] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -49,7 +53,7 @@ def scan_inputs(source: RowSource) -> InputScan:
         if not (pa.types.is_integer(id_type) or pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
             raise InputError(f"--id-column {id_column!r} holds {id_type}; ids must be integers or strings",
                              column=id_column)
-    remaining = config.max_rows
+    remaining = source.max_rows  # None in a sharded job's share: the split applied it
     seen: set[Any] = set()
     shard_rows = []
     for shard in source.shards:
@@ -57,7 +61,7 @@ def scan_inputs(source: RowSource) -> InputScan:
             shard_rows.append((shard.path, 0))
             continue
         if shard.num_rows is not None and not id_column:
-            n = shard.num_rows if remaining is None else min(shard.num_rows, remaining)
+            n = shard.num_rows_read if remaining is None else min(shard.num_rows_read, remaining)
         else:
             column = id_column or source.read_columns[0]
             columns = [column]
@@ -71,7 +75,7 @@ def scan_inputs(source: RowSource) -> InputScan:
                     values = values[: remaining - n]
                 if id_column:
                     for i, row_id in enumerate(values):
-                        _check_id(source, seen, row_id, shard.path, n + i)
+                        _check_id(source, seen, row_id, shard.path, shard.first_row + n + i)
                 n += len(values)
                 if remaining is not None and n >= remaining:
                     break
@@ -80,7 +84,19 @@ def scan_inputs(source: RowSource) -> InputScan:
             remaining -= n
     identities = [file_identity(shard, schema) for shard, schema in zip(source.shards, source.shard_schemas,
                                                                           strict=True)]
-    return InputScan(shard_rows, identities, seen if id_column else None)
+    return InputScan(shard_rows, identities, seen if id_column else None, _split(source))
+
+
+def _split(source: RowSource) -> dict[str, Any] | None:
+    """What `batchgen finalize` compares across a sharded job's shards: the split, and a digest of
+    every file's identity, so that shards which read other inputs (a file added between two shards'
+    runs moves the split) are not taken for one job."""
+    config = source.config
+    if source.job_files is None:
+        return None
+    files = [[shard.path, file_identity(shard, schema)] for shard, schema in source.job_files]
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    return {"num_shards": config.num_shards, "shard_index": config.shard_index, "job_inputs": digest}
 
 
 def _check_id(source: RowSource, seen: set[Any], row_id: Any, path: str, row: int) -> None:

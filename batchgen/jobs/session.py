@@ -106,7 +106,8 @@ class OutputSession:
         self.check_fingerprint(fingerprint)
         manifest = self.manifest
         old = self.state.fingerprint
-        if old is None or self.overwrite or fingerprint_changes(old, fingerprint):
+        began = old is None or self.overwrite or bool(fingerprint_changes(old, fingerprint))
+        if began:
             had_rows = bool(self.state.parts)
             if had_rows:
                 log.warning("--overwrite: dropping %d committed rows in %s", self.state.num_committed_rows,
@@ -121,11 +122,15 @@ class OutputSession:
             clean_partial_files(self.out_dir, keep=None)  # the "begin" dropped them
         inputs = scan.to_json()
         payload: dict[str, Any] = {"inputs": inputs, "max_rows": max_rows}
+        if scan.split is not None:  # a shard of a sharded job (batchgen.jobs.split)
+            payload["split"] = scan.split
         if scan.ids is not None and max_rows is None:  # --id-column: committed ids gone from the input
             state = self.state
             payload["orphans"] = orphans(itertools.chain(state.ok_ids, state.error_ids), scan.ids)
             scan.ids = None  # compared: the set is not needed again
-        last = self.state.inputs
+        # after a "begin" the earlier "inputs" entry is history (drop_history deleted it), though the
+        # in-memory state still holds it: write the inputs again, or a reload would find none
+        last = None if began else self.state.inputs
         if last is None or any(last.get(key) != value for key, value in payload.items()):
             manifest.append("inputs", **payload)
             self.started = True

@@ -3,6 +3,7 @@
 Read-only: it takes no lock and changes nothing, so it is safe to poll while a job runs. The
 counts come from the manifest (batchgen.io.manifest): committed rows per input shard, split
 into ok ("done") and error rows, against the row counts the latest run recorded for its inputs.
+A sharded job's OUTPUT shows every shard and the totals (batchgen.jobs.sharded).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from batchgen.io.lock import lock_holder
 from batchgen.io.manifest import SUCCESS_FILE, is_job_dir, load_manifest
 from batchgen.jobs.fingerprint import fingerprint_summary
 from batchgen.jobs.report import plural
+from batchgen.jobs.sharded import is_sharded_output, sharded_status, sharded_status_lines
 from batchgen.monitor.live import live_figures
 
 
 def job_status(out_dir: str | Path) -> dict[str, Any]:
     """The status as plain JSON-ready data (the `--json` output)."""
     out_dir = Path(out_dir)
+    if is_sharded_output(out_dir):  # a sharded job: every shard, and the totals over the set
+        return sharded_status(out_dir)
     if not is_job_dir(out_dir):
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
     state = load_manifest(out_dir, with_ids=False)  # counts only: O(parts) after a snapshot
@@ -71,6 +75,8 @@ def _shard(path: str, num_rows: int | None, num_ok: int, num_error: int) -> dict
 
 def status_lines(status: dict[str, Any]) -> list[str]:
     """The same, for a terminal."""
+    if "job_shards" in status:
+        return sharded_status_lines(status)
     state = status["state"]
     if state == "running":
         holder = status["running"] or {}

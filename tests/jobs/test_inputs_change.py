@@ -87,6 +87,17 @@ def test_rows_inserted_before_a_resume_are_refused_naming_the_file(tiny_model_di
         run_job(config([src], out, tiny_model_dir), loaded=loaded)
 
 
+def test_overwrite_over_the_same_inputs_keeps_them_recorded(tiny_model_dir, loaded, tmp_path):
+    """--overwrite drops the history before its "begin", the old "inputs" entry with it: the run
+    must record its inputs again, or a later resume would compare against none."""
+    src = write(tmp_path / "data.parquet", TEXTS)
+    out = tmp_path / "out"
+    run_job(config([src], out, tiny_model_dir), loaded=loaded)
+    run_job(config([src], out, tiny_model_dir, overwrite=True), loaded=loaded)
+    assert load_manifest(out).inputs["inputs"][0]["path"] == str(src)
+    assert job_status(out)["rows"] == len(TEXTS)
+
+
 def test_max_rows_may_change_over_unchanged_inputs(tiny_model_dir, loaded, tmp_path):
     src = write(tmp_path / "in.parquet", TEXTS)
     out = tmp_path / "out"

@@ -1,0 +1,66 @@
+"""An Airflow 3 DAG that runs one batchgen job as N shards in parallel, then finalizes it.
+
+    run_shard[0] ... run_shard[N-1]   `batchgen run ... --num-shards N --shard-index I` (dynamic task mapping)
+    finalize                          `batchgen finalize --output OUTPUT`: checks the set, writes OUTPUT/_SUCCESS
+
+Each mapped task is one process with its own output directory (OUTPUT/shard-I-of-N/), so the shards
+run on any workers at once, and Airflow's retries resume a shard where it stopped: committed rows
+are skipped, never generated twice. batchgen's exit codes fit Airflow: 0 is success; every failure
+is non-zero and never 99 (BashOperator's "skip" code), so a failed shard fails and retries; a task
+Airflow stops (timeout, a cleared task, a worker shutting down) gets SIGTERM, commits its finished
+rows and exits 143, and the retry continues from there. `batchgen finalize` exits 4 while a shard
+is missing or incomplete, 2 when the shards are not one job (other settings or inputs).
+
+Trigger it with a conf (or edit the params' defaults):
+
+    airflow dags trigger batchgen_sharded --conf '{"input": "s3://bucket/prompts/", "output": "/data/out/job1",
+        "num_shards": 8, "args": "--config /etc/batchgen/summarize.yaml"}'
+
+`batchgen` must be on the workers' PATH (or set the `batchgen` param to its path). The workers
+need the input and the output directory on a shared filesystem (NFS, a mounted bucket).
+"""
+
+from __future__ import annotations
+
+import shlex
+from datetime import timedelta
+
+from airflow.sdk import DAG, Param, task
+
+with DAG(
+    dag_id="batchgen_sharded",
+    schedule=None,  # triggered per job; set a schedule for a nightly backfill
+    catchup=False,
+    default_args={"retries": 3, "retry_delay": timedelta(seconds=30)},
+    params={
+        # absolute paths: a BashOperator task runs in a temporary working directory
+        "input": Param("/data/prompts.parquet", type="string", description="--input: file, directory, glob or URL"),
+        "output": Param("/data/out/job", type="string", description="--output: the job's directory (shards inside)"),
+        "num_shards": Param(2, type="integer", minimum=1, description="processes the job is split into"),
+        "model": Param("", type="string", description="--model (empty: batchgen's default)"),
+        "args": Param("", type="string", description="more `batchgen run` flags (shell words), e.g. --config FILE"),
+        "batchgen": Param("batchgen", type="string", description="the batchgen executable on the workers"),
+    },
+    tags=["batchgen"],
+) as dag:
+
+    @task
+    def shard_indices(params=None) -> list[int]:
+        """0..N-1: one mapped run_shard task per shard, decided when the run starts (conf may change N)."""
+        return list(range(int(params["num_shards"])))
+
+    @task.bash(execution_timeout=timedelta(hours=12))
+    def run_shard(shard_index: int, params=None) -> str:
+        """One shard; a retry runs the same command, which resumes it."""
+        command = [params["batchgen"], "run", "--input", params["input"], "--output", params["output"],
+                   "--num-shards", str(params["num_shards"]), "--shard-index", str(shard_index), "--quiet"]
+        if params["model"]:
+            command += ["--model", params["model"]]
+        return shlex.join(command) + (" " + params["args"] if params["args"] else "")
+
+    @task.bash
+    def finalize(params=None) -> str:
+        """Runs once every shard succeeded: checks the set, writes OUTPUT/_SUCCESS (idempotent)."""
+        return shlex.join([params["batchgen"], "finalize", "--output", params["output"]])
+
+    run_shard.expand(shard_index=shard_indices()) >> finalize()
