@@ -34,6 +34,7 @@ from batchgen.jobs.scan import InputScan
 log = logging.getLogger("batchgen")
 
 SUMMARY_FILE = "_summary.json"
+BATCH_FILES = ("output.jsonl", "errors.jsonl")  # jobs/openai_output.py writes them from the committed rows
 
 
 class OutputSession:
@@ -113,6 +114,8 @@ class OutputSession:
                             self.out_dir)
             clear_success(self.out_dir)
             (self.out_dir / SUMMARY_FILE).unlink(missing_ok=True)
+            for name in BATCH_FILES:  # an earlier job's Batch API files (jobs/openai_output.py)
+                (self.out_dir / name).unlink(missing_ok=True)
             manifest.begin(fingerprint)  # the commit point: from here no earlier part counts
             self.started = True
             if had_rows:
