@@ -21,6 +21,7 @@ unsupported url) are found by the request parser. The body keeps a lone surrogat
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,8 @@ from batchgen.io.cells import with_invalid_cells
 from batchgen.io.jsonl import _records  # the JSON Lines decoder, with its errors
 
 ID_COLUMN = "custom_id"
+CHAT_URL = "/v1/chat/completions"  # the endpoints batchgen answers (batchgen.jobs.openai_requests)
+COMPLETIONS_URL = "/v1/completions"
 REQUEST_FIELDS = ("custom_id", "method", "url", "body")  # a request line's fields, as the API defines them
 OPENAI_BATCH_SCHEMA = pa.schema([
     pa.field(ID_COLUMN, pa.string()),
@@ -40,34 +43,36 @@ OPENAI_BATCH_SCHEMA = pa.schema([
     pa.field("model", pa.string()),
     pa.field("body", pa.string()),
 ])
-# Error rows of Batch API requests keep the API's error code in their message, "<code>: <text>"
-# (the `error` column of the Parquet output); the output files split it back (split_api_error).
+# Error rows of Batch API requests keep the API's error code (and the parameter at fault, where one
+# is) in their message, "<code>: <text>" or "<code> [<param>]: <text>" (the `error` column of the
+# Parquet output); the output files split it back (split_api_error).
 API_ERROR_CODES = ("invalid_request", "unsupported_url", "unsupported_method", "unsupported_parameter",
                    "invalid_value", "context_length_exceeded", "invalid_prompt")
+_CODED_RE = re.compile(r"(?P<code>[a-z_]+)(?: \[(?P<param>[^\n]+?)\])?: (?P<message>.*)", re.DOTALL)
 
 
-def api_error(code: str, message: str) -> str:
+def api_error(code: str, message: str, param: str | None = None) -> str:
     assert code in API_ERROR_CODES, code
-    return f"{code}: {message}"
+    return f"{code}: {message}" if param is None else f"{code} [{param}]: {message}"
 
 
-def split_api_error(text: str) -> tuple[str, str]:
-    """(code, message) of an error row's message; a message without a code (an error of the prompt
-    as any job reports it) gets the code that fits it."""
-    code, sep, message = text.partition(": ")
-    if sep and code in API_ERROR_CODES:
-        return code, message
+def split_api_error(text: str) -> tuple[str, str | None, str]:
+    """(code, param, message) of an error row's message; a message without a code (an error of the
+    prompt as any job reports it) gets the code that fits it."""
+    match = _CODED_RE.fullmatch(text)
+    if match and match["code"] in API_ERROR_CODES:
+        return match["code"], match["param"], match["message"]
     if "context" in text and ("prompt has" in text or "leaves no room" in text):
-        return "context_length_exceeded", text
-    return "invalid_prompt", text
+        return "context_length_exceeded", None, text
+    return "invalid_prompt", None, text
 
 
 def request_row(record: dict[str, Any], path: str, row: int) -> tuple[dict[str, Any], list[str]]:
     """One request line -> (the row in OPENAI_BATCH_SCHEMA, messages about cells that are not text)."""
     custom_id = record.get(ID_COLUMN)
     if not isinstance(custom_id, str) or not custom_id:
-        got = "missing" if ID_COLUMN not in record else f"{json.dumps(custom_id)[:40]}"
-        raise InputError(f"every request needs a non-empty string custom_id (got {got})", path=path, row=row,
+        got = "it is missing" if ID_COLUMN not in record else f"got {json.dumps(custom_id)[:40]}"
+        raise InputError(f"every request needs a non-empty string custom_id ({got})", path=path, row=row,
                          column=ID_COLUMN)
     if not _is_text(custom_id):
         raise InputError("custom_id holds a lone surrogate escape, which is not valid Unicode", path=path, row=row,
@@ -90,7 +95,7 @@ def request_row(record: dict[str, Any], path: str, row: int) -> tuple[dict[str, 
     extra = sorted(k for k in record if k not in REQUEST_FIELDS)
     if extra:
         invalid.append(api_error("invalid_request", f"unknown field {extra[0]!r} in the request line "
-                                 f"(a request has {', '.join(REQUEST_FIELDS)})"))
+                                 f"(a request has {', '.join(REQUEST_FIELDS)})", extra[0]))
     return out, invalid
 
 

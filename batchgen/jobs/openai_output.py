@@ -8,7 +8,7 @@ splits them (its output and error files):
      "error": null}
 
 An error row is answered as the API answers a request it rejects: status_code 400 and a body
-{"error": {"message", "type": "invalid_request_error", "param": null, "code"}} (the code kept in
+{"error": {"message", "type": "invalid_request_error", "param", "code"}} (the code kept in
 the row's message, batchgen.io.openai_batch.split_api_error), top-level "error" null.
 
 Exactly once. The Parquet parts and the manifest stay the commit point; these files are derived
@@ -39,9 +39,8 @@ import pyarrow.parquet as pq
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest
-from batchgen.io.openai_batch import ID_COLUMN, split_api_error
+from batchgen.io.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
 from batchgen.io.writers import TEMP_SUFFIX, fsync_dir
-from batchgen.jobs.openai_requests import CHAT_URL
 from batchgen.jobs.session import BATCH_FILES
 
 OUTPUT_FILE, ERRORS_FILE = BATCH_FILES
@@ -104,8 +103,8 @@ def output_line(row: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     key = hashlib.blake2b(f"{context['digest']}\x00{custom_id}".encode(), digest_size=16).hexdigest()
     request_id = f"req_{key}"
     if row["finish_reason"] == "error":
-        code, message = split_api_error(row["error"] or "")
-        body: dict[str, Any] = {"error": {"message": message, "type": "invalid_request_error", "param": None,
+        code, param, message = split_api_error(row["error"] or "")
+        body: dict[str, Any] = {"error": {"message": message, "type": "invalid_request_error", "param": param,
                                           "code": code}}
         status = 400
     else:

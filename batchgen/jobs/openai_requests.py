@@ -29,13 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen.config import JobConfig
-from batchgen.io.openai_batch import api_error
+from batchgen.io.openai_batch import CHAT_URL, COMPLETIONS_URL, api_error
 from batchgen.jobs.planner import PlannedRow
 from batchgen.jobs.prompts import PromptBuilder, RowError
 from batchgen.jobs.rows import InputRow
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
 URLS = (CHAT_URL, COMPLETIONS_URL)
 MAX_STOP_STRINGS = 4  # the API's limit
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -55,8 +53,7 @@ class RequestError(RowError):
     """A request the API would answer with an error: the row's message is "<code>: <text>"."""
 
     def __init__(self, code: str, message: str, *, param: str | None = None):
-        super().__init__(api_error(code, message), column="body")
-        self.param = param
+        super().__init__(api_error(code, message, param), column="body")
 
 
 @dataclass(slots=True)
