@@ -16,7 +16,6 @@ CHUNK_ROWS rows and a few parts.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from batchgen.io.manifest import (
     write_success,
 )
 from batchgen.io.writers import PartWriter
-from batchgen.jobs.openai_output import SUCCESS_KEY, write_batch_files
+from batchgen.jobs.openai_output import SUCCESS_KEY, recorded_batch_files, write_batch_files
 
 log = logging.getLogger("batchgen")
 
@@ -67,7 +66,7 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
             raise OutputError(f"{out_dir} is not complete (no {SUCCESS_FILE}); finish the job first "
                               "(`batchgen status` shows what remains)")
         before = len(state.parts)
-        with_batch_files = _wrote_batch_files(out_dir)  # --output-format openai-batch / both
+        batch_files = recorded_batch_files(out_dir)  # --output-format openai-batch / both
         if state.last_op == "compact" or not state.parts:
             return CompactSummary(str(out_dir), before, before, state.num_committed_rows)
         rows_by_shard: dict[str, list[tuple[int, str, int]]] = {}  # shard -> [(row, part, position)]
@@ -98,18 +97,11 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
         manifest.commit(staged, list(state.parts), op="compact")  # removes _SUCCESS first
         success = {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
                    "fingerprint": fingerprint_digest(state.fingerprint), "compacted": True}
-        if with_batch_files:  # written again, now in input order, before _SUCCESS
-            success[SUCCESS_KEY] = write_batch_files(out_dir, manifest.state)
+        if batch_files is not None:  # written again, now in input order, before _SUCCESS
+            success[SUCCESS_KEY] = write_batch_files(out_dir, manifest.state, batch_files["dir"])
         write_success(out_dir, success)
         log.info("compacted %d parts into %d", before, len(staged))
         return CompactSummary(str(out_dir), before, len(staged), state.num_committed_rows)
-
-
-def _wrote_batch_files(out_dir: Path) -> bool:
-    try:
-        return SUCCESS_KEY in json.loads((out_dir / SUCCESS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        return False
 
 
 class _PartReader:

@@ -1,7 +1,9 @@
 """The OpenAI Batch API output files, written from a job's committed rows: `output.jsonl`, `errors.jsonl`.
 
 One line per committed row, successes in OUTPUT_FILE and error rows in ERRORS_FILE, as the API
-splits them (its output and error files):
+splits them (its output and error files). `--output-format openai-batch` writes them into the
+output directory; `both` into its `_openai_batch/` subdirectory, because a JSON Lines file beside
+the parts would stop `pyarrow.dataset` (or Spark) from reading the directory as one Parquet table.
 
     {"id": "batch_req_…", "custom_id": …, "response": {"status_code": 200, "request_id": "req_…",
      "body": <a chat.completion or text_completion object with choices, usage, model, created>},
@@ -37,30 +39,41 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from batchgen.config import OPENAI_BATCH
 from batchgen.errors import OutputError
 from batchgen.io.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest
 from batchgen.io.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
-from batchgen.io.writers import TEMP_SUFFIX, fsync_dir
-from batchgen.jobs.session import BATCH_FILES
+from batchgen.io.writers import TEMP_SUFFIX, fault_point, fsync_dir
+from batchgen.jobs.session import BATCH_BOTH_DIR, BATCH_FILES
 
 OUTPUT_FILE, ERRORS_FILE = BATCH_FILES
-SUCCESS_KEY = "openai_batch"  # in _SUCCESS: the files were written for this commit sequence number
+SUCCESS_KEY = "openai_batch"  # in _SUCCESS: where the files are, and the commit sequence number they hold
 _COLUMNS = [ID_COLUMN, "url", "generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens",
             "error"]
 _READ_BATCH_ROWS = 4096
 
 
-def write_batch_files(out_dir: str | Path, state: ManifestState) -> dict[str, Any]:
-    """Write OUTPUT_FILE and ERRORS_FILE from the committed parts (see the module docstring); return
-    what `_SUCCESS` records about them."""
+def batch_dir_name(output_format: str) -> str:
+    """Where the files go, relative to the output directory (see BATCH_BOTH_DIR)."""
+    assert output_format in (OPENAI_BATCH, "both"), output_format
+    return "." if output_format == OPENAI_BATCH else BATCH_BOTH_DIR
+
+
+def write_batch_files(out_dir: str | Path, state: ManifestState, dir_name: str) -> dict[str, Any]:
+    """Write OUTPUT_FILE and ERRORS_FILE into `out_dir/dir_name` from the committed parts (see the
+    module docstring); return what `_SUCCESS` records about them."""
     out_dir = Path(out_dir)
+    target = out_dir / dir_name
     fingerprint = state.fingerprint or {}
     digest = fingerprint_digest(fingerprint) if fingerprint else "0" * 16
     context = {"model": str(fingerprint.get("model") or "batchgen"), "digest": digest,
                "created": int(state.last_commit_time or time.time())}
-    temps = {name: out_dir / f".{name}{TEMP_SUFFIX}" for name in (OUTPUT_FILE, ERRORS_FILE)}
+    temps = {name: target / f".{name}{TEMP_SUFFIX}" for name in (OUTPUT_FILE, ERRORS_FILE)}
     counts = {OUTPUT_FILE: 0, ERRORS_FILE: 0}
     try:
+        if not target.is_dir():
+            target.mkdir()
+            fsync_dir(out_dir)
         with open(temps[OUTPUT_FILE], "w", encoding="utf-8") as ok, open(temps[ERRORS_FILE], "w",
                                                                             encoding="utf-8") as bad:
             for row in _committed_rows(out_dir, state):
@@ -71,28 +84,34 @@ def write_batch_files(out_dir: str | Path, state: ManifestState) -> dict[str, An
                 file.flush()
                 os.fsync(file.fileno())
         for name in (OUTPUT_FILE, ERRORS_FILE):  # the old pair goes before any of the new one shows
-            (out_dir / name).unlink(missing_ok=True)
-        fsync_dir(out_dir)
+            (target / name).unlink(missing_ok=True)
+        fsync_dir(target)
         for name, temp in temps.items():
-            os.replace(temp, out_dir / name)
-        fsync_dir(out_dir)
+            fault_point("batch_file_rename")
+            os.replace(temp, target / name)
+        fsync_dir(target)
     except OSError as e:
         for temp in temps.values():
             temp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write the Batch API output files in {out_dir}: {e.strerror or e}") from e
-    return {"last_seq": state.last_seq, "files": {name: {"rows": n} for name, n in counts.items()}}
+        raise OutputError(f"cannot write the Batch API output files in {target}: {e.strerror or e}") from e
+    return {"dir": dir_name, "last_seq": state.last_seq, "files": {name: {"rows": n} for name, n in counts.items()}}
 
 
-def batch_files_written(out_dir: str | Path, state: ManifestState) -> dict[str, Any] | None:
-    """What `_SUCCESS` records of the files, if they were written from exactly the committed rows
-    there are now (and are still there); None when they must be written."""
-    out_dir = Path(out_dir)
+def recorded_batch_files(out_dir: str | Path) -> dict[str, Any] | None:
+    """What `_SUCCESS` records of the Batch files (None: it records none, or there is no `_SUCCESS`)."""
     try:
-        written = json.loads((out_dir / SUCCESS_FILE).read_text(encoding="utf-8")).get(SUCCESS_KEY)
+        written = json.loads((Path(out_dir) / SUCCESS_FILE).read_text(encoding="utf-8")).get(SUCCESS_KEY)
     except (OSError, ValueError, AttributeError):
         return None
-    if (isinstance(written, dict) and written.get("last_seq") == state.last_seq
-            and all((out_dir / name).is_file() for name in (OUTPUT_FILE, ERRORS_FILE))):
+    return written if isinstance(written, dict) and isinstance(written.get("dir"), str) else None
+
+
+def batch_files_written(out_dir: str | Path, state: ManifestState, dir_name: str) -> dict[str, Any] | None:
+    """What `_SUCCESS` records of the files, if they are in `dir_name` and were written from exactly
+    the committed rows there are now; None when they must be written."""
+    written = recorded_batch_files(out_dir)
+    if (written is not None and written["dir"] == dir_name and written.get("last_seq") == state.last_seq
+            and all((Path(out_dir) / dir_name / name).is_file() for name in (OUTPUT_FILE, ERRORS_FILE))):
         return written
     return None
 

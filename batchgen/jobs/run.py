@@ -170,12 +170,13 @@ def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> N
     success: dict = {"rows": summary.output_rows, "rows_error": summary.output_rows_error,
                      "fingerprint": fingerprint_digest(state.fingerprint), "finished": time.time()}
     if config.output_format != "parquet":
-        from batchgen.jobs.openai_output import SUCCESS_KEY, batch_files_written, write_batch_files
+        from batchgen.jobs.openai_output import SUCCESS_KEY, batch_dir_name, batch_files_written, write_batch_files
 
-        written = None if failed else batch_files_written(session.out_dir, state)
+        dir_name = batch_dir_name(config.output_format)
+        written = None if failed else batch_files_written(session.out_dir, state, dir_name)
         if written is None:
             clear_success(session.out_dir)  # no _SUCCESS beside a pair being replaced (jobs/openai_output.py)
-            written = write_batch_files(session.out_dir, state)
+            written = write_batch_files(session.out_dir, state, dir_name)
             log.info("wrote the Batch API output files in %s", session.out_dir)
         success[SUCCESS_KEY] = written
     if failed:
