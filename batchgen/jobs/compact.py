@@ -98,7 +98,8 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
         success = {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
                    "fingerprint": fingerprint_digest(state.fingerprint), "compacted": True}
         if batch_files is not None:  # written again, now in input order, before _SUCCESS
-            success[SUCCESS_KEY] = write_batch_files(out_dir, manifest.state, batch_files["dir"])
+            success[SUCCESS_KEY] = write_batch_files(out_dir, manifest.state, batch_files["dir"],
+                                                     created=batch_files.get("created"))
         write_success(out_dir, success)
         log.info("compacted %d parts into %d", before, len(staged))
         return CompactSummary(str(out_dir), before, len(staged), state.num_committed_rows)

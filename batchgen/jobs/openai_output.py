@@ -21,7 +21,7 @@ them, removes the old pair, then renames the new pair into place. Old and new li
 visible together, so a kill at any moment leaves no line twice; a pair without `_SUCCESS` beside it
 may be incomplete, and the next run or compact writes it again. Everything in a line is derived
 from committed data (ids are digests of the job fingerprint and the custom_id, `created` is the
-last commit's time), so writing the files again gives the same bytes.
+last commit's time, kept by compact), so writing the files again gives the same bytes.
 
 `model` in a response body is the model the job ran (the fingerprint's); what each request asked
 for is the `model` column of the Parquet output.
@@ -59,15 +59,17 @@ def batch_dir_name(output_format: str) -> str:
     return "." if output_format == OPENAI_BATCH else BATCH_BOTH_DIR
 
 
-def write_batch_files(out_dir: str | Path, state: ManifestState, dir_name: str) -> dict[str, Any]:
+def write_batch_files(out_dir: str | Path, state: ManifestState, dir_name: str, *, created: int | None = None
+                      ) -> dict[str, Any]:
     """Write OUTPUT_FILE and ERRORS_FILE into `out_dir/dir_name` from the committed parts (see the
-    module docstring); return what `_SUCCESS` records about them."""
+    module docstring); return what `_SUCCESS` records about them. `created` (unix seconds, default
+    the last commit's time) is kept by a rewrite of unchanged rows (compact)."""
     out_dir = Path(out_dir)
     target = out_dir / dir_name
     fingerprint = state.fingerprint or {}
     digest = fingerprint_digest(fingerprint) if fingerprint else "0" * 16
     context = {"model": str(fingerprint.get("model") or "batchgen"), "digest": digest,
-               "created": int(state.last_commit_time or time.time())}
+               "created": created if created is not None else int(state.last_commit_time or time.time())}
     temps = {name: target / f".{name}{TEMP_SUFFIX}" for name in (OUTPUT_FILE, ERRORS_FILE)}
     counts = {OUTPUT_FILE: 0, ERRORS_FILE: 0}
     try:
@@ -94,7 +96,8 @@ def write_batch_files(out_dir: str | Path, state: ManifestState, dir_name: str) 
         for temp in temps.values():
             temp.unlink(missing_ok=True)
         raise OutputError(f"cannot write the Batch API output files in {target}: {e.strerror or e}") from e
-    return {"dir": dir_name, "last_seq": state.last_seq, "files": {name: {"rows": n} for name, n in counts.items()}}
+    return {"dir": dir_name, "last_seq": state.last_seq, "created": context["created"],
+            "files": {name: {"rows": n} for name, n in counts.items()}}
 
 
 def recorded_batch_files(out_dir: str | Path) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ pydantic model. Every test also checks exactly-once: each custom_id on exactly o
 from __future__ import annotations
 
 import json
+import time
 
 import pyarrow.dataset as ds
 import pydantic
@@ -234,6 +235,7 @@ def test_compact_writes_the_files_again_in_input_order(tmp_path, tiny_model_dir,
     assert not (out / "output.jsonl").exists()  # both: the directory stays one Parquet dataset
     assert set(committed_rows(out, "custom_id")) == {f"r{i}" for i in range(6)}
     before, _ = read_lines(out, "_openai_batch")
+    time.sleep(1.1)  # compaction is a commit of its own, a second later: `created` must not follow it
     compact_output(out)
     lines = [json.loads(line) for line in (out / "_openai_batch" / "output.jsonl").read_text().splitlines()]
     assert [line["custom_id"] for line in lines] == [f"r{i}" for i in range(6)]
