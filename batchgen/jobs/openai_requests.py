@@ -128,7 +128,10 @@ def prepare_request_row(row: InputRow, builder: PromptBuilder, config: JobConfig
         raise RequestError("context_length_exceeded", f"the prompt has {len(ids)} tokens and {max_new} are asked "
                            f"for, but the context of {builder.max_context_tokens} tokens leaves room for "
                            f"{max(room, 0)} prompt tokens", param="messages" if request.messages else "prompt")
-    return PlannedRow(row, ids, max_new, sampling=request.sampling or None, seed=request.seed, stop=request.stop)
+    settings = {"max_tokens": request.max_new_tokens, "sampling": request.sampling, "seed": request.seed,
+                "stop": request.stop}
+    return PlannedRow(row, ids, max_new, sampling=request.sampling or None, seed=request.seed, stop=request.stop,
+                      settings_key=json.dumps(settings, sort_keys=True))
 
 
 def _body(text: Any) -> dict[str, Any]:

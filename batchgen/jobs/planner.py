@@ -62,6 +62,9 @@ class PlannedRow:
     sampling: dict[str, Any] | None = None  # the row's own sampling settings (--sampling-column)
     seed: int | None = None  # the row's own seed (a Batch API request's); None = derived from the job's
     stop: tuple[str, ...] | None = None  # the row's own stop strings (a Batch API request's); None = the job's
+    # a Batch API request's own settings as canonical JSON: part of its prompt hash, so that a resume
+    # under the same custom_id regenerates a request whose settings changed, as one whose prompt did
+    settings_key: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -69,7 +72,7 @@ class PlannedRow:
 
     @property
     def prompt_hash(self) -> str:
-        return prompt_hash(self.prompt_token_ids)
+        return prompt_hash(self.prompt_token_ids, self.settings_key)
 
 
 def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:

@@ -257,3 +257,23 @@ def test_duplicate_custom_id_exits_2(tmp_path, tiny_model_dir):
     assert result.exit_code == 2, result.output
     assert "duplicate id 'a'" in result.output and "row 2" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_request_whose_settings_change_is_generated_again(tmp_path, tiny_model_dir, loaded, one_thread):
+    """Under the same custom_id, a request is its prompt and its settings: a resume regenerates one
+    whose max_tokens changed (replacing its row), and skips the unchanged one."""
+    requests = [chat("a", "same text", max_tokens=2), chat("b", "other text", max_tokens=2)]
+    config = job(tmp_path, requests, model_dir=tiny_model_dir)
+    run_job(config, loaded=loaded)
+    out = tmp_path / "out"
+    first = parquet_rows(out)
+    write_requests(tmp_path / "requests.jsonl", [chat("a", "same text", max_tokens=4), requests[1]])
+    summary = run_job(config, loaded=loaded)
+    assert (summary.num_rows, summary.num_rows_changed) == (1, 1)
+    rows = parquet_rows(out)
+    assert rows["b"] == first["b"]
+    assert rows["a"]["generated_text"].startswith(first["a"]["generated_text"])
+    grew = rows["a"]["num_generated_tokens"] > first["a"]["num_generated_tokens"]
+    assert grew or first["a"]["finish_reason"] == "stop"
+    ok, _ = read_lines(out)
+    assert ok["a"]["response"]["body"]["choices"][0]["message"]["content"] == rows["a"]["generated_text"]
