@@ -25,12 +25,22 @@ QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized 
 QUANTIZE_BACKENDS = ("auto", "torchao", "quanto")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
+OPENAI_BATCH = "openai-batch"  # the OpenAI Batch API's request / output JSONL (jobs/openai_requests.py)
+INPUT_FORMATS = ("auto", "parquet", "jsonl", OPENAI_BATCH)  # auto: by file suffix
+OUTPUT_FORMATS = ("parquet", OPENAI_BATCH, "both")
+# openai-batch input: the row id is the request's custom_id, the prompt comes from its body, and
+# these columns of the reader's (batchgen.io.openai_batch) are always kept: the output files need them
+OPENAI_ID_COLUMN = "custom_id"
+OPENAI_BODY_COLUMN = "body"
+OPENAI_KEPT_COLUMNS = ("method", "url", "model")
 
 
 @dataclass(slots=True)
 class JobConfig:
     inputs: list[str] = field(default_factory=list)
+    input_format: str = "auto"  # auto (by suffix) | parquet | jsonl | openai-batch (Batch API requests)
     output: str | None = None
+    output_format: str = "parquet"  # parquet | openai-batch (+ Batch API output.jsonl/errors.jsonl) | both
     model: str | None = None  # None = the embedded default model
     trust_remote_code: bool = False
     prompt_column: str = "text"
@@ -172,6 +182,13 @@ class JobConfig:
         if not isinstance(self.cuda_graphs, bool):
             raise ConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         _choice("on_long_prompt", self.on_long_prompt, LONG_PROMPT_POLICIES)
+        _choice("input_format", self.input_format, INPUT_FORMATS)
+        _choice("output_format", self.output_format, OUTPUT_FORMATS)
+        if self.input_format == OPENAI_BATCH:
+            self._openai_batch_settings()
+        elif self.output_format != "parquet":
+            raise ConfigError(f"output_format {self.output_format} needs Batch API requests as input: "
+                              "pass --input-format openai-batch")
         if any(s == "" for s in self.stop):
             raise ConfigError("stop strings must not be empty")
         if self.kv_cache_memory is not None:
@@ -184,6 +201,24 @@ class JobConfig:
             raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
                               f"got {self.metrics_port!r}")
         return self
+
+    def _openai_batch_settings(self) -> None:
+        """Batch API requests carry their own id, prompt and limits: the flags that would name
+        columns for them are refused, and the id, prompt and kept columns are set (idempotent)."""
+        for name in ("template", "system", "max_new_tokens_column", "sampling_column", "length_column"):
+            if getattr(self, name) is not None:
+                raise ConfigError(f"{name} does not apply to --input-format openai-batch: each request's body "
+                                  "carries its messages or prompt, max_tokens and sampling settings")
+        if self.chat is False:
+            raise ConfigError("--no-chat does not apply to --input-format openai-batch: /v1/chat/completions "
+                              "requests use the model's chat template, /v1/completions prompts never do")
+        if self.id_column not in (None, OPENAI_ID_COLUMN):
+            raise ConfigError(f"--input-format openai-batch: the row id is the request's custom_id, "
+                              f"not {self.id_column!r}")
+        self.id_column = OPENAI_ID_COLUMN
+        self.prompt_column = OPENAI_BODY_COLUMN
+        kept = list(self.keep_columns) if self.keep_columns is not None else []
+        self.keep_columns = [*OPENAI_KEPT_COLUMNS, *(c for c in kept if c not in OPENAI_KEPT_COLUMNS)]
 
 
 def check_penalties(repetition: Any, presence: Any, frequency: Any, min_tokens: Any, error: type[Exception]) -> None:

@@ -43,6 +43,12 @@ Input = Annotated[list[str] | None, _opt("--input", "-i", metavar="PATH", help=(
     f"Input file, directory or glob (.parquet, .jsonl, .jsonl.gz); repeatable [{REQUIRED}]."))]
 Output = Annotated[str | None, _opt("--output", "-o", metavar="DIR", help=(
     "Output directory: new, empty, or this job's own (a rerun resumes) [" + REQUIRED + "]."))]
+InputFormat = Annotated[str | None, _opt("--input-format", metavar="FORMAT", help=(
+    "auto | parquet | jsonl | openai-batch [auto: by file suffix]; openai-batch reads OpenAI Batch API "
+    "request files (custom_id, method, url, body)."))]
+OutputFormat = Annotated[str | None, _opt("--output-format", metavar="FORMAT", help=(
+    "parquet | openai-batch | both [parquet]; openai-batch (and both) also write the Batch API's "
+    "output.jsonl and errors.jsonl when the job completes (needs --input-format openai-batch)."))]
 Config = Annotated[Path | None, _opt("--config", metavar="FILE", help="YAML config (see configs/); flags override it.")]
 Model = Annotated[str | None, _opt("--model", metavar="MODEL", help=(
     "HF model id, local dir or .gguf [the embedded SmolLM2-135M-Instruct]."))]

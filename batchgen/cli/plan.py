@@ -15,6 +15,7 @@ from batchgen.cli.console import setup_logging, user_errors
 @app.command()
 def plan(
     input: o.Input = None,
+    input_format: o.InputFormat = None,
     output: Annotated[str | None, typer.Option("--output", "-o", metavar="DIR", help=(
         "The job's output directory, if it exists: only the rows a resume would run are planned, with its "
         "learned output lengths. Nothing is written."))] = None,

@@ -18,7 +18,9 @@ from batchgen.cli.console import setup_logging, user_errors
 @app.command()
 def run(
     input: o.Input = None,
+    input_format: o.InputFormat = None,
     output: o.Output = None,
+    output_format: o.OutputFormat = None,
     config: o.Config = None,
     model: o.Model = None,
     trust_remote_code: o.TrustRemoteCode = None,

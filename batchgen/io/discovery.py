@@ -25,6 +25,10 @@ FORMAT_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "jsonl", ".jsonl.gz": "json
 SUPPORTED_SUFFIXES = ", ".join(FORMAT_BY_SUFFIX)  # for error messages
 # A directory may also hold configs, _SUCCESS markers and .crc files: take only unambiguous inputs.
 DIRECTORY_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
+# --input-format: "auto" reads each file by its suffix; "parquet" and "jsonl" read every file as that
+# format, whatever its suffix; "openai-batch" reads JSON Lines files as OpenAI Batch API requests
+# (batchgen.io.openai_batch), which come in no other format.
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json")
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _GLOB_CHARS = frozenset("*?[")
 
@@ -32,7 +36,7 @@ _GLOB_CHARS = frozenset("*?[")
 @dataclass(frozen=True, slots=True)
 class InputShard:
     path: str  # as resolved: an absolute local path, or a URI such as s3://bucket/key
-    format: str  # "parquet" | "jsonl"
+    format: str  # "parquet" | "jsonl" | "openai-batch"
     num_rows: int | None  # from the Parquet footer; None for JSONL (unknown without reading it)
     size: int | None = None  # bytes, as the filesystem reports them
     mtime_ns: int | None = None  # modification time, where the filesystem gives one
@@ -50,22 +54,23 @@ class InputShard:
         return self.rows[0] if self.rows is not None else 0
 
 
-def resolve_inputs(patterns: list[str]) -> list[InputShard]:
+def resolve_inputs(patterns: list[str], input_format: str = "auto") -> list[InputShard]:
     """Expand files, directories (recursively) and globs into shards, in a stable order.
 
     Order: pattern by pattern, sorted by path within each; a file named twice is kept once, at
     its first place. Parquet footers are read here, so a corrupt file fails before generation.
     Names starting with "." or "_" (bookkeeping, temp files) are skipped inside directories and
-    by wildcards, as pyarrow.dataset does.
+    by wildcards, as pyarrow.dataset does. `input_format` (see JSONL_SUFFIXES above) overrides the
+    format a file's suffix gives.
     """
     shards: dict[str, InputShard] = {}
     for pattern in patterns:
-        for shard in _resolve_pattern(pattern):
+        for shard in _resolve_pattern(pattern, input_format):
             shards.setdefault(shard.path, shard)
     return list(shards.values())
 
 
-def _resolve_pattern(pattern: str) -> list[InputShard]:
+def _resolve_pattern(pattern: str, input_format: str) -> list[InputShard]:
     fs, uri_prefix, fs_pattern = _locate(pattern)
     head, glob_parts = _split_at_glob(fs_pattern)
     if glob_parts:
@@ -80,9 +85,10 @@ def _resolve_pattern(pattern: str) -> list[InputShard]:
         if info.type == pafs.FileType.Directory:
             files = _walk_directory(fs, fs_pattern, pattern, required=True)
         else:
-            _format_of(fs_pattern, pattern)  # an explicitly named file must have a known suffix
+            if input_format == "auto":
+                _format_of(fs_pattern, pattern)  # an explicitly named file must have a known suffix
             files = [info]
-    return [_open_shard(fs, info, uri_prefix + info.path) for info in files]
+    return [_open_shard(fs, info, uri_prefix + info.path, input_format) for info in files]
 
 
 def _locate(pattern: str) -> tuple[pafs.FileSystem, str, str]:
@@ -203,8 +209,14 @@ def _format_of(path: str, display: str) -> str:
     raise InputError(f"unsupported file type (supported: {SUPPORTED_SUFFIXES})", path=display)
 
 
-def _open_shard(fs: pafs.FileSystem, info: pafs.FileInfo, display: str) -> InputShard:
-    fmt = _format_of(info.path, display)
+def _open_shard(fs: pafs.FileSystem, info: pafs.FileInfo, display: str, input_format: str = "auto") -> InputShard:
+    if input_format == "openai-batch":
+        if not info.path.lower().endswith(JSONL_SUFFIXES):
+            raise InputError(f"--input-format openai-batch reads JSON Lines files ({', '.join(JSONL_SUFFIXES)}), "
+                             "the Batch API's request format", path=display)
+        fmt = input_format
+    else:
+        fmt = _format_of(info.path, display) if input_format == "auto" else input_format
     if info.size == 0:
         raise InputError("file is empty (0 bytes)", path=display)
     num_rows = None

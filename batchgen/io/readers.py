@@ -14,6 +14,7 @@ import pyarrow as pa
 from batchgen.errors import InputError
 from batchgen.io.discovery import InputShard, filesystem
 from batchgen.io.jsonl import jsonl_batches, sample_records
+from batchgen.io.openai_batch import OPENAI_BATCH_SCHEMA, check_first_request, openai_batch_batches
 from batchgen.io.parquet import open_parquet, parquet_batches
 
 
@@ -22,6 +23,9 @@ def read_schema(shard: InputShard) -> pa.Schema:
     if shard.format == "parquet":
         with open_parquet(*filesystem(shard.path), shard.path) as parquet_file:
             return parquet_file.schema_arrow
+    if shard.format == "openai-batch":  # a fixed schema; the first request is read to check the file
+        check_first_request(*filesystem(shard.path), shard.path)
+        return OPENAI_BATCH_SCHEMA
     schema, _, records = sample_records(*filesystem(shard.path), shard.path)
     records.close()
     return schema
@@ -63,7 +67,10 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
     if shard.format == "parquet":
         _check_columns(shard, columns, read_columns(shard))
         return parquet_batches(*filesystem(shard.path), shard.path, columns, batch_size, rows=shard.rows)
-    assert shard.rows is None, "JSON Lines files are split whole (their row count is unknown unread)"
+    assert shard.rows is None, "JSON Lines files (Batch request ones too) are split whole (row count unknown unread)"
+    if shard.format == "openai-batch":
+        _check_columns(shard, columns, OPENAI_BATCH_SCHEMA.names)
+        return openai_batch_batches(*filesystem(shard.path), shard.path, columns, batch_size)
     schema, sample, records = sample_records(*filesystem(shard.path), shard.path)
     try:
         _check_columns(shard, columns, schema.names)

@@ -37,8 +37,9 @@ _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 # Tests set this to inject faults: called with "write", "fsync", "rename", "fsync_dir" before
 # each stage of a part's write, with "file_write", "file_fsync", "file_rename",
-# "file_fsync_dir" before each stage of write_file_atomic (manifest entries, _SUCCESS), and with
-# "fsync_staged" before a manifest commit fsyncs the staged parts' directory; it may raise
+# "file_fsync_dir" before each stage of write_file_atomic (manifest entries, _SUCCESS), with
+# "fsync_staged" before a manifest commit fsyncs the staged parts' directory, and with
+# "batch_file_rename" before each OpenAI Batch file is renamed into place; it may raise
 # OSError(errno.ENOSPC, ...) and the like.
 _fault_hook: Callable[[str], None] | None = None
 

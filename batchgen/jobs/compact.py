@@ -8,8 +8,10 @@ columns), so no input file is read.
 It is a commit like any other (batchgen.io.manifest): the new parts are staged, one "compact"
 entry adds them and removes every old part, then they are published. A crash before the entry
 leaves the old output; after it, the next `batchgen run` or `compact` finishes publishing.
-`_SUCCESS` is removed before the entry and written again at the end. Needs free disk space for
-one more copy of the output while it runs; memory is bounded by CHUNK_ROWS rows and a few parts.
+`_SUCCESS` is removed before the entry and written again at the end; a job that wrote the OpenAI
+Batch API files (batchgen.jobs.openai_output) gets them written again, in input order, before it.
+Needs free disk space for one more copy of the output while it runs; memory is bounded by
+CHUNK_ROWS rows and a few parts.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from batchgen.io.manifest import (
     write_success,
 )
 from batchgen.io.writers import PartWriter
+from batchgen.jobs.openai_output import SUCCESS_KEY, recorded_batch_files, write_batch_files
 
 log = logging.getLogger("batchgen")
 
@@ -67,6 +70,7 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
             raise OutputError(f"{out_dir} is not complete (no {SUCCESS_FILE}); finish the job first "
                               "(`batchgen status` shows what remains)")
         before = len(state.parts)
+        batch_files = recorded_batch_files(out_dir)  # --output-format openai-batch / both
         if state.last_op == "compact" or not state.parts:
             return CompactSummary(str(out_dir), before, before, state.num_committed_rows)
         rows_by_shard: dict[str, list[tuple[int, str, int]]] = {}  # shard -> [(row, part, position)]
@@ -94,9 +98,13 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
             for part, _ in staged:
                 part.temp_path.unlink(missing_ok=True)
             raise
-        manifest.commit(staged, list(state.parts), op="compact")
-        write_success(out_dir, {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
-                                "fingerprint": fingerprint_digest(state.fingerprint), "compacted": True})
+        manifest.commit(staged, list(state.parts), op="compact")  # removes _SUCCESS first
+        success = {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
+                   "fingerprint": fingerprint_digest(state.fingerprint), "compacted": True}
+        if batch_files is not None:  # written again, now in input order, before _SUCCESS
+            success[SUCCESS_KEY] = write_batch_files(out_dir, manifest.state, batch_files["dir"],
+                                                     created=batch_files.get("created"))
+        write_success(out_dir, success)
         log.info("compacted %d parts into %d", before, len(staged))
         return CompactSummary(str(out_dir), before, len(staged), state.num_committed_rows)
 

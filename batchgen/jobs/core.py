@@ -216,8 +216,9 @@ class JobCore:
         for planned in plan.rows:
             key = str(next(self.keys))
             request = Request(key, planned.prompt_token_ids, SamplingParams(
-                max_new_tokens=planned.max_new_tokens, seed=row_seed(config.seed, planned.row.row_id),
-                stop=tuple(config.stop), ignore_eos=config.ignore_eos,
+                max_new_tokens=planned.max_new_tokens,
+                seed=planned.seed if planned.seed is not None else row_seed(config.seed, planned.row.row_id),
+                stop=planned.stop if planned.stop is not None else tuple(config.stop), ignore_eos=config.ignore_eos,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
                 predicted_num_output_tokens=planned.prediction.p90,
                 continuation=self.continuation_for(planned) if self.continuation_for is not None else None)

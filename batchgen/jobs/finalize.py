@@ -9,8 +9,12 @@ The checks, in the order a failing one is reported (each names the shard):
         -> ShardsMismatch (exit 2): the set is not one job; rerun the odd shard with --overwrite
 
 Then OUTPUT/_summary.json (the totals and each shard's summary) and OUTPUT/_SUCCESS (last) are
-written. Finalize reads the shards' manifests and writes only those two files; running it again
-is harmless, and a shard rerun that changes rows removes OUTPUT/_SUCCESS (batchgen.jobs.run).
+written. Finalize reads the shards' manifests and writes only those two files, plus, when the shards
+wrote OpenAI Batch API files (--output-format openai-batch or both), the job's own pair
+(OUTPUT/output.jsonl and errors.jsonl, or OUTPUT/_openai_batch/ for both) from every shard's
+committed rows, in shard order (batchgen.jobs.openai_output; the shards keep theirs). Running it
+again is harmless (the same bytes), and a shard rerun that changes rows removes OUTPUT/_SUCCESS
+(batchgen.jobs.run).
 """
 
 from __future__ import annotations
@@ -23,10 +27,18 @@ from typing import Any
 
 from batchgen.errors import OutputError, ShardsIncomplete, ShardsMismatch
 from batchgen.io.lock import lock_holder
-from batchgen.io.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest, is_job_dir, load_manifest
+from batchgen.io.manifest import (
+    SUCCESS_FILE,
+    ManifestState,
+    clear_success,
+    fingerprint_digest,
+    is_job_dir,
+    load_manifest,
+)
 from batchgen.io.writers import write_json_atomic
 from batchgen.jobs.fingerprint import fingerprint_changes
-from batchgen.jobs.session import SUMMARY_FILE
+from batchgen.jobs.openai_output import SUCCESS_KEY, recorded_batch_files, write_batch_files
+from batchgen.jobs.session import BATCH_BOTH_DIR, BATCH_FILES, SUMMARY_FILE
 from batchgen.jobs.sharded import ShardDir, list_shard_dirs, num_shards_of
 from batchgen.jobs.split import shard_dir_name
 
@@ -135,7 +147,35 @@ def finalize_output(output: str | Path) -> dict[str, Any]:
     rows_error = sum(s["rows_error"] for s in per_shard)
     result = {"output": str(output), "num_shards": len(shards), "rows": rows, "rows_error": rows_error,
               "fingerprint": digest, "finalized": time.time(), "shards": per_shard}
+    success = {"rows": rows, "rows_error": rows_error, "fingerprint": digest, "num_shards": len(shards),
+               "finished": result["finalized"]}
+    batch_dir = _shards_batch_dir(output, shards)
+    clear_success(output)  # no _SUCCESS beside a Batch pair being replaced (jobs/openai_output.py)
+    _remove_job_batch_files(output, keep=batch_dir)
+    if batch_dir is not None:
+        created = max(int(recorded_batch_files(s.dir.path).get("created") or 0) for s in shards) or None
+        success[SUCCESS_KEY] = write_batch_files(output, shards[0].state, batch_dir, created=created,
+                                                 sources=[(s.dir.path, s.state) for s in shards])
+        result[SUCCESS_KEY] = success[SUCCESS_KEY]
     write_json_atomic(output / SUMMARY_FILE, result)
-    write_json_atomic(output / SUCCESS_FILE, {"rows": rows, "rows_error": rows_error, "fingerprint": digest,
-                                              "num_shards": len(shards), "finished": result["finalized"]})
+    write_json_atomic(output / SUCCESS_FILE, success)
     return result
+
+
+def _shards_batch_dir(output: Path, shards: list[CheckedShard]) -> str | None:
+    """Where the shards wrote OpenAI Batch files ("." or BATCH_BOTH_DIR, as their _SUCCESS records),
+    the job's files going to the same place; None when they wrote none. Every shard alike."""
+    dirs = {s.dir.index: (recorded_batch_files(s.dir.path) or {}).get("dir") for s in shards}
+    if len(set(dirs.values())) > 1:
+        odd = next(i for i, d in dirs.items() if d != dirs[shards[0].dir.index])
+        raise ShardsMismatch(f"{output}: shard {odd} was run with another --output-format than shard "
+                             f"{shards[0].dir.index}; rerun it with the job's --output-format, then finalize again")
+    return dirs[shards[0].dir.index]
+
+
+def _remove_job_batch_files(output: Path, keep: str | None) -> None:
+    """An earlier finalize's Batch files where this one writes none (another --output-format)."""
+    for dir_name in (".", BATCH_BOTH_DIR):
+        if dir_name != keep:
+            for name in BATCH_FILES:
+                (output / dir_name / name).unlink(missing_ok=True)

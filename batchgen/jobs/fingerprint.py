@@ -53,6 +53,8 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
         "output_schema": [[f.name, str(f.type)] for f in schema],
     }
     # only when set, so fingerprints of jobs begun before these options existed still match
+    if config.input_format != "auto":  # how the files are read (openai-batch: as Batch API requests)
+        fingerprint["input_format"] = config.input_format
     quantization = {"quantize": config.quantize, "quantize_backend": config.quantize_backend,
                     "kv_cache_dtype": config.kv_cache_dtype}
     if quantization != {"quantize": "none", "quantize_backend": "auto", "kv_cache_dtype": "auto"}:

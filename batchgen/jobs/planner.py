@@ -39,7 +39,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgen.config import JobConfig
+from batchgen.config import OPENAI_BATCH, JobConfig
 from batchgen.engine.scheduler import Policy
 from batchgen.engine.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.length import LengthPrediction, LengthPredictor, parse_known_length
@@ -60,6 +60,11 @@ class PlannedRow:
     prediction: LengthPrediction | None = None
     shard_index: int | None = None  # the ShardPlan it was planned in (the metrics' rows per shard)
     sampling: dict[str, Any] | None = None  # the row's own sampling settings (--sampling-column)
+    seed: int | None = None  # the row's own seed (a Batch API request's); None = derived from the job's
+    stop: tuple[str, ...] | None = None  # the row's own stop strings (a Batch API request's); None = the job's
+    # a Batch API request's own settings as canonical JSON: part of its prompt hash, so that a resume
+    # under the same custom_id regenerates a request whose settings changed, as one whose prompt did
+    settings_key: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -67,11 +72,15 @@ class PlannedRow:
 
     @property
     def prompt_hash(self) -> str:
-        return prompt_hash(self.prompt_token_ids)
+        return prompt_hash(self.prompt_token_ids, self.settings_key)
 
 
 def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:
     """Prompt ids, budget and known length of one row; raises RowError for an error row."""
+    if config.input_format == OPENAI_BATCH:
+        from batchgen.jobs.openai_requests import prepare_request_row  # it imports this module
+
+        return prepare_request_row(row, builder, config)
     max_new = row_max_new_tokens(row.values, config.max_new_tokens_column, config.max_new_tokens)
     known = parse_known_length(row.values.get(config.length_column), config.length_column) \
         if config.length_column else None

@@ -13,6 +13,7 @@ chat template, where rows are pre-rendered prompts) reads special-token text in 
 from __future__ import annotations
 
 import numbers
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -87,6 +88,30 @@ class PromptBuilder:
                            f"{self.max_context_tokens} tokens minus max_new_tokens {max_new_tokens} "
                            f"leaves room for {max_prompt_tokens}")
         return self._truncate(row, token_ids, max_prompt_tokens)
+
+    def chat_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a whole conversation ({"role", "content"} dicts, the OpenAI Batch API's
+        messages) through the chat template, the generation prompt added; each content is data, as a
+        row's text is (special-token text split unless parse_special_tokens). Not cut to fit."""
+        assert self.chat, "the caller checks that the job has a chat template"
+        contents = [m["content"] for m in messages]
+        if self.parse_special_tokens or not any(self._holds_special_text(c) for c in contents):
+            return self._encode(self._render(messages), parse=True)
+        # as in _tokenize: render around one marker per message, then tokenize the template's own
+        # text with special tokens parsed and each content with them split into plain characters
+        markers = [f"\x00batchgen-{uuid.uuid4().hex}\x00" for _ in messages]
+        content_of = dict(zip(markers, contents, strict=True))
+        rendered = self._render([{**m, "content": marker} for m, marker in zip(messages, markers, strict=True)])
+        ids: list[int] = []
+        for i, piece in enumerate(re.split("(" + "|".join(map(re.escape, markers)) + ")", rendered)):
+            ids += self._encode(content_of[piece], parse=False) if i % 2 else self._encode(piece, parse=True)
+        return ids
+
+    def text_token_ids(self, text: str, *, parse_special_tokens: bool) -> list[int]:
+        """Token ids of a raw prompt (the Batch API's /v1/completions), BOS and the like added as the
+        tokenizer does; no chat template. Not cut to fit."""
+        split = not parse_special_tokens and self._holds_special_text(text)
+        return list(self.tokenizer(text, add_special_tokens=True, split_special_tokens=split)["input_ids"])
 
     def _tokenize(self, text: str) -> list[int]:
         """Token ids of the prompt whose row-derived part is `text` (the rendered template)."""

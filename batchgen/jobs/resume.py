@@ -22,13 +22,17 @@ if TYPE_CHECKING:
     from batchgen.jobs.prepare import JobInputs
 
 
-def prompt_hash(token_ids: list[int]) -> str:
+def prompt_hash(token_ids: list[int], settings: str | None = None) -> str:
     """The documented `prompt_hash` output column: blake2b-64 (16 hex digits) of the prompt's
-    token ids as little-endian uint32."""
+    token ids as little-endian uint32, then of the row's own generation `settings` where it has
+    them (an OpenAI Batch request's max_tokens, sampling, seed, stop: its "prompt" is the request)."""
     packed = array("I", token_ids)
     if sys.byteorder == "big":
         packed.byteswap()
-    return hashlib.blake2b(packed.tobytes(), digest_size=8).hexdigest()
+    h = hashlib.blake2b(packed.tobytes(), digest_size=8)
+    if settings is not None:
+        h.update(b"\x00" + settings.encode())
+    return h.hexdigest()
 
 
 @dataclass(slots=True)

@@ -83,7 +83,7 @@ class RowSource:
 
     @classmethod
     def _open_all(cls, config: JobConfig) -> RowSource:
-        shards = resolve_inputs(config.inputs)
+        shards = resolve_inputs(config.inputs, config.input_format)
         template = Template(config.template, config.prompt_column)
         schemas = []
         for shard in shards:

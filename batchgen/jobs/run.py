@@ -175,9 +175,19 @@ def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> N
               and summary.output_rows_error / summary.output_rows > rate)
     summary.complete = not failed
     write_json_atomic(session.out_dir / SUMMARY_FILE, summary.to_dict())
+    success: dict = {"rows": summary.output_rows, "rows_error": summary.output_rows_error,
+                     "fingerprint": fingerprint_digest(state.fingerprint), "finished": time.time()}
+    if config.output_format != "parquet":
+        from batchgen.jobs.openai_output import SUCCESS_KEY, batch_dir_name, batch_files_written, write_batch_files
+
+        dir_name = batch_dir_name(config.output_format)
+        written = None if failed else batch_files_written(session.out_dir, state, dir_name)
+        if written is None:
+            clear_success(session.out_dir)  # no _SUCCESS beside a pair being replaced (jobs/openai_output.py)
+            written = write_batch_files(session.out_dir, state, dir_name)
+            log.info("wrote the Batch API output files in %s", session.out_dir)
+        success[SUCCESS_KEY] = written
     if failed:
         raise ErrorRateExceeded(f"{summary.output_rows_error} of {summary.output_rows} rows failed, more than "
                                 f"--max-error-rate {rate}; the output is in {session.out_dir} (no _SUCCESS)")
-    write_success(session.out_dir, {
-        "rows": summary.output_rows, "rows_error": summary.output_rows_error,
-        "fingerprint": fingerprint_digest(state.fingerprint), "finished": time.time()})
+    write_success(session.out_dir, success)

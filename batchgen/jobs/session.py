@@ -34,6 +34,11 @@ from batchgen.jobs.scan import InputScan
 log = logging.getLogger("batchgen")
 
 SUMMARY_FILE = "_summary.json"
+# the OpenAI Batch API files jobs/openai_output.py writes from the committed rows: in the output
+# directory itself (--output-format openai-batch), or in BOTH_DIR beside a Parquet dataset that
+# readers of the directory (pyarrow.dataset, Spark) must still read as one (--output-format both)
+BATCH_FILES = ("output.jsonl", "errors.jsonl")
+BATCH_BOTH_DIR = "_openai_batch"
 
 
 class OutputSession:
@@ -114,6 +119,9 @@ class OutputSession:
                             self.out_dir)
             clear_success(self.out_dir)
             (self.out_dir / SUMMARY_FILE).unlink(missing_ok=True)
+            for directory in (self.out_dir, self.out_dir / BATCH_BOTH_DIR):  # an earlier job's Batch files
+                for name in BATCH_FILES:
+                    (directory / name).unlink(missing_ok=True)
             manifest.begin(fingerprint)  # the commit point: from here no earlier part counts
             self.started = True
             if had_rows:

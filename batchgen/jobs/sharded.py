@@ -3,6 +3,8 @@
     OUTPUT/shard-0-of-N/ ... shard-(N-1)-of-N/   one ordinary job directory per shard (manifest, lock,
                                                   parts, its own _SUCCESS), written by `run --shard-index I`
     OUTPUT/_SUCCESS, OUTPUT/_summary.json         written by `batchgen finalize` once the set is checked
+    OUTPUT/output.jsonl, errors.jsonl             the job's OpenAI Batch files, by finalize too, when the shards
+      (or OUTPUT/_openai_batch/ for `both`)       ran with --output-format openai-batch or both
 
 A reader of the whole output (`pyarrow.dataset` over OUTPUT, Spark, DuckDB's `**/*.parquet`) sees
 every shard's parts: the bookkeeping names start with "_" or "." and are skipped by them. It waits
@@ -18,11 +20,13 @@ from typing import Any
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest import SUCCESS_FILE, clear_success, is_job_dir
+from batchgen.jobs.session import BATCH_BOTH_DIR, BATCH_FILES
 from batchgen.jobs.split import parse_shard_dir, shard_dir_name
 
 log = logging.getLogger("batchgen")
 
-JOB_FILES = (SUCCESS_FILE, "_summary.json")  # what finalize writes beside the shard directories
+# what finalize writes beside the shard directories (the OpenAI Batch files of openai-batch/both jobs)
+JOB_FILES = (SUCCESS_FILE, "_summary.json", *BATCH_FILES, BATCH_BOTH_DIR)
 
 
 @dataclass(frozen=True, slots=True)
