@@ -18,7 +18,8 @@ from batchgen.errors import OutputLocked, UnsupportedOutputError
 from batchgen.io import lease as lease_module
 from batchgen.io.lease import LEASE_FILE, Lease, lease_holder, read_lease
 from batchgen.io.manifest import Manifest, PartRecord, load_manifest
-from batchgen.io.store import LocalStore, ObjectStore, check_output_url, open_store
+from batchgen.io.object_store import ObjectStore
+from batchgen.io.store import LocalStore, check_output_url, open_store
 from batchgen.io.writers import PartWriter
 
 SCHEMA = pa.schema([("id", pa.int64()), ("error", pa.string())])
@@ -141,3 +142,29 @@ def test_manifest_refuses_to_commit_after_the_lease_is_lost(s3_out):
         with pytest.raises(OutputLocked):
             manifest.commit([(part, record)])
     assert load_manifest(store).parts == {}  # nothing committed; the part is garbage for recovery
+
+
+def test_snapshots_and_partials_in_an_object_store(s3_out, monkeypatch):
+    """A snapshot's rows file and a partials file: written whole (one PUT), committed by their entry."""
+    from batchgen.io import manifest as manifest_module
+    from batchgen.io.manifest import part_rows
+    from batchgen.io.partials import PartialRow, read_partials, write_partials
+
+    monkeypatch.setattr(manifest_module, "SNAPSHOT_EVERY_ENTRIES", 3)
+    store = open_store(s3_out)
+    writer = PartWriter(store, SCHEMA)
+    manifest = Manifest(store)
+    manifest.begin({"k": 1})
+    for n in range(5):
+        manifest.commit([stage(writer, [n])])
+    state = load_manifest(store, keep_rows=True)
+    assert state.snapshot_seq is not None and state.ok_ids == set(range(5))
+    assert sorted(n for n in store.list("_manifest") if n.endswith(".rows.parquet")) == [state.snapshot_rows]
+    first = min(state.parts)  # a part carried by the snapshot: its rows come from the rows file
+    assert part_rows(store, load_manifest(store).parts[first]) == (["in.parquet"], [state.parts[first].ids[0]])
+    rows = [PartialRow(7, "h", (1, 2, 3), None)]
+    write_partials(manifest, rows, "fp")
+    assert read_partials(store, load_manifest(store).partials, "fp") == {7: rows[0]}
+    write_partials(manifest, [], "fp")
+    assert [n for n in store.list("_manifest") if n.endswith(".partials.json")] == [
+        load_manifest(store).partials["file"]]
