@@ -9,6 +9,9 @@ A job stages its parts (`stage_part`: written and fsynced under a
 hidden temporary name), records them in the manifest (batchgen.io.manifest), and only then
 publishes them (`publish_staged`: rename + directory fsync). The manifest is the commit point;
 see batchgen.io.manifest for why and for what recovery does with the temps a crash leaves.
+
+Files go through the output's store (batchgen.io.store): in an object store, which has no rename,
+a part is staged under its final, unique name (one PUT) and publishing it is a no-op.
 """
 
 from __future__ import annotations

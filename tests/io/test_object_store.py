@@ -168,3 +168,12 @@ def test_snapshots_and_partials_in_an_object_store(s3_out, monkeypatch):
     write_partials(manifest, [], "fp")
     assert [n for n in store.list("_manifest") if n.endswith(".partials.json")] == [
         load_manifest(store).partials["file"]]
+
+
+def test_a_missing_bucket_fails_before_any_work(s3_out):
+    from batchgen.errors import OutputError
+    from batchgen.io.writers import check_output_dir
+
+    bucket = s3_out.split("/")[2]
+    with pytest.raises(OutputError, match="cannot write"):
+        check_output_dir(s3_out.replace(bucket, bucket + "-missing"))

@@ -17,7 +17,9 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+from batchgen.cli import app
 from batchgen.errors import OutputError, OutputLocked
 from batchgen.io import lease as lease_module
 from batchgen.io.lease import LEASE_FILE, Lease, read_lease
@@ -172,9 +174,14 @@ def test_status_and_compact_on_s3(src, tiny_model_dir, loaded, reference, s3_out
     assert status["state"] == "complete" and status["remaining"] == 0 and status["running"] is None
     before = status["num_parts"]
     assert before > 1
+    runner = CliRunner()
+    cli_status = runner.invoke(app, ["status", "--output", s3_out, "--json"])
+    assert cli_status.exit_code == 0 and json.loads(cli_status.stdout)["state"] == "complete"
     store.write_bytes(stray, b"PAR1 not committed")
-    summary = compact_output(s3_out)
-    assert summary.num_parts_before == before and summary.num_parts_after == 1
+    compacted = runner.invoke(app, ["compact", "--output", s3_out])
+    assert compacted.exit_code == 0, compacted.output
+    summary = json.loads(compacted.stdout.strip().splitlines()[-1])
+    assert summary["parts_before"] == before and summary["parts_after"] == 1
     state = load_manifest(store)
     assert len(state.parts) == 1 and store.exists(SUCCESS_FILE)
     table = committed_table(s3_out)
