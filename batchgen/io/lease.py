@@ -150,6 +150,10 @@ class Lease:
             with self._write_lock:
                 if self._stop.is_set():
                     return
+                if time.time() >= self.expires:  # unrenewed past the expiry: another job may hold it now,
+                    self.lost = "it expired before it could be renewed"  # and a write would clobber theirs
+                    log.warning("lost the lease on %s: %s", self.store, self.lost)
+                    return
                 try:
                     current = read_lease(self.store)
                     if current is None or current.get("holder") != self.holder_id:

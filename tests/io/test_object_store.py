@@ -123,13 +123,17 @@ def test_the_lease_is_renewed_and_a_takeover_stops_the_holder(s3_out):
         time.sleep(0.9)  # past the first expiry: renewed every ttl/3
         assert read_lease(store)["expires"] > first_expiry
         lease.check()
-        other = dict(read_lease(store), holder="thief")
-        store.write_bytes(LEASE_FILE, json.dumps(other).encode())  # what a takeover after a stall does
+        lease._stop.set()  # the job stalls: no more renewals
+        lease._thread.join()
+        time.sleep(0.7)  # past its expiry
+        thief = Lease(store, ttl_s=30)
+        thief.acquire()  # an expired lease is taken over (this pid is alive: by the expiry alone)
         with pytest.raises(OutputLocked, match="took it over"):
-            lease.check()
+            lease.check()  # the stalled job commits nothing more
     finally:
         lease.release()
-    assert read_lease(store)["holder"] == "thief"  # release never deletes another holder's lease
+    assert read_lease(store)["holder"] == thief.holder_id  # release never deletes another holder's lease
+    thief.release()
 
 
 def test_manifest_refuses_to_commit_after_the_lease_is_lost(s3_out):
