@@ -189,6 +189,8 @@ class JobConfig:
         elif self.output_format != "parquet":
             raise ConfigError(f"output_format {self.output_format} needs Batch API requests as input: "
                               "pass --input-format openai-batch")
+        if self.output:
+            self._object_store_output()
         if any(s == "" for s in self.stop):
             raise ConfigError("stop strings must not be empty")
         if self.kv_cache_memory is not None:
@@ -201,6 +203,24 @@ class JobConfig:
             raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
                               f"got {self.metrics_port!r}")
         return self
+
+    def _object_store_output(self) -> None:
+        """What an s3:// / gs:// --output (batchgen.io.store) does not support yet: refused before any work.
+
+        A sharded job's set (OUTPUT/shard-I-of-N/, `batchgen finalize`) and the OpenAI Batch files
+        (batchgen.jobs.openai_output: temp files renamed into place) are written on a local filesystem."""
+        from batchgen.io.store import is_url
+
+        if not is_url(self.output):
+            return
+        if self.num_shards is not None:
+            raise ConfigError(f"--num-shards/--shard-index need a local or mounted --output directory, not "
+                              f"{self.output}: a sharded job's shard directories and `batchgen finalize` are "
+                              "local-filesystem only")
+        if self.output_format != "parquet":
+            raise ConfigError(f"--output-format {self.output_format} needs a local or mounted --output directory, "
+                              f"not {self.output}: the Batch API output files are written on a local filesystem; "
+                              "use --output-format parquet with an object-store output")
 
     def _openai_batch_settings(self) -> None:
         """Batch API requests carry their own id, prompt and limits: the flags that would name

@@ -73,7 +73,7 @@ class OutputError(UsageError):
 
 
 class UnsupportedOutputError(OutputError):
-    """The output is a URL (s3://, gs://, ...): object-store output is not supported yet."""
+    """The output is a URL that no object store here can write (ftp://, a bare bucket, gs:// without GCS)."""
 
 
 class OutputLocked(OutputError):

@@ -172,3 +172,14 @@ def test_validate_returns_self_and_replace_revalidates():
     assert config.validate() is config
     with pytest.raises(ConfigError, match="top_p"):
         config.replace(top_p=0).validate()
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(num_shards=2, shard_index=0), "--num-shards/--shard-index need a local or mounted --output"),
+    (dict(input_format="openai-batch", output_format="openai-batch"),
+     "--output-format openai-batch needs a local or mounted --output"),
+    (dict(input_format="openai-batch", output_format="both"), "--output-format both needs a local or mounted"),
+])
+def test_object_store_output_refuses_what_it_cannot_write(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(None, **{**REQUIRED, "output": "s3://bucket/prefix", **changes})

@@ -32,6 +32,14 @@ lives in two visible parts in that window, and a plain-directory reader cannot t
 counts. Why one file per entry rather than an appended JSONL log? An entry written by rename is
 whole or absent; an appended line can be torn by a crash and needs checksums and truncation.
 
+In an object store (batchgen.io.store.ObjectStore: no rename, no fsync) step 1 writes each part
+(one PUT, whole or absent) under its final, unique name; step 2 is the same entry (a new name,
+written once); step 3 only deletes what the entry removes. A part is thus visible to a plain
+listing before its entry exists: readers, `status` and `compact` go by the manifest, and recovery
+deletes every part no entry names (a job killed between 1 and 2). A rewrite of a part gets a new
+name and the entry removes the old one. The job's lease (batchgen.io.lease) is read back before
+every entry (`guard`), so a job that lost it commits nothing more.
+
 Entry payloads (every entry also has "format", "seq", "time"):
     {"op": "begin", "fingerprint": {...}}   a job (re)starts here: earlier parts are all dropped
     {"op": "inputs", "inputs": [{"path", "num_rows", "identity"}], "max_rows", "orphans"}
@@ -52,7 +60,6 @@ O(committed rows) (the set of ids), and the time follows the parts, not the comm
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from pathlib import Path
@@ -65,6 +72,7 @@ from batchgen.io.manifest_state import (  # re-exported: the manifest's readers 
     MANIFEST_DIR,
     ManifestState,
     PartRecord,
+    entry_name,
     entry_paths,
     fingerprint_digest,
     is_job_dir,
@@ -73,12 +81,11 @@ from batchgen.io.manifest_state import (  # re-exported: the manifest's readers 
     part_rows,
     read_entry,
 )
+from batchgen.io.store import LocalStore, OutputStore, open_store
 from batchgen.io.writers import (
     TEMP_SUFFIX,
     StagedPart,
     fault_point,
-    file_digest,
-    fsync_dir,
     publish_staged,
     write_json_atomic,
 )
@@ -96,24 +103,35 @@ PART_NAME_RE = re.compile(r"part-\d{5,}-[0-9a-f]{8}\.parquet")
 class Manifest:
     """Appends entries to one output directory's manifest; the caller holds the lock."""
 
-    def __init__(self, out_dir: str | Path, state: ManifestState | None = None):
-        self.out_dir = Path(out_dir)
-        self.state = state if state is not None else load_manifest(out_dir)
+    def __init__(self, out_dir: str | Path | OutputStore, state: ManifestState | None = None,
+                 *, guard: Any = None):
+        self.store = open_store(out_dir)
+        # a local Path where there is one (callers build paths from it), else the store (its str is the URL)
+        self.out_dir = self.store.path() if isinstance(self.store, LocalStore) else self.store
+        self.state = state if state is not None else load_manifest(self.store)
+        self.guard = guard  # the lock or lease: checked before each entry where it can be lost (a lease)
 
     def append(self, op: str, **payload: Any) -> dict[str, Any]:
         """Write the next entry (the commit point) and apply it to the in-memory state."""
-        directory = manifest_dir(self.out_dir)
-        if not directory.is_dir():
-            try:
-                directory.mkdir()
-            except OSError as e:
-                raise OutputError(f"cannot create {directory}: {e.strerror or e}") from e
-            fsync_dir(self.out_dir)
+        store = self.store
+        store.makedir(MANIFEST_DIR)
         entry = {"format": FORMAT, "seq": self.state.last_seq + 1, "time": time.time(), "op": op, **payload}
         self.state.validate(entry)  # before it is durable: a bad entry would fail every later load
-        write_json_atomic(directory / f"{entry['seq']:08d}.json", entry, exclusive=True)
+        self._check_guard()
+        write_json_atomic(self._entry_target(entry["seq"]), entry, exclusive=True)
         self.state.apply(entry)
         return entry
+
+    def _entry_target(self, seq: int) -> Path | tuple[OutputStore, str]:
+        if isinstance(self.store, LocalStore):
+            return self.store.path(entry_name(seq))
+        return self.store, entry_name(seq)
+
+    def _check_guard(self) -> None:
+        """A lease can expire under a stalled job and be taken over: never commit after that."""
+        check = getattr(self.guard, "check", None)
+        if check is not None:
+            check()
 
     def begin(self, fingerprint: dict[str, Any]) -> None:
         """Start a job: from this entry on, no earlier part counts (and recovery deletes them)."""
@@ -124,10 +142,10 @@ class Manifest:
         """Commit staged parts (new ones and rewrites) and removals, then publish them."""
         if not parts and not remove:
             return
-        clear_success(self.out_dir)  # the visible output is about to change
+        clear_success(self.store)  # the visible output is about to change
         try:
             fault_point("fsync_staged")
-            fsync_dir(self.out_dir)  # the staged temps' names: an entry must never outlive its files
+            self.store.sync()  # the staged temps' names: an entry must never outlive its files
         except OSError as e:
             raise OutputError(f"cannot sync {self.out_dir}: {e.strerror or e}") from e
         shard_paths = sorted({s for _, r in parts for s in r.shards})
@@ -143,8 +161,9 @@ class Manifest:
         state = self.state
         seq = state.last_seq + 1
         entry = {"format": FORMAT, "seq": seq, "time": time.time(), "op": "snapshot",
-                 **snapshot_payload(self.out_dir, state, seq)}
-        write_json_atomic(manifest_dir(self.out_dir) / f"{seq:08d}.json", entry, exclusive=True)
+                 **snapshot_payload(self.store, state, seq)}
+        self._check_guard()
+        write_json_atomic(self._entry_target(seq), entry, exclusive=True)
         # the in-memory state already is the snapshot's; only where each part's rows live moved
         for record in state.parts.values():
             record.seq = seq
@@ -156,53 +175,52 @@ class Manifest:
         """Step 3: removals, then rewrites of existing names, then new names (never a duplicate).
 
         Not fsynced unless `durable`: after a power cut a lost rename or unlink is redone by
-        recovery, because the entry that asked for it is durable.
+        recovery, because the entry that asked for it is durable. In an object store the parts
+        are in place already (staged under their final names): only the removals remain.
         """
         for name in remove:
-            _unlink(self.out_dir / name)
-        staged = sorted(staged, key=lambda s: not s.final_path.exists())
+            self.store.delete(name)
+        if staged and self.store.renames:
+            present = self.store.list()
+            staged = sorted(staged, key=lambda s: s.name not in present)
         publish_staged(staged, durable=durable)
 
     def recover(self) -> list[PartRecord]:
         """Finish what a crash interrupted; return committed parts that are missing or damaged.
 
         Deletes visible parts the manifest does not hold (a part removed by a commit the crash
-        interrupted), publishes temps of committed parts, deletes every other temp.
+        interrupted, or, in an object store, a part staged under its final name that no entry
+        committed), publishes temps of committed parts, deletes every other temp.
         """
-        state = self.state
-        names = set(os.listdir(self.out_dir))
+        state, store = self.state, self.store
+        names = store.list()
         for name in sorted(names):
             if PART_NAME_RE.fullmatch(name) and name not in state.parts:
                 log.info("removing %s: no committed manifest entry holds it", name)
-                _unlink(self.out_dir / name)
-        by_temp = {r.temp: r for r in state.parts.values()}
+                store.delete(name)
+        by_temp = {r.temp: r for r in state.parts.values() if r.temp != r.name}  # an object store's: none
         pending = []
         for name in sorted(names):
             record = by_temp.get(name)
             if record is None:
                 continue
-            if file_digest(self.out_dir / name) == (record.num_bytes, record.sha256):
-                pending.append(StagedPart(self.out_dir / record.name, self.out_dir / name, record.num_rows,
-                                          record.num_bytes, record.sha256))
+            if store.digest(name) == (record.num_bytes, record.sha256):
+                pending.append(StagedPart(store, record.name, name, record.num_rows, record.num_bytes, record.sha256))
             else:
                 log.warning("staged file %s does not match its manifest entry; discarding it", name)
         if pending:
             log.info("publishing %d parts committed before the previous run stopped", len(pending))
             self.publish(pending, [])
-        for directory in (self.out_dir, manifest_dir(self.out_dir)):
-            for name in os.listdir(directory) if directory.is_dir() else []:
+        for sub in ("", MANIFEST_DIR):
+            for name in store.list(sub):
                 if name.startswith(".") and name.endswith(TEMP_SUFFIX):  # uncommitted, or stale
-                    _unlink(directory / name)
+                    store.delete(f"{sub}/{name}" if sub else name)
         damaged = []
+        sizes = store.list()
         for record in state.parts.values():
-            path = self.out_dir / record.name
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                size = None
-            if size != record.num_bytes:
+            if sizes.get(record.name) != record.num_bytes:
                 damaged.append(record)
-        fsync_dir(self.out_dir)
+        store.sync()
         return damaged
 
     def drop_history(self) -> None:
@@ -214,28 +232,22 @@ class Manifest:
     def drop_before(self, first: int) -> None:
         """Delete entries before seq `first`, oldest first, so a crash part way leaves a contiguous
         suffix; and every snapshot rows file but the current one."""
-        directory = manifest_dir(self.out_dir)
-        for seq, path in entry_paths(directory):
+        store = self.store
+        for seq, name in entry_paths(store):
             if seq >= first:
                 break
-            _unlink(path)
-        clean_rows_files(self.out_dir, self.state.snapshot_rows)
-        fsync_dir(directory)
+            store.delete(name)
+        clean_rows_files(store, self.state.snapshot_rows)
+        store.sync(MANIFEST_DIR)
 
 
-def clear_success(out_dir: str | Path) -> None:
-    path = Path(out_dir) / SUCCESS_FILE
-    if path.exists():
-        _unlink(path)
-        fsync_dir(out_dir)
+def clear_success(out_dir: str | Path | OutputStore) -> None:
+    store = open_store(out_dir)
+    if store.exists(SUCCESS_FILE):
+        store.delete(SUCCESS_FILE)
+        store.sync()
 
 
-def write_success(out_dir: str | Path, payload: dict[str, Any]) -> None:
-    write_json_atomic(Path(out_dir) / SUCCESS_FILE, payload)
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot remove {path}: {e.strerror or e}") from e
+def write_success(out_dir: str | Path | OutputStore, payload: dict[str, Any]) -> None:
+    store = open_store(out_dir)
+    write_json_atomic(store.path(SUCCESS_FILE) if isinstance(store, LocalStore) else (store, SUCCESS_FILE), payload)

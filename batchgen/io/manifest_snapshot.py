@@ -19,7 +19,6 @@ does not open the rows file: per-part counts are in the entry.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchgen.errors import OutputError
-from batchgen.io.manifest_state import ManifestState, PartRecord, manifest_dir, read_entry
-from batchgen.io.writers import TEMP_SUFFIX, file_digest, fsync_dir
+from batchgen.io.manifest_state import MANIFEST_DIR, ManifestState, PartRecord, read_entry
+from batchgen.io.store import OutputStore, open_store
 
 SNAPSHOT_EVERY_ENTRIES = 64  # a load replays at most this many entries after the snapshot
 ROWS_SUFFIX = ".rows.parquet"
@@ -40,8 +39,9 @@ def rows_file_name(seq: int) -> str:
     return f"{seq:08d}{ROWS_SUFFIX}"
 
 
-def snapshot_payload(out_dir: Path, state: ManifestState, seq: int) -> dict[str, Any]:
+def snapshot_payload(out_dir: OutputStore, state: ManifestState, seq: int) -> dict[str, Any]:
     """Write the rows file of a snapshot at `seq` (durable) and return the entry's payload."""
+    store = open_store(out_dir)
     shard_index: dict[str, int] = {}
     parts = []
     for record in state.parts.values():
@@ -50,12 +50,14 @@ def snapshot_payload(out_dir: Path, state: ManifestState, seq: int) -> dict[str,
         parts.append({"name": record.name, "temp": record.temp, "num_rows": record.num_rows,
                       "num_bytes": record.num_bytes, "sha256": record.sha256, "shard_counts": counts})
     name = rows_file_name(seq)
-    path = manifest_dir(out_dir) / name
-    temp = path.with_name(f".{name}{TEMP_SUFFIX}")
-    num_rows = _write_rows(out_dir, state, shard_index, temp)
-    os.replace(temp, path)
-    fsync_dir(path.parent)
-    num_bytes, sha256 = file_digest(path)
+    path = f"{MANIFEST_DIR}/{name}"
+    counted: list[int] = []
+    try:  # whole or absent (temp + fsync + rename + directory fsync, or one PUT); the entry commits it
+        store.place(path, lambda file: counted.append(_write_rows(store, state, shard_index, file)))
+    except OSError as e:
+        raise OutputError(f"cannot write the manifest snapshot {store / path}: {e.strerror or e}") from e
+    num_rows = counted[0]
+    num_bytes, sha256 = store.digest(path)
     return {"fingerprint": state.fingerprint, "begin_seq": state.begin_seq, "inputs": state.inputs,
             "last_commit_time": state.last_commit_time, "last_write_op": state.last_op,
             "partials": state.partials,  # in-flight checkpoints outlive the entries a snapshot drops
@@ -63,47 +65,39 @@ def snapshot_payload(out_dir: Path, state: ManifestState, seq: int) -> dict[str,
             "rows": {"name": name, "num_rows": num_rows, "num_bytes": num_bytes, "sha256": sha256}}
 
 
-def _write_rows(out_dir: Path, state: ManifestState, shard_index: dict[str, int], temp: Path) -> int:
-    """Stream every part's rows into `temp` (fsynced), a few parts per row group: bounded memory."""
+def _write_rows(store: OutputStore, state: ManifestState, shard_index: dict[str, int], temp) -> int:
+    """Stream every part's rows into the file `temp`, a few parts per row group: bounded memory."""
     id_type = None
     writer = None
     pending: list[pa.Table] = []
     num_pending = num_rows = 0
-    source = _RowLists(out_dir)
-    try:
-        for part_index, record in enumerate(state.parts.values()):
-            shards, rows, hashes = source.of(record)
-            errors = set(record.error_ids)
-            ids = pa.array(record.ids)
-            id_type = id_type or ids.type
-            pending.append(pa.table({
-                "part": pa.array([part_index] * record.num_rows, pa.int32()), "id": ids.cast(id_type),
-                "error": pa.array([i in errors for i in record.ids], pa.bool_()),
-                "shard": pa.array([shard_index[s] for s in shards], pa.int32()), "row": pa.array(rows, pa.int64()),
-                "hash": pa.array(hashes if hashes is not None else [None] * record.num_rows, pa.string())}))
-            num_pending += record.num_rows
-            if num_pending >= _ROW_GROUP_ROWS:
-                writer = _flush(writer, pending, temp)
-                num_rows += num_pending
-                pending, num_pending = [], 0
-        if pending or writer is None:
-            writer = _flush(writer, pending or [_empty()], temp)
+    source = _RowLists(store)
+    for part_index, record in enumerate(state.parts.values()):
+        shards, rows, hashes = source.of(record)
+        errors = set(record.error_ids)
+        ids = pa.array(record.ids)
+        id_type = id_type or ids.type
+        pending.append(pa.table({
+            "part": pa.array([part_index] * record.num_rows, pa.int32()), "id": ids.cast(id_type),
+            "error": pa.array([i in errors for i in record.ids], pa.bool_()),
+            "shard": pa.array([shard_index[s] for s in shards], pa.int32()), "row": pa.array(rows, pa.int64()),
+            "hash": pa.array(hashes if hashes is not None else [None] * record.num_rows, pa.string())}))
+        num_pending += record.num_rows
+        if num_pending >= _ROW_GROUP_ROWS:
+            writer = _flush(writer, pending, temp)
             num_rows += num_pending
-        writer.close()
-        with open(temp, "rb+") as file:
-            os.fsync(file.fileno())
-    except BaseException as e:
-        temp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise OutputError(f"cannot write the manifest snapshot {temp}: {e.strerror or e}") from e
-        raise
+            pending, num_pending = [], 0
+    if pending or writer is None:
+        writer = _flush(writer, pending or [_empty()], temp)
+        num_rows += num_pending
+    writer.close()  # the store syncs the file
     return num_rows
 
 
 class _RowLists:
     """Per-row lists of committed parts, each entry and the previous snapshot's rows read once."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: OutputStore):
         self.out_dir = out_dir
         self.entries: dict[int, tuple[dict[str, Any], dict[str, dict]]] = {}  # seq -> (entry, parts by name)
         self.previous: tuple[pa.Table, dict[str, tuple[int, int]]] | None = None  # rows, name -> (start, n)
@@ -137,7 +131,7 @@ def _empty() -> pa.Table:
                      "row": pa.array([], pa.int64()), "hash": pa.array([], pa.string())})
 
 
-def _flush(writer: pq.ParquetWriter | None, tables: list[pa.Table], temp: Path) -> pq.ParquetWriter:
+def _flush(writer: pq.ParquetWriter | None, tables: list[pa.Table], temp) -> pq.ParquetWriter:
     table = pa.concat_tables(tables)
     if writer is None:
         writer = pq.ParquetWriter(temp, table.schema, compression="zstd")
@@ -179,11 +173,12 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
     state.snapshot_rows = entry["rows"]["name"]
 
 
-def _read_rows(out_dir: Path | None, entry: dict[str, Any]) -> pa.Table:
+def _read_rows(out_dir: OutputStore | None, entry: dict[str, Any]) -> pa.Table:
     assert out_dir is not None, "a snapshot's rows are read from its directory"
-    path = manifest_dir(out_dir) / entry["rows"]["name"]
+    store = open_store(out_dir)
+    path = store / f"{MANIFEST_DIR}/{entry['rows']['name']}"
     try:
-        table = pq.read_table(path)
+        table = store.read_table(f"{MANIFEST_DIR}/{entry['rows']['name']}")
     except (OSError, pa.ArrowInvalid) as e:
         raise OutputError(f"manifest snapshot rows {path} are unreadable ({e}); the output directory is damaged: "
                           "pass --overwrite to start over") from e
@@ -192,11 +187,11 @@ def _read_rows(out_dir: Path | None, entry: dict[str, Any]) -> pa.Table:
     return table
 
 
-def snapshot_part(out_dir: str | Path, entry: dict[str, Any], name: str
+def snapshot_part(out_dir: str | Path | OutputStore, entry: dict[str, Any], name: str
                   ) -> tuple[list[str], list[int], list[str | None] | None]:
     """(shard path, row index, prompt hash) per row of part `name`, carried over by snapshot `entry`."""
     index = next(i for i, p in enumerate(entry["parts"]) if p["name"] == name)
-    table = _read_rows(Path(out_dir), entry)
+    table = _read_rows(open_store(out_dir), entry)
     table = table.filter(pc.equal(table.column("part"), index))
     shards = entry["shards"]
     hashes = table.column("hash").to_pylist()
@@ -204,9 +199,9 @@ def snapshot_part(out_dir: str | Path, entry: dict[str, Any], name: str
             None if all(h is None for h in hashes) else hashes)
 
 
-def clean_rows_files(out_dir: Path, keep: str | None) -> None:
+def clean_rows_files(out_dir: str | Path | OutputStore, keep: str | None) -> None:
     """Delete rows files other than `keep` (the latest snapshot's): superseded, or never committed."""
-    directory = manifest_dir(out_dir)
-    for name in os.listdir(directory) if directory.is_dir() else []:
+    store = open_store(out_dir)
+    for name in store.list(MANIFEST_DIR):
         if name.endswith(ROWS_SUFFIX) and name != keep:
-            (directory / name).unlink(missing_ok=True)
+            store.delete(f"{MANIFEST_DIR}/{name}")

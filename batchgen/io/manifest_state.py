@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batchgen.errors import OutputError
+from batchgen.io.store import OutputStore, open_store
 from batchgen.io.writers import StagedPart
 
 MANIFEST_DIR = "_manifest"
@@ -68,7 +68,7 @@ class PartRecord:
         assert len(ids) == len(is_error) == len(shards) == len(rows) == staged.num_rows
         assert hashes is None or len(hashes) == len(ids)
         errors = {i for i, e in enumerate(is_error) if e}
-        return cls(staged.final_path.name, staged.temp_path.name, 0, staged.num_rows, staged.num_bytes,
+        return cls(staged.name, staged.temp, 0, staged.num_rows, staged.num_bytes,
                    staged.sha256, ids, [ids[i] for i in sorted(errors)], _shard_counts(shards, errors),
                    shards, rows, hashes)
 
@@ -99,7 +99,7 @@ class ManifestState:
     partials: dict[str, Any] | None = None  # the latest "partials" entry (batchgen.io.partials)
     keep_hashes: bool = False  # hold each ok row's prompt hash (a resume under --id-column needs them)
     with_ids: bool = True  # False: counts only (status), a snapshot's rows file is not read
-    out_dir: Path | None = None  # where a snapshot's rows file is read from
+    out_dir: OutputStore | None = None  # where a snapshot's rows file is read from
     _part_of: dict[Any, str] | None = None  # ok id -> its part, built on first need (changed prompts)
 
     @property
@@ -231,11 +231,16 @@ def _require(condition: bool, message: str) -> None:
 
 
 def manifest_dir(out_dir: str | Path) -> Path:
+    """The local manifest directory (tests and local tools); the io modules go through the store."""
     return Path(out_dir) / MANIFEST_DIR
 
 
-def is_job_dir(out_dir: str | Path) -> bool:
-    return manifest_dir(out_dir).is_dir()
+def entry_name(seq: int) -> str:
+    return f"{MANIFEST_DIR}/{seq:08d}.json"
+
+
+def is_job_dir(out_dir: str | Path | OutputStore) -> bool:
+    return open_store(out_dir).is_dir(MANIFEST_DIR)
 
 
 def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
@@ -243,41 +248,43 @@ def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_manifest(out_dir: str | Path, *, keep_rows: bool = False, keep_hashes: bool = False,
+def load_manifest(out_dir: str | Path | OutputStore, *, keep_rows: bool = False, keep_hashes: bool = False,
                   with_ids: bool = True) -> ManifestState:
     """Replay `_manifest/` from its latest snapshot (an empty state when there is none).
 
     `with_ids=False` (status): parts carried by a snapshot have their counts but no ids."""
-    state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=Path(out_dir))
-    for seq, path in entry_paths(manifest_dir(out_dir)):
-        entry = read_entry_file(path)
+    store = open_store(out_dir)
+    state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=store)
+    for seq, name in entry_paths(store):
+        entry = read_entry_file(store, name)
         if entry.get("format") != FORMAT or entry.get("seq") != seq:
-            raise OutputError(f"manifest entry {path} has format {entry.get('format')!r}, seq "
+            raise OutputError(f"manifest entry {store / name} has format {entry.get('format')!r}, seq "
                               f"{entry.get('seq')!r}; it was not written by this batchgen")
         state.apply(entry, keep_rows=keep_rows)
     return state
 
 
-def read_entry_file(path: Path) -> dict[str, Any]:
+def read_entry_file(store: OutputStore, name: str) -> dict[str, Any]:
     try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:  # an entry is written whole by rename: this is damage
-        raise OutputError(f"manifest entry {path} is unreadable ({e}); the output directory is "
+        return json.loads(store.read_bytes(name))
+    except (OSError, ValueError) as e:  # an entry is written whole (rename, or one PUT): this is damage
+        raise OutputError(f"manifest entry {store / name} is unreadable ({e}); the output directory is "
                           "damaged: pass --overwrite to start over") from e
 
 
-def read_entry(out_dir: str | Path, seq: int) -> dict[str, Any]:
-    return read_entry_file(manifest_dir(out_dir) / f"{seq:08d}.json")
+def read_entry(out_dir: str | Path | OutputStore, seq: int) -> dict[str, Any]:
+    return read_entry_file(open_store(out_dir), entry_name(seq))
 
 
-def part_rows(out_dir: str | Path, record: PartRecord) -> tuple[list[str], list[int]]:
+def part_rows(out_dir: str | Path | OutputStore, record: PartRecord) -> tuple[list[str], list[int]]:
     """(input shard path, input row index) per row of a committed part, from its entry."""
     if record.shards is not None and record.rows is not None:
         return record.shards, record.rows
     return part_row_lists(out_dir, record)[:2]
 
 
-def part_row_lists(out_dir: str | Path, record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
+def part_row_lists(out_dir: str | Path | OutputStore,
+                   record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
     """(shard path, row index, prompt hash or None) per row of a committed part, from its entry."""
     entry = read_entry(out_dir, record.seq)
     if entry["op"] == "snapshot":  # a part carried over by a snapshot: its rows are in the snapshot's file
@@ -288,14 +295,12 @@ def part_row_lists(out_dir: str | Path, record: PartRecord) -> tuple[list[str], 
     return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
 
 
-def entry_paths(directory: Path) -> list[tuple[int, Path]]:
-    """(seq, path) of the entries from the latest snapshot on (all of them when there is none)."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    entries = sorted((int(m.group(1)), directory / name) for name in names if (m := ENTRY_RE.fullmatch(name)))
-    for (a, _), (b, path) in zip(entries, entries[1:], strict=False):
+def entry_paths(store: OutputStore) -> list[tuple[int, str]]:
+    """(seq, name) of every entry, oldest first; a gap is damage."""
+    names = store.list(MANIFEST_DIR)
+    entries = sorted((int(m.group(1)), f"{MANIFEST_DIR}/{name}") for name in names
+                     if (m := ENTRY_RE.fullmatch(name)))
+    for (a, _), (b, name) in zip(entries, entries[1:], strict=False):
         if b != a + 1:
-            raise OutputError(f"manifest is damaged: entry {a + 1:08d}.json is missing before {path.name}")
+            raise OutputError(f"manifest is damaged: entry {a + 1:08d}.json is missing before {name}")
     return entries

@@ -20,15 +20,16 @@ costs regenerating the row, never correctness.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgen.io.manifest import Manifest, manifest_dir
-from batchgen.io.writers import file_digest, write_json_atomic
+from batchgen.io.manifest import MANIFEST_DIR, Manifest
+from batchgen.io.store import OutputStore, open_store
+from batchgen.io.writers import json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -55,44 +56,45 @@ class PartialRow:
 
 def write_partials(manifest: Manifest, rows: list[PartialRow], fingerprint: str) -> None:
     """Commit `rows` as the whole set of partial checkpoints (an empty list drops them all)."""
-    out_dir = manifest.out_dir
+    store = manifest.store
     name = f"{manifest.state.last_seq + 1:08d}{PARTIALS_SUFFIX}"
-    path = manifest_dir(out_dir) / name
-    if not path.parent.is_dir():  # the manifest directory exists once a job began
-        raise AssertionError(f"{path.parent} missing: partials are written after the job's begin entry")
-    write_json_atomic(path, {"fingerprint": fingerprint, "rows": [r.to_json() for r in rows]})
-    num_bytes, sha256 = file_digest(path)
+    path = f"{MANIFEST_DIR}/{name}"
+    assert manifest.state.last_seq, "partials are written after the job's begin entry"
+    store.write_bytes(path, json_bytes({"fingerprint": fingerprint, "rows": [r.to_json() for r in rows]}))
+    num_bytes, sha256 = store.digest(path)
     manifest.append("partials", file=name, fingerprint=fingerprint, num_rows=len(rows),
                     num_tokens=sum(len(r.token_ids) for r in rows), num_bytes=num_bytes, sha256=sha256)
-    clean_partial_files(out_dir, keep=name)
+    clean_partial_files(store, keep=name)
 
 
-def read_partials(out_dir: Path, entry: dict[str, Any] | None, fingerprint: str) -> dict[Any, PartialRow]:
+def read_partials(out_dir: Path | OutputStore, entry: dict[str, Any] | None, fingerprint: str) -> dict[Any, PartialRow]:
     """The committed partials by row id; empty when there are none or they belong to another config."""
     if entry is None or not entry["num_rows"]:
         return {}
     if entry["fingerprint"] != fingerprint:
         log.info("ignoring %d partial generations made under another config", entry["num_rows"])
         return {}
-    path = manifest_dir(out_dir) / entry["file"]
+    store = open_store(out_dir)
+    name = f"{MANIFEST_DIR}/{entry['file']}"
+    path = store / name
     try:
-        digest = file_digest(path)
+        data = store.read_bytes(name)
     except OSError as e:
         log.warning("partial generations %s unreadable (%s); those rows start over", path, e)
         return {}
-    if digest != (entry["num_bytes"], entry["sha256"]):
+    if (len(data), hashlib.sha256(data).hexdigest()) != (entry["num_bytes"], entry["sha256"]):
         log.warning("partial generations %s do not match their manifest entry; those rows start over", path)
         return {}
-    payload = json.loads(path.read_bytes())
+    payload = json.loads(data)
     assert payload["fingerprint"] == fingerprint, "partials file and its entry disagree"
     rows = [PartialRow.from_json(d) for d in payload["rows"]]
     assert len(rows) == entry["num_rows"], "partials file and its entry disagree"
     return {r.row_id: r for r in rows}
 
 
-def clean_partial_files(out_dir: Path, keep: str | None) -> None:
+def clean_partial_files(out_dir: Path | OutputStore, keep: str | None) -> None:
     """Delete partial files other than `keep` (the latest entry's): superseded, or never committed."""
-    directory = manifest_dir(out_dir)
-    for name in os.listdir(directory) if directory.is_dir() else []:
+    store = open_store(out_dir)
+    for name in store.list(MANIFEST_DIR):
         if name.endswith(PARTIALS_SUFFIX) and name != keep:
-            (directory / name).unlink(missing_ok=True)
+            store.delete(f"{MANIFEST_DIR}/{name}")

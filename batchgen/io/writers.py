@@ -9,6 +9,9 @@ A job stages its parts (`stage_part`: written and fsynced under a
 hidden temporary name), records them in the manifest (batchgen.io.manifest), and only then
 publishes them (`publish_staged`: rename + directory fsync). The manifest is the commit point;
 see batchgen.io.manifest for why and for what recovery does with the temps a crash leaves.
+
+Files go through the output's store (batchgen.io.store): in an object store, which has no rename,
+a part is staged under its final, unique name (one PUT) and publishing it is a no-op.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchgen.errors import OutputError, UnsupportedOutputError
+from batchgen.errors import OutputError
+from batchgen.io.store import LocalStore, OutputStore, check_output_url, open_store
 
 logger = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
 _SEQ_DIGITS = 5  # names sort in write order up to 99999 parts per prefix
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 # Tests set this to inject faults: called with "write", "fsync", "rename", "fsync_dir" before
 # each stage of a part's write, with "file_write", "file_fsync", "file_rename",
@@ -46,13 +49,37 @@ _fault_hook: Callable[[str], None] | None = None
 
 @dataclass(slots=True)
 class StagedPart:
-    """A part written and fsynced under its temporary name, not yet visible."""
+    """A part written and durable under its temporary name, not yet committed.
 
-    final_path: Path
-    temp_path: Path
+    In a local directory the temp is a hidden name that a rename publishes; in an object store
+    (no rename) the temp is the final, unique name itself, and the manifest entry alone commits it.
+    """
+
+    store: OutputStore
+    name: str  # final
+    temp: str  # as staged; == name in an object store
     num_rows: int
     num_bytes: int
     sha256: str  # hex digest of the file's bytes
+
+    @property
+    def final_path(self) -> Path:  # local stores only (tests, messages)
+        return self.store.path(self.name)
+
+    @property
+    def temp_path(self) -> Path:
+        return self.store.path(self.temp)
+
+    @property
+    def published(self) -> bool:
+        return self.temp == self.name
+
+    def discard(self) -> None:
+        """Remove the staged file of a part that will not be committed."""
+        try:
+            self.store.delete(self.temp)
+        except OutputError:
+            logger.warning("could not remove %s", self.store / self.temp)
 
 
 class PartWriter:
@@ -62,13 +89,14 @@ class PartWriter:
     continues after the parts of this prefix already present, so names sort in write order.
     """
 
-    def __init__(self, out_dir: str | Path, schema: pa.Schema, *, prefix: str = "part",
+    def __init__(self, out_dir: str | Path | OutputStore, schema: pa.Schema, *, prefix: str = "part",
                  compression: str = "zstd"):
-        self.out_dir = Path(out_dir)
+        self.store = open_store(out_dir)
+        self.out_dir = self.store.path() if isinstance(self.store, LocalStore) else self.store
         self.schema = schema
         self.prefix = prefix
         self.compression = compression
-        self.next_seq = _next_seq(self.out_dir, prefix)
+        self.next_seq = _next_seq(self.store, prefix)
 
     def new_name(self) -> str:
         """The next unused part name; names sort in the order they were handed out."""
@@ -80,8 +108,10 @@ class PartWriter:
                    tag: str = "") -> StagedPart:
         """Write `rows` under the hidden name `.{name}{tag}.tmp`, fsynced, and return what it wrote.
 
-        `name` defaults to a new one; an existing part's name stages its replacement. On any
-        failure the temp file is removed and OSError becomes OutputError.
+        `name` defaults to a new one; an existing part's name stages its replacement (in an object
+        store, which cannot replace a part atomically, the replacement gets a new name: the caller
+        removes the old one in the same commit). On any failure the temp file is removed and
+        OSError becomes OutputError.
         """
         table = self._to_table(rows)
         staged = self._stage(lambda file: pq.write_table(table, file, compression=self.compression), name, tag)
@@ -104,23 +134,20 @@ class PartWriter:
         return staged
 
     def _stage(self, write: Callable[[Any], None], name: str | None, tag: str) -> StagedPart:
-        name = name or self.new_name()
-        final_path = self.out_dir / name
-        temp_path = self.out_dir / f".{name}{tag}{TEMP_SUFFIX}"
+        store = self.store
+        if name is None or not store.renames:
+            name = self.new_name()  # an object store writes every version of a part under a new name
+        temp = f".{name}{tag}{TEMP_SUFFIX}" if store.renames else name
+        staged = StagedPart(store, name, temp, 0, 0, "")
         try:
-            with open(temp_path, "xb") as file:  # "x": a name collision is a bug, never overwrite
-                fault_point("write")
-                write(file)
-                fault_point("fsync")
-                file.flush()
-                os.fsync(file.fileno())
-            num_bytes, sha256 = file_digest(temp_path)
+            store.stage(temp, write)
+            staged.num_bytes, staged.sha256 = store.digest(temp)
         except BaseException as e:  # KeyboardInterrupt too: never leave a partial part behind
-            _remove_quietly(temp_path)
+            staged.discard()
             if isinstance(e, OSError):
-                raise OutputError(f"cannot write output part {final_path}: {e.strerror or e}") from e
+                raise OutputError(f"cannot write output part {store / name}: {e.strerror or e}") from e
             raise
-        return StagedPart(final_path, temp_path, 0, num_bytes, sha256)
+        return staged
 
     def _to_table(self, rows: pa.Table | pa.RecordBatch | list[dict[str, Any]]) -> pa.Table:
         """Cast to the explicit schema, never infer; a dict may omit a key to mean null."""
@@ -138,22 +165,20 @@ class PartWriter:
 
 
 def refuse_url_output(out_dir: str | Path) -> None:
-    """An output URL would otherwise become a local directory named "s3:": refuse it (exit 2).
-
-    The commit protocol needs rename and directory fsync, which object stores do not have; object
-    store output needs its own commit (a later issue), not this one pointed at a bucket.
-    """
-    text = str(out_dir)
-    if _URL_RE.match(text):
-        raise UnsupportedOutputError(f"--output {text}: writing to a URL ({text.split('://')[0]}://) is not "
-                                     "supported yet; write to a local or mounted directory and copy it after "
-                                     "_SUCCESS")
+    """An output URL other than an object store's (s3://BUCKET/PREFIX, gs://...) would otherwise become
+    a local directory named "ftp:": refuse it (exit 2)."""
+    check_output_url(str(out_dir))
 
 
-def check_output_dir(out_dir: str | Path) -> Path:
+def check_output_dir(out_dir: str | Path | OutputStore) -> Path | OutputStore:
     """Create the output directory if missing and make sure this process can write into it."""
-    refuse_url_output(out_dir)
-    path = Path(out_dir)
+    store = open_store(out_dir)
+    if not isinstance(store, LocalStore):
+        probe = f".write-probe-{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+        store.write_bytes(probe, b"")  # credentials, bucket and permissions fail here, before any work
+        store.delete(probe)
+        return store
+    path = store.path()
     if path.exists() and not path.is_dir():
         raise OutputError(f"output path exists and is not a directory: {path}")
     try:
@@ -182,21 +207,27 @@ def publish_staged(staged: list[StagedPart], *, durable: bool = True) -> None:
     the directory fsync (`durable=False`): a rename lost in a power cut leaves the temp, which
     recovery publishes again.
     """
+    staged = [part for part in staged if not part.published]  # an object store's parts need no step
     try:
         for part in staged:
             fault_point("rename")
-            os.replace(part.temp_path, part.final_path)
-        if not durable:
+            part.store.rename(part.temp, part.name)
+        if not durable or not staged:
             return
         fault_point("fsync_dir")
-        for directory in {part.final_path.parent for part in staged}:
-            _fsync_dir(directory)
+        for store in {id(part.store): part.store for part in staged}.values():
+            store.sync()
     except OSError as e:
-        raise OutputError(f"cannot publish output part {part.final_path}: {e.strerror or e}") from e
+        raise OutputError(f"cannot publish output part {part.store / part.name}: {e.strerror or e}") from e
 
 
 def write_file_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> None:
-    """Write `data` to `path` so that a crash leaves the old file, or no file, or the new one.
+    """Write `data` to `path` so that a crash leaves the old file, or no file, or the new one."""
+    write_with_atomic(path, lambda file: file.write(data), exclusive=exclusive)
+
+
+def write_with_atomic(path: Path, write: Callable[[Any], None], *, exclusive: bool = False) -> None:
+    """Have `write` fill `path` so that a crash leaves the old file, or no file, or the new one.
 
     Temp file in the same directory, fsync, rename, directory fsync. `exclusive` refuses to
     replace an existing file (a hard link instead of a rename: put-if-absent), which keeps a
@@ -207,7 +238,7 @@ def write_file_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> No
     try:
         with open(temp_path, "xb") as file:
             fault_point("file_write")
-            file.write(data)
+            write(file)
             fault_point("file_fsync")
             file.flush()
             os.fsync(file.fileno())
@@ -231,9 +262,18 @@ def write_file_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> No
         raise
 
 
-def write_json_atomic(path: Path, obj: Any, *, exclusive: bool = False) -> None:
-    write_file_atomic(path, (json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n").encode(),
-                      exclusive=exclusive)
+def write_json_atomic(path: Path | tuple[OutputStore, str], obj: Any, *, exclusive: bool = False) -> None:
+    """`path`, or (store, name): the whole file or nothing, as write_file_atomic."""
+    data = json_bytes(obj)
+    if isinstance(path, tuple):
+        store, name = path
+        store.write_bytes(name, data, exclusive=exclusive)
+    else:
+        write_file_atomic(path, data, exclusive=exclusive)
+
+
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
 def file_digest(path: Path) -> tuple[int, str]:
@@ -269,12 +309,9 @@ def fault_point(name: str) -> None:
         _fault_hook(name)
 
 
-def _next_seq(out_dir: Path, prefix: str) -> int:
+def _next_seq(store: OutputStore, prefix: str) -> int:
     pattern = re.compile(rf"{re.escape(prefix)}-(\d+)-[0-9a-f]{{8}}\.parquet")
-    try:
-        names = os.listdir(out_dir)
-    except (FileNotFoundError, NotADirectoryError):  # check_output_dir reports a file in the way
-        return 0
+    names = store.list()  # {} when missing; check_output_dir reports a file in the way
     seqs = [int(m.group(1)) for name in names if (m := pattern.fullmatch(name))]
     return max(seqs, default=-1) + 1
 

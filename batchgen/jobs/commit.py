@@ -17,7 +17,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from batchgen.io.manifest import Manifest, PartRecord
 from batchgen.io.manifest_state import part_row_lists
@@ -93,13 +92,13 @@ class Committer:
                     [p.out[PROMPT_HASH] for p in chunk] if self.with_hashes else None)))
             for name, ids in superseded.items():
                 rewrite = self._rewrite_without(name, ids, seq_tag)
-                if rewrite is None:
-                    remove.append(name)
-                else:
+                if rewrite is not None:
                     staged.append(rewrite)
+                if rewrite is None or rewrite[0].name != name:  # an object store rewrites under a new name
+                    remove.append(name)
         except BaseException:
             for part, _ in staged:  # nothing is committed yet: these temps are garbage
-                part.temp_path.unlink(missing_ok=True)
+                part.discard()
             raise
         self.manifest.commit(staged, remove)  # a no-op when every row was an unchanged retry
         for name in superseded:
@@ -112,22 +111,23 @@ class Committer:
 
     def _old_message(self, part_name: str, row_id: Any) -> str | None:
         if part_name not in self._old_errors:
-            table = pq.read_table(self.manifest.out_dir / part_name, columns=[self.id_name, "error"])
+            table = self.manifest.store.read_table(part_name, columns=[self.id_name, "error"])
             self._old_errors[part_name] = {
                 i: m for i, m in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True)
                 if m is not None}
         return self._old_errors[part_name].get(row_id)
 
     def _rewrite_without(self, name: str, ids: set[Any], seq_tag: str):
-        """Stage part `name` minus `ids` under its own name; None when nothing would be left."""
+        """Stage part `name` minus `ids` under its own name (a new one in an object store); None when
+        nothing would be left."""
         record = self.manifest.state.parts[name]
         if len(ids) == record.num_rows:
             return None
-        table = pq.read_table(self.manifest.out_dir / name)
+        table = self.manifest.store.read_table(name)
         id_type = table.schema.field(self.id_name).type
         kept = table.filter(pc.invert(pc.is_in(table.column(self.id_name), value_set=pa.array(list(ids), id_type))))
         kept_ids = kept.column(self.id_name).to_pylist()
-        shards, rows, hashes = part_row_lists(self.manifest.out_dir, record)
+        shards, rows, hashes = part_row_lists(self.manifest.store, record)
         position = {row_id: i for i, row_id in enumerate(record.ids)}
         part = self.writer.stage_part(kept, name=name, tag=seq_tag)
         return part, PartRecord.staged(part, kept_ids, [e is not None for e in kept.column("error").to_pylist()],

@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from batchgen.errors import OutputError
-from batchgen.io.lock import OutputLock
 from batchgen.io.manifest import (
     SUCCESS_FILE,
     Manifest,
@@ -36,6 +34,7 @@ from batchgen.io.manifest import (
     load_manifest,
     write_success,
 )
+from batchgen.io.store import LocalStore, OutputStore, open_store
 from batchgen.io.writers import PartWriter
 from batchgen.jobs.openai_output import SUCCESS_KEY, recorded_batch_files, write_batch_files
 
@@ -53,24 +52,26 @@ class CompactSummary:
     num_rows: int
 
 
-def compact_output(out_dir: str | Path) -> CompactSummary:
-    out_dir = Path(out_dir)
-    if not is_job_dir(out_dir):
-        from batchgen.jobs.sharded import compact_sharded, is_sharded_output
+def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
+    store = open_store(out_dir)
+    out_dir = store.path() if isinstance(store, LocalStore) else store
+    if not is_job_dir(store):
+        if isinstance(out_dir, Path):  # sharded jobs are local only (config.check_output_combinations)
+            from batchgen.jobs.sharded import compact_sharded, is_sharded_output
 
-        if is_sharded_output(out_dir):  # each shard compacted; the job's _SUCCESS written again
-            return compact_sharded(out_dir)
+            if is_sharded_output(out_dir):  # each shard compacted; the job's _SUCCESS written again
+                return compact_sharded(out_dir)
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
-    with OutputLock(out_dir):
-        manifest = Manifest(out_dir, load_manifest(out_dir, keep_rows=True, keep_hashes=True))
+    with store.lock() as lock:
+        manifest = Manifest(store, load_manifest(store, keep_rows=True, keep_hashes=True), guard=lock)
         if manifest.recover():
             raise OutputError(f"{out_dir} has missing or damaged parts; run the job again to regenerate them")
         state = manifest.state
-        if not (out_dir / SUCCESS_FILE).is_file():
+        if not store.exists(SUCCESS_FILE):
             raise OutputError(f"{out_dir} is not complete (no {SUCCESS_FILE}); finish the job first "
                               "(`batchgen status` shows what remains)")
         before = len(state.parts)
-        batch_files = recorded_batch_files(out_dir)  # --output-format openai-batch / both
+        batch_files = recorded_batch_files(store)  # --output-format openai-batch / both
         if state.last_op == "compact" or not state.parts:
             return CompactSummary(str(out_dir), before, before, state.num_committed_rows)
         rows_by_shard: dict[str, list[tuple[int, str, int]]] = {}  # shard -> [(row, part, position)]
@@ -81,8 +82,8 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
         listed = [s["path"] for s in state.inputs["inputs"]] if state.inputs else []
         order = [p for p in listed if p in rows_by_shard] + sorted(set(rows_by_shard) - set(listed))
         first = next(iter(state.parts))
-        writer = PartWriter(out_dir, pq.read_schema(out_dir / first))
-        reader = _PartReader(out_dir)
+        writer = PartWriter(store, store.read_schema(first))
+        reader = _PartReader(store)
         tag = f".{state.last_seq + 1:08d}"
         errors = state.error_ids
         staged = []
@@ -96,15 +97,15 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
                                                        [row for row, _, _ in items], hashes)))
         except BaseException:
             for part, _ in staged:
-                part.temp_path.unlink(missing_ok=True)
+                part.discard()
             raise
         manifest.commit(staged, list(state.parts), op="compact")  # removes _SUCCESS first
         success = {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
                    "fingerprint": fingerprint_digest(state.fingerprint), "compacted": True}
-        if batch_files is not None:  # written again, now in input order, before _SUCCESS
+        if batch_files is not None:  # written again, now in input order, before _SUCCESS (local outputs only)
             success[SUCCESS_KEY] = write_batch_files(out_dir, manifest.state, batch_files["dir"],
                                                      created=batch_files.get("created"))
-        write_success(out_dir, success)
+        write_success(store, success)
         log.info("compacted %d parts into %d", before, len(staged))
         return CompactSummary(str(out_dir), before, len(staged), state.num_committed_rows)
 
@@ -112,8 +113,8 @@ def compact_output(out_dir: str | Path) -> CompactSummary:
 class _PartReader:
     """Rows of committed parts by position, in chunks, with a few parts cached."""
 
-    def __init__(self, out_dir: Path):
-        self.out_dir = out_dir
+    def __init__(self, store: OutputStore):
+        self.store = store
         self.cache: OrderedDict[str, pa.Table] = OrderedDict()
 
     def gather(self, items: list[tuple[int, str, int]]) -> Iterator[pa.Table]:
@@ -135,7 +136,7 @@ class _PartReader:
         if name in self.cache:
             self.cache.move_to_end(name)
             return self.cache[name]
-        table = pq.read_table(self.out_dir / name)
+        table = self.store.read_table(name)
         self.cache[name] = table
         if len(self.cache) > PART_CACHE:
             self.cache.popitem(last=False)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgen.errors import OutputError, ShardsIncomplete, ShardsMismatch
+from batchgen.errors import ConfigError, OutputError, ShardsIncomplete, ShardsMismatch
 from batchgen.io.lock import lock_holder
 from batchgen.io.manifest import (
     SUCCESS_FILE,
@@ -131,6 +131,11 @@ def _job_inputs(shard: CheckedShard) -> str | None:
 
 def finalize_output(output: str | Path) -> dict[str, Any]:
     """Check the set (check_shards), then write OUTPUT/_summary.json and OUTPUT/_SUCCESS; the summary."""
+    from batchgen.io.store import is_url
+
+    if is_url(output):  # sharded jobs are refused with an object-store output (JobConfig.validate)
+        raise ConfigError(f"finalize --output {output}: sharded jobs need a local or mounted output directory; "
+                          "an object-store output is never sharded")
     output = Path(output)
     shards = check_shards(output)
     per_shard = []

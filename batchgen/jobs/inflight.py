@@ -26,7 +26,7 @@ class InFlightCheckpoints:
         self.manifest = manifest
         self.fingerprint = fingerprint  # digest of the job's config fingerprint
         state = manifest.state
-        self.saved: dict[Any, PartialRow] = read_partials(manifest.out_dir, state.partials, fingerprint)
+        self.saved: dict[Any, PartialRow] = read_partials(manifest.store, state.partials, fingerprint)
         committed = [row_id for row_id in self.saved if row_id in state.ok_ids or row_id in state.error_ids]
         for row_id in committed:  # finished after the partial was written (a kill -9 in between)
             del self.saved[row_id]

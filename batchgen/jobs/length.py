@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchgen.errors import OutputError
+from batchgen.io.store import LocalStore, OutputStore, open_store
 from batchgen.jobs.prompts import parse_count
 from batchgen.jobs.stats import Reservoir, spearman
 
@@ -132,19 +134,29 @@ class LengthPredictor:
     def num_learned_rows(self) -> int:
         return self.overall.count
 
-    def save(self, out_dir: str | Path) -> bool:
+    def save(self, out_dir: str | Path | OutputStore) -> bool:
         """Write the learned state atomically; False (and a warning) if it could not be written.
 
         Best effort on purpose: the file only speeds up the next run's planning, so a full disk
         fails the job at its next commit, not here. It uses its own temp-file write rather than
         batchgen.io.writers so that it never counts as, or fails like, a commit.
         """
-        path = Path(out_dir) / LENGTH_MODEL_FILE
+        store = open_store(out_dir)
+        data = (json.dumps(self.to_json(), separators=(",", ":")) + "\n").encode()
+        if not isinstance(store, LocalStore):  # an object store: one PUT, whole or absent
+            try:
+                store.write_bytes(LENGTH_MODEL_FILE, data)
+            except OutputError as e:
+                log.warning("could not save the output-length model to %s: %s", store / LENGTH_MODEL_FILE, e)
+                return False
+            self.num_observed_since_save = 0
+            return True
+        path = store.path(LENGTH_MODEL_FILE)
         temp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"  # recovery deletes stale ones
         try:
             try:
                 with open(temp, "xb") as f:
-                    f.write((json.dumps(self.to_json(), separators=(",", ":")) + "\n").encode())
+                    f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(temp, path)
@@ -162,14 +174,16 @@ class LengthPredictor:
         return True
 
     @classmethod
-    def load(cls, out_dir: str | Path | None, key: dict[str, Any], *, ignore_eos: bool = False) -> LengthPredictor:
+    def load(cls, out_dir: str | Path | OutputStore | None, key: dict[str, Any], *,
+             ignore_eos: bool = False) -> LengthPredictor:
         """The state saved in `out_dir` if it was learned under the same key, else a fresh predictor."""
         predictor = cls(key, ignore_eos=ignore_eos)
         if out_dir is None:
             return predictor
-        path = Path(out_dir) / LENGTH_MODEL_FILE
+        store = open_store(out_dir)
+        path = store / LENGTH_MODEL_FILE
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(store.read_bytes(LENGTH_MODEL_FILE).decode("utf-8"))
         except FileNotFoundError:
             return predictor
         except (OSError, ValueError) as e:

@@ -7,8 +7,10 @@ the job's checks have passed and the model is loaded; this module imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +23,7 @@ from batchgen.errors import OutputError
 from batchgen.io.manifest import fingerprint_digest
 from batchgen.io.partials import PartialRow
 from batchgen.io.schema import PROMPT_HASH
+from batchgen.io.store import LocalStore
 from batchgen.io.writers import PartWriter
 from batchgen.jobs.commit import Committer
 from batchgen.jobs.core import JobCore
@@ -62,11 +65,11 @@ class LocalJob:
         # prompts and plans are sized for the first engine; only the slot keeps it, so that a mode
         # switch frees its KV cache
         first = self.core.engines.get(config.engine_policy())
-        self.job = prepare_job(config, inputs, loaded, first, out_dir=session.out_dir, state=session.state)
+        self.job = prepare_job(config, inputs, loaded, first, out_dir=session.store, state=session.state)
         source = inputs.source
         self.with_prompt_hash = PROMPT_HASH in schema.names
         self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
-        self.committer = Committer(session.manifest, PartWriter(session.out_dir, schema), source.id_field.name,
+        self.committer = Committer(session.manifest, PartWriter(session.store, schema), source.id_field.name,
                                    rows_per_part=config.rows_per_part)
         self.commit_every_rows = config.commit_every_rows or config.rows_per_part
         self.commit_every_s = config.commit_every_s or None
@@ -79,8 +82,13 @@ class LocalJob:
 
     def run(self, scan: InputScan) -> RunSummary:
         state = self.session.state  # what earlier runs committed: the gauges start there
+        config, metrics_at = self.config, self.session.out_dir
+        if not isinstance(self.session.store, LocalStore):
+            # the _metrics/ files are appended second by second: local directories only; the
+            # Prometheus textfile and port work the same for an object-store output
+            config, metrics_at = dataclasses.replace(config, metrics=False, overwrite=False), Path(".")
         self.monitor = JobMonitor.open(
-            self.config, self.session.out_dir, context=self.core.context, work=self.work, input_rows=scan.num_rows,
+            config, metrics_at, context=self.core.context, work=self.work, input_rows=scan.num_rows,
             output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
             last_commit_s=state.last_commit_time)
         if self.monitor is not None:
@@ -210,7 +218,7 @@ class LocalJob:
             self.committer.commit()
             predictor = self.job.predictor
             if predictor.num_observed_since_save:
-                predictor.save(self.session.out_dir)
+                predictor.save(self.session.store)
             if self.monitor is not None and num_rows:
                 state = self.session.state
                 self.monitor.recorder.on_commit(seconds=time.monotonic() - t0, output_rows=state.num_committed_rows,

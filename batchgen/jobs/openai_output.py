@@ -43,6 +43,7 @@ from batchgen.config import OPENAI_BATCH
 from batchgen.errors import OutputError
 from batchgen.io.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest
 from batchgen.io.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
+from batchgen.io.store import OutputStore, open_store
 from batchgen.io.writers import TEMP_SUFFIX, fault_point, fsync_dir
 from batchgen.jobs.session import BATCH_BOTH_DIR, BATCH_FILES
 
@@ -108,10 +109,10 @@ def write_batch_files(out_dir: str | Path, state: ManifestState, dir_name: str, 
             "files": {name: {"rows": n} for name, n in counts.items()}}
 
 
-def recorded_batch_files(out_dir: str | Path) -> dict[str, Any] | None:
+def recorded_batch_files(out_dir: str | Path | OutputStore) -> dict[str, Any] | None:
     """What `_SUCCESS` records of the Batch files (None: it records none, or there is no `_SUCCESS`)."""
     try:
-        written = json.loads((Path(out_dir) / SUCCESS_FILE).read_text(encoding="utf-8")).get(SUCCESS_KEY)
+        written = json.loads(open_store(out_dir).read_bytes(SUCCESS_FILE).decode("utf-8")).get(SUCCESS_KEY)
     except (OSError, ValueError, AttributeError):
         return None
     return written if isinstance(written, dict) and isinstance(written.get("dir"), str) else None

@@ -38,7 +38,7 @@ from batchgen.config import JobConfig
 from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
 from batchgen.io.manifest import clear_success, fingerprint_digest, is_job_dir, load_manifest, write_success
 from batchgen.io.schema import output_schema
-from batchgen.io.writers import write_json_atomic
+from batchgen.io.writers import json_bytes
 from batchgen.jobs.fingerprint import job_fingerprint
 from batchgen.jobs.prepare import open_inputs
 from batchgen.jobs.report import RunSummary, plural
@@ -64,10 +64,11 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config)
     source, scan = inputs.source, inputs.scan
-    if config.num_shards is not None:  # one shard of a sharded job: OUTPUT/shard-I-of-N/
+    out: str | Path = config.output  # a local directory or an s3:// / gs:// prefix (batchgen.io.store)
+    if config.num_shards is not None:  # one shard of a sharded job: OUTPUT/shard-I-of-N/ (local only: config.py)
         check_job_output(Path(config.output), config.num_shards)
-    session = OutputSession(shard_output_dir(config.output, config.shard_index, config.num_shards),
-                            overwrite=config.overwrite, keep_hashes=config.id_column is not None)
+        out = shard_output_dir(config.output, config.shard_index, config.num_shards)
+    session = OutputSession(out, overwrite=config.overwrite, keep_hashes=config.id_column is not None)
     if _needs_model(config, inputs, session):
         # torch and transformers load here, before the lock, so that holding the lock means "past the
         # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
@@ -132,13 +133,13 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
 def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:
     """Read-only, before the lock: False when the run will end without a model (a directory that
     will be refused, a job with nothing left to do), read as `batchgen status` reads a live job."""
-    out_dir = session.out_dir
+    store = session.store
     if session.foreign_names():
         return False
-    if config.overwrite or not is_job_dir(out_dir):
+    if config.overwrite or not is_job_dir(store):
         return True
     check_prompts = config.id_column is not None
-    state = load_manifest(out_dir, keep_hashes=check_prompts)
+    state = load_manifest(store, keep_hashes=check_prompts)
     return not ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs)
 
 
@@ -160,7 +161,7 @@ def _write_partial(session: OutputSession, summary: RunSummary) -> None:
     summary.output_rows = state.num_committed_rows
     summary.output_rows_error = len(state.error_ids)
     try:
-        write_json_atomic(session.out_dir / SUMMARY_FILE, summary.to_dict())
+        session.store.write_bytes(SUMMARY_FILE, json_bytes(summary.to_dict()))
     except OutputError as e:
         log.warning("could not write the partial %s: %s", SUMMARY_FILE, e)
 
@@ -174,10 +175,10 @@ def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> N
     failed = (rate is not None and summary.output_rows
               and summary.output_rows_error / summary.output_rows > rate)
     summary.complete = not failed
-    write_json_atomic(session.out_dir / SUMMARY_FILE, summary.to_dict())
+    session.store.write_bytes(SUMMARY_FILE, json_bytes(summary.to_dict()))
     success: dict = {"rows": summary.output_rows, "rows_error": summary.output_rows_error,
                      "fingerprint": fingerprint_digest(state.fingerprint), "finished": time.time()}
-    if config.output_format != "parquet":
+    if config.output_format != "parquet":  # a local directory (config.py refuses it with an object store)
         from batchgen.jobs.openai_output import SUCCESS_KEY, batch_dir_name, batch_files_written, write_batch_files
 
         dir_name = batch_dir_name(config.output_format)
@@ -190,4 +191,4 @@ def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> N
     if failed:
         raise ErrorRateExceeded(f"{summary.output_rows_error} of {summary.output_rows} rows failed, more than "
                                 f"--max-error-rate {rate}; the output is in {session.out_dir} (no _SUCCESS)")
-    write_success(session.out_dir, success)
+    write_success(session.store, success)

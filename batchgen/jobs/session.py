@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import FingerprintMismatch, OutputError
-from batchgen.io.lock import LOCK_FILE, OutputLock
+from batchgen.io.lease import LEASE_FILE
+from batchgen.io.lock import LOCK_FILE
 from batchgen.io.manifest import (
     PART_NAME_RE,
     SUCCESS_FILE,
@@ -26,7 +27,8 @@ from batchgen.io.manifest import (
 )
 from batchgen.io.partials import clean_partial_files
 from batchgen.io.schema import PROMPT_HASH
-from batchgen.io.writers import check_output_dir, fsync_dir
+from batchgen.io.store import LocalStore, OutputStore, open_store
+from batchgen.io.writers import check_output_dir
 from batchgen.jobs.fingerprint import fingerprint_changes
 from batchgen.jobs.identity import check_derived_ids, orphans
 from batchgen.jobs.scan import InputScan
@@ -44,13 +46,15 @@ BATCH_BOTH_DIR = "_openai_batch"
 class OutputSession:
     """One run's hold on its output directory; see the module docstring."""
 
-    def __init__(self, out_dir: str | Path, *, overwrite: bool = False, keep_hashes: bool = False):
-        self.out_dir = Path(out_dir)
+    def __init__(self, out_dir: str | Path | OutputStore, *, overwrite: bool = False, keep_hashes: bool = False):
+        self.store = open_store(out_dir)  # a local directory, or an object-store prefix (s3://, gs://)
+        # a local Path where there is one, else the store (its str is the URL)
+        self.out_dir = self.store.path() if isinstance(self.store, LocalStore) else self.store
         self.overwrite = overwrite
         self.keep_hashes = keep_hashes  # hold committed rows' prompt hashes (--id-column resumes)
         self.created: list[Path] = []  # directories this run created, innermost first
         self.started = False  # a "begin" or "inputs" entry was written by this run
-        self.lock = OutputLock(self.out_dir)
+        self.lock = self.store.lock()  # an flock'ed file, or a lease object (batchgen.io.lease)
         self.manifest: Manifest | None = None
 
     @property
@@ -60,14 +64,16 @@ class OutputSession:
 
     def open(self) -> None:
         """Create (if need be) and lock the directory, then recover what a crash left."""
-        path = self.out_dir.absolute()
-        while not path.exists() and path != path.parent:
-            self.created.append(path)  # innermost first
-            path = path.parent
-        check_output_dir(self.out_dir)
+        if isinstance(self.store, LocalStore):
+            path = self.store.path().absolute()
+            while not path.exists() and path != path.parent:
+                self.created.append(path)  # innermost first
+                path = path.parent
+        check_output_dir(self.store)
         self.lock.acquire()
         self._refuse_foreign_files()
-        self.manifest = Manifest(self.out_dir, load_manifest(self.out_dir, keep_hashes=self.keep_hashes))
+        self.manifest = Manifest(self.store, load_manifest(self.store, keep_hashes=self.keep_hashes),
+                                 guard=self.lock)
         damaged = self.manifest.recover()
         if damaged:
             for record in damaged:
@@ -76,7 +82,7 @@ class OutputSession:
             self.manifest.commit([], [r.name for r in damaged], op="repair")
         self.manifest.drop_history()  # what a crash left of a snapshot's clean-up
         partials = self.state.partials
-        clean_partial_files(self.out_dir, keep=partials["file"] if partials else None)  # uncommitted ones
+        clean_partial_files(self.store, keep=partials["file"] if partials else None)  # uncommitted ones
         self.state.check_integrity()
 
     def check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
@@ -117,17 +123,17 @@ class OutputSession:
             if had_rows:
                 log.warning("--overwrite: dropping %d committed rows in %s", self.state.num_committed_rows,
                             self.out_dir)
-            clear_success(self.out_dir)
-            (self.out_dir / SUMMARY_FILE).unlink(missing_ok=True)
-            for directory in (self.out_dir, self.out_dir / BATCH_BOTH_DIR):  # an earlier job's Batch files
+            clear_success(self.store)
+            self.store.delete(SUMMARY_FILE)
+            for directory in ("", f"{BATCH_BOTH_DIR}/"):  # an earlier job's Batch files
                 for name in BATCH_FILES:
-                    (directory / name).unlink(missing_ok=True)
+                    self.store.delete(f"{directory}{name}")
             manifest.begin(fingerprint)  # the commit point: from here no earlier part counts
             self.started = True
             if had_rows:
                 manifest.recover()  # deletes the parts the "begin" dropped
             manifest.drop_history()
-            clean_partial_files(self.out_dir, keep=None)  # the "begin" dropped them
+            clean_partial_files(self.store, keep=None)  # the "begin" dropped them
         inputs = scan.to_json()
         payload: dict[str, Any] = {"inputs": inputs, "max_rows": max_rows}
         if scan.split is not None:  # a shard of a sharded job (batchgen.jobs.split)
@@ -156,15 +162,15 @@ class OutputSession:
     def foreign_names(self) -> list[str]:
         """What a directory that is not (yet) a batchgen job holds besides our lock and the hidden
         temp files of a run killed before its first commit (recovery deletes those). Read-only."""
-        if not self.out_dir.is_dir() or is_job_dir(self.out_dir):
+        if is_job_dir(self.store):
             return []
-        return sorted(p.name + ("/" if p.is_dir() else "") for p in self.out_dir.iterdir()
-                      if p.name != LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+        return sorted(name + ("/" if size is None else "") for name, size in self.store.list().items()
+                      if name not in (LOCK_FILE, LEASE_FILE) and not (name.startswith(".") and name.endswith(".tmp")))
 
     def _refuse_foreign_files(self) -> None:
         """A directory that holds no batchgen job must be empty: parts written beside other files
         are read with them (`pyarrow.dataset` over the directory returns both, mixed schemas and all)."""
-        if is_job_dir(self.out_dir):
+        if is_job_dir(self.store):
             return
         names = self.foreign_names()
         if not names:
@@ -173,8 +179,8 @@ class OutputSession:
         ours = [n for n in names if PART_NAME_RE.fullmatch(n) or n in (SUCCESS_FILE, SUMMARY_FILE)]
         if self.overwrite and len(ours) == len(names):
             for name in ours:
-                (self.out_dir / name).unlink()
-            fsync_dir(self.out_dir)
+                self.store.delete(name)
+            self.store.sync()
             return
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         if any(n.endswith(".parquet") for n in names) and len(ours) == len(names):
@@ -183,4 +189,4 @@ class OutputSession:
         parquet = any(n.endswith(".parquet") for n in names)
         unlisted = ", Parquet files that no batchgen manifest lists" if parquet else ""
         raise OutputError(f"{self.out_dir} is not empty and is not a batchgen job's output directory (it holds "
-                          f"{shown}{unlisted}); choose a new or empty --output directory, e.g. {self.out_dir / 'job'}")
+                          f"{shown}{unlisted}); choose a new or empty --output directory, e.g. {self.store / 'job'}")

@@ -13,22 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import OutputError
-from batchgen.io.lock import lock_holder
 from batchgen.io.manifest import SUCCESS_FILE, is_job_dir, load_manifest
+from batchgen.io.store import LocalStore, OutputStore, open_store
 from batchgen.jobs.fingerprint import fingerprint_summary
 from batchgen.jobs.report import plural
 from batchgen.jobs.sharded import is_sharded_output, sharded_status, sharded_status_lines
 from batchgen.monitor.live import live_figures
 
 
-def job_status(out_dir: str | Path) -> dict[str, Any]:
+def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
     """The status as plain JSON-ready data (the `--json` output)."""
-    out_dir = Path(out_dir)
-    if is_sharded_output(out_dir):  # a sharded job: every shard, and the totals over the set
+    store = open_store(out_dir)
+    out_dir = store.path() if isinstance(store, LocalStore) else store
+    # a sharded job: every shard, and the totals over the set (local only: config.check_output_combinations)
+    if isinstance(out_dir, Path) and is_sharded_output(out_dir):
         return sharded_status(out_dir)
-    if not is_job_dir(out_dir):
+    if not is_job_dir(store):
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
-    state = load_manifest(out_dir, with_ids=False)  # counts only: O(parts) after a snapshot
+    state = load_manifest(store, with_ids=False)  # counts only: O(parts) after a snapshot
     done: dict[str, list[int]] = {}
     for record in state.parts.values():
         for path, (num_ok, num_error) in record.shard_counts.items():
@@ -42,8 +44,8 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
         shards.append(_shard(shard["path"], shard["num_rows"], num_ok, num_error))
     for path, (num_ok, num_error) in sorted(done.items()):  # committed by a run with other inputs
         shards.append(_shard(path, None, num_ok, num_error))
-    holder = lock_holder(out_dir)
-    complete = (out_dir / SUCCESS_FILE).is_file()
+    holder = store.holder()  # the local lock's or the object store's lease holder
+    complete = store.exists(SUCCESS_FILE)
     totals = {key: sum(s[key] or 0 for s in shards) for key in ("rows", "done", "errored", "remaining")}
     state_name = "running" if holder is not None else "complete" if complete else "incomplete"
     return {
@@ -64,7 +66,8 @@ def job_status(out_dir: str | Path) -> dict[str, Any]:
         "partial_tokens": state.partials["num_tokens"] if state.partials else 0,
         "num_entries": state.last_seq,
         # from _metrics/ (batchgen.monitor.live): tokens/s over the last minute, ETA; None without metrics
-        "live": live_figures(out_dir, running=state_name == "running"),
+        # (an object-store output keeps no metrics files: None)
+        "live": live_figures(out_dir, running=state_name == "running") if isinstance(store, LocalStore) else None,
     }
 
 

@@ -35,3 +35,8 @@ def test_shards_then_finalize_with_exit_codes(tmp_path, tiny_model_dir):
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout.splitlines()[-1])["rows"] == 6
     assert "complete" in runner.invoke(app, ["status", "--output", str(out)]).output
+
+
+def test_finalize_refuses_an_object_store_output():
+    result = CliRunner().invoke(app, ["finalize", "--output", "s3://bucket/job"])
+    assert result.exit_code == 2 and "sharded jobs need a local or mounted output directory" in result.output

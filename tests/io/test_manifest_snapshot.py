@@ -17,6 +17,7 @@ from batchgen.io import manifest as manifest_module
 from batchgen.io import manifest_snapshot
 from batchgen.io.manifest import MANIFEST_DIR, Manifest, PartRecord, load_manifest, part_rows
 from batchgen.io.schema import output_schema
+from batchgen.io.store import LocalStore
 from batchgen.io.writers import PartWriter
 
 SCHEMA = output_schema(pa.field("id", pa.int64()), [])
@@ -118,15 +119,15 @@ def test_a_crash_while_old_entries_are_deleted_leaves_a_loadable_suffix(out, mon
     manifest = Manifest(out)
     writer = PartWriter(out, SCHEMA)
     calls = []
-    real = manifest_module._unlink
+    real = LocalStore.delete
 
-    def unlink_then_die(path):
-        calls.append(path)
-        real(path)
+    def unlink_then_die(self, name):
+        calls.append(name)
+        real(self, name)
         if len(calls) == 2:
             raise Crash
 
-    monkeypatch.setattr(manifest_module, "_unlink", unlink_then_die)
+    monkeypatch.setattr(LocalStore, "delete", unlink_then_die)
     with pytest.raises(Crash):
         for n in range(EVERY + 1):
             commit(manifest, writer, [n])
