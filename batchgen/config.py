@@ -25,6 +25,7 @@ QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized 
 QUANTIZE_BACKENDS = ("auto", "torchao", "quanto")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(slots=True)
@@ -95,6 +96,8 @@ class JobConfig:
     metrics_textfile: str | None = None  # node-exporter textfile path
     metrics_port: int | None = None  # Prometheus scrape endpoint; 0 = any free port
     metrics_host: str = "127.0.0.1"  # localhost unless asked: the endpoint has no authentication
+    executor: str = "local"  # local: this process; ray: a Ray Data actor pool (batchgen.ray), RAY_ADDRESS's cluster
+    ray_actors: int | None = None  # ray: actors (models loaded); None = one per GPU, else one per node
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -165,6 +168,9 @@ class JobConfig:
         if not isinstance(self.cuda_graphs, bool):
             raise ConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         _choice("on_long_prompt", self.on_long_prompt, LONG_PROMPT_POLICIES)
+        _choice("executor", self.executor, EXECUTORS)
+        if self.ray_actors is not None:
+            _positive("ray_actors", self.ray_actors)
         if any(s == "" for s in self.stop):
             raise ConfigError("stop strings must not be empty")
         if self.kv_cache_memory is not None:
