@@ -1,7 +1,8 @@
 """Connecting to Ray and sizing the actor pool.
 
 `connect` joins the cluster RAY_ADDRESS names (`ray start --head` on the head node, `ray start
---address ...` on the others), else starts a local one; a Ray already initialised in this process
+--address ...` on the others; `auto` finds a local `ray start` one), else starts a private local one
+(never another job's: its driver would shut it down under us); a Ray already initialised in this process
 (a notebook, the tests' `ray.init(num_cpus=2)`) is used as it is and left running.
 
 Actors: on a cluster with GPUs, one per GPU (num_gpus=1 each), each holding its own model; on a
@@ -14,6 +15,7 @@ threads do not fight another actor's. The read tasks ask for no CPU of their own
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +43,9 @@ def connect(quiet: bool) -> bool:
     # ray.init installs its own SIGTERM handler: the job's (batchgen.jobs.signals) must stay in charge
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ray.init(logging_level=logging.WARNING, log_to_driver=not quiet, include_dashboard=False)
+        # without RAY_ADDRESS a private local instance: never another job's, which its driver may shut down
+        address = os.environ.get("RAY_ADDRESS") or "local"
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=not quiet, include_dashboard=False)
     finally:
         for signum, handler in handlers.items():
             if handler is not None:
