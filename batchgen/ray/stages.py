@@ -44,6 +44,7 @@ class ReadSpec:
     id_column: str | None
     id_type: pa.DataType  # the id column's type, or string for derived ids
     read_batch_size: int
+    block_rows: int  # rows per output block: one actor batch, so that each batch can go to another actor
     skip: Any  # ObjectRef of the set of ids to leave out (settled), resolved once per worker
     hashes: Any  # ObjectRef of {id: committed prompt hash} to compare (--id-column), or None
 
@@ -87,7 +88,10 @@ def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> I
             ids = [f"{label}:{row_index + i}" for i in range(batch.num_rows)]
         keep = [i for i, row_id in enumerate(ids) if row_id not in skip]
         if keep:
-            yield _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
+            table = _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
+            # Ray Data hands an actor whole blocks: a read batch as one block would go to one actor
+            for start in range(0, table.num_rows, spec.block_rows):
+                yield table.slice(start, spec.block_rows)
         row_index += batch.num_rows
         if row_index >= limit:
             return
