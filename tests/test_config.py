@@ -183,3 +183,13 @@ def test_validate_returns_self_and_replace_revalidates():
 def test_object_store_output_refuses_what_it_cannot_write(changes, message):
     with pytest.raises(ConfigError, match=message):
         build_config(None, **{**REQUIRED, "output": "s3://bucket/prefix", **changes})
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(num_shards=2, shard_index=1), "--executor ray does not run one shard of a sharded job"),
+    (dict(output="s3://bucket/prefix"), "--executor ray needs a local or mounted --output"),
+    (dict(input_format="openai-batch"), "--executor ray does not read --input-format openai-batch"),
+])
+def test_ray_executor_refuses_what_it_cannot_run(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(None, **{**REQUIRED, "executor": "ray", **changes})

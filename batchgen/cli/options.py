@@ -167,3 +167,8 @@ RetryErrors = Annotated[bool | None, _opt("--retry-errors/--no-retry-errors", he
 Overwrite = Annotated[bool | None, _opt("--overwrite", help=(
     "Drop what an earlier job committed to --output and start over."))]
 Quiet = Annotated[bool | None, _opt("--quiet", "-q", help="No progress bar; a log line every 30 s.")]
+Executor = Annotated[str | None, _opt("--executor", metavar="NAME", help=(
+    "local (this process) | ray (a Ray Data actor pool on the cluster RAY_ADDRESS names, else a local one; "
+    "needs batchgen[ray]) [local]."))]
+RayActors = Annotated[int | None, _opt("--ray-actors", metavar="N", help=(
+    "--executor ray: actors, each with its own model [one per GPU; on CPUs one per node]."))]

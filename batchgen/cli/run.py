@@ -80,6 +80,8 @@ def run(
     metrics_port: o.MetricsPort = None,
     metrics_host: o.MetricsHost = None,
     metrics_every_seconds: o.MetricsEverySeconds = None,
+    executor: o.Executor = None,
+    ray_actors: o.RayActors = None,
 ) -> None:
     """Generate a completion for every input row and write Parquet parts to --output."""
     overrides = o.config_overrides(locals())

@@ -25,6 +25,7 @@ from batchgen.io.partials import PartialRow
 from batchgen.io.schema import PROMPT_HASH
 from batchgen.io.store import LocalStore
 from batchgen.io.writers import PartWriter
+from batchgen.jobs.batch_fn import output_row
 from batchgen.jobs.commit import Committer
 from batchgen.jobs.core import JobCore
 from batchgen.jobs.fingerprint import job_fingerprint, model_fingerprint
@@ -182,19 +183,8 @@ class LocalJob:
 
     def output_row(self, row: InputRow, *, completion: Completion | None = None, error: str | None = None,
                    digest: str | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {self.id_name: row.row_id}
-        if self.with_prompt_hash:
-            out[PROMPT_HASH] = digest
-        if completion is not None:
-            out.update(generated_text=completion.text, finish_reason=completion.finish_reason.value,
-                       num_prompt_tokens=completion.num_prompt_tokens,
-                       num_generated_tokens=completion.num_generated_tokens, error=None)
-        else:
-            out.update(generated_text=None, finish_reason="error", num_prompt_tokens=None,
-                       num_generated_tokens=0, error=error)
-        for name in self.passthrough:
-            out[name] = row.values.get(name)
-        return out
+        return output_row(self.id_name, self.passthrough, self.with_prompt_hash, row, completion=completion,
+                          error=error, digest=digest)
 
     def emit(self, row: InputRow, out: dict[str, Any]) -> None:
         s = self.summary

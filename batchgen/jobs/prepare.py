@@ -22,7 +22,7 @@ from batchgen.config import JobConfig
 from batchgen.io.manifest import ManifestState
 from batchgen.jobs.length import LengthPredictor
 from batchgen.jobs.planner import PlannedRow, Planner, prepare_row
-from batchgen.jobs.prompts import PromptBuilder, RowError
+from batchgen.jobs.prompts import PromptBuilder, RowError, Template
 from batchgen.jobs.resume import ResumeRule
 from batchgen.jobs.rows import InputRow, RowSource
 from batchgen.jobs.scan import InputScan, scan_inputs
@@ -117,10 +117,12 @@ def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, r
     return tuple(needs) or None
 
 
-def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engine: LLMEngine, *,
-                out_dir: Path | None, state: ManifestState | None) -> PreparedJob:
-    """The shared setup once a model is loaded: `engine` is the first engine the job builds."""
-    builder = PromptBuilder(loaded.tokenizer, inputs.source.template, system=config.system, chat=config.chat,
+def prompt_side(config: JobConfig, template: Template, loaded: LoadedModel, engine: LLMEngine, *,
+                out_dir: Path | None) -> tuple[PromptBuilder, LengthPredictor, Planner]:
+    """The prompt builder (sized for `engine`'s context), the output-length predictor (learned state
+    from `out_dir`, if any) and the planner (sized for its KV cache): what turns rows into shards.
+    Shared by prepare_job and the engine-side batch function (batchgen.jobs.batch_fn)."""
+    builder = PromptBuilder(loaded.tokenizer, template, system=config.system, chat=config.chat,
                             max_context_tokens=engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,
                             max_prompt_tokens=config.max_prompt_tokens,
                             parse_special_tokens=config.parse_special_tokens)
@@ -128,6 +130,13 @@ def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engin
     planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_cache.num_blocks * engine.block_size,
                       block_size=engine.block_size, device_type=engine.device.type,
                       max_model_len=engine.max_model_len)
+    return builder, predictor, planner
+
+
+def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engine: LLMEngine, *,
+                out_dir: Path | None, state: ManifestState | None) -> PreparedJob:
+    """The shared setup once a model is loaded: `engine` is the first engine the job builds."""
+    builder, predictor, planner = prompt_side(config, inputs.source.template, loaded, engine, out_dir=out_dir)
     resume = ResumeRule(state if state is not None else ManifestState(), config.retry_errors,
                         check_prompts=config.id_column is not None)
     return PreparedJob(config, inputs.source, builder, predictor, planner, resume)

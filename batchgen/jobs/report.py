@@ -90,6 +90,8 @@ class RunSummary(JobSummary):
     output_rows_error: int = 0
     complete: bool = False  # every input row has a committed output row (_SUCCESS written)
     nothing_to_do: bool = False  # every input row was committed before this run: no model was loaded
+    executor: str = "local"  # local (this process) or ray (batchgen.ray)
+    num_actors: int = 0  # ray: the actor pool's size (models loaded)
 
     def lines(self) -> list[str]:
         if self.nothing_to_do:

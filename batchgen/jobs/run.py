@@ -69,7 +69,7 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
         check_job_output(Path(config.output), config.num_shards)
         out = shard_output_dir(config.output, config.shard_index, config.num_shards)
     session = OutputSession(out, overwrite=config.overwrite, keep_hashes=config.id_column is not None)
-    if _needs_model(config, inputs, session):
+    if config.executor == "local" and _needs_model(config, inputs, session):
         # torch and transformers load here, before the lock, so that holding the lock means "past the
         # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
         import batchgen.engine.loader  # noqa: F401
@@ -90,26 +90,18 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                     with guard.critical():
                         summary = _nothing_to_do(config, session)
                     return summary
-                stage = "loading the model"
-                # torch and transformers load here, once every check has passed (seconds on their own)
-                from batchgen.engine.loader import load_model
-                from batchgen.jobs.local import LocalJob
+                if config.executor == "ray":
+                    # the actors load the model; the job begins once they report its fingerprint
+                    from batchgen.ray.driver import RayJob
 
-                if loaded is None:
-                    loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                                        trust_remote_code=config.trust_remote_code, quantize=config.quantize,
-                                        quantize_backend=config.quantize_backend)
-                job = LocalJob(config, inputs, loaded, session, guard, schema)
-                with guard.critical():
-                    if config.num_shards is not None:  # this shard's rows may change: the set is not final
-                        clear_success(config.output)
-                    session.start(job.fingerprint, scan, config.max_rows)
-                if session.state.num_committed_rows:
-                    log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,
-                             session.state.num_committed_rows, len(session.state.error_ids))
-                stage = "generating"
+                    stage = "generating on Ray"
+                    job = RayJob(config, inputs, session, guard, schema)
+                else:
+                    stage = "loading the model"
+                    job = _local_job(config, inputs, loaded, session, guard, schema)
+                    stage = "generating"
                 try:
-                    summary = job.run(scan)
+                    summary = job.run() if config.executor == "ray" else job.run(scan)
                 except BaseException:
                     with guard.critical():
                         _write_partial(session, job.summary)
@@ -128,6 +120,28 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
             raise JobInterrupted(stop.signum, f"interrupted by {signal.Signals(stop.signum).name} while {stage}; "
                                  f"{committed}; run the same command again to resume") from None
     return summary
+
+
+def _local_job(config: JobConfig, inputs, loaded: LoadedModel | None, session: OutputSession, guard: SignalGuard,
+               schema):
+    """Load the model (unless given), build the local executor and begin the job."""
+    # torch and transformers load here, once every check has passed (seconds on their own)
+    from batchgen.engine.loader import load_model
+    from batchgen.jobs.local import LocalJob
+
+    if loaded is None:
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                            trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                            quantize_backend=config.quantize_backend)
+    job = LocalJob(config, inputs, loaded, session, guard, schema)
+    with guard.critical():
+        if config.num_shards is not None:  # this shard's rows may change: the set is not final
+            clear_success(config.output)
+        session.start(job.fingerprint, inputs.scan, config.max_rows)
+    if session.state.num_committed_rows:
+        log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,
+                 session.state.num_committed_rows, len(session.state.error_ids))
+    return job
 
 
 def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:

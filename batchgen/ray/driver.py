@@ -1,0 +1,236 @@
+"""The Ray executor's driver: a Ray Data pipeline feeds batchgen's own committer on this process.
+
+    ray.data.from_items(files) -> map_batches(read_file)            # settled rows dropped here
+                               -> map_batches(GenerateActor, concurrency=N actors)
+                               -> iter_batches on the driver -> Committer -> manifest
+
+Everything that makes the output exactly once stays where `batchgen run` has it: the driver holds
+the output directory's lock, writes every part and manifest entry, and commits every
+--commit-every rows / --commit-every-seconds, so a killed driver (or a lost actor, which Ray
+retries) leaves only committed rows, and a rerun skips them. batchgen.jobs.run checks the config,
+inputs and output directory exactly as for the local executor before this starts. The job begins
+("begin" manifest entry) when the first output batch arrives, because the model's part of the
+fingerprint (resolved dtype, tokenizer, EOS ids) is known only to the actors; a batch from an actor
+whose model fingerprint differs from the first one's fails the job (exit 2) before it is committed.
+
+Not carried over from the local executor: in-flight checkpoints (a killed job regenerates the rows
+that were in the actors) and the learned output lengths (each actor learns its own; none are saved).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from batchgen.config import JobConfig
+from batchgen.errors import FingerprintMismatch, OutputError
+from batchgen.io.schema import PROMPT_HASH
+from batchgen.io.writers import PartWriter
+from batchgen.jobs.batch_columns import SOURCE_PATH, SOURCE_ROW
+from batchgen.jobs.commit import Committer
+from batchgen.jobs.fingerprint import job_fingerprint
+from batchgen.jobs.prepare import JobInputs
+from batchgen.jobs.progress import Progress
+from batchgen.jobs.report import RunSummary
+from batchgen.jobs.resume import ResumeRule
+from batchgen.jobs.rows import unify_schemas
+from batchgen.jobs.session import OutputSession
+from batchgen.jobs.signals import Interrupt, SignalGuard
+from batchgen.monitor.job import JobMonitor
+from batchgen.ray.cluster import connect, plan_actors
+from batchgen.ray.stages import MODEL_FINGERPRINT, GenerateActor, ReadSpec, read_file
+
+log = logging.getLogger("batchgen")
+
+BATCHES_PER_ACTOR = 4  # each actor gets at least this many batches: a slow batch cannot idle the others
+
+
+class RayJob:
+    """One run of a job through Ray Data; the driver side. See the module docstring."""
+
+    def __init__(self, config: JobConfig, inputs: JobInputs, session: OutputSession, guard: SignalGuard,
+                 schema: pa.Schema):
+        self.config = config
+        self.inputs = inputs
+        self.session = session
+        self.guard = guard
+        self.schema = schema
+        source = inputs.source
+        self.id_name = source.id_field.name
+        self.committer = Committer(session.manifest, PartWriter(session.out_dir, schema), self.id_name,
+                                   rows_per_part=config.rows_per_part)
+        self.commit_every_rows = config.commit_every_rows or config.rows_per_part
+        self.commit_every_s = config.commit_every_s or None
+        self.last_commit = time.monotonic()
+        self.summary = RunSummary(output_dir=str(session.out_dir), model=config.model or "default", mode=config.mode)
+        self.summary.executor = "ray"
+        self.fingerprint: dict[str, Any] | None = None  # the full one, from the first output batch
+        self.model_json: str | None = None
+        self.progress: Progress | None = None
+        self.monitor: JobMonitor | None = None
+        self.completed = False  # every output batch was taken
+        state = session.state
+        # what an earlier run settled, as of now (the overwrite "begin" comes later and drops it all)
+        fresh = config.overwrite
+        self.resume = ResumeRule(state, config.retry_errors, check_prompts=config.id_column is not None)
+        self.ok_before = set() if fresh else set(state.ok_ids)
+        self.errors_before = set() if fresh else set(state.error_ids)
+        self.skip = set() if fresh else {i for i in (*state.ok_ids, *state.error_ids) if self.resume.skips(i)}
+        self.hashes = None if fresh or config.id_column is None else {
+            i: h for i, h in state.prompt_hashes.items() if self.resume.needs_prompt(i)}
+
+    def run(self) -> RunSummary:
+        import ray
+
+        config, scan = self.config, self.inputs.scan
+        started_ray = connect(config.quiet)
+        started = time.monotonic()
+        try:
+            actors = plan_actors(config.ray_actors)
+            self.summary.num_actors = actors.num_actors
+            todo = max(scan.num_rows - len(self.skip), 0)
+            batch_rows = max(1, min(config.window_rows, math.ceil(todo / (actors.num_actors * BATCHES_PER_ACTOR))))
+            log.info("ray: %s; %d rows to generate in batches of %d", actors.reason, todo, batch_rows)
+            dataset = self._dataset(ray, actors, batch_rows)
+            state = self.session.state
+            self.monitor = JobMonitor.open(
+                config, self.session.out_dir, context=lambda: (None, None), work=self.work,
+                input_rows=scan.num_rows, output_rows=state.num_committed_rows,
+                output_rows_error=len(state.error_ids), last_commit_s=state.last_commit_time)
+            self.progress = Progress(todo, quiet=config.quiet, log_every_s=config.log_every_s, work=self.work)
+            self._stream(dataset)
+        finally:
+            if self.progress is not None:
+                self.progress.close()
+            self._fill_summary(time.monotonic() - started)
+            if self.monitor is not None:
+                with self.guard.critical():
+                    self.monitor.close()
+            if started_ray:
+                ray.shutdown()
+        return self.summary
+
+    def _dataset(self, ray, actors, batch_rows: int):
+        source, scan, config = self.inputs.source, self.inputs.scan, self.config
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = not config.quiet
+        columns = source.read_columns
+        read_schema = unify_schemas(source.shards, [pa.schema([f for f in s if f.name in columns])
+                                                    for s in source.shard_schemas])
+        read_schema = pa.schema([read_schema.field(c) for c in columns])
+        spec = ReadSpec(shards=source.shards, labels=source._shard_labels,
+                        num_rows=[n for _, n in scan.shard_rows], columns=columns, schema=read_schema,
+                        id_column=config.id_column, id_type=source.id_field.type,
+                        read_batch_size=config.read_batch_size, block_rows=batch_rows, skip=ray.put(self.skip),
+                        hashes=None if self.hashes is None else ray.put(self.hashes))
+        files = ray.data.from_items([{"shard": i} for i in range(len(source.shards))],
+                                    override_num_blocks=max(1, len(source.shards)))
+        rows = files.map_batches(read_file, fn_kwargs={"spec": spec}, batch_size=1, batch_format="pyarrow",
+                                 num_cpus=0)
+        return rows.map_batches(GenerateActor, fn_constructor_kwargs={"config": config, "schema": self.schema},
+                                batch_size=batch_rows, batch_format="pyarrow",
+                                compute=ray.data.ActorPoolStrategy(size=actors.num_actors), **actors.resources)
+
+    def _stream(self, dataset) -> None:
+        guard = self.guard
+        try:
+            with guard.deferred():  # a signal stops the job between two output batches
+                for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+                    guard.raise_if_interrupted()
+                    self._take(batch)
+            with guard.critical():
+                self.commit()
+            self.completed = True
+        except Interrupt:
+            with guard.critical():
+                self.commit()  # the rows that finished before the signal
+            raise
+        except Exception as e:
+            if not isinstance(e, OutputError):  # an actor or Ray failed: keep the work that did finish
+                try:
+                    self.commit()
+                except OutputError:
+                    log.warning("could not commit the %d finished rows", len(self.committer))
+            raise
+
+    def _take(self, batch: pa.Table) -> None:
+        """One output batch from an actor: begin the job on the first, then buffer and commit its rows."""
+        if batch.num_rows == 0:
+            return
+        models = set(batch.column(MODEL_FINGERPRINT).to_pylist())
+        for model_json in models:
+            self._check_model(model_json)
+        paths = batch.column(SOURCE_PATH).to_pylist()
+        indexes = batch.column(SOURCE_ROW).to_pylist()
+        rows = batch.select(self.schema.names).to_pylist()
+        for out, path, index in zip(rows, paths, indexes, strict=True):
+            self._emit(out, path, index)
+
+    def _check_model(self, model_json: str) -> None:
+        if self.model_json is None:
+            model = json.loads(model_json)
+            self.fingerprint = job_fingerprint(self.config, self.inputs.source, self.schema, model=model)
+            with self.guard.critical():
+                self.session.start(self.fingerprint, self.inputs.scan, self.config.max_rows)
+            self.model_json = model_json
+            if self.session.state.num_committed_rows:
+                log.info("resuming %s: %d rows committed earlier", self.session.out_dir,
+                         self.session.state.num_committed_rows)
+        elif model_json != self.model_json:
+            first, other = json.loads(self.model_json), json.loads(model_json)
+            differ = sorted(k for k in first if first[k] != other.get(k))
+            raise FingerprintMismatch(f"the Ray actors loaded the model differently ({', '.join(differ)} differ: "
+                                      f"{[first[k] for k in differ]} against {[other.get(k) for k in differ]}), "
+                                      "so rows would depend on the node that ran them; pin --dtype and --device")
+
+    def _emit(self, out: dict[str, Any], path: str, index: int) -> None:
+        s = self.summary
+        is_error = out["finish_reason"] == "error"
+        s.num_rows += 1
+        s.num_rows_error += int(is_error)
+        s.num_rows_ok += int(not is_error)
+        s.num_prompt_tokens += out["num_prompt_tokens"] or 0
+        s.num_generated_tokens += out["num_generated_tokens"] or 0
+        row_id = out[self.id_name]
+        s.num_rows_retried += row_id in self.errors_before
+        s.num_rows_changed += row_id in self.ok_before
+        if self.monitor is not None:
+            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=out["num_prompt_tokens"] or 0,
+                                         num_generated_tokens=out["num_generated_tokens"] or 0,
+                                         predicted_tokens=None, error=is_error)
+        self.progress.update(num_generated_tokens=out["num_generated_tokens"] or 0, error=is_error)
+        if PROMPT_HASH not in self.schema.names:
+            out.pop(PROMPT_HASH, None)
+        self.committer.add(out, path, index)
+        if len(self.committer) >= self.commit_every_rows or (
+                self.commit_every_s is not None and time.monotonic() - self.last_commit >= self.commit_every_s):
+            self.commit()
+
+    def commit(self) -> None:
+        num_rows = len(self.committer)
+        t0 = time.monotonic()
+        with self.guard.critical():
+            self.committer.commit()
+            if self.monitor is not None and num_rows:
+                state = self.session.state
+                self.monitor.recorder.on_commit(seconds=time.monotonic() - t0, output_rows=state.num_committed_rows,
+                                                output_rows_error=len(state.error_ids))
+        self.last_commit = time.monotonic()
+
+    def work(self) -> tuple[int, int | None]:
+        """(tokens generated so far, predicted total: unknown on the driver)."""
+        return self.summary.num_generated_tokens, None
+
+    def _fill_summary(self, wall_seconds: float) -> None:
+        s, counts = self.summary, self.committer.counts
+        s.num_commits = counts.num_commits
+        s.num_parts_written = counts.num_parts_written
+        s.num_rows_replaced = counts.num_rows_replaced
+        # settled rows never reach the driver: a complete run skipped whatever it did not generate
+        s.num_rows_skipped = self.inputs.scan.num_rows - s.num_rows if self.completed else len(self.skip)
+        s.wall_seconds = wall_seconds

@@ -1,0 +1,140 @@
+"""The two stages of the Ray Data pipeline: reading input files, and generating in an actor pool.
+
+Reading is a map over the input files (one item per file), not ray.data.read_parquet: batchgen's
+own readers give the rows the ids, types and error rows `batchgen run` gives them (derived ids
+"<file>:<row index>" need each row's index in its file, JSON Lines are typed and checked as the local
+executor reads them, a cell that is not valid text becomes an error row), and any pyarrow
+filesystem the local executor reads, the workers read. Rows an earlier run settled are dropped
+here, before they reach an actor (ResumeRule.skips, decided on the driver and shipped as one set).
+
+Generating is BatchGenerator (batchgen.jobs.batch_fn) held by an actor: one model per actor, loaded
+once. Each output table carries the actor's model fingerprint in one more column, so the driver can
+begin the job with the full fingerprint and refuse actors that disagree (another dtype on another node).
+
+Nothing here imports ray: these run inside Ray's workers, which import it themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from batchgen.config import JobConfig
+from batchgen.io.cells import invalid_cells
+from batchgen.io.discovery import InputShard
+from batchgen.io.readers import iter_batches, read_schema
+from batchgen.jobs.batch_columns import COMMITTED_HASH, INVALID, ROW_ID, SOURCE_PATH, SOURCE_ROW
+
+MODEL_FINGERPRINT = "__batchgen_model_fingerprint"  # JSON of the actor's model fingerprint, every row
+
+
+@dataclass(slots=True)
+class ReadSpec:
+    """What a read task needs to turn one input file into rows: shipped once to the workers."""
+
+    shards: list[InputShard]
+    labels: list[str]  # per shard: the derived ids' file label (batchgen.jobs.rows._shard_labels)
+    num_rows: list[int]  # per shard: rows this run reads (the scan applied --max-rows)
+    columns: list[str]  # the columns the job reads, in RowSource.read_columns order
+    schema: pa.Schema  # those columns' types unified over the files, so every block has one schema
+    id_column: str | None
+    id_type: pa.DataType  # the id column's type, or string for derived ids
+    read_batch_size: int
+    block_rows: int  # rows per output block: one actor batch, so that each batch can go to another actor
+    skip: Any  # ObjectRef of the set of ids to leave out (settled), resolved once per worker
+    hashes: Any  # ObjectRef of {id: committed prompt hash} to compare (--id-column), or None
+
+
+_resolved: dict[int, Any] = {}  # id(ObjectRef) -> its value, per worker process
+
+
+def _get(ref: Any) -> Any:
+    if ref is None:
+        return None
+    key = id(ref)
+    if key not in _resolved:
+        import ray  # inside a Ray worker: installed and connected
+
+        _resolved.clear()  # one job per worker at a time: older values are garbage
+        _resolved[key] = ray.get(ref)
+    return _resolved[key]
+
+
+def read_file(batch: dict[str, Any], spec: ReadSpec) -> Iterator[pa.Table]:
+    """map_batches function (batch_size=1): the shard index in `batch` -> tables of its unsettled rows."""
+    skip = _get(spec.skip) or set()
+    hashes = _get(spec.hashes)
+    for index in batch["shard"]:
+        yield from _read_shard(spec, int(index), skip, hashes)
+
+
+def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> Iterator[pa.Table]:
+    shard, label, limit = spec.shards[index], spec.labels[index], spec.num_rows[index]
+    if limit <= 0:
+        return
+    row_index = 0
+    present = set(read_schema(shard).names)  # a passthrough column this file lacks is null in its rows
+    columns = [c for c in spec.columns if c in present]
+    for batch in iter_batches(shard, columns, spec.read_batch_size):
+        batch = batch.slice(0, limit - row_index)
+        invalid = invalid_cells(batch)
+        if spec.id_column:
+            ids = batch.column(batch.schema.get_field_index(spec.id_column)).to_pylist()
+        else:
+            ids = [f"{label}:{row_index + i}" for i in range(batch.num_rows)]
+        keep = [i for i, row_id in enumerate(ids) if row_id not in skip]
+        if keep:
+            table = _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
+            # Ray Data hands an actor whole blocks: a read batch as one block would go to one actor
+            for start in range(0, table.num_rows, spec.block_rows):
+                yield table.slice(start, spec.block_rows)
+        row_index += batch.num_rows
+        if row_index >= limit:
+            return
+
+
+def _table(spec: ReadSpec, batch: pa.RecordBatch, ids: list, keep: list[int], first_row: int,
+           invalid: dict[int, str], path: str, hashes: dict | None) -> pa.Table:
+    """The kept rows with every read column in its unified type (null where this file lacks it)."""
+    taken = batch.take(pa.array(keep, pa.int64()))
+    arrays, fields = [], []
+    for f in spec.schema:
+        index = taken.schema.get_field_index(f.name)
+        column = taken.column(index).cast(f.type) if index >= 0 else pa.nulls(len(keep), f.type)
+        arrays.append(column)
+        fields.append(f)
+    kept_ids = [ids[i] for i in keep]
+    extra = [
+        (pa.field(ROW_ID, spec.id_type), pa.array(kept_ids, spec.id_type)),
+        (pa.field(SOURCE_PATH, pa.string()), pa.array([path] * len(keep), pa.string())),
+        (pa.field(SOURCE_ROW, pa.int64()), pa.array([first_row + i for i in keep], pa.int64())),
+        (pa.field(INVALID, pa.string()), pa.array([invalid.get(i) for i in keep], pa.string())),
+        (pa.field(COMMITTED_HASH, pa.string()),
+         pa.array([hashes.get(i) if hashes else None for i in kept_ids], pa.string())),
+    ]
+    for f, array in extra:
+        fields.append(f)
+        arrays.append(array)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+class GenerateActor:
+    """map_batches actor class: one BatchGenerator (one loaded model) per actor."""
+
+    def __init__(self, config: JobConfig, schema: pa.Schema):
+        import logging
+
+        from batchgen.jobs.batch_fn import BatchGenerator
+
+        logging.getLogger("batchgen").setLevel(logging.WARNING)  # the driver logs the job
+        self.generate = BatchGenerator(config, schema=schema)
+        self.fingerprint = json.dumps(self.generate.model_fingerprint, sort_keys=True)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        out = self.generate(table)
+        return out.append_column(pa.field(MODEL_FINGERPRINT, pa.string()),
+                                 pa.array([self.fingerprint] * out.num_rows, pa.string()))

@@ -1,0 +1,168 @@
+"""Past one process: the same 512-row job through each executor, rows/s and overhead against one process.
+
+    nice -n 19 python -m benchmarks.scale_out                      # local vs ray (2 actors), 2 rounds
+    python -m benchmarks.scale_out --modes local,ray-warm --rounds 3 --json out.json
+
+The job: a tiny random Llama (tests/tiny.py), --rows prompts of 20-80 characters, greedy float32,
+--ignore-eos with --max-new-tokens (32), so every mode generates exactly the same tokens. Modes
+(MODES; a shards mode can be added beside them, one function each):
+
+- `local`: `python -m batchgen run` in one process (its threads on every core the machine leaves it).
+- `ray`: the same command with `--executor ray --ray-actors 2`: a fresh local Ray (all cores), two
+  CPU actors (one core each), the driver committing. End to end, Ray's start and the actors'
+  imports and model loads included.
+- `ray-warm`: one process that starts Ray (ray.init(num_cpus=2)) and runs an 8-row job first, then
+  times `batchgen.ray.run` of the job alone: what a job costs on a cluster that is already up (the
+  actors are created and load the model in it; Ray's worker processes are reused).
+
+Per run: `wall_s` (the command, or the timed call), `job_s` (_summary.json's wall_seconds: the
+local executor's streaming and commits, the model loaded before; the Ray driver's whole run),
+rows/s = rows / wall_s, `other_cores` the mean cores the rest of the machine kept busy meanwhile
+(benchmarks/sysload.py; Ray's own processes are not our waited-for children, so they count there
+too: compare it between local runs). Overhead of a mode = its median wall_s / local's median wall_s - 1;
+`overhead_job` compares the job seconds the same way. Rounds alternate the modes.
+Figures go to stdout as one JSON object (and --json FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.sysload import measure
+
+ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "BATCHGEN_LOG_LEVEL": "WARNING"}
+WARM_ROWS = 8
+# the ray-warm child: start Ray, run a short job (workers up), then time the job itself
+WARM_CHILD = """
+import json, sys, time
+import ray
+import batchgen.ray
+from batchgen.config import build_config
+args = json.loads(sys.argv[1])
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+batchgen.ray.run(build_config(None, **{**args["config"], "output": args["warm_output"], "max_rows": args["warm_rows"]}),
+                 num_actors=2)
+t0 = time.monotonic()
+summary = batchgen.ray.run(build_config(None, **args["config"]), num_actors=2)
+print(json.dumps({"wall_s": time.monotonic() - t0, "rows": summary.num_rows}))
+ray.shutdown()
+"""
+
+
+def make_job(directory: Path, num_rows: int) -> tuple[Path, Path]:
+    from tests.tiny import save_tiny_model_dir
+
+    model_dir = directory / "tiny-llama"
+    save_tiny_model_dir(model_dir)
+    rng = random.Random(0)
+    texts = ["".join(rng.choice("abcdefgh ijklmnop") for _ in range(rng.randint(20, 80))) for _ in range(num_rows)]
+    src = directory / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(num_rows)), "text": texts}), src, row_group_size=128)
+    return model_dir, src
+
+
+def job_settings(model_dir: Path, src: Path, out: Path, max_new_tokens: int) -> dict:
+    return {"inputs": [str(src)], "output": str(out), "model": str(model_dir), "id_column": "id", "chat": False,
+            "device": "cpu", "dtype": "float32", "max_new_tokens": max_new_tokens, "ignore_eos": True,
+            "kv_cache_memory": "64MiB", "quiet": True, "metrics": False}
+
+
+def cli_args(settings: dict) -> list[str]:
+    return ["--input", settings["inputs"][0], "--output", settings["output"], "--model", settings["model"],
+            "--id-column", "id", "--no-chat", "--device", "cpu", "--dtype", "float32", "--max-new-tokens",
+            str(settings["max_new_tokens"]), "--ignore-eos", "--kv-cache-memory", "64MiB", "--quiet", "--no-metrics"]
+
+
+def _job_seconds(out: Path) -> float:
+    return json.loads((out / "_summary.json").read_text())["wall_seconds"]
+
+
+def run_cli(settings: dict, extra: list[str]) -> dict:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "batchgen", "run", *cli_args(settings), *extra],
+                          env={**os.environ, **ENV}, capture_output=True, text=True)
+    wall_s = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {"wall_s": wall_s, "job_s": _job_seconds(Path(settings["output"]))}
+
+
+def mode_local(settings: dict) -> dict:
+    return run_cli(settings, [])
+
+
+def mode_ray(settings: dict) -> dict:
+    return run_cli(settings, ["--executor", "ray", "--ray-actors", "2"])
+
+
+def mode_ray_warm(settings: dict) -> dict:
+    args = {"config": settings, "warm_output": settings["output"] + "-warmup", "warm_rows": WARM_ROWS}
+    proc = subprocess.run([sys.executable, "-c", WARM_CHILD, json.dumps(args)], env={**os.environ, **ENV},
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"wall_s": record["wall_s"], "job_s": _job_seconds(Path(settings["output"]))}
+
+
+MODES: dict[str, Callable[[dict], dict]] = {"local": mode_local, "ray": mode_ray, "ray-warm": mode_ray_warm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--modes", default="local,ray,ray-warm", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; known: {', '.join(MODES)}")
+    if "local" not in modes:
+        modes.insert(0, "local")  # the baseline
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="scale_out-") as tmp:
+        directory = Path(tmp)
+        model_dir, src = make_job(directory, args.rows)
+        for r in range(args.rounds):
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # alternate who goes first
+                out = directory / f"{mode}-{r}"
+                with measure() as load:
+                    record = MODES[mode](job_settings(model_dir, src, out, args.max_new_tokens))
+                record["other_cores"] = load.to_dict()["other_cores"]
+                record["rows_per_s"] = args.rows / record["wall_s"]
+                runs[mode].append(record)
+                print(f"round {r} {mode}: {record['wall_s']:.1f} s, job {record['job_s']:.1f} s, "
+                      f"{record['rows_per_s']:.1f} rows/s", file=sys.stderr)
+    base_wall = statistics.median(x["wall_s"] for x in runs["local"])
+    base_job = statistics.median(x["job_s"] for x in runs["local"])
+    result = {"rows": args.rows, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+              "cpu_count": os.cpu_count(), "modes": {}}
+    for mode, records in runs.items():
+        wall = statistics.median(x["wall_s"] for x in records)
+        job = statistics.median(x["job_s"] for x in records)
+        result["modes"][mode] = {"wall_s": round(wall, 2), "job_s": round(job, 2),
+                                 "rows_per_s": round(args.rows / wall, 2),
+                                 "overhead": round(wall / base_wall - 1, 4),
+                                 "overhead_job": round(job / base_job - 1, 4), "runs": records}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
