@@ -98,7 +98,7 @@ def test_quanto_config_quantizes_on_load_and_runs(runner, tiny_model_dir, tokeni
 
 @pytest.mark.parametrize("method", ["gptq", "awq", "bitsandbytes"])
 def test_scheme_our_forward_cannot_run_is_refused_naming_it(runner, tiny_model_dir, tmp_path, method):  # noqa: F811
-    model_dir = tmp_path / method
+    model_dir = tmp_path / "model"  # not named after the method: the message must name it itself
     shutil.copytree(tiny_model_dir, model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     config["quantization_config"] = {"quant_method": method, "bits": 4}
@@ -107,4 +107,4 @@ def test_scheme_our_forward_cannot_run_is_refused_naming_it(runner, tiny_model_d
     result = invoke(runner, model_dir, src, tmp_path / "out")
     assert result.exit_code == 2, result.output
     message = result.output + (result.stderr if result.stderr_bytes else "")
-    assert method in message.lower(), message
+    assert f"pre-quantized with {method!r}" in message, message
