@@ -35,7 +35,7 @@ def test_refusals_exit_2_naming_the_setting(runner, tiny_model_dir, tmp_path, ar
 
 
 def test_prequantized_checkpoint_we_cannot_run_is_named(runner, tiny_model_dir, tmp_path):  # noqa: F811
-    model_dir = tmp_path / "gptq"
+    model_dir = tmp_path / "model"  # the message must name the method, not echo the path
     shutil.copytree(tiny_model_dir, model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}

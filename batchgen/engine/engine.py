@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine import attention, kv_quant, sizing
+from batchgen.engine import attention, kv_quant, prepack, sizing
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks, profile_activation_bytes
 from batchgen.engine.loader import find_eos_token_ids
@@ -61,6 +61,9 @@ class EngineConfig:
     adaptive_threads: bool = True
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
     cuda_graphs: bool = True  # CUDA + a graph-safe attention backend (flash): decode steps replay graphs
+    # CPU bf16/fp16: small calls of each linear layer run on a weight reordered once (engine/prepack.py);
+    # ignored with compile
+    prepack_weights: bool = True
 
 
 # a step that runs out of device memory is retried after freeing some: the KV cache loses this
@@ -79,6 +82,10 @@ class LLMEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        # before the KV cache is sized from what memory is left; not under torch.compile: inductor
+        # cannot lower the reordered (mkldnn-layout) weights (measured: a LoweringException)
+        if config.prepack_weights and not config.compile:
+            prepack.pack_linear_layers(model)
         text_config = getattr(model.config, "text_config", None) or model.config
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
         if eos_token_ids is None:

@@ -31,9 +31,25 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, device
     if kv_cache_dtype == "int8":
         return torch.int8
     if kv_cache_dtype == "fp8":
-        raise ConfigError("kv_cache_dtype fp8 is not available in this build: it needs CUDA with flash-attn's "
-                          "fp8 descale path, which batchgen does not wire yet; use int8 (every device)")
+        raise ConfigError(fp8_refusal(device))
     raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {kv_cache_dtype!r}")
+
+
+def fp8_refusal(device: torch.device) -> str:
+    """Why --kv-cache-dtype fp8 is refused on `device`, and what it would take.
+
+    fp8 (e4m3) pages need an attention kernel that reads them with per-(sequence, KV head) descale
+    factors. Of flash-attn's packages only flash-attn 3 has one (`flash_attn_3`, built from the
+    repository's hopper/ directory for sm90; not on PyPI): its `flash_attn_with_kvcache` and
+    `flash_attn_varlen_func` take `k_descale`/`v_descale` (and q must be fp8 too). The `flash_attn`
+    package our flash backend runs is flash-attn 2, whose functions have no descale arguments and
+    no fp8 inputs. Wiring flash-attn 3 needs a Hopper GPU to test, which this build was not
+    written on, so fp8 is refused everywhere rather than shipped untested."""
+    where = ("on CUDA it needs flash-attn 3's fp8 kernels (the flash_attn_3 package, Hopper/sm90: "
+             "k_descale/v_descale), which batchgen does not wire yet; flash-attn 2 has no fp8 path"
+             if device.type == "cuda" else
+             f"fp8 KV is CUDA-only (flash-attn 3 on Hopper) and this job runs on {device.type}")
+    return f"kv_cache_dtype fp8 is not available: {where}; use --kv-cache-dtype int8 (every device)"
 
 
 def scale_bytes_per_head(cache_dtype: torch.dtype) -> int:

@@ -143,6 +143,8 @@ def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: b
     is_local = os.path.isdir(model_dir)
     kwargs: dict = {"trust_remote_code": trust_remote_code}
     if is_local:
+        from batchgen.engine.quantize import check_config_quantization
+        check_config_quantization(model_dir, name)
         kwargs["local_files_only"] = True
         names = os.listdir(model_dir)
         if any(n.endswith(".safetensors") for n in names):

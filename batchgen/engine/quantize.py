@@ -224,6 +224,20 @@ def checkpoint_quantization(model: torch.nn.Module) -> str | None:
     return str(getattr(method, "value", method) or "unknown")
 
 
+def check_config_quantization(model_dir: str, name: str) -> None:
+    """Refuse, before transformers loads anything, a local checkpoint whose config.json names a
+    quantization method we cannot run: transformers would otherwise fail first with its own import
+    error ("No module named 'optimum.gptq'", "requires gptqmodel") that does not name the method."""
+    import json
+
+    try:
+        qc = json.loads((Path(model_dir) / "config.json").read_text()).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return  # no readable config: from_pretrained reports it
+    if isinstance(qc, dict) and qc.get("quant_method") is not None:
+        check_prequantized(str(qc["quant_method"]), name)
+
+
 def check_prequantized(method: str, name: str) -> None:
     from batchgen.errors import UnsupportedModelError
 

@@ -100,3 +100,14 @@ def test_oom_recovery_on_cuda(tokenizer, monkeypatch):
                 for i, (p, n) in enumerate(zip(prompts, max_new, strict=True))]
     got = {c.request_id: c.token_ids for c in engine.generate(requests)}
     assert [got[str(i)] for i in range(len(prompts))] == refs and engine.num_oom_retries == 1
+
+
+def test_fp8_kv_on_cuda_is_refused_naming_what_it_needs(tokenizer):
+    """fp8 KV is not wired (engine/kv_quant.fp8_refusal): on a real GPU the engine must refuse it up
+    front, naming flash-attn 3, not fall back to another cache dtype. When fp8 is wired, this test
+    becomes its greedy check against a dequantize-on-read reference."""
+    from batchgen.errors import ConfigError
+
+    model = make_tiny_model("llama", seed=1).to("cuda", torch.bfloat16)
+    with pytest.raises(ConfigError, match="flash-attn 3"):
+        LLMEngine(model, tokenizer, EngineConfig(kv_cache_bytes=64 * 2**20, kv_cache_dtype="fp8"), eos_token_ids=[-1])

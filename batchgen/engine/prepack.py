@@ -1,0 +1,104 @@
+"""CPU bf16/fp16 linear layers on oneDNN weights reordered once, for the small-batch steps.
+
+`F.linear` on a bf16 CPU tensor runs oneDNN's matmul (AMX or AVX-512 BF16 kernels), which first
+reorders the weight into the kernel's blocked layout, on every call. For a prefill chunk of
+thousands of tokens that reorder is lost in the matmul; for a decode step of a few dozen tokens it
+is a large share of the call: measured on SmolLM2-135M's shapes (K = 576 / 1536, 2 threads, AMX),
+a weight reordered once runs 1.2-1.75x faster at 16-256 rows and the 49152-wide LM head 1.9x at 64
+rows, while at 512-2048 rows the two are within noise of each other, sometimes the plain call
+ahead. So each linear layer keeps its own weight for large calls and gains a reordered copy for
+calls of at most SMALL_M_MAX rows: decode steps, the LM head (one row per sampling sequence) and
+short prefill tails. (`benchmarks/README.md`, issue 10, has the per-shape table.)
+
+The layers stay the model's own `nn.Linear` modules (names, parameters, state dict, tied weights
+untouched); only their `forward` is replaced, per instance. The copy costs the linear weights'
+bytes once more, so it is made only when that fits in MAX_EXTRA_MEMORY_SHARE of the memory
+available; a larger model keeps the plain path (a log line says so). float32 keeps the plain path:
+MKL's packed sgemm gained 5-20% but rounds differently on some shapes, and float32 is where the
+engine's greedy output equals `model.generate` token for token.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+# calls with at most this many rows (tokens) use the reordered weight (measured crossover: 256-512)
+SMALL_M_MAX = 256
+# the reorder's kernel choice is tuned for this many rows; any row count runs on the result
+PACK_ROWS_HINT = 64
+# the copies may take at most this share of MemAvailable (the KV cache is sized after them)
+MAX_EXTRA_MEMORY_SHARE = 0.25
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def supported(model: torch.nn.Module) -> bool:
+    """CPU, bf16/fp16 weights, and a oneDNN build with native kernels for that dtype."""
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu" or param.dtype not in _DTYPES:
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if param.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
+
+def packable_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """Plain `nn.Linear` layers with a plain dense weight in the model's dtype (a quantized layer,
+    a tensor subclass or a swapped module keeps its own kernel)."""
+    dtype = next(model.parameters()).dtype
+    out = []
+    for module in model.modules():
+        if type(module) is not torch.nn.Linear or getattr(module, "_batchgen_packed", None) is not None:
+            continue
+        w = module.weight
+        plain = type(w) is torch.nn.Parameter and type(w.data) is torch.Tensor and w.layout == torch.strided
+        if plain and w.dtype == dtype:
+            out.append(module)
+    return out
+
+
+def pack_linear_layers(model: torch.nn.Module, available_bytes: int | None = None) -> int:
+    """Give each packable linear layer a reordered weight for small calls; returns how many were
+    packed (0 when unsupported or too large). Idempotent: a second engine on the model reuses them."""
+    if not supported(model):
+        return 0
+    layers = packable_layers(model)
+    extra = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    if available_bytes is None:
+        available_bytes = _mem_available_bytes()
+    if available_bytes is not None and extra > MAX_EXTRA_MEMORY_SHARE * available_bytes:
+        log.info("linear weights: not reordered for small batches (a copy needs %.0f MiB, more than %.0f%% of "
+                 "the %.0f MiB available)", extra / 2**20, 100 * MAX_EXTRA_MEMORY_SHARE, available_bytes / 2**20)
+        return 0
+    with torch.no_grad():
+        for module in layers:
+            module._batchgen_packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS_HINT)
+            module.forward = types.MethodType(_packed_forward, module)
+    if layers:
+        log.info("linear weights: %d layers reordered once for calls of <= %d rows (%.0f MiB)", len(layers),
+                 SMALL_M_MAX, extra / 2**20)
+    return len(layers)
+
+
+def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if x.numel() <= SMALL_M_MAX * self.in_features and x.dtype == self.weight.dtype:
+        return torch.ops.mkldnn._linear_pointwise(x, self._batchgen_packed, self.bias, "none", [], "")
+    return F.linear(x, self.weight, self.bias)
+
+
+def _mem_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
