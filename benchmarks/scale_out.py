@@ -1,16 +1,20 @@
 """Past one process: the same 512-row job through each executor, rows/s and overhead against one process.
 
-    nice -n 19 python -m benchmarks.scale_out                      # local vs ray (2 actors), 2 rounds
+    nice -n 19 python -m benchmarks.scale_out                      # local vs 2 shards vs ray (2 actors), 2 rounds
     python -m benchmarks.scale_out --modes local,ray-warm --rounds 3 --json out.json
 
 The job: a tiny random Llama (tests/tiny.py), --rows prompts of 20-80 characters, greedy float32,
 --ignore-eos with --max-new-tokens (32), so every mode generates exactly the same tokens. Modes
-(MODES; a shards mode can be added beside them, one function each):
+(MODES, one function each):
 
 - `local`: `python -m batchgen run` in one process (its threads on every core the machine leaves it).
 - `ray`: the same command with `--executor ray --ray-actors 2`: a fresh local Ray (all cores), two
   CPU actors (one core each), the driver committing. End to end, Ray's start and the actors'
   imports and model loads included.
+- `shards`: `--num-shards 2`, shard 0 and shard 1 as two `batchgen run` processes started together
+  (the way Airflow's mapped tasks run on one worker), each with one OpenMP thread so the two share
+  the cores without spinning against each other, then `batchgen finalize`. End to end: both
+  processes' start-up and model load, and the finalize.
 - `ray-warm`: one process that starts Ray (ray.init(num_cpus=2)) and runs an 8-row job first, then
   times `batchgen.ray.run` of the job alone: what a job costs on a cluster that is already up (the
   actors are created and load the model in it; Ray's worker processes are reused).
@@ -107,6 +111,23 @@ def mode_ray(settings: dict) -> dict:
     return run_cli(settings, ["--executor", "ray", "--ray-actors", "2"])
 
 
+def mode_shards(settings: dict, num_shards: int = 2) -> dict:
+    env = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "batchgen", "run", *cli_args(settings), "--num-shards",
+                               str(num_shards), "--shard-index", str(i)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for i in range(num_shards)]
+    errors = [p.communicate()[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    done = subprocess.run([sys.executable, "-m", "batchgen", "finalize", "--output", settings["output"]],
+                          env={**os.environ, **ENV}, capture_output=True, text=True)
+    wall_s = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = Path(settings["output"])
+    job_s = max(_job_seconds(out / f"shard-{i}-of-{num_shards}") for i in range(num_shards))
+    return {"wall_s": wall_s, "job_s": job_s}
+
+
 def mode_ray_warm(settings: dict) -> dict:
     args = {"config": settings, "warm_output": settings["output"] + "-warmup", "warm_rows": WARM_ROWS}
     proc = subprocess.run([sys.executable, "-c", WARM_CHILD, json.dumps(args)], env={**os.environ, **ENV},
@@ -116,14 +137,15 @@ def mode_ray_warm(settings: dict) -> dict:
     return {"wall_s": record["wall_s"], "job_s": _job_seconds(Path(settings["output"]))}
 
 
-MODES: dict[str, Callable[[dict], dict]] = {"local": mode_local, "ray": mode_ray, "ray-warm": mode_ray_warm}
+MODES: dict[str, Callable[[dict], dict]] = {"local": mode_local, "shards": mode_shards, "ray": mode_ray,
+                                            "ray-warm": mode_ray_warm}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--modes", default="local,ray,ray-warm", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--modes", default="local,shards,ray,ray-warm", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
