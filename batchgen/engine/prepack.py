@@ -26,6 +26,8 @@ import types
 import torch
 import torch.nn.functional as F
 
+from batchgen.engine.kv_cache import available_cpu_bytes
+
 log = logging.getLogger(__name__)
 
 # calls with at most this many rows (tokens) use the reordered weight (measured crossover: 256-512)
@@ -72,8 +74,8 @@ def pack_linear_layers(model: torch.nn.Module, available_bytes: int | None = Non
     layers = packable_layers(model)
     extra = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     if available_bytes is None:
-        available_bytes = _mem_available_bytes()
-    if available_bytes is not None and extra > MAX_EXTRA_MEMORY_SHARE * available_bytes:
+        available_bytes = available_cpu_bytes()  # the same figure the KV cache is then sized from
+    if extra > MAX_EXTRA_MEMORY_SHARE * available_bytes:
         log.info("linear weights: not reordered for small batches (a copy needs %.0f MiB, more than %.0f%% of "
                  "the %.0f MiB available)", extra / 2**20, 100 * MAX_EXTRA_MEMORY_SHARE, available_bytes / 2**20)
         return 0
@@ -92,13 +94,3 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self._batchgen_packed, self.bias, "none", [], "")
     return F.linear(x, self.weight, self.bias)
 
-
-def _mem_available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
