@@ -12,6 +12,7 @@ environment change:
   passive   OMP_WAIT_POLICY=PASSIVE on all cores, no governor
   1thread   OMP_NUM_THREADS=1: one compute thread, the other cores left free (vLLM-CPU's choice on 2 cores)
   spin-governor  libgomp's wait policy with the thread governor (BATCHGEN_OMP_DEFAULTS=0)
+  shortspin-governor  idle threads spin 10k iterations (GOMP_SPINCOUNT) then sleep, with the governor
 
 `--busy N` runs each round a second time with N single-threaded busy loops beside the job (nice 0),
 the situation of a shared cron box or a CI runner with a neighbour. Variants run round-robin,
@@ -42,6 +43,7 @@ VARIANTS = {
     "passive": {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": ALL_CORES},
     "1thread": {"OMP_NUM_THREADS": "1"},
     "spin-governor": {"BATCHGEN_OMP_DEFAULTS": "0"},
+    "shortspin-governor": {"GOMP_SPINCOUNT": "10000"},
 }
 # what the variants set, removed from the inherited environment so each runs exactly its own
 _OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "BATCHGEN_OMP_DEFAULTS")

@@ -33,7 +33,9 @@ def reference(q, k_cache, v_cache, tables, context_lens, block_size, scale):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size"),
                          [(9, 3, 64, 16), (4, 4, 128, 8), (8, 2, 80, 1), (2, 1, 8, 32), (32, 8, 64, 16),
-                          (34, 2, 32, 16)])  # 17 query heads per KV head: more than one 16-head chunk
+                          (34, 2, 32, 16),  # 17 query heads per KV head: more than one 16-head chunk
+                          (36, 2, 64, 16),  # bf16 path: 18 query heads per KV head, more than one register pass
+                          (6, 2, 64, 5)])  # bf16 path: 16-token groups that straddle 5-token blocks
 def test_matches_plain_attention(kernel, dtype, num_heads, num_kv_heads, head_dim, block_size):
     rng = random.Random(head_dim * block_size)
     gen = torch.Generator().manual_seed(num_heads)
