@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine import attention, kv_quant, prepack, sizing
+from batchgen.engine import attention, fused, kv_quant, prepack, sizing
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks, profile_activation_bytes
 from batchgen.engine.loader import find_eos_token_ids
@@ -64,6 +64,8 @@ class EngineConfig:
     # CPU bf16/fp16: small calls of each linear layer run on a weight reordered once (engine/prepack.py);
     # ignored with compile
     prepack_weights: bool = True
+    # CPU bf16: Llama-style RMSNorm and SiLU * up run as single fused C calls (engine/fused.py)
+    fuse_pointwise: bool = True
 
 
 # a step that runs out of device memory is retried after freeing some: the KV cache loses this
@@ -86,6 +88,8 @@ class LLMEngine:
         # cannot lower the reordered (mkldnn-layout) weights (measured: a LoweringException)
         if config.prepack_weights and not config.compile:
             prepack.pack_linear_layers(model)
+        if config.fuse_pointwise and not config.compile:  # inductor fuses these itself
+            fused.fuse_pointwise(model)
         text_config = getattr(model.config, "text_config", None) or model.config
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
         if eos_token_ids is None:

@@ -26,6 +26,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
+POINTWISE_SOURCE = Path(__file__).parent / "csrc" / "pointwise.c"  # fused RMSNorm, SiLU * up (engine/fused.py)
 # compile flags: -fopenmp both for the parallel loop and for `omp simd` reductions (they vectorize
 # float sums without -ffast-math, whose crtfastmath would change denormal handling process-wide)
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-strict-aliasing", "-fPIC"]
@@ -107,30 +108,42 @@ def _compiler() -> str:
     return cc
 
 
-def _build() -> Path:
+@functools.cache
+def load_library(source_path: Path) -> ctypes.CDLL | None:
+    """Another csrc/ file built the same way (cached, atomic publish); None where it cannot be built."""
+    if os.environ.get("BATCHGEN_NO_NATIVE"):
+        return None
+    try:
+        return ctypes.CDLL(str(_build(source_path)))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        log.warning("CPU kernels of %s unavailable (%s); using the torch ops", source_path.name, e)
+        return None
+
+
+def _build(source_path: Path = SOURCE) -> Path:
     cc = _compiler()
-    source = SOURCE.read_bytes()
+    source = source_path.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, " ".join(CFLAGS).encode(), version.encode(),
                                      _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
     from batchgen.engine.loader import cache_root
 
     out_dir = cache_root() / "kernels"
-    target = out_dir / f"paged_decode-{key}.so"
+    target = out_dir / f"{source_path.stem}-{key}.so"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        obj, lib = Path(tmp) / "paged_decode.o", Path(tmp) / "paged_decode.so"
-        compile_cmd = [cc, *CFLAGS, "-c", str(SOURCE), "-o", str(obj)]
+        obj, lib = Path(tmp) / f"{source_path.stem}.o", Path(tmp) / f"{source_path.stem}.so"
+        compile_cmd = [cc, *CFLAGS, "-c", str(source_path), "-o", str(obj)]
         # linked without -ffast-math-like flags: nothing may change the process's FP environment
-        link_cmd = [cc, "-shared", "-fopenmp", str(obj), "-o", str(lib)]
+        link_cmd = [cc, "-shared", "-fopenmp", str(obj), "-o", str(lib), "-lm"]
         for cmd in (compile_cmd, link_cmd):
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
             if done.returncode:
                 raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {done.stderr.strip()[:500]}")
         os.replace(lib, target)
-    log.info("built the CPU attention kernel: %s", target)
+    log.info("built the CPU kernels of %s: %s", source_path.name, target)
     return target
 
 

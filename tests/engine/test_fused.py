@@ -1,0 +1,109 @@
+"""Fused CPU pointwise kernels (engine/fused.py, csrc/pointwise.c): the eager ops' results, the
+same model, and only on modules whose forward they reproduce."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from batchgen.engine import fused
+from batchgen.engine.engine import EngineConfig, LLMEngine
+from batchgen.engine.request import Request, SamplingParams
+from tests.tiny import make_tiny_model
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def kernels() -> fused.PointwiseKernels:
+    k = fused.load()
+    assert k is not None, "the kernels must build where a C compiler is present (CI has gcc)"
+    return k
+
+
+def eager_rms_norm(x, weight, eps):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 64), (1, 7, 576), (3, 5, 40), (1, 300, 576)])  # 300 x 576: threaded
+def test_rms_norm_rounds_where_the_eager_norm_rounds(kernels, shape):
+    gen = torch.Generator().manual_seed(shape[-1])
+    x = (torch.randn(shape, generator=gen) * 4).to(BF16)
+    x[..., 0] = 0
+    weight = (torch.rand(shape[-1], generator=gen) + 0.5).to(BF16)
+    got, expected = kernels.rms_norm(x, weight, 1e-5), eager_rms_norm(x, weight, 1e-5)
+    assert got.dtype == BF16 and got.shape == x.shape
+    # only the order of the f32 sum of squares differs: at most one bf16 step, on a rare element
+    torch.testing.assert_close(got.float(), expected.float(), rtol=8e-3, atol=1e-6)
+    assert (got == expected).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("numel", [1, 33, 4096 * 3 + 5, 70_000])  # 70k elements: threaded
+def test_silu_mul_equals_the_eager_activation(kernels, numel):
+    gen = torch.Generator().manual_seed(numel)
+    gate = (torch.randn(numel, generator=gen) * 6).to(BF16)
+    gate[:1] = -200.0  # exp(-gate) overflows f32: silu is -0, not NaN
+    up = torch.randn(numel, generator=gen).to(BF16)
+    got, expected = kernels.silu_mul(gate, up), F.silu(gate) * up
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.float(), expected.float(), rtol=8e-3, atol=1e-30)
+    assert (got == expected).float().mean() > 0.99
+
+
+def test_fuses_norms_and_mlps_of_a_bf16_llama_and_keeps_its_logits():
+    model = make_tiny_model("llama", seed=3).to(BF16)
+    ids = torch.randint(3, 200, (1, 37))
+    with torch.inference_mode():
+        expected = model(ids).logits
+    layers = model.config.num_hidden_layers
+    assert fused.fuse_pointwise(model) == 2 * layers + 1 + layers  # 2 norms a layer, the final norm, MLPs
+    assert fused.fuse_pointwise(model) == 3 * layers + 1, "idempotent"
+    with torch.inference_mode():
+        got = model(ids).logits
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    assert sorted(model.state_dict()) == sorted(make_tiny_model("llama", seed=3).state_dict())
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+def test_copies_of_the_llama_modules_are_fused_too(arch):
+    model = make_tiny_model(arch).to(BF16)
+    assert fused.fuse_pointwise(model) == 3 * model.config.num_hidden_layers + 1
+
+
+def test_float32_models_and_other_forwards_are_left_alone():
+    assert fused.fuse_pointwise(make_tiny_model("llama")) == 0  # float32: token-for-token with generate
+
+    class ShiftedNorm(LlamaRMSNorm):  # same attributes, another computation (Gemma's 1 + weight, say)
+        def forward(self, hidden_states):
+            return super().forward(hidden_states) + hidden_states
+
+    model = torch.nn.Sequential(ShiftedNorm(16).to(BF16))
+    assert fused.fuse_pointwise(model) == 0
+    assert "forward" not in vars(model[0])
+
+
+def test_autograd_runs_the_original_forward():
+    model = make_tiny_model("llama", seed=1).to(BF16)
+    fused.fuse_pointwise(model)
+    loss = model(torch.randint(3, 200, (1, 9))).logits.float().sum()
+    loss.backward()  # the fused kernels have no backward; with grad enabled the eager ops run
+    assert model.model.norm.weight.grad is not None
+
+
+def test_engine_fuses_a_bf16_model_unless_told_not_to(tokenizer):
+    def generate(fuse: bool) -> tuple[list[list[int]], bool]:
+        model = make_tiny_model("llama", seed=5).to(BF16)
+        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64, fuse_pointwise=fuse))
+        requests = [Request(str(i), list(range(10 + i, 30 + 2 * i)), SamplingParams(max_new_tokens=6, ignore_eos=True))
+                    for i in range(4)]
+        out = {c.request_id: c.token_ids for c in engine.generate(requests)}
+        return [out[str(i)] for i in range(4)], any(getattr(m, "_batchgen_fused", False) for m in model.modules())
+
+    fused_tokens, was_fused = generate(True)
+    plain_tokens, was_plain = generate(False)
+    assert was_fused and not was_plain
+    assert fused_tokens == plain_tokens  # the kernels round as the eager ops do
