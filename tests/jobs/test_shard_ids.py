@@ -11,7 +11,7 @@ def test_disjoint_shards_share_nothing_and_the_spill_is_removed():
         for shard in range(3):
             check.add(shard, range(shard * 1000, (shard + 1) * 1000))
         assert check.first_shared() is None
-        assert len(check.used) > 1 and check.directory.is_dir()
+        assert len(check.files) > 1 and check.directory.is_dir()
     assert not check.directory.exists()
 
 
