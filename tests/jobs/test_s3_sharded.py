@@ -105,8 +105,9 @@ def test_two_shards_to_one_prefix_then_finalize_equal_one_process(src, tiny_mode
     assert str(files.html_path) == f"{s3_out}/_report/report.html"
     page = store.read_bytes("_report/report.html").decode()
     assert "batchgen sharded job" in page and "shard 1" in page and f"{NUM_ROWS} of {NUM_ROWS}" in page
-    local = render_report(s3_out, dest=tmp_path / "r")
-    assert "Rows per job shard" in local.html_path.read_text()
+    assert "Rows per job shard" in page
+    one = render_report(shard_url(s3_out, 0), dest=tmp_path / "one").html_path.read_text()  # one job on a store
+    assert "batchgen job: shard-0-of-2" in one and "keeps no metrics files" in one
 
     result = compact_output(s3_out)  # every shard compacted, the job's _SUCCESS written again
     assert result.num_parts_after == 2 < result.num_parts_before and store.exists(SUCCESS_FILE)
