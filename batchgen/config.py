@@ -215,16 +215,13 @@ class JobConfig:
     def _object_store_output(self) -> None:
         """What an s3:// / gs:// --output (batchgen.io.store) does not support yet: refused before any work.
 
-        A sharded job's set (OUTPUT/shard-I-of-N/, `batchgen finalize`) and the OpenAI Batch files
-        (batchgen.jobs.openai_output: temp files renamed into place) are written on a local filesystem."""
+        The OpenAI Batch files (batchgen.jobs.openai_output: temp files renamed into place) are
+        written on a local filesystem. A sharded job's shards (OUTPUT/shard-I-of-N/ prefixes) and
+        `batchgen finalize` work on a store."""
         from batchgen.io.store import is_url
 
         if not is_url(self.output):
             return
-        if self.num_shards is not None:
-            raise ConfigError(f"--num-shards/--shard-index need a local or mounted --output directory, not "
-                              f"{self.output}: a sharded job's shard directories and `batchgen finalize` are "
-                              "local-filesystem only")
         if self.output_format != "parquet":
             raise ConfigError(f"--output-format {self.output_format} needs a local or mounted --output directory, "
                               f"not {self.output}: the Batch API output files are written on a local filesystem; "

@@ -175,7 +175,6 @@ def test_validate_returns_self_and_replace_revalidates():
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    (dict(num_shards=2, shard_index=0), "--num-shards/--shard-index need a local or mounted --output"),
     (dict(input_format="openai-batch", output_format="openai-batch"),
      "--output-format openai-batch needs a local or mounted --output"),
     (dict(input_format="openai-batch", output_format="both"), "--output-format both needs a local or mounted"),
@@ -183,6 +182,11 @@ def test_validate_returns_self_and_replace_revalidates():
 def test_object_store_output_refuses_what_it_cannot_write(changes, message):
     with pytest.raises(ConfigError, match=message):
         build_config(None, **{**REQUIRED, "output": "s3://bucket/prefix", **changes})
+
+
+def test_object_store_output_takes_a_shard_of_a_sharded_job():
+    config = build_config(None, **{**REQUIRED, "output": "s3://bucket/prefix", "num_shards": 2, "shard_index": 1})
+    assert (config.num_shards, config.shard_index) == (2, 1)
 
 
 @pytest.mark.parametrize(("changes", "message"), [

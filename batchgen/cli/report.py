@@ -14,15 +14,15 @@ from batchgen.cli.console import user_errors
 
 @app.command()
 def report(
-    output_dir: Annotated[Path, typer.Argument(help="Output directory of a job: finished, running "
-                                               "or killed.")],
-    to: Annotated[Path | None, typer.Option("--to", metavar="DIR", help="Directory for report.html (and the PNGs) "
-                  "[OUTPUT_DIR/_report].")] = None,
+    output_dir: Annotated[str, typer.Argument(help="Output directory of a job (or s3:// prefix): finished, "
+                                              "running or killed; a sharded job's gets one page over its shards.")],
+    to: Annotated[Path | None, typer.Option("--to", metavar="DIR", help="Local directory for report.html (and the "
+                  "PNGs) [OUTPUT_DIR/_report, in the store for an s3:// output].")] = None,
     png: Annotated[bool, typer.Option("--png", help="Also write each figure as a PNG file.")] = False,
 ) -> None:
     """One HTML page of a job's figures: throughput, batch and KV use, step times, lengths, shards, errors."""
     with user_errors():
-        from batchgen.monitor.report import render_job_report
+        from batchgen.jobs.sharded_report import render_report
 
-        files = render_job_report(output_dir, dest=to, png=png)
+        files = render_report(output_dir, dest=to, png=png)
     typer.echo(json.dumps({"html": str(files.html_path), "png": [str(p) for p in files.png_paths]}))

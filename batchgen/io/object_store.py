@@ -117,6 +117,9 @@ class ObjectStore(OutputStore):
 
         return lease_holder(self)
 
+    def sub(self, name: str) -> ObjectStore:
+        return ObjectStore(self.fs, self._key(name), f"{self.url}/{name}")  # the same connection
+
 
 def _not_found(e: OSError) -> bool:
     return "NoSuchKey" in str(e) or "not found" in str(e).lower() or "does not exist" in str(e)

@@ -91,6 +91,10 @@ class OutputStore:
         """Who holds the output now (read-only), else None."""
         raise NotImplementedError
 
+    def sub(self, name: str) -> OutputStore:
+        """The store of the directory (or prefix) `name` under this one: a sharded job's shard-I-of-N/."""
+        raise NotImplementedError
+
     # -- shared --------------------------------------------------------------------------------------
     def exists(self, name: str) -> bool:
         sub, _, base = name.rpartition("/")
@@ -208,6 +212,9 @@ class LocalStore(OutputStore):
         from batchgen.io.lock import lock_holder
 
         return lock_holder(self.root)
+
+    def sub(self, name: str) -> LocalStore:
+        return LocalStore(self.root / name)
 
 
 def is_url(text: str | Path) -> bool:

@@ -56,11 +56,10 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
     store = open_store(out_dir)
     out_dir = store.path() if isinstance(store, LocalStore) else store
     if not is_job_dir(store):
-        if isinstance(out_dir, Path):  # sharded jobs are local only (config.check_output_combinations)
-            from batchgen.jobs.sharded import compact_sharded, is_sharded_output
+        from batchgen.jobs.sharded import compact_sharded, is_sharded_output
 
-            if is_sharded_output(out_dir):  # each shard compacted; the job's _SUCCESS written again
-                return compact_sharded(out_dir)
+        if is_sharded_output(store):  # each shard compacted; the job's _SUCCESS written again
+            return compact_sharded(store)
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
     with store.lock() as lock:
         manifest = Manifest(store, load_manifest(store, keep_rows=True, keep_hashes=True), guard=lock)

@@ -8,9 +8,14 @@ The checks, in the order a failing one is reported (each names the shard):
     files (the identity digest its runs recorded), and no row id is committed by two shards
         -> ShardsMismatch (exit 2): the set is not one job; rerun the odd shard with --overwrite
 
-Then OUTPUT/_summary.json (the totals and each shard's summary) and OUTPUT/_SUCCESS (last) are
-written. Finalize reads the shards' manifests and writes only those two files, plus, when the shards
-wrote OpenAI Batch API files (--output-format openai-batch or both), the job's own pair
+The id check spills each shard's ids to local disk in hash buckets (batchgen.jobs.shard_ids), so
+its memory does not grow with the whole job. Then OUTPUT/_summary.json (the totals and each
+shard's summary) and OUTPUT/_SUCCESS (last) are written. OUTPUT may be a local directory or an
+object-store prefix (s3://bucket/prefix): the checks and files are the same, read and written
+through the store (batchgen.io.store), and a running shard is one holding its lease.
+
+Finalize reads the shards' manifests and writes only those two files, plus, when the shards wrote
+OpenAI Batch API files (--output-format openai-batch or both), the job's own pair
 (OUTPUT/output.jsonl and errors.jsonl, or OUTPUT/_openai_batch/ for both) from every shard's
 committed rows, in shard order (batchgen.jobs.openai_output; the shards keep theirs). Running it
 again is harmless (the same bytes), and a shard rerun that changes rows removes OUTPUT/_SUCCESS
@@ -19,80 +24,104 @@ again is harmless (the same bytes), and a shard rerun that changes rows removes 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgen.errors import ConfigError, OutputError, ShardsIncomplete, ShardsMismatch
-from batchgen.io.lock import lock_holder
+from batchgen.errors import OutputError, ShardsIncomplete, ShardsMismatch
 from batchgen.io.manifest import (
     SUCCESS_FILE,
-    ManifestState,
     clear_success,
     fingerprint_digest,
     is_job_dir,
     load_manifest,
+    write_success,
 )
-from batchgen.io.writers import write_json_atomic
+from batchgen.io.store import LocalStore, OutputStore, open_store
+from batchgen.io.writers import json_bytes
 from batchgen.jobs.fingerprint import fingerprint_changes
 from batchgen.jobs.openai_output import SUCCESS_KEY, recorded_batch_files, write_batch_files
 from batchgen.jobs.session import BATCH_BOTH_DIR, BATCH_FILES, SUMMARY_FILE
-from batchgen.jobs.sharded import ShardDir, list_shard_dirs, num_shards_of
+from batchgen.jobs.shard_ids import SharedIdCheck
+from batchgen.jobs.sharded import ShardDir, list_shard_dirs, num_shards_of, output_location
 from batchgen.jobs.split import shard_dir_name
 
 
 @dataclass(slots=True)
 class CheckedShard:
+    """What finalize keeps of a checked shard: its manifest's figures, not its ids."""
+
     dir: ShardDir
-    state: ManifestState
+    fingerprint: dict[str, Any] | None
+    job_inputs: str | None  # the digest of every input file's identity its runs recorded
+    num_rows: int  # committed rows, error rows included
+    num_rows_error: int
 
 
-def check_shards(output: str | Path) -> list[CheckedShard]:
+def check_shards(output: str | Path | OutputStore) -> list[CheckedShard]:
     """The job's shards, in order, once every check above has passed."""
-    output = Path(output)
-    if is_job_dir(output):
+    store = open_store(output)
+    output = output_location(store)
+    if is_job_dir(store):
         raise OutputError(f"{output} is the output of an unsharded job (it has a _manifest): its own `batchgen run` "
                           "writes its _SUCCESS; finalize is for jobs run with --num-shards")
-    dirs = list_shard_dirs(output)
+    dirs = list_shard_dirs(store)
     if not dirs:
         raise OutputError(f"{output} holds no shard directories (shard-I-of-N/): run the shards with "
                           "`batchgen run --num-shards N --shard-index I --output DIR` first")
     num_shards = num_shards_of(output, dirs)
     by_index = {d.index: d for d in dirs}
-    missing = [i for i in range(num_shards) if i not in by_index or not is_job_dir(by_index[i].path)]
+    missing = [i for i in range(num_shards) if i not in by_index or not is_job_dir(by_index[i].store)]
     if missing:
         shown = ", ".join(map(str, missing))
         raise ShardsIncomplete(f"{output}: {len(missing)} of {num_shards} shards never started or wrote nothing "
-                               f"(--shard-index {shown}; {output / shard_dir_name(missing[0], num_shards)} has no "
+                               f"(--shard-index {shown}; {store / shard_dir_name(missing[0], num_shards)} has no "
                                "manifest); run them, then finalize again")
-    shards = []
-    for index in range(num_shards):
-        shard_dir = by_index[index]
-        _check_complete(shard_dir)
-        state = load_manifest(shard_dir.path)
-        shards.append(CheckedShard(shard_dir, state))
-    _check_one_job(output, shards)
+    successes = [_check_complete(by_index[index]) for index in range(num_shards)]
+    expected_ids = sum(int(s.get("rows") or 0) for s in successes)
+    shards: list[CheckedShard] = []
+    with SharedIdCheck(expected_ids) as ids:
+        for index in range(num_shards):  # one shard's manifest (and ids) in memory at a time
+            state = load_manifest(by_index[index].store)
+            shard = CheckedShard(by_index[index], state.fingerprint, _job_inputs(state.inputs),
+                                 state.num_committed_rows, len(state.error_ids))
+            _check_same_job(output, shards[0] if shards else shard, shard)
+            ids.add(index, itertools.chain(state.ok_ids, state.error_ids))
+            shards.append(shard)
+            del state
+        shared = ids.first_shared()
+    if shared is not None:
+        row_id, first, second = shared
+        raise ShardsMismatch(f"{output}: row {row_id!r} is committed by shard {first} and shard {second}; with "
+                             "--id-column every id must be unique over the whole input (a row in two shards would "
+                             "be output twice)")
     return shards
 
 
-def _check_complete(shard: ShardDir) -> None:
-    holder = lock_holder(shard.path)
+def _check_complete(shard: ShardDir) -> dict[str, Any]:
+    """The shard's _SUCCESS, once it is known not running and complete."""
+    holder = shard.store.holder()  # the local lock's or the object store's lease holder
     if holder is not None:
         raise ShardsIncomplete(f"shard {shard.index} of {shard.num_shards} ({shard.path}) is still running (pid "
                                f"{holder.get('pid')} on {holder.get('host')}); finalize once it has finished")
-    if not (shard.path / SUCCESS_FILE).is_file():
-        why = _why_incomplete(shard.path)
-        raise ShardsIncomplete(f"shard {shard.index} of {shard.num_shards} ({shard.path}) did not complete ({why}); "
-                               "rerun its `batchgen run` command to resume it, then finalize again")
-
-
-def _why_incomplete(path: Path) -> str:
-    """The shard's last summary says how far it got, and why it stopped where it knows."""
     try:
-        summary = json.loads((path / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
+        success = json.loads(shard.store.read_bytes(SUCCESS_FILE) or b"{}")
+    except FileNotFoundError:
+        why = _why_incomplete(shard.store)
+        raise ShardsIncomplete(f"shard {shard.index} of {shard.num_shards} ({shard.path}) did not complete ({why}); "
+                               "rerun its `batchgen run` command to resume it, then finalize again") from None
+    except ValueError:  # a _SUCCESS of another writer: it counts, its figures do not
+        success = {}
+    return success if isinstance(success, dict) else {}
+
+
+def _why_incomplete(store: OutputStore) -> str:
+    """The shard's last summary says how far it got, and why it stopped where it knows."""
+    summary = _read_summary(store)
+    if summary is None:
         return f"no {SUCCESS_FILE}"
     rows, errors = summary.get("output_rows"), summary.get("output_rows_error")
     if summary.get("complete") is False and not summary.get("partial"):
@@ -100,54 +129,40 @@ def _why_incomplete(path: Path) -> str:
     return f"no {SUCCESS_FILE}: it stopped after committing {rows} rows"
 
 
-def _check_one_job(output: Path, shards: list[CheckedShard]) -> None:
-    first = shards[0]
-    first_digest = fingerprint_digest(first.state.fingerprint)
-    first_inputs = _job_inputs(first)
-    owner: dict[Any, int] = {}
-    for shard in shards:
-        name, fingerprint = shard.dir.path.name, shard.state.fingerprint
-        if fingerprint_digest(fingerprint) != first_digest:
-            changes = fingerprint_changes(first.state.fingerprint or {}, fingerprint or {}) or ["model settings"]
-            raise ShardsMismatch(f"{output}: {name} was run with other settings than {first.dir.path.name}: "
-                                 f"{'; '.join(changes[:5])}. Every shard of a job runs the same command but for "
-                                 f"--shard-index: rerun {name} with the job's settings and --overwrite")
-        if _job_inputs(shard) != first_inputs:
-            raise ShardsMismatch(f"{output}: {name} read other input files than {first.dir.path.name} (files added, "
-                                 "removed or changed between their runs move the split); rerun every shard with "
-                                 "--overwrite over the same inputs")
-        for row_id in (*shard.state.ok_ids, *shard.state.error_ids):
-            other = owner.setdefault(row_id, shard.dir.index)
-            if other != shard.dir.index:
-                raise ShardsMismatch(f"{output}: row {row_id!r} is committed by shard {other} and shard "
-                                     f"{shard.dir.index}; with --id-column every id must be unique over the whole "
-                                     "input (a row in two shards would be output twice)")
+def _read_summary(store: OutputStore) -> dict[str, Any] | None:
+    try:
+        summary = json.loads(store.read_bytes(SUMMARY_FILE))
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
-def _job_inputs(shard: CheckedShard) -> str | None:
-    split = (shard.state.inputs or {}).get("split") or {}
+def _check_same_job(output: Path | OutputStore, first: CheckedShard, shard: CheckedShard) -> None:
+    name = shard.dir.store.name
+    if fingerprint_digest(shard.fingerprint) != fingerprint_digest(first.fingerprint):
+        changes = fingerprint_changes(first.fingerprint or {}, shard.fingerprint or {}) or ["model settings"]
+        raise ShardsMismatch(f"{output}: {name} was run with other settings than {first.dir.store.name}: "
+                             f"{'; '.join(changes[:5])}. Every shard of a job runs the same command but for "
+                             f"--shard-index: rerun {name} with the job's settings and --overwrite")
+    if shard.job_inputs != first.job_inputs:
+        raise ShardsMismatch(f"{output}: {name} read other input files than {first.dir.store.name} (files added, "
+                             "removed or changed between their runs move the split); rerun every shard with "
+                             "--overwrite over the same inputs")
+
+
+def _job_inputs(inputs: dict[str, Any] | None) -> str | None:
+    split = (inputs or {}).get("split") or {}
     return split.get("job_inputs")
 
 
-def finalize_output(output: str | Path) -> dict[str, Any]:
+def finalize_output(output: str | Path | OutputStore) -> dict[str, Any]:
     """Check the set (check_shards), then write OUTPUT/_summary.json and OUTPUT/_SUCCESS; the summary."""
-    from batchgen.io.store import is_url
-
-    if is_url(output):  # sharded jobs are refused with an object-store output (JobConfig.validate)
-        raise ConfigError(f"finalize --output {output}: sharded jobs need a local or mounted output directory; "
-                          "an object-store output is never sharded")
-    output = Path(output)
-    shards = check_shards(output)
-    per_shard = []
-    for shard in shards:
-        try:
-            summary = json.loads((shard.dir.path / SUMMARY_FILE).read_text())
-        except (OSError, ValueError):
-            summary = None
-        per_shard.append({"index": shard.dir.index, "output": str(shard.dir.path),
-                          "rows": shard.state.num_committed_rows, "rows_error": len(shard.state.error_ids),
-                          "summary": summary})
-    digest = fingerprint_digest(shards[0].state.fingerprint)
+    store = open_store(output)
+    output = output_location(store)
+    shards = check_shards(store)
+    per_shard = [{"index": shard.dir.index, "output": str(shard.dir.path), "rows": shard.num_rows,
+                  "rows_error": shard.num_rows_error, "summary": _read_summary(shard.dir.store)} for shard in shards]
+    digest = fingerprint_digest(shards[0].fingerprint)
     rows = sum(s["rows"] for s in per_shard)
     rows_error = sum(s["rows_error"] for s in per_shard)
     result = {"output": str(output), "num_shards": len(shards), "rows": rows, "rows_error": rows_error,
@@ -155,22 +170,23 @@ def finalize_output(output: str | Path) -> dict[str, Any]:
     success = {"rows": rows, "rows_error": rows_error, "fingerprint": digest, "num_shards": len(shards),
                "finished": result["finalized"]}
     batch_dir = _shards_batch_dir(output, shards)
-    clear_success(output)  # no _SUCCESS beside a Batch pair being replaced (jobs/openai_output.py)
-    _remove_job_batch_files(output, keep=batch_dir)
-    if batch_dir is not None:
-        created = max(int(recorded_batch_files(s.dir.path).get("created") or 0) for s in shards) or None
-        success[SUCCESS_KEY] = write_batch_files(output, shards[0].state, batch_dir, created=created,
-                                                 sources=[(s.dir.path, s.state) for s in shards])
+    clear_success(store)  # no _SUCCESS beside a Batch pair being replaced (jobs/openai_output.py)
+    _remove_job_batch_files(store, keep=batch_dir)
+    if batch_dir is not None:  # the Batch files: local directories only (JobConfig refuses them on a store)
+        assert isinstance(output, Path), "OpenAI Batch files are written on a local filesystem"
+        sources = [(s.dir.path, load_manifest(s.dir.store, with_ids=False)) for s in shards]  # parts, not ids
+        created = max(int(recorded_batch_files(s.dir.store).get("created") or 0) for s in shards) or None
+        success[SUCCESS_KEY] = write_batch_files(output, sources[0][1], batch_dir, created=created, sources=sources)
         result[SUCCESS_KEY] = success[SUCCESS_KEY]
-    write_json_atomic(output / SUMMARY_FILE, result)
-    write_json_atomic(output / SUCCESS_FILE, success)
+    store.write_bytes(SUMMARY_FILE, json_bytes(result))
+    write_success(store, success)
     return result
 
 
-def _shards_batch_dir(output: Path, shards: list[CheckedShard]) -> str | None:
+def _shards_batch_dir(output: Path | OutputStore, shards: list[CheckedShard]) -> str | None:
     """Where the shards wrote OpenAI Batch files ("." or BATCH_BOTH_DIR, as their _SUCCESS records),
     the job's files going to the same place; None when they wrote none. Every shard alike."""
-    dirs = {s.dir.index: (recorded_batch_files(s.dir.path) or {}).get("dir") for s in shards}
+    dirs = {s.dir.index: (recorded_batch_files(s.dir.store) or {}).get("dir") for s in shards}
     if len(set(dirs.values())) > 1:
         odd = next(i for i, d in dirs.items() if d != dirs[shards[0].dir.index])
         raise ShardsMismatch(f"{output}: shard {odd} was run with another --output-format than shard "
@@ -178,9 +194,11 @@ def _shards_batch_dir(output: Path, shards: list[CheckedShard]) -> str | None:
     return dirs[shards[0].dir.index]
 
 
-def _remove_job_batch_files(output: Path, keep: str | None) -> None:
+def _remove_job_batch_files(store: OutputStore, keep: str | None) -> None:
     """An earlier finalize's Batch files where this one writes none (another --output-format)."""
+    if not isinstance(store, LocalStore):
+        return  # an object-store job never has them
     for dir_name in (".", BATCH_BOTH_DIR):
         if dir_name != keep:
             for name in BATCH_FILES:
-                (output / dir_name / name).unlink(missing_ok=True)
+                (store.path(dir_name) / name).unlink(missing_ok=True)

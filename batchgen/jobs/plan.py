@@ -34,7 +34,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config, need_output=False)
     out_dir = shard_output_dir(config.output, config.shard_index, config.num_shards) if config.output else None
-    out_dir = out_dir if out_dir is not None and out_dir.is_dir() else None
+    out_dir = out_dir if isinstance(out_dir, Path) and out_dir.is_dir() else None  # (an object store: not read)
     # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows;
     # with --id-column a committed row counts as done only while its prompt hash is unchanged, as in a run
     check_prompts = config.id_column is not None

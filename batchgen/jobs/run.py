@@ -65,8 +65,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     inputs = open_inputs(config)
     source, scan = inputs.source, inputs.scan
     out: str | Path = config.output  # a local directory or an s3:// / gs:// prefix (batchgen.io.store)
-    if config.num_shards is not None:  # one shard of a sharded job: OUTPUT/shard-I-of-N/ (local only: config.py)
-        check_job_output(Path(config.output), config.num_shards)
+    if config.num_shards is not None:  # one shard of a sharded job: OUTPUT/shard-I-of-N/ (a directory or prefix)
+        check_job_output(config.output, config.num_shards)
         out = shard_output_dir(config.output, config.shard_index, config.num_shards)
     session = OutputSession(out, overwrite=config.overwrite, keep_hashes=config.id_column is not None)
     if config.executor == "local" and _needs_model(config, inputs, session):

@@ -6,6 +6,10 @@
     OUTPUT/output.jsonl, errors.jsonl             the job's OpenAI Batch files, by finalize too, when the shards
       (or OUTPUT/_openai_batch/ for `both`)       ran with --output-format openai-batch or both
 
+OUTPUT is a local directory or an object-store prefix (s3://bucket/prefix, batchgen.io.store):
+each shard-I-of-N/ is then a prefix with its own manifest and lease, and finalize writes the job's
+files with one PUT each, _SUCCESS last.
+
 A reader of the whole output (`pyarrow.dataset` over OUTPUT, Spark, DuckDB's `**/*.parquet`) sees
 every shard's parts: the bookkeeping names start with "_" or "." and are skipped by them. It waits
 for OUTPUT/_SUCCESS, as it would for one directory's.
@@ -20,6 +24,7 @@ from typing import Any
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest import SUCCESS_FILE, clear_success, is_job_dir
+from batchgen.io.store import LocalStore, OutputStore, open_store
 from batchgen.jobs.session import BATCH_BOTH_DIR, BATCH_FILES
 from batchgen.jobs.split import parse_shard_dir, shard_dir_name
 
@@ -33,27 +38,36 @@ JOB_FILES = (SUCCESS_FILE, "_summary.json", *BATCH_FILES, BATCH_BOTH_DIR)
 class ShardDir:
     index: int
     num_shards: int
-    path: Path
+    store: OutputStore  # OUTPUT/shard-I-of-N/: a local directory or an object-store prefix
+
+    @property
+    def path(self) -> Path | OutputStore:
+        """A local Path where there is one (the OpenAI Batch files need it), else the store (its str is the URL)."""
+        return self.store.path() if isinstance(self.store, LocalStore) else self.store
 
 
-def list_shard_dirs(output: str | Path) -> list[ShardDir]:
-    """The shard-I-of-N/ directories under OUTPUT, by N then I."""
-    output = Path(output)
-    if not output.is_dir():
-        return []
+def output_location(output: str | Path | OutputStore) -> Path | OutputStore:
+    """The store's local Path where it has one, else the store: what messages and results show."""
+    store = open_store(output)
+    return store.path() if isinstance(store, LocalStore) else store
+
+
+def list_shard_dirs(output: str | Path | OutputStore) -> list[ShardDir]:
+    """The shard-I-of-N/ directories (or prefixes) under OUTPUT, by N then I."""
+    store = open_store(output)
     found = []
-    for path in output.iterdir():
-        parsed = parse_shard_dir(path.name) if path.is_dir() else None
+    for name, size in store.list().items():
+        parsed = parse_shard_dir(name) if size is None else None  # None: a directory / common prefix
         if parsed is not None:
-            found.append(ShardDir(parsed[0], parsed[1], path))
+            found.append(ShardDir(parsed[0], parsed[1], store.sub(name)))
     return sorted(found, key=lambda d: (d.num_shards, d.index))
 
 
-def is_sharded_output(output: str | Path) -> bool:
+def is_sharded_output(output: str | Path | OutputStore) -> bool:
     return not is_job_dir(output) and bool(list_shard_dirs(output))
 
 
-def num_shards_of(output: Path, dirs: list[ShardDir]) -> int:
+def num_shards_of(output: Path | OutputStore, dirs: list[ShardDir]) -> int:
     """The one N of the set; shards of two splits (another --num-shards) are refused."""
     splits = sorted({d.num_shards for d in dirs})
     if len(splits) > 1:
@@ -63,20 +77,23 @@ def num_shards_of(output: Path, dirs: list[ShardDir]) -> int:
     return splits[0]
 
 
-def check_job_output(output: Path, num_shards: int) -> None:
+def check_job_output(output: str | Path | OutputStore, num_shards: int) -> None:
     """Before a shard runs: OUTPUT must be new, empty, or this sharded job's (shards of the same N)."""
-    if is_job_dir(output):
+    store = open_store(output)
+    output = output_location(store)
+    if is_job_dir(store):
         raise OutputError(f"{output} holds the output of an unsharded job (it has a _manifest); a sharded job "
                           "needs its own --output directory")
-    if not output.is_dir():
+    names = store.list()
+    if not names:
         return
-    others = sorted({d.num_shards for d in list_shard_dirs(output)} - {num_shards})
+    others = sorted({d.num_shards for d in list_shard_dirs(store)} - {num_shards})
     if others:
         raise OutputError(f"{output} holds shards of a {others[0]}-shard split ({shard_dir_name(0, others[0])}/, "
                           f"...); every shard of a job runs with the same --num-shards: pass --num-shards "
                           f"{others[0]}, or choose a new --output")
     ours = {shard_dir_name(i, num_shards) for i in range(num_shards)} | set(JOB_FILES)
-    foreign = sorted(p.name for p in output.iterdir() if p.name not in ours and not p.name.startswith("."))
+    foreign = sorted(name for name in names if name not in ours and not name.startswith("."))
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise OutputError(f"{output} is not empty and is not a sharded batchgen job's output directory (it holds "
@@ -84,28 +101,30 @@ def check_job_output(output: Path, num_shards: int) -> None:
                           "--output directory")
 
 
-def sharded_status(output: Path) -> dict[str, Any]:
+def sharded_status(output: str | Path | OutputStore) -> dict[str, Any]:
     """`batchgen status` of a sharded job: every shard's status, and the totals over the set."""
     from batchgen.jobs.status import job_status  # the one-directory status, per shard
 
-    dirs = list_shard_dirs(output)
+    store = open_store(output)
+    output = output_location(store)
+    dirs = list_shard_dirs(store)
     num_shards = num_shards_of(output, dirs)
     by_index = {d.index: d for d in dirs}
     per_shard, inputs, fingerprint = [], [], None
     for index in range(num_shards):
         shard_dir = by_index.get(index)
-        if shard_dir is None or not is_job_dir(shard_dir.path):
-            per_shard.append({"index": index, "output": str(output / shard_dir_name(index, num_shards)),
+        if shard_dir is None or not is_job_dir(shard_dir.store):
+            per_shard.append({"index": index, "output": str(store / shard_dir_name(index, num_shards)),
                               "state": "not started", "rows": None, "done": 0, "errored": 0, "remaining": None,
                               "fingerprint": None})
             continue
-        status = job_status(shard_dir.path)
+        status = job_status(shard_dir.store)
         per_shard.append({"index": index, **{key: status[key] for key in (
             "output", "state", "rows", "done", "errored", "remaining", "running", "last_commit_time", "num_parts",
             "partial_rows", "live")}, "fingerprint": (status["fingerprint"] or {}).get("digest")})
         inputs += [{**s, "job_shard": index} for s in status["shards"]]
         fingerprint = status["fingerprint"] or fingerprint
-    complete = (output / SUCCESS_FILE).is_file()
+    complete = store.exists(SUCCESS_FILE)
     running = [s["running"] for s in per_shard if s.get("running")]
     states = {s["state"] for s in per_shard}
     state = "complete" if complete else "running" if running else (
@@ -152,20 +171,22 @@ def sharded_status_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
-def compact_sharded(output: Path):
+def compact_sharded(output: str | Path | OutputStore):
     """`batchgen compact` over a finalized sharded job: each shard compacted, then the job's
     _SUCCESS written again. While it runs the job has no _SUCCESS (readers wait, as for one directory)."""
     from batchgen.jobs.compact import CompactSummary, compact_output
     from batchgen.jobs.finalize import check_shards, finalize_output
 
-    if not (output / SUCCESS_FILE).is_file():
+    store = open_store(output)
+    output = output_location(store)
+    if not store.exists(SUCCESS_FILE):
         raise OutputError(f"{output} is a sharded job not finalized (no {SUCCESS_FILE}); run `batchgen finalize "
                           f"--output {output}` first")
-    shards = check_shards(output)  # the set is whole before anything is rewritten
-    clear_success(output)
+    shards = check_shards(store)  # the set is whole before anything is rewritten
+    clear_success(store)
     before = after = rows = 0
     for shard in shards:
-        result = compact_output(shard.dir.path)
+        result = compact_output(shard.dir.store)
         before, after, rows = before + result.num_parts_before, after + result.num_parts_after, rows + result.num_rows
-    finalize_output(output)
+    finalize_output(store)
     return CompactSummary(str(output), before, after, rows)

@@ -18,7 +18,8 @@ all the job's files, so a sharded job's output rows are the unsharded job's, row
 `--max-rows` keeps the job's first N rows before the split (Parquet inputs only: the footers say
 where the first N rows end).
 
-Each shard writes `OUTPUT/shard-I-of-N/` with the ordinary commit protocol; `batchgen finalize`
+Each shard writes `OUTPUT/shard-I-of-N/` with the ordinary commit protocol (a local directory, or
+a prefix of an object store: s3://bucket/prefix/shard-I-of-N/ with its lease, batchgen.io.store); `batchgen finalize`
 (batchgen.jobs.finalize) checks the set and writes the job's `_SUCCESS`.
 """
 
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from batchgen.errors import ConfigError
 from batchgen.io.discovery import InputShard
+from batchgen.io.store import is_url
 
 SHARD_DIR_RE = re.compile(r"shard-(\d+)-of-(\d+)")
 
@@ -38,8 +40,12 @@ def shard_dir_name(shard_index: int, num_shards: int) -> str:
     return f"shard-{shard_index}-of-{num_shards}"
 
 
-def shard_output_dir(output: str | Path, shard_index: int | None, num_shards: int | None) -> Path:
-    """Where a run writes: OUTPUT itself, or OUTPUT/shard-I-of-N/ for one shard of a sharded job."""
+def shard_output_dir(output: str | Path, shard_index: int | None, num_shards: int | None) -> str | Path:
+    """Where a run writes: OUTPUT itself, or OUTPUT/shard-I-of-N/ for one shard of a sharded job;
+    a local Path, or a URL (str) under an object-store OUTPUT (s3://bucket/prefix/shard-I-of-N)."""
+    if is_url(output):
+        url = str(output).rstrip("/")
+        return url if num_shards is None else f"{url}/{shard_dir_name(shard_index, num_shards)}"
     if num_shards is None:
         return Path(output)
     assert shard_index is not None

@@ -25,9 +25,9 @@ def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
     """The status as plain JSON-ready data (the `--json` output)."""
     store = open_store(out_dir)
     out_dir = store.path() if isinstance(store, LocalStore) else store
-    # a sharded job: every shard, and the totals over the set (local only: config.check_output_combinations)
-    if isinstance(out_dir, Path) and is_sharded_output(out_dir):
-        return sharded_status(out_dir)
+    # a sharded job (a local directory or an object-store prefix): every shard, and the totals over the set
+    if is_sharded_output(store):
+        return sharded_status(store)
     if not is_job_dir(store):
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
     state = load_manifest(store, with_ids=False)  # counts only: O(parts) after a snapshot

@@ -31,8 +31,8 @@ class Report:
 
 @dataclass(slots=True)
 class ReportFiles:
-    html_path: Path
-    png_paths: list[Path]
+    html_path: Path | str  # a URL when the page was written into an object store
+    png_paths: list[Path] | list[str]
 
 
 STYLE = """
@@ -76,6 +76,20 @@ def write_report(report: Report, dest: Path, *, png: bool) -> ReportFiles:
             _write_atomic(path, fig.png)
             pngs.append(path)
     return ReportFiles(html_path, pngs)
+
+
+def upload_report(report: Report, store, prefix: str, *, png: bool) -> ReportFiles:
+    """The page (and PNGs) written into an object store (batchgen.io.store) under `prefix`/, one
+    PUT each (whole or absent, as the local files' renames); their URLs."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="batchgen-report-") as temp:
+        local = write_report(report, Path(temp), png=png)
+        urls = []
+        for path in [local.html_path, *local.png_paths]:
+            store.write_bytes(f"{prefix}/{path.name}", path.read_bytes())
+            urls.append(store / f"{prefix}/{path.name}")
+    return ReportFiles(urls[0], urls[1:])
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -5,6 +5,11 @@ and commits per second, over every run of a resumed job), the manifest (rows com
 `_summary.json` (the last run that ended) and the committed parts' `error` column (error rows by
 reason). Nothing is locked or written inside the output directory except the report itself
 (`OUTPUT_DIR/_report/` unless `--to` says otherwise), so it is safe while the job runs.
+
+An object-store output (s3://...) keeps no `_metrics/` (batchgen.jobs.local): its page holds the
+manifest's and summary's figures, and is written into the store's `_report/` unless `--to` names a
+local directory. A sharded job's OUTPUT gets one page over all its shards
+(batchgen.jobs.sharded_report, which reuses the figures here).
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from batchgen.engine.metrics import LogHistogram
 from batchgen.errors import OutputError
-from batchgen.io.lock import lock_holder
 from batchgen.io.manifest import SUCCESS_FILE, is_job_dir, load_manifest
+from batchgen.io.store import LocalStore, OutputStore, open_store
 from batchgen.monitor import figures
-from batchgen.monitor.html import Figure, Report, ReportFiles, write_report
+from batchgen.monitor.html import Figure, Report, ReportFiles, upload_report, write_report
+from batchgen.monitor.records import SCHEMAS
 from batchgen.monitor.store import metrics_dir, read_kind
 from batchgen.monitor.totals import Totals
 
@@ -36,40 +41,56 @@ MAX_ERROR_REASONS = 12
 GAP_S = 30  # no engine step for this long: the job was not generating (loading, between runs)
 
 
-def render_job_report(out_dir: str | Path, *, dest: str | Path | None = None, png: bool = False) -> ReportFiles:
-    out_dir = Path(out_dir)
-    if not is_job_dir(out_dir):
-        raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
-    report = build_job_report(out_dir)
-    return write_report(report, Path(dest) if dest is not None else out_dir / REPORT_DIR, png=png)
+def render_job_report(out_dir: str | Path | OutputStore, *, dest: str | Path | None = None,
+                      png: bool = False) -> ReportFiles:
+    """One job's page (a sharded job's: batchgen.jobs.sharded_report), written by `save_report`."""
+    store = open_store(out_dir)
+    if not is_job_dir(store):
+        raise OutputError(f"{store} is not a batchgen output directory (it has no _manifest)")
+    return save_report(build_job_report(store), store, dest, png=png)
 
 
-def build_job_report(out_dir: Path) -> Report:
-    directory = metrics_dir(out_dir)
-    steps = read_kind(directory, "steps")
-    rows = read_kind(directory, "rows")
-    state = load_manifest(out_dir)
-    holder = lock_holder(out_dir)
-    summary = _read_summary(out_dir)
+def save_report(report: Report, store: OutputStore, dest: str | Path | None, *, png: bool) -> ReportFiles:
+    """To `dest` (a local directory), else the output's `_report/`: a local directory's, or the store's."""
+    if dest is not None:
+        return write_report(report, Path(dest), png=png)
+    if isinstance(store, LocalStore):
+        return write_report(report, store.path(REPORT_DIR), png=png)
+    return upload_report(report, store, REPORT_DIR, png=png)
+
+
+def job_metrics(store: OutputStore) -> tuple[pa.Table, pa.Table, Totals]:
+    """(steps, rows, totals) from the job's `_metrics/`; empty for an object store, which keeps none."""
+    if not isinstance(store, LocalStore):
+        return SCHEMAS["steps"].empty_table(), SCHEMAS["rows"].empty_table(), Totals()
+    directory = metrics_dir(store.path())
+    return read_kind(directory, "steps"), read_kind(directory, "rows"), Totals.from_dir(directory)
+
+
+def build_job_report(out_dir: Path | OutputStore) -> Report:
+    store = open_store(out_dir)
+    steps, rows, totals = job_metrics(store)
+    state = load_manifest(store)
+    holder = store.holder()  # the local lock's or the object store's lease holder
+    summary = read_summary(store)
     t0 = min((t["time_s"][0].as_py() for t in (steps, rows) if t.num_rows), default=0)
     unit = time_unit(steps["time_s"][-1].as_py() + 1 - t0 if steps.num_rows else 0)
     vlines = _run_starts(steps, t0, unit)
     figs = [
-        _tokens_per_s(steps, t0, vlines, unit),
-        _batch_and_kv(steps, t0, vlines, unit),
-        _step_times(steps),
-        _lengths(rows),
+        tokens_per_s_figure(steps, t0, vlines, unit),
+        batch_and_kv_figure(steps, t0, vlines, unit),
+        step_times_figure(steps),
+        lengths_figure(rows),
         _rows_per_shard(rows),
-        _errors(out_dir, state),
+        _errors(store, state),
     ]
-    if (out_dir / SUCCESS_FILE).is_file():
+    if store.exists(SUCCESS_FILE):
         status = "complete"
     elif holder is not None:
         status = f"running (pid {holder.get('pid')} on {holder.get('host')})"
     else:
         status = "stopped before the end (killed or interrupted): the same `batchgen run` command resumes it"
     total_rows = sum(s["num_rows"] for s in state.inputs["inputs"]) if state.inputs else None
-    totals = Totals.from_dir(directory)
     facts = [("state", status),
              ("rows committed", f"{state.num_committed_rows} of {total_rows if total_rows is not None else '?'} "
                                 f"({len(state.error_ids)} error rows)"),
@@ -88,16 +109,24 @@ def build_job_report(out_dir: Path) -> Report:
                                             f"length MAE {s.get('length_mae')} tokens"))
     if state.last_commit_time:
         facts.append(("last commit", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.last_commit_time))))
-    return Report(title=f"batchgen job: {out_dir.name}", subtitle=str(out_dir.absolute()), facts=facts, figures=figs,
-                  notes=["Time axes count from the job's first metrics record; dotted lines mark a resumed "
-                         "run. Metrics are flushed every few seconds, so a killed job's last seconds may be missing."])
+    notes = ["Time axes count from the job's first metrics record; dotted lines mark a resumed run. Metrics are "
+             "flushed every few seconds, so a killed job's last seconds may be missing."]
+    if not isinstance(store, LocalStore):
+        notes.append("An object-store output keeps no metrics files: the time series and histograms are empty.")
+    return Report(title=f"batchgen job: {store.name}", subtitle=output_where(store), facts=facts, figures=figs,
+                  notes=notes)
 
 
-def _read_summary(out_dir: Path) -> dict | None:
+def output_where(store: OutputStore) -> str:
+    return str(store.path().absolute()) if isinstance(store, LocalStore) else store.url
+
+
+def read_summary(store: OutputStore) -> dict | None:
     try:
-        return json.loads((out_dir / SUMMARY_FILE).read_text())
+        summary = json.loads(store.read_bytes(SUMMARY_FILE))
     except (OSError, ValueError):
         return None
+    return summary if isinstance(summary, dict) else None
 
 
 def time_unit(span_s: float) -> tuple[float, str]:
@@ -126,7 +155,7 @@ def bins(times: list[int], t0: int) -> tuple[int, int]:
     return width, math.ceil(span / width)
 
 
-def _tokens_per_s(steps: pa.Table, t0: int, vlines, unit: tuple[float, str]) -> Figure:
+def tokens_per_s_figure(steps: pa.Table, t0: int, vlines, unit: tuple[float, str]) -> Figure:
     series: dict = {}
     if steps.num_rows:
         times = steps["time_s"].to_pylist()
@@ -147,7 +176,7 @@ def _tokens_per_s(steps: pa.Table, t0: int, vlines, unit: tuple[float, str]) -> 
                   "runs.", png)
 
 
-def _batch_and_kv(steps: pa.Table, t0: int, vlines, unit: tuple[float, str]) -> Figure:
+def batch_and_kv_figure(steps: pa.Table, t0: int, vlines, unit: tuple[float, str]) -> Figure:
     left: dict = {}
     right: dict = {}
     if steps.num_rows:
@@ -187,7 +216,7 @@ def _batch_and_kv(steps: pa.Table, t0: int, vlines, unit: tuple[float, str]) -> 
                   png)
 
 
-def _step_times(steps: pa.Table) -> Figure:
+def step_times_figure(steps: pa.Table) -> Figure:
     hist = LogHistogram()
     if steps.num_rows:
         for buckets, counts in zip(steps["step_hist_bucket"].to_pylist(), steps["step_hist_count"].to_pylist(),
@@ -208,7 +237,7 @@ def _step_times(steps: pa.Table) -> Figure:
                   "preemption recomputes or a busy machine.", png)
 
 
-def _lengths(rows: pa.Table) -> Figure:
+def lengths_figure(rows: pa.Table) -> Figure:
     xs: list[int] = []
     ys: list[int] = []
     if rows.num_rows:
@@ -243,14 +272,15 @@ def _rows_per_shard(rows: pa.Table) -> Figure:
                   "fallback). 'none': rows that failed before planning (bad prompt). Retried rows count again.", png)
 
 
-def error_reasons(out_dir: Path, state) -> Counter:
+def error_reasons(out_dir: Path | OutputStore, state) -> Counter:
     """Committed error rows by reason; numbers in a message become N so alike messages group."""
+    store = open_store(out_dir)
     reasons: Counter = Counter()
     for record in list(state.parts.values()):
         if not record.error_ids:
             continue
         try:
-            table = pq.read_table(out_dir / record.name, columns=["error"])
+            table = store.read_table(record.name, columns=["error"])
         except (OSError, pa.ArrowException):  # replaced or compacted since the manifest was read
             continue
         errors = table["error"].filter(pc.is_valid(table["error"]))
@@ -259,8 +289,12 @@ def error_reasons(out_dir: Path, state) -> Counter:
     return reasons
 
 
-def _errors(out_dir: Path, state) -> Figure:
-    top = error_reasons(out_dir, state).most_common(MAX_ERROR_REASONS)
+def _errors(out_dir: Path | OutputStore, state) -> Figure:
+    return errors_figure(error_reasons(out_dir, state))
+
+
+def errors_figure(reasons: Counter) -> Figure:
+    top = reasons.most_common(MAX_ERROR_REASONS)
     png = figures.horizontal_bars("Error rows by reason", "rows", [r for r, _ in top], [n for _, n in top],
                                   empty="no error rows committed")
     return Figure("errors", "Error rows by reason", f"Committed error rows (finish_reason = error), the "

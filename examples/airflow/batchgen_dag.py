@@ -17,7 +17,9 @@ Trigger it with a conf (or edit the params' defaults):
         "num_shards": 8, "args": "--config /etc/batchgen/summarize.yaml"}'
 
 `batchgen` must be on the workers' PATH (or set the `batchgen` param to its path). The workers
-need the input and the output directory on a shared filesystem (NFS, a mounted bucket).
+need the input and the output on a shared filesystem (NFS, a mounted bucket) or an object store:
+with "output": "s3://bucket/out/job1" each mapped task writes s3://bucket/out/job1/shard-I-of-N/
+and finalize writes the job's _SUCCESS there (AWS credentials in the workers' environment).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ with DAG(
     params={
         # absolute paths: a BashOperator task runs in a temporary working directory
         "input": Param("/data/prompts.parquet", type="string", description="--input: file, directory, glob or URL"),
-        "output": Param("/data/out/job", type="string", description="--output: the job's directory (shards inside)"),
+        "output": Param("/data/out/job", type="string", description="--output: a directory or s3:// prefix"),
         "num_shards": Param(2, type="integer", minimum=1, description="processes the job is split into"),
         "model": Param("", type="string", description="--model (empty: batchgen's default)"),
         "args": Param("", type="string", description="more `batchgen run` flags (shell words), e.g. --config FILE"),

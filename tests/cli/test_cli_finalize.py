@@ -37,6 +37,6 @@ def test_shards_then_finalize_with_exit_codes(tmp_path, tiny_model_dir):
     assert "complete" in runner.invoke(app, ["status", "--output", str(out)]).output
 
 
-def test_finalize_refuses_an_object_store_output():
-    result = CliRunner().invoke(app, ["finalize", "--output", "s3://bucket/job"])
-    assert result.exit_code == 2 and "sharded jobs need a local or mounted output directory" in result.output
+def test_finalize_refuses_an_output_url_no_store_writes():
+    result = CliRunner().invoke(app, ["finalize", "--output", "ftp://host/job"])
+    assert result.exit_code == 2 and "not supported" in result.output
