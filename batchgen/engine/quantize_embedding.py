@@ -11,7 +11,8 @@ as the one bf16 matrix it replaces. So this is our own small swap, the same for 
 
 Per row is what both uses want: the embedding looks rows up (`qweight[ids] * scale[ids]`), and
 for the LM head a row is an output channel, the layout of aten's int8-weight GEMM
-(`torch._weight_int8pack_mm(x, qweight, scale)`, the CPU kernel quanto's int8 weights also run on).
+(`torch._weight_int8pack_mm(x, qweight, scale)`, the CPU kernel quanto's int8 weights also run on;
+used for a few rows only, see INT8_GEMV_MAX_ROWS).
 The head is applied by HF's forward after it has cut the hidden states to `logits_to_keep`, so the
 engine's packed forward is unchanged. A tied pair keeps one `qweight`/`scale` for both modules; an
 untied model quantizes each matrix on its own.
@@ -23,8 +24,14 @@ import torch
 import torch.nn.functional as F
 
 EMBEDDING_SCHEMES = ("auto", "none", "int8")
-# rows quantized at a time: bounds the float32 working copy (4096 x 576 x 4 B = 9 MB for SmolLM2)
+# rows quantized (or, in the LM head, dequantized) at a time: bounds the float working copy
+# (4096 x 576 x 4 B = 9 MB for SmolLM2)
 _ROWS_PER_CHUNK = 4096
+# aten's `_weight_int8pack_mm` on CPU runs row by row (a GEMV per input row): measured on the
+# 49152 x 576 head (1 thread, busy machine, min of 3) it beats bf16 at 1 row (26 vs 58 ms), loses
+# from ~16 rows (32: 214 vs 15 ms); above this many rows the head multiplies by int8 slices
+# converted to the model dtype, 4096 vocabulary rows at a time, and scales the outputs instead
+INT8_GEMV_MAX_ROWS = 16
 
 
 def quantize_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,10 +85,15 @@ class Int8LMHead(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., vocab]
         flat = hidden.reshape(-1, self.in_features).to(self.scale.dtype)
-        if flat.device.type == "cpu":
+        if flat.device.type == "cpu" and flat.shape[0] <= INT8_GEMV_MAX_ROWS:
             out = torch._weight_int8pack_mm(flat.contiguous(), self.qweight, self.scale)
-        else:  # no int8-weight GEMM assumed off the CPU: dequantize for the call (slower, same values)
-            out = F.linear(flat, self.qweight.to(flat.dtype) * self.scale[:, None])
+        else:
+            out = torch.empty(flat.shape[0], self.out_features, dtype=flat.dtype, device=flat.device)
+            for start in range(0, self.out_features, _ROWS_PER_CHUNK):  # a bounded float slice at a time
+                rows = slice(start, start + _ROWS_PER_CHUNK)
+                # int8 -> float is exact; the row scale applies to the outputs (x . q) * s
+                torch.mm(flat, self.qweight[rows].to(flat.dtype).t(), out=out[:, rows])
+                out[:, rows] *= self.scale[rows]
         return out.reshape(*hidden.shape[:-1], self.out_features)
 
 

@@ -9,7 +9,13 @@ import torch
 
 from batchgen.engine import quantize
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.quantize_embedding import Int8Embedding, Int8LMHead, quantize_embeddings, quantize_rows
+from batchgen.engine.quantize_embedding import (
+    INT8_GEMV_MAX_ROWS,
+    Int8Embedding,
+    Int8LMHead,
+    quantize_embeddings,
+    quantize_rows,
+)
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.errors import ConfigError
 from tests.tiny import make_tiny_model
@@ -39,10 +45,11 @@ def test_modules_equal_their_dequantized_matrix(dtype):
     dense = (q.to(dtype) * s[:, None])
     ids = torch.tensor([[0, 5, 499], [7, 7, 3]])
     assert torch.equal(Int8Embedding(q, s)(ids), dense[ids])
-    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
-    got, want = Int8LMHead(q, s)(x), torch.nn.functional.linear(x, dense)
-    assert got.shape == (2, 3, 500) and got.dtype == dtype
-    assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
+    for rows in (3, INT8_GEMV_MAX_ROWS + 5):  # aten's int8 GEMV, then the sliced path
+        x = torch.randn(2, rows, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
+        got, want = Int8LMHead(q, s)(x), torch.nn.functional.linear(x, dense)
+        assert got.shape == (2, rows, 500) and got.dtype == dtype
+        assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
 
 
 def test_tied_pair_shares_one_int8_matrix_and_logits_stay_close():
