@@ -7,7 +7,8 @@ quantize-while-loading; `malloc_trim` is then called and the RSS read again), ot
 `load_model(quantize=...)` quantizes while it loads (engine/stream_load.py).
 
 Reports `engine.quantize.weight_bytes` (quantized inner tensors counted once), the bytes of the
-embedding/LM head, and the process's RSS after loading and its peak (VmHWM), each also minus an
+embedding/LM head, and the process's RSS after loading and its peak (VmHWM, read as load_model
+returns, and at the end of the child, after weight_bytes & co.), each also minus an
 interpreter that imported the same libraries but loaded nothing (`baseline`): "RSS of the
 weights" = RSS - baseline, "peak of the weights" = peak - baseline. Ratios are against bf16.
 
@@ -57,6 +58,7 @@ else:
         loaded = load_model(None, dtype="bfloat16", device="cpu", quantize=scheme, quantize_backend=backend,
                             quantize_embedding=embedding)
         record["label_applied"] = loaded.quantization
+    record["peak_rss_load"] = peak_rss_bytes()  # before anything below touches the weights
     model = loaded.model
     gc.collect()
     record["rss_untrimmed"] = rss_bytes()
@@ -90,11 +92,11 @@ def main() -> None:
     print(f"baseline RSS (libraries imported, no model): {baseline['rss'] / mb:.1f} MB, peak "
           f"{baseline['peak_rss'] / mb:.1f} MB")
     print("| label | applied | weight bytes (ratio) | of which embedding/head | RSS of the weights (ratio) "
-          "| before malloc_trim | peak of the weights (ratio) | process peak RSS |")
+          "| before malloc_trim | peak of the weights while loading (ratio) | process peak RSS (at the end) |")
     print("|---|---|---|---|---|---|---|---|")
     for r in records:
         rss_w, ref_rss_w = r["rss"] - baseline["rss"], ref["rss"] - baseline["rss"]
-        peak_w, ref_peak_w = r["peak_rss"] - baseline["rss"], ref["peak_rss"] - baseline["rss"]
+        peak_w, ref_peak_w = r["peak_rss_load"] - baseline["rss"], ref["peak_rss_load"] - baseline["rss"]
         print(f"| {r['label']} | {r['label_applied']} | {r['weight_bytes'] / mb:.1f} MB "
               f"({r['weight_bytes'] / ref['weight_bytes']:.2f}) | "
               f"{r['embedding_bytes'] / mb:.1f} MB ({r['embedding_bytes'] / r['weight_bytes']:.0%}"

@@ -1,4 +1,7 @@
-"""Weight quantization after loading: a module/tensor swap of the decoder's linear layers.
+"""Weight quantization: a module/tensor swap of the decoder's linear layers, one layer at a time.
+
+Applied after loading, or, for a local safetensors checkpoint on CPU, while loading: each layer as
+its weight is read (engine/stream_load.py), so the full-precision model never exists whole.
 
 The HF forward stays as it is: torchao replaces each `nn.Linear.weight` by a tensor subclass
 whose `F.linear` runs a quantized kernel; optimum-quanto swaps each `nn.Linear` for its `QLinear`.
