@@ -23,6 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LONG_PROMPT_POLICIES = ("truncate", "error")
 QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized GGUF's nearest scheme, else none
 QUANTIZE_BACKENDS = ("auto", "torchao", "quanto")
+QUANTIZE_EMBEDDING = ("auto", "none", "int8")  # auto: int8 with int4 weights (engine/quantize.py EMBEDDING_AUTO)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
 OPENAI_BATCH = "openai-batch"  # the OpenAI Batch API's request / output JSONL (jobs/openai_requests.py)
@@ -81,6 +82,7 @@ class JobConfig:
     dtype: str = "auto"
     quantize: str = "none"  # weights: none | auto | int8 | int8-weight | int4 (engine/quantize.py)
     quantize_backend: str = "auto"  # auto | torchao | quanto
+    quantize_embedding: str = "auto"  # embedding/LM head: auto | none | int8
     kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
     max_rows: int | None = None
     # one shard of a sharded job (batchgen.jobs.split): this process reads its share of the input and
@@ -180,6 +182,7 @@ class JobConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("quantize", self.quantize, QUANTIZE)
         _choice("quantize_backend", self.quantize_backend, QUANTIZE_BACKENDS)
+        _choice("quantize_embedding", self.quantize_embedding, QUANTIZE_EMBEDDING)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         if not isinstance(self.cuda_graphs, bool):

@@ -1,4 +1,4 @@
-"""--quantize, --quantize-backend and --kv-cache-dtype through `batchgen run`."""
+"""--quantize, --quantize-backend, --quantize-embedding and --kv-cache-dtype through `batchgen run`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def test_quantized_weights_and_int8_kv_run_and_enter_the_fingerprint(runner, tin
     assert read_output(out).num_rows == len(TEXTS)
     text = "".join(p.read_text() for p in out.rglob("*.json*") if p.is_file()).replace(" ", "")
     assert '"quantize":"int8-weight"' in text and '"kv_cache_dtype":"int8"' in text
+    assert '"quantize_embedding":"auto"' in text
     # another scheme is another job: resuming with it is refused (exit 2), not mixed in
     again = invoke(runner, tiny_model_dir, src, out, "--quantize", "int4", "--kv-cache-dtype", "int8")
     assert again.exit_code == 2 and "quantize" in again.output + str(again.stderr if again.stderr_bytes else "")
@@ -26,7 +27,8 @@ def test_quantized_weights_and_int8_kv_run_and_enter_the_fingerprint(runner, tin
 
 @pytest.mark.parametrize(("args", "needle"), [(["--kv-cache-dtype", "fp8"], "fp8"),
                                               (["--quantize", "int8", "--quantize-backend", "quanto"], "torchao"),
-                                              (["--quantize", "int3"], "quantize")])
+                                              (["--quantize", "int3"], "quantize"),
+                                              (["--quantize-embedding", "int4"], "quantize_embedding")])
 def test_refusals_exit_2_naming_the_setting(runner, tiny_model_dir, tmp_path, args, needle):  # noqa: F811
     src = write_parquet(tmp_path / "in.parquet", text=TEXTS)
     result = invoke(runner, tiny_model_dir, src, tmp_path / "out", *args)

@@ -135,6 +135,8 @@ Quantize = Annotated[str | None, _opt("--quantize", metavar="SCHEME", help=(
     "Weights: none | auto (a quantized GGUF's nearest) | int8 | int8-weight | int4 [none]."))]
 QuantizeBackend = Annotated[str | None, _opt("--quantize-backend", metavar="NAME", help=(
     "auto | torchao | quanto [auto]."))]
+QuantizeEmbedding = Annotated[str | None, _opt("--quantize-embedding", metavar="SCHEME", help=(
+    "Embedding/LM head: auto (int8 with --quantize int4) | none | int8 [auto]."))]
 KvCacheDtype = Annotated[str | None, _opt("--kv-cache-dtype", metavar="DTYPE", help=(
     "auto (model dtype) | int8 | fp8 [auto]."))]
 MaxRows = Annotated[int | None, _opt("--max-rows", metavar="N", help="Process only the first N rows [all].")]

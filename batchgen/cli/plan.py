@@ -44,6 +44,7 @@ def plan(
     dtype: o.Dtype = None,
     quantize: o.Quantize = None,
     quantize_backend: o.QuantizeBackend = None,
+    quantize_embedding: o.QuantizeEmbedding = None,
     kv_cache_dtype: o.KvCacheDtype = None,
     attention_backend: o.AttentionBackend = None,
     block_size: o.BlockSize = None,

@@ -96,7 +96,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "auto",
-               trust_remote_code: bool = False, quantize: str = "none", quantize_backend: str = "auto") -> LoadedModel:
+               trust_remote_code: bool = False, quantize: str = "none", quantize_backend: str = "auto",
+               quantize_embedding: str = "auto") -> LoadedModel:
     # transformers' own loading bars and notices are noise in a batch job's log
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -124,12 +125,27 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
     else:
         model_dir, revision = name, ""  # a hub id; its revision is hashed once its files are local
 
-    model, tokenizer = _load_hf(name, model_dir, torch_dtype, trust_remote_code)
-    if not revision:
-        revision = _hash_dir(_hub_snapshot_dir(name))
-    model = model.to(torch_device).eval()
-    from batchgen.engine.quantize import apply_at_load  # imports torchao/quanto only when asked
-    quantization = apply_at_load(model, name, quantize, quantize_backend, gguf)
+    streamed = None
+    if (quantize != "none" or quantize_embedding not in ("none", "auto")) and torch_device.type == "cpu" \
+            and os.path.isdir(model_dir) and not trust_remote_code:
+        # quantize each layer as it is read: the full-precision model never exists whole (engine/stream_load.py)
+        from batchgen.engine.quantize import check_config_quantization
+        from batchgen.engine.stream_load import load_quantized
+        check_config_quantization(model_dir, name)
+        streamed = load_quantized(name, model_dir, torch_dtype, quantize, quantize_backend, quantize_embedding, gguf)
+    if streamed is not None:
+        model, quantization = streamed
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        except Exception as e:  # as _load_hf reports it
+            raise ModelLoadError(f"cannot load the tokenizer of {name!r}: {_first_line(e)}") from e
+    else:
+        model, tokenizer = _load_hf(name, model_dir, torch_dtype, trust_remote_code)
+        if not revision:
+            revision = _hash_dir(_hub_snapshot_dir(name))
+        model = model.to(torch_device).eval()
+        from batchgen.engine.quantize import apply_at_load  # imports torchao/quanto only when asked
+        quantization = apply_at_load(model, name, quantize, quantize_backend, gguf, quantize_embedding)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         log.info("tokenizer of %s has no pad token; using eos %r as pad", name, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token

@@ -1,4 +1,7 @@
-"""Weight quantization after loading: a module/tensor swap of the decoder's linear layers.
+"""Weight quantization: a module/tensor swap of the decoder's linear layers, one layer at a time.
+
+Applied after loading, or, for a local safetensors checkpoint on CPU, while loading: each layer as
+its weight is read (engine/stream_load.py), so the full-precision model never exists whole.
 
 The HF forward stays as it is: torchao replaces each `nn.Linear.weight` by a tensor subclass
 whose `F.linear` runs a quantized kernel; optimum-quanto swaps each `nn.Linear` for its `QLinear`.
@@ -11,9 +14,11 @@ Schemes (`--quantize`):
   int8-weight  int8 weights per output row, activations stay in the model dtype
   int4         int4 weights in groups of INT4_GROUP_SIZE input channels (asymmetric)
 
-What is left in full precision, on purpose: the embedding and the LM head (tied in most small
-models: quantizing the head would untie it and add a copy), norms, and any linear layer whose
-input width the scheme's group size does not divide (logged).
+The embedding and LM head (`--quantize-embedding`): int8 per row, one shared matrix when tied
+(engine/quantize_embedding.py, the same for both backends); `auto` does that for int4 (measured in
+benchmarks/quality.py: see EMBEDDING_AUTO) and leaves it in full precision otherwise. What stays in
+full precision: norms, and any linear layer whose input width the scheme's group size does not
+divide (logged).
 
 Which backend runs fastest per device and scheme was measured (benchmarks/quantization.py, the
 README table); `auto` encodes that table in AUTO_BACKEND.
@@ -30,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from batchgen.engine.quantize_embedding import EMBEDDING_SCHEMES, quantize_embeddings
 from batchgen.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -52,6 +58,8 @@ AUTO_BACKEND = {
     ("cuda", "int8-weight"): "quanto",
     ("cuda", "int4"): "torchao",
 }
+# --quantize-embedding auto: which schemes also quantize the embedding/LM head to int8
+EMBEDDING_AUTO = {"int4": "int8"}
 _PACKAGES = {"torchao": "torchao", "quanto": "optimum.quanto"}
 _PIP_NAMES = {"torchao": "torchao", "quanto": "optimum-quanto"}
 
@@ -60,10 +68,21 @@ _PIP_NAMES = {"torchao": "torchao", "quanto": "optimum-quanto"}
 class Quantization:
     scheme: str  # one of SCHEMES
     backend: str | None  # torchao | quanto; None for "none" or a pre-quantized checkpoint's own method
+    embedding: str = "none"  # none | int8: the embedding/LM head (engine/quantize_embedding.py)
 
     @property
     def label(self) -> str:
-        return self.scheme if self.backend is None else f"{self.scheme}/{self.backend}"
+        label = self.scheme if self.backend is None else f"{self.scheme}/{self.backend}"
+        return label if self.embedding == "none" else f"{label}+{self.embedding}-embedding"
+
+
+def resolve_embedding(embedding: str, scheme: str) -> str:
+    """none | int8 for the embedding/LM head under `scheme`; ConfigError for an unknown value."""
+    if embedding not in EMBEDDING_SCHEMES:
+        raise ConfigError(f"quantize_embedding must be one of {', '.join(EMBEDDING_SCHEMES)}; got {embedding!r}")
+    if embedding == "auto":
+        return EMBEDDING_AUTO.get(scheme, "none")
+    return embedding
 
 
 def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | None:
@@ -87,24 +106,53 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
     return backend
 
 
-def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto") -> Quantization:
-    """Quantize `model`'s decoder linear layers in place; return what was applied."""
+def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
+                   embedding: str = "auto") -> Quantization:
+    """Quantize `model`'s decoder linear layers (and, per `embedding`, its embedding/LM head) in
+    place; return what was applied."""
     device = next(model.parameters()).device
+    plan = plan_quantization(model.config, scheme, backend, embedding, device)
+    if plan.scheme == "none":
+        if plan.embedding != "none":
+            quantize_embeddings(model)
+        return plan
+    names = quantizable_linear_names(model, linear_group_size(plan))
+    parents = dict(model.named_modules())
+    for name in sorted(names):
+        parent, _, child = name.rpartition(".")
+        quantize_linear(parents[parent], child, plan, device.type)
+    if plan.embedding != "none":
+        quantize_embeddings(model)
+    log.info("quantized %d linear layers to %s with %s%s", len(names), plan.scheme, plan.backend,
+             "" if plan.embedding == "none" else f", the embedding/LM head to {plan.embedding}")
+    return plan
+
+
+def plan_quantization(config, scheme: str, backend: str, embedding: str, device: torch.device) -> Quantization:
+    """What quantize_model will apply, checked before any weight is touched (ConfigError otherwise)."""
     resolved = resolve_backend(scheme, backend, device)
-    if resolved is None:
-        return Quantization("none", None)
-    if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
+    emb = resolve_embedding(embedding, scheme)
+    if resolved is not None and getattr(config, "quantization_config", None):
         raise ConfigError("this model is already quantized (its config has a quantization_config); "
                           "use --quantize none (or auto) with a pre-quantized checkpoint")
-    # quanto picks its own int4 group size per layer (128, else the largest multiple of 32 dividing
-    # the input width: 96 for SmolLM2's 576), so only torchao's fixed group size filters layers
-    names = quantizable_linear_names(model, INT4_GROUP_SIZE if scheme == "int4" and resolved == "torchao" else 1)
-    if resolved == "torchao":
-        _quantize_torchao(model, scheme, names)
+    return Quantization("none" if resolved is None else scheme, resolved, emb)
+
+
+def linear_group_size(plan: Quantization) -> int:
+    """The input-width divisor a linear layer needs under `plan` (1: any).
+
+    quanto picks its own int4 group size per layer (128, else the largest multiple of 32 dividing
+    the input width: 96 for SmolLM2's 576), so only torchao's fixed group size filters layers."""
+    return INT4_GROUP_SIZE if plan.scheme == "int4" and plan.backend == "torchao" else 1
+
+
+def quantize_linear(parent: torch.nn.Module, child: str, plan: Quantization, device_type: str) -> None:
+    """Quantize the linear layer `parent.<child>` alone: the unit both the after-load pass and the
+    streaming loader (engine/stream_load.py) apply, so the two give the same weights."""
+    if plan.backend == "torchao":
+        _quantize_torchao(parent, plan.scheme, {child}, device_type)
     else:
-        _quantize_quanto(model, scheme, names)
-    log.info("quantized %d linear layers to %s with %s", len(names), scheme, resolved)
-    return Quantization(scheme, resolved)
+        _quantize_quanto(parent, plan.scheme, child)
 
 
 def quantizable_linear_names(model: torch.nn.Module, group_size: int) -> set[str]:
@@ -144,10 +192,9 @@ def torchao_int4_config(group_size: int = INT4_GROUP_SIZE, device_type: str = "c
         return Int4WeightOnlyConfig(group_size=group_size, layout=Int4CPULayout())
 
 
-def _quantize_torchao(model: torch.nn.Module, scheme: str, names: set[str]) -> None:
+def _quantize_torchao(model: torch.nn.Module, scheme: str, names: set[str], device_type: str) -> None:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
 
-    device_type = next(model.parameters()).device.type
     if scheme == "int4":
         config = torchao_int4_config(INT4_GROUP_SIZE, device_type)
     else:
@@ -157,19 +204,17 @@ def _quantize_torchao(model: torch.nn.Module, scheme: str, names: set[str]) -> N
     quantize_(model, config, filter_fn=lambda module, fqn: fqn in names)
 
 
-def _quantize_quanto(model: torch.nn.Module, scheme: str, names: set[str]) -> None:
+def _quantize_quanto(parent: torch.nn.Module, scheme: str, child: str) -> None:
     from optimum.quanto import freeze, qint4, qint8, quantize
 
     weights = {"int8-weight": qint8, "int4": qint4}[scheme]
-    # quanto's `modules` takes fnmatch patterns; exact names match only themselves
-    quantize(model, weights=weights, include=sorted(names))
-    freeze(model)
+    # quanto's `include` takes fnmatch patterns relative to the module passed; a plain child name
+    # matches only that child (quanto swaps it for a QLinear on `parent`)
+    quantize(parent, weights=weights, include=[child])
+    module = getattr(parent, child)
+    freeze(module)
     if scheme == "int4":
-        from optimum.quanto import QLinear
-
-        for module in model.modules():
-            if isinstance(module, QLinear):
-                module.forward = _outside_inference_mode(module.forward)
+        module.forward = _outside_inference_mode(module.forward)
 
 
 def _outside_inference_mode(forward):
@@ -270,15 +315,21 @@ def gguf_scheme(gguf_path) -> str:
     return "int4" if most[1:2] in ("1", "2", "3", "4") else "int8-weight"
 
 
-def apply_at_load(model: torch.nn.Module, name: str, scheme: str, backend: str, gguf_path=None) -> str:
+def apply_at_load(model: torch.nn.Module, name: str, scheme: str, backend: str, gguf_path=None,
+                  embedding: str = "auto") -> str:
     """What loader.load_model calls after moving the model: returns the label the job fingerprint
-    records ("none", "int4/torchao", "prequantized:torchao", ...)."""
+    records ("none", "int4/torchao+int8-embedding", "prequantized:torchao", ...)."""
     method = checkpoint_quantization(model)
     if method is not None:
         check_prequantized(method, name)
         if scheme not in ("none", "auto"):
             raise ConfigError(f"model {name!r} is already quantized ({method}); drop --quantize {scheme}")
         return f"prequantized:{method}"
+    return quantize_model(model, requested_scheme(scheme, name, gguf_path), backend, embedding).label
+
+
+def requested_scheme(scheme: str, name: str, gguf_path=None) -> str:
+    """--quantize with `auto` resolved: a quantized GGUF's nearest scheme, else none."""
     if scheme == "auto":
         scheme = gguf_scheme(gguf_path) if gguf_path is not None else "none"
         if gguf_path is not None:
@@ -286,4 +337,4 @@ def apply_at_load(model: torch.nn.Module, name: str, scheme: str, backend: str, 
     elif gguf_path is not None and scheme == "none" and gguf_scheme(gguf_path) != "none":
         log.info("%s: its quantized GGUF weights run dequantized to full precision (--quantize auto would map "
                  "them to %s)", name, gguf_scheme(gguf_path))
-    return quantize_model(model, scheme, backend).label
+    return scheme

@@ -85,7 +85,7 @@ class BatchGenerator:
         if loaded is None:
             loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                                 trust_remote_code=config.trust_remote_code, quantize=config.quantize,
-                                quantize_backend=config.quantize_backend)
+                                quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
         self.loaded = loaded
         self.core = JobCore(config, loaded)
         engine = self.core.engines.get(config.engine_policy())

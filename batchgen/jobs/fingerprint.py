@@ -59,6 +59,10 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
                     "kv_cache_dtype": config.kv_cache_dtype}
     if quantization != {"quantize": "none", "quantize_backend": "auto", "kv_cache_dtype": "auto"}:
         fingerprint.update(quantization)
+    if config.quantize != "none" or config.quantize_embedding != "auto":
+        # not in ADDED_KEYS on purpose: an int4 job begun before the embedding was quantized by default
+        # would resume with other weights, so it is refused rather than mixed
+        fingerprint["quantize_embedding"] = config.quantize_embedding
     sampling = {"repetition_penalty": config.repetition_penalty, "presence_penalty": config.presence_penalty,
                 "frequency_penalty": config.frequency_penalty, "min_tokens": config.min_tokens,
                 "sampling_column": config.sampling_column}

@@ -50,7 +50,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     if loaded is None:
         loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                             trust_remote_code=config.trust_remote_code, quantize=config.quantize,
-                            quantize_backend=config.quantize_backend)
+                            quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
     engine = build_engine(config, loaded)
     job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
     planner, block_size = job.planner, engine.block_size

@@ -132,7 +132,7 @@ def _local_job(config: JobConfig, inputs, loaded: LoadedModel | None, session: O
     if loaded is None:
         loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                             trust_remote_code=config.trust_remote_code, quantize=config.quantize,
-                            quantize_backend=config.quantize_backend)
+                            quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
     job = LocalJob(config, inputs, loaded, session, guard, schema)
     with guard.critical():
         if config.num_shards is not None:  # this shard's rows may change: the set is not final

@@ -51,7 +51,7 @@ def dequantized_reference(qmodel: torch.nn.Module, original: torch.nn.Module) ->
 def test_forward_equals_its_dequantized_reference(scheme, backend):
     model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
     original = copy.deepcopy(model)
-    applied = quantize.quantize_model(model, scheme, backend)
+    applied = quantize.quantize_model(model, scheme, backend, embedding="none")
     assert applied == quantize.Quantization(scheme, backend)
     down = model.model.layers[0].mlp.down_proj.weight
     assert type(down) not in (torch.Tensor, torch.nn.Parameter), "the decoder's linear layers are quantized"
@@ -123,4 +123,5 @@ def test_gguf_quantization_maps_to_the_nearest_scheme(name, scheme):
 def test_auto_quantizes_a_quantized_gguf_and_leaves_other_models_alone():
     model = make_tiny_model("llama", seed=1).to(torch.bfloat16)
     assert quantize.apply_at_load(copy.deepcopy(model), "tiny", "auto", "auto") == "none"
-    assert quantize.apply_at_load(model, "tiny.Q4_0.gguf", "auto", "auto", "tiny.Q4_0.gguf") == "int4/torchao"
+    assert quantize.apply_at_load(model, "tiny.Q4_0.gguf", "auto", "auto", "tiny.Q4_0.gguf") == \
+        "int4/torchao+int8-embedding"
