@@ -187,13 +187,7 @@ class LocalJob:
                           error=error, digest=digest)
 
     def emit(self, row: InputRow, out: dict[str, Any]) -> None:
-        s = self.summary
-        s.num_rows += 1
-        is_error = out["finish_reason"] == "error"
-        s.num_rows_error += int(is_error)
-        s.num_rows_ok += int(not is_error)
-        s.num_prompt_tokens += out["num_prompt_tokens"] or 0
-        s.num_generated_tokens += out["num_generated_tokens"] or 0
+        is_error = self.summary.count_row(out)
         self.progress.update(num_generated_tokens=out["num_generated_tokens"] or 0, error=is_error)
         self.commits.add(out, row.shard.path, row.row_index)
 

@@ -189,12 +189,7 @@ class RayJob:
 
     def _emit(self, out: dict[str, Any], path: str, index: int) -> None:
         s = self.summary
-        is_error = out["finish_reason"] == "error"
-        s.num_rows += 1
-        s.num_rows_error += int(is_error)
-        s.num_rows_ok += int(not is_error)
-        s.num_prompt_tokens += out["num_prompt_tokens"] or 0
-        s.num_generated_tokens += out["num_generated_tokens"] or 0
+        is_error = s.count_row(out)
         row_id = out[self.id_name]
         s.num_rows_retried += row_id in self.errors_before
         s.num_rows_changed += row_id in self.ok_before
