@@ -27,6 +27,7 @@ from batchgen.io.store import LocalStore
 from batchgen.io.writers import PartWriter
 from batchgen.jobs.batch_fn import output_row
 from batchgen.jobs.commit import Committer
+from batchgen.jobs.commit_schedule import CommitSchedule
 from batchgen.jobs.core import JobCore
 from batchgen.jobs.fingerprint import job_fingerprint, model_fingerprint
 from batchgen.jobs.inflight import InFlightCheckpoints
@@ -70,11 +71,9 @@ class LocalJob:
         source = inputs.source
         self.with_prompt_hash = PROMPT_HASH in schema.names
         self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
-        self.committer = Committer(session.manifest, PartWriter(session.store, schema), source.id_field.name,
-                                   rows_per_part=config.rows_per_part)
-        self.commit_every_rows = config.commit_every_rows or config.rows_per_part
-        self.commit_every_s = config.commit_every_s or None
-        self.last_commit = time.monotonic()
+        self.commits = CommitSchedule(Committer(session.manifest, PartWriter(session.store, schema),
+                                                source.id_field.name, rows_per_part=config.rows_per_part),
+                                      guard, config, save_with_commit=self.save_lengths)
         self.id_name = source.id_field.name
         self.passthrough = [f.name for f in source.passthrough_fields]
         self.summary = RunSummary(output_dir=str(session.out_dir), model=loaded.name, mode=config.mode)
@@ -92,6 +91,7 @@ class LocalJob:
             config, metrics_at, context=self.core.context, work=self.work, input_rows=scan.num_rows,
             output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
             last_commit_s=state.last_commit_time)
+        self.commits.monitor = self.monitor
         if self.monitor is not None:
             self.core.engines.add_listener(self.monitor.recorder.on_step)
         self.progress = Progress(max(scan.num_rows - self.job.resume.num_rows_done, 0), quiet=self.config.quiet,
@@ -104,20 +104,20 @@ class LocalJob:
                 for planned, completion in self.core.generate(plans):
                     self.finished(planned, completion)
             with self.guard.critical():
-                self.commit()
+                self.commits.commit()
                 self.checkpoints.write([])  # drops the partials of rows that finished
         except Interrupt:
             with self.guard.critical():
-                self.commit()  # the rows that finished before the signal, first
+                self.commits.commit()  # the rows that finished before the signal, first
                 self.checkpoint_in_flight(stopping=True)
             raise
         except Exception as e:
             if not isinstance(e, OutputError):  # an engine failure: keep the work that did finish
                 try:
-                    self.commit()
+                    self.commits.commit()
                     self.checkpoint_in_flight(stopping=True)
                 except OutputError:
-                    log.warning("could not commit the %d finished rows", len(self.committer))
+                    log.warning("could not commit the %d finished rows", len(self.commits))
             raise
         finally:
             self.progress.close()
@@ -187,33 +187,15 @@ class LocalJob:
                           error=error, digest=digest)
 
     def emit(self, row: InputRow, out: dict[str, Any]) -> None:
-        s = self.summary
-        s.num_rows += 1
-        is_error = out["finish_reason"] == "error"
-        s.num_rows_error += int(is_error)
-        s.num_rows_ok += int(not is_error)
-        s.num_prompt_tokens += out["num_prompt_tokens"] or 0
-        s.num_generated_tokens += out["num_generated_tokens"] or 0
+        is_error = self.summary.count_row(out)
         self.progress.update(num_generated_tokens=out["num_generated_tokens"] or 0, error=is_error)
-        self.committer.add(out, row.shard.path, row.row_index)
-        if len(self.committer) >= self.commit_every_rows or (
-                self.commit_every_s is not None and time.monotonic() - self.last_commit >= self.commit_every_s):
-            self.commit()
+        self.commits.add(out, row.shard.path, row.row_index)
 
-    def commit(self) -> None:
-        """Commit the finished rows and save the learned lengths: one section a signal does not cut."""
-        num_rows = len(self.committer)
-        t0 = time.monotonic()
-        with self.guard.critical():
-            self.committer.commit()
-            predictor = self.job.predictor
-            if predictor.num_observed_since_save:
-                predictor.save(self.session.store)
-            if self.monitor is not None and num_rows:
-                state = self.session.state
-                self.monitor.recorder.on_commit(seconds=time.monotonic() - t0, output_rows=state.num_committed_rows,
-                                                output_rows_error=len(state.error_ids))
-        self.last_commit = time.monotonic()
+    def save_lengths(self) -> None:
+        """Save the learned output lengths with each commit (inside its critical section)."""
+        predictor = self.job.predictor
+        if predictor.num_observed_since_save:
+            predictor.save(self.session.store)
 
     def work(self) -> tuple[int, int | None]:
         """(tokens generated so far, in flight included; predicted total of the job, None before a
@@ -227,7 +209,7 @@ class LocalJob:
         return tokens, round(planner.num_predicted_tokens + unplanned * mean)
 
     def _fill_summary(self, wall_seconds: float) -> None:
-        s, counts, job, core = self.summary, self.committer.counts, self.job, self.core
+        s, counts, job, core = self.summary, self.commits.committer.counts, self.job, self.core
         s.num_commits = counts.num_commits
         s.num_sampled_tokens = core.engines.num_sampled_tokens()
         if self.checkpoints is not None:

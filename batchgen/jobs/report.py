@@ -38,6 +38,16 @@ class JobSummary:
     def generated_tokens_per_s(self) -> float:
         return self.num_generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
+    def count_row(self, out: dict) -> bool:
+        """Count one finished output row (batchgen.jobs.batch_fn.output_row's columns); True for an error row."""
+        is_error = out["finish_reason"] == "error"
+        self.num_rows += 1
+        self.num_rows_error += int(is_error)
+        self.num_rows_ok += int(not is_error)
+        self.num_prompt_tokens += out["num_prompt_tokens"] or 0
+        self.num_generated_tokens += out["num_generated_tokens"] or 0
+        return is_error
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["generated_tokens_per_s"] = round(self.generated_tokens_per_s, 2)

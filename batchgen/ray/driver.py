@@ -33,6 +33,7 @@ from batchgen.io.schema import PROMPT_HASH
 from batchgen.io.writers import PartWriter
 from batchgen.jobs.batch_columns import SOURCE_PATH, SOURCE_ROW
 from batchgen.jobs.commit import Committer
+from batchgen.jobs.commit_schedule import CommitSchedule
 from batchgen.jobs.fingerprint import job_fingerprint
 from batchgen.jobs.prepare import JobInputs
 from batchgen.jobs.progress import Progress
@@ -62,11 +63,8 @@ class RayJob:
         self.schema = schema
         source = inputs.source
         self.id_name = source.id_field.name
-        self.committer = Committer(session.manifest, PartWriter(session.out_dir, schema), self.id_name,
-                                   rows_per_part=config.rows_per_part)
-        self.commit_every_rows = config.commit_every_rows or config.rows_per_part
-        self.commit_every_s = config.commit_every_s or None
-        self.last_commit = time.monotonic()
+        self.commits = CommitSchedule(Committer(session.manifest, PartWriter(session.out_dir, schema), self.id_name,
+                                                rows_per_part=config.rows_per_part), guard, config)
         self.summary = RunSummary(output_dir=str(session.out_dir), model=config.model or "default", mode=config.mode)
         self.summary.executor = "ray"
         self.fingerprint: dict[str, Any] | None = None  # the full one, from the first output batch
@@ -102,6 +100,7 @@ class RayJob:
                 config, self.session.out_dir, context=lambda: (None, None), work=self.work,
                 input_rows=scan.num_rows, output_rows=state.num_committed_rows,
                 output_rows_error=len(state.error_ids), last_commit_s=state.last_commit_time)
+            self.commits.monitor = self.monitor
             self.progress = Progress(todo, quiet=config.quiet, log_every_s=config.log_every_s, work=self.work)
             self._stream(dataset)
         finally:
@@ -144,18 +143,18 @@ class RayJob:
                     guard.raise_if_interrupted()
                     self._take(batch)
             with guard.critical():
-                self.commit()
+                self.commits.commit()
             self.completed = True
         except Interrupt:
             with guard.critical():
-                self.commit()  # the rows that finished before the signal
+                self.commits.commit()  # the rows that finished before the signal
             raise
         except Exception as e:
             if not isinstance(e, OutputError):  # an actor or Ray failed: keep the work that did finish
                 try:
-                    self.commit()
+                    self.commits.commit()
                 except OutputError:
-                    log.warning("could not commit the %d finished rows", len(self.committer))
+                    log.warning("could not commit the %d finished rows", len(self.commits))
             raise
 
     def _take(self, batch: pa.Table) -> None:
@@ -190,12 +189,7 @@ class RayJob:
 
     def _emit(self, out: dict[str, Any], path: str, index: int) -> None:
         s = self.summary
-        is_error = out["finish_reason"] == "error"
-        s.num_rows += 1
-        s.num_rows_error += int(is_error)
-        s.num_rows_ok += int(not is_error)
-        s.num_prompt_tokens += out["num_prompt_tokens"] or 0
-        s.num_generated_tokens += out["num_generated_tokens"] or 0
+        is_error = s.count_row(out)
         row_id = out[self.id_name]
         s.num_rows_retried += row_id in self.errors_before
         s.num_rows_changed += row_id in self.ok_before
@@ -206,28 +200,14 @@ class RayJob:
         self.progress.update(num_generated_tokens=out["num_generated_tokens"] or 0, error=is_error)
         if PROMPT_HASH not in self.schema.names:
             out.pop(PROMPT_HASH, None)
-        self.committer.add(out, path, index)
-        if len(self.committer) >= self.commit_every_rows or (
-                self.commit_every_s is not None and time.monotonic() - self.last_commit >= self.commit_every_s):
-            self.commit()
-
-    def commit(self) -> None:
-        num_rows = len(self.committer)
-        t0 = time.monotonic()
-        with self.guard.critical():
-            self.committer.commit()
-            if self.monitor is not None and num_rows:
-                state = self.session.state
-                self.monitor.recorder.on_commit(seconds=time.monotonic() - t0, output_rows=state.num_committed_rows,
-                                                output_rows_error=len(state.error_ids))
-        self.last_commit = time.monotonic()
+        self.commits.add(out, path, index)
 
     def work(self) -> tuple[int, int | None]:
         """(tokens generated so far, predicted total: unknown on the driver)."""
         return self.summary.num_generated_tokens, None
 
     def _fill_summary(self, wall_seconds: float) -> None:
-        s, counts = self.summary, self.committer.counts
+        s, counts = self.summary, self.commits.committer.counts
         s.num_commits = counts.num_commits
         s.num_parts_written = counts.num_parts_written
         s.num_rows_replaced = counts.num_rows_replaced
