@@ -42,6 +42,8 @@ class Sequence:
     num_overruns: int = 0
     # static policy: its blocks cover a predicted length only; outgrowing them parks it
     reserved_for_prediction: bool = False
+    # steps that left its prompt for the next step rather than split it (scheduler.MAX_PREFILL_DEFERRALS)
+    num_prefill_deferrals: int = 0
 
     @classmethod
     def from_request(cls, seq_id: int, request: Request) -> Sequence:

@@ -222,6 +222,38 @@ def test_running_sequences_share_the_budget_with_new_ones():
     assert [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled] == [(0, 1), (1, 9)]
 
 
+def _step(sched: Scheduler) -> list[tuple[int, int]]:
+    out = sched.schedule()
+    sched.update(out, [7] * len(out.samplers))
+    return [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled]
+
+
+@pytest.mark.parametrize("policy", [Policy.CONTINUOUS, Policy.STATIC])
+def test_a_prompt_that_fits_a_whole_step_waits_for_it_and_shorter_ones_fill_the_gap(policy):
+    sched = make_scheduler(num_blocks=64, block_size=4, max_num_batched_tokens=10, policy=policy)
+    for i, n in enumerate((8, 6, 2)):
+        sched.add(make_seq(i, list(range(10 * i, 10 * i + n)), 3))
+    first = _step(sched)
+    if policy is Policy.STATIC:  # all three run from the start: the 2-token prompt takes the gap
+        assert first == [(0, 8), (2, 2)]
+        assert _step(sched) == [(0, 1), (1, 6), (2, 1)]
+    else:  # queue order: the 6-token prompt is admitted first, whole, next step
+        assert first == [(0, 8)]
+        assert _step(sched) == [(0, 1), (1, 6), (2, 2)]
+
+
+def test_a_prompt_longer_than_a_step_is_still_chunked_and_deferrals_are_bounded():
+    sched = make_scheduler(num_blocks=64, block_size=4, max_num_batched_tokens=10)
+    for i in range(4):
+        sched.add(make_seq(i, [i], 20))
+    _step(sched)  # four 1-token prompts: each decodes one token a step from now on
+    sched.add(make_seq(9, list(range(100, 108)), 3))  # 8 tokens: never whole beside 4 decodes
+    steps = [dict(_step(sched)).get(9) for _ in range(4)]
+    assert steps == [None, None, 6, 2]  # waits twice, then is split as before
+    sched.add(make_seq(10, list(range(200, 230)), 3))  # 30 tokens: longer than any step, chunked at once
+    assert dict(_step(sched))[10] == 5
+
+
 def test_preemption_takes_the_newest_and_recomputes_it_later():
     # 6 blocks of 4 tokens; three sequences of 7 tokens take 2 blocks each; the first to need
     # a third block forces a preemption
