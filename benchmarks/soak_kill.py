@@ -61,10 +61,10 @@ def main() -> None:
             fixture = make_changing_fixture(tmp, args.rows)
             final = copy_fixture(fixture, tmp / "final-inputs")
             apply_all(final, 0)
-            reference, job_s = timed_reference(final, tmp / "reference")
+            reference, job_s, _ = timed_reference(final, tmp / "reference")
         else:
             fixture = make_fixture(tmp, args.rows)
-            reference, job_s = timed_reference(fixture, tmp / "reference")
+            reference, job_s, _ = timed_reference(fixture, tmp / "reference")
         print(f"reference run: {len(reference)} rows, {job_s:.2f} s from taking the lock to _SUCCESS", flush=True)
         t0 = time.monotonic()
 

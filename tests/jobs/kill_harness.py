@@ -129,8 +129,9 @@ def read_output(out: Path) -> dict:
 
 
 def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_s: float,
-               between_kills: Callable[[int], None] | None = None) -> SeedResult:
-    """Start, SIGKILL after a random delay, check; `kills` times (fewer if the job finishes first).
+               between_kills: Callable[[int], None] | None = None, min_delay_s: float = 0.0) -> SeedResult:
+    """Start, SIGKILL after a random delay in [min_delay_s, max_delay_s] from taking the lock, check;
+    `kills` times (fewer if the job finishes first).
 
     `between_kills(k)` runs after the k-th kill's check (0-based), before the restart: it may
     change the inputs (tests/jobs/changing_inputs.py)."""
@@ -141,7 +142,7 @@ def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_
         proc = start_job(fixture, out)
         try:
             started = wait_until_locked(proc, out)
-            delay = rng.uniform(0.0, max_delay_s)
+            delay = rng.uniform(min_delay_s, max_delay_s)
             if started:
                 time.sleep(delay)
             finished = proc.poll() is not None
@@ -191,16 +192,20 @@ def run_to_end_subprocess(fixture: Fixture, out: Path) -> int:
     return json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
 
 
-def timed_reference(fixture: Fixture, out: Path) -> tuple[dict, float]:
-    """An uninterrupted subprocess run: its output, and the seconds from taking the lock to
-    writing _SUCCESS (model loading, streaming, commits): the window the kills are drawn from."""
+def timed_reference(fixture: Fixture, out: Path) -> tuple[dict, float, float]:
+    """An uninterrupted subprocess run: its output, the seconds from taking the lock to writing
+    _SUCCESS (model loading, streaming, commits: the window the kills are drawn from), and the
+    seconds from the lock to its first part file (temp or published: a commit under way)."""
     proc = start_job(fixture, out)
     wait_until_locked(proc, out)
     t0 = time.monotonic()
+    first_part_s = None
     while not (out / "_SUCCESS").exists() and proc.poll() is None:
+        if first_part_s is None and (any(out.glob("part-*")) or any(out.glob(".part-*"))):
+            first_part_s = time.monotonic() - t0
         time.sleep(0.005)
     window_s = time.monotonic() - t0
     proc.wait()
     assert proc.returncode == 0, proc.stderr.read()
     proc.stderr.close()
-    return read_output(out), window_s
+    return read_output(out), window_s, window_s if first_part_s is None else first_part_s

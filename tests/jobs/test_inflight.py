@@ -74,11 +74,14 @@ def references(src, tiny_model_dir, loaded, tmp_path_factory):
     """Per sampling mode: the uninterrupted output, tokens sampled, wall seconds."""
     refs = {}
     for name, sampling in SAMPLING.items():
-        out = tmp_path_factory.mktemp(f"ref-{name}") / "out"
-        t0 = time.monotonic()
-        summary = run_job(config(src, out, tiny_model_dir, **sampling), loaded=loaded)
-        refs[name] = (output(out), summary.num_sampled_tokens, time.monotonic() - t0)
-        assert summary.num_sampled_tokens == NUM_ROWS * MAX_NEW_TOKENS
+        times = []
+        for attempt in range(2):  # the faster of two runs: one slowed by a busy machine would put
+            out = tmp_path_factory.mktemp(f"ref-{name}-{attempt}") / "out"  # the signals after the end
+            t0 = time.monotonic()
+            summary = run_job(config(src, out, tiny_model_dir, **sampling), loaded=loaded)
+            times.append(time.monotonic() - t0)
+            assert summary.num_sampled_tokens == NUM_ROWS * MAX_NEW_TOKENS
+        refs[name] = (output(out), summary.num_sampled_tokens, min(times))
     return refs
 
 
@@ -107,7 +110,7 @@ def test_sigterm_at_random_moments_then_resume_equals_uninterrupted(src, tiny_mo
         cfg = config(src, out, tiny_model_dir, **SAMPLING[mode])
         tokens = in_flight_at_signals = 0
         for _ in range(SIGNALS_PER_SEED):
-            interrupted = interrupted_run(cfg, loaded, rng.uniform(0.1, 0.8) * reference_s)
+            interrupted = interrupted_run(cfg, loaded, rng.uniform(0.05, 0.7) * reference_s)
             summary_file = out / "_summary.json"  # absent: the signal landed before the job began generating
             attempt = json.loads(summary_file.read_text()) if summary_file.exists() else {
                 "num_sampled_tokens": 0, "num_rows_continued": 0}

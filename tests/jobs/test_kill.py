@@ -37,12 +37,16 @@ def resume_config(fixture, out):
 
 def test_kill_9_at_random_moments_then_resume(tmp_path, one_thread):
     fixture = make_fixture(tmp_path, NUM_ROWS)
-    reference, window_s = timed_reference(fixture, tmp_path / "reference")
+    reference, window_s, first_part_s = timed_reference(fixture, tmp_path / "reference")
     assert sorted(reference) == list(range(NUM_ROWS))
     loaded = load_model(str(fixture.model_dir), device="cpu", dtype="float32")
 
     def cycle(seed):
-        return kill_cycle(fixture, tmp_path / f"seed-{seed}", seed, kills=1, max_delay_s=window_s)
+        # even seeds: anywhere in the job (start-up included); odd seeds: once the reference run had
+        # begun committing, so that half the kills surely land on a half-written output however
+        # long the model takes to load
+        low = 0.0 if seed % 2 == 0 else first_part_s
+        return kill_cycle(fixture, tmp_path / f"seed-{seed}", seed, kills=1, max_delay_s=window_s, min_delay_s=low)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(cycle, range(NUM_SEEDS)))
@@ -66,7 +70,7 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, one_thread):
 
     kills = [r for r in results if r.kills]
     partial = [r for r in kills if 0 < r.committed_at_kill[0] < NUM_ROWS]
-    # The delay is drawn over the whole window, so most kills land while the job runs; a few
-    # may land before the first commit or after the last. Enough must hit a half-written output.
+    # Even seeds' delays span the whole window (a kill may land before the first commit or after the
+    # last); odd seeds' start at the reference's first part. Enough must hit a half-written output.
     assert len(kills) >= NUM_SEEDS // 2, [(r.kill_delays_s, r.committed_at_kill) for r in results]
     assert len(partial) >= NUM_SEEDS // 4, [(r.kill_delays_s, r.committed_at_kill) for r in results]
