@@ -124,7 +124,8 @@ def _build(source_path: Path = SOURCE) -> Path:
     cc = _compiler()
     source = source_path.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([source, " ".join(CFLAGS).encode(), version.encode(),
+    headers = b"".join(h.read_bytes() for h in sorted(source_path.parent.glob("*.h")))  # #included
+    key = hashlib.sha256(b"\0".join([source, headers, " ".join(CFLAGS).encode(), version.encode(),
                                      _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
     from batchgen.engine.loader import cache_root
 

@@ -64,29 +64,7 @@ ALWAYS_INLINE void store16(void* p, int bf16, int64_t i, __mmask16 k, __m512 x) 
     else _mm256_mask_storeu_epi16((uint16_t*)p + i, k, to_bf16x16(x));
 }
 
-/* exp(x) on 16 lanes: Cody-Waite reduction and Cephes' degree-5 polynomial; +inf past f32's range
- * (as expf), so silu of a very negative gate is -0 as in torch, below -87 a denormal-free tiny value */
-ALWAYS_INLINE __m512 exp16(__m512 x_in) {
-    const __mmask16 overflow = _mm512_cmp_ps_mask(x_in, _mm512_set1_ps(88.7228394f), _CMP_GT_OQ);
-    const __m512 x = _mm512_min_ps(_mm512_max_ps(x_in, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f),
-                                                          _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-    /* 2^n as two factors, so n = 128 (x near 88) does not overflow the exponent field */
-    const __m512i n1 = _mm512_srai_epi32(_mm512_cvtps_epi32(n), 1);
-    const __m512i n2 = _mm512_sub_epi32(_mm512_cvtps_epi32(n), n1);
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
-    return _mm512_mask_blend_ps(overflow, _mm512_mul_ps(_mm512_mul_ps(y, s1), s2), _mm512_set1_ps(INFINITY));
-}
+#include "simd_exp.h"
 
 ALWAYS_INLINE __mmask16 tail(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
 #endif
