@@ -61,3 +61,35 @@ def committed_table(url: str) -> pa.Table:
     state = load_manifest(store)
     tables = [store.read_table(name) for name in sorted(state.parts)]
     return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def kill_once_committed(args: list[str], store, at_least: int) -> bool:
+    """Run the `batchgen run` command `args` and SIGKILL it once `store` holds `at_least` committed
+    rows (or let it end); True if it was killed. Either way it must have exited cleanly or by the kill."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from batchgen.io.manifest import load_manifest
+    from tests.jobs.kill_harness import JOB_ENV
+
+    proc = subprocess.Popen(args, env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if store.is_dir("_manifest") and load_manifest(store).num_committed_rows >= at_least:
+                break
+            time.sleep(0.3)  # the server shares this process: poll it gently
+        killed = proc.poll() is None
+        if killed:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    assert proc.returncode in (0, -signal.SIGKILL), stderr
+    return killed

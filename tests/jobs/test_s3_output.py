@@ -8,9 +8,6 @@ expired one is taken over), and `status` / `compact` on the object-store output.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 
@@ -29,8 +26,7 @@ from batchgen.jobs.compact import compact_output
 from batchgen.jobs.run import run_job
 from batchgen.jobs.status import job_status
 from tests.jobs.helpers import committed_rows, tiny_job_config
-from tests.jobs.kill_harness import JOB_ENV
-from tests.s3_server import committed_table
+from tests.s3_server import committed_table, kill_once_committed
 
 NUM_ROWS = 48
 COMMON = dict(id_column="id", max_new_tokens=6, batch_size=8, commit_every_rows=8)
@@ -99,25 +95,7 @@ def test_sigkill_mid_job_then_resume_writes_every_row_once(src, tiny_model_dir, 
     committed: set = set()
     kills = 0
     for at_least in (8, 24):  # kill once some rows are committed, twice: mid-job both times
-        proc = subprocess.Popen(args, env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None:
-                if store.is_dir("_manifest") and load_manifest(store).num_committed_rows >= at_least:
-                    break
-                time.sleep(0.3)  # the server shares this process: poll it gently
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-            proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        stderr = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
-        assert proc.returncode in (0, -signal.SIGKILL), stderr
+        kills += kill_once_committed(args, store, at_least)
         state = load_manifest(store)
         state.check_integrity()
         for record in state.parts.values():  # every committed part whole and matching its entry

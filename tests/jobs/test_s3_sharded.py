@@ -9,11 +9,7 @@ killed with SIGKILL resumes on the store.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,8 +27,7 @@ from batchgen.jobs.run import run_job
 from batchgen.jobs.sharded_report import render_report
 from batchgen.jobs.status import job_status, status_lines
 from tests.jobs.helpers import committed_rows, tiny_job_config
-from tests.jobs.kill_harness import JOB_ENV
-from tests.s3_server import committed_table
+from tests.s3_server import committed_table, kill_once_committed
 
 NUM_ROWS = 24
 COMMON = dict(id_column="id", max_new_tokens=4, batch_size=4, commit_every_rows=4)
@@ -147,24 +142,7 @@ def test_a_shard_killed_on_s3_resumes_exactly_once(src, tiny_model_dir, loaded, 
             "--max-new-tokens", "4", "--kv-cache-memory", "16MiB", "--batch-size", "2", "--commit-every", "2",
             "--commit-every-seconds", "0.2", "--num-shards", "2", "--shard-index", "0", "--quiet"]
     shard0 = open_store(shard_url(s3_out, 0))
-    proc = subprocess.Popen(args, env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if shard0.is_dir("_manifest") and load_manifest(shard0).num_committed_rows >= 2:
-                break
-            time.sleep(0.3)  # the server shares this process: poll it gently
-        killed = proc.poll() is None
-        if killed:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    stderr = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    assert proc.returncode in (0, -signal.SIGKILL), stderr
+    killed = kill_once_committed(args, shard0, 2)
     committed = load_manifest(shard0).num_committed_rows
     assert committed >= 2
     run_job(config(src, s3_out, tiny_model_dir, num_shards=2, shard_index=1), loaded=loaded)
