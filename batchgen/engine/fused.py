@@ -95,9 +95,9 @@ def fuse_pointwise(model: torch.nn.Module) -> int:
     if kernels is None:
         return 0
     norm_ref, mlp_ref = _references()
-    count = 0
+    count = newly = 0
     for module in model.modules():
-        if getattr(module, "_batchgen_fused", False):
+        if getattr(module, "_batchgen_fused", False):  # a second engine on the same model
             count += 1
             continue
         forward = getattr(type(module), "forward", None)
@@ -110,8 +110,9 @@ def fuse_pointwise(model: torch.nn.Module) -> int:
             continue
         module._batchgen_fused = True
         count += 1
-    if count:
-        log.info("fused CPU kernels for %d RMSNorm/MLP modules", count)
+        newly += 1
+    if newly:
+        log.info("fused CPU kernels for %d RMSNorm/MLP modules", newly)
     return count
 
 
