@@ -30,6 +30,12 @@ static pays only where its batches leave no slot idle. That is no accident of th
 policy runs the same steps through the same runner as continuous, with no per-step saving to trade
 for idle slots. A device where static steps run cheaper (a captured or compiled fixed-shape step)
 would lower the threshold; `--static-min-occupancy` sets it.
+
+Prompt-heavy shards go continuous even at full occupancy: when a static batch's prompts need more
+than one step's token budget to prefill, the static batch decodes nothing until the last of them
+is in, while continuous decodes the rows already prefilled inside those same steps. On 32
+documents of ~590 prompt tokens and 64 output tokens each (occupancy 100%, 10 prefill steps),
+continuous ran the job in 0.90x static's time.
 """
 
 from __future__ import annotations
@@ -157,7 +163,8 @@ class Planner:
         batches = static_batches(ordered, limits.max_num_seqs, self.kv_capacity_tokens, self.block_size)
         occupancy = static_occupancy(ordered, batches)
         cv = coefficient_of_variation([r.num_prompt_tokens + r.prediction.p50 for r in window])
-        mode, reason = choose_mode(config.mode, occupancy, config.static_min_occupancy, window)
+        prefill_steps = max_prefill_steps(ordered, batches, limits.max_num_batched_tokens)
+        mode, reason = choose_mode(config.mode, occupancy, config.static_min_occupancy, window, prefill_steps)
         plan = ShardPlan(self.num_shards, window[0].row.shard.path, window[0].row.row_index, ordered, mode, reason,
                          occupancy, cv, batches, limits.max_num_seqs, limits.reason)
         self.num_shards += 1
@@ -232,11 +239,26 @@ def coefficient_of_variation(values: list[int]) -> float:
     return statistics.pstdev(values) / mean if mean else 0.0
 
 
-def choose_mode(requested: str, occupancy: float, threshold: float, rows: list[PlannedRow]) -> tuple[Policy, str]:
+def max_prefill_steps(rows: list[PlannedRow], batch_sizes: list[int], max_num_batched_tokens: int) -> int:
+    """The most steps any predicted static batch needs to prefill its prompts (>= 1)."""
+    most = 1
+    for batch in batch_slices(rows, batch_sizes):
+        most = max(most, ceil_div(sum(r.num_prompt_tokens for r in batch), max(1, max_num_batched_tokens)))
+    return most
+
+
+def choose_mode(requested: str, occupancy: float, threshold: float, rows: list[PlannedRow],
+                prefill_steps: int = 1) -> tuple[Policy, str]:
     if requested in (Policy.STATIC, Policy.CONTINUOUS):
         return Policy(requested), f"--mode {requested}"
     sources = {r.prediction.source for r in rows}
     basis = "exact lengths" if sources == {"exact"} else "predicted lengths (" + ", ".join(sorted(sources)) + ")"
+    if occupancy >= threshold and prefill_steps > 1:
+        # a static batch decodes nothing until its last prompt is in; continuous decodes the rows
+        # already prefilled in those same steps (see the module docstring)
+        return Policy.CONTINUOUS, (f"prompt-heavy: static batches would keep {occupancy:.0%} of their slots "
+                                   f"busy on {basis}, but a batch's prompts take up to {prefill_steps} steps "
+                                   "to prefill, which continuous overlaps with decoding")
     if occupancy >= threshold:
         return Policy.STATIC, (f"uniform: static batches would keep {occupancy:.0%} of their slots busy "
                         f"(>= {threshold:.0%}) on {basis}")
