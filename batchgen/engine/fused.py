@@ -1,4 +1,5 @@
-"""Fused CPU kernels for the pointwise chains of Llama-style models: RMSNorm and SiLU(gate) * up.
+"""Fused CPU kernels for the pointwise chains of Llama-style models: RMSNorm, SiLU(gate) * up and
+the rotary embedding.
 
 In eager PyTorch these chains are many small ops, each a pass over the activations, a dispatch
 and an OpenMP wake-up: ~26% of a bf16 prefill and ~15% of a decode step on SmolLM2
@@ -12,18 +13,27 @@ its class's forward is, bytecode for bytecode, transformers' Llama RMSNorm or Ll
 activation for the MLP. Anything else keeps its own forward. bf16 only, as for the reordered
 weights (engine/prepack.py): float32 is where greedy output must equal `model.generate` token for
 token, and a different summation order in the norm could flip a near tie.
+
+The rotary embedding is a module-level function (`apply_rotary_pos_emb`) that the attention
+forward looks up in its modeling module, not a module of its own, so it is replaced there, in
+that modeling module, once it matches Llama's bytecode for bytecode. The replacement takes the
+fused path only inside a batchgen engine's forward (a `model.generate` beside it runs the original)
+and only for bf16 CPU tensors without autograd laid out as those forwards lay them out; it rounds
+as the eager ops round (the same bits). Being module-level, it stays for the process once an
+engine fused, also for a later engine built with `fuse_pointwise=False`, with the same results.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 import types
 
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine import native
+from batchgen.engine import attention, native
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +51,9 @@ class PointwiseKernels:
         self._silu = lib.silu_mul
         self._silu.argtypes = [_P, _P, _P, _I, _L, _I]
         self._silu.restype = None
+        self._rope = lib.rope
+        self._rope.argtypes = [_P, _P, _P, _P, _P, _P, _I, _L, _L, _L, _L, _I]
+        self._rope.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == x.dtype
@@ -58,6 +71,34 @@ class PointwiseKernels:
         return out
 
 
+    def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [B, H, T, D], k [B, KVH, T, D] (token-major memory), cos/sin [B, T, D] -> rotated q, k."""
+        assert _rope_layout_ok(q, k, cos, sin)
+        B, H, T, D = q.shape
+        q_out = torch.empty((B, T, H, D), dtype=q.dtype).transpose(1, 2)
+        k_out = torch.empty((B, T, k.shape[1], D), dtype=k.dtype).transpose(1, 2)
+        self._rope(q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(), k_out.data_ptr(),
+                   _DTYPE_CODES[q.dtype], B * T, H, k.shape[1], D, torch.get_num_threads())
+        return q_out, k_out
+
+
+def _token_major(x: torch.Tensor) -> bool:
+    """[B, heads, T, D] viewed from [B, T, heads, D] contiguous memory (q_proj(...).view().transpose(1, 2))."""
+    B, heads, T, D = x.shape
+    return x.stride() == (T * heads * D, D, heads * D, 1) or (x.is_contiguous() and (heads == 1 or T == 1))
+
+
+def _rope_layout_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3:
+        return False
+    B, _, T, D = q.shape
+    return (q.dtype in _DTYPE_CODES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
+            and q.device.type == "cpu" and not torch.is_grad_enabled() and D % 2 == 0
+            and k.shape[0] == B and k.shape[2] == T and k.shape[3] == D
+            and cos.shape == (B, T, D) and sin.shape == (B, T, D) and cos.is_contiguous() and sin.is_contiguous()
+            and _token_major(q) and _token_major(k))
+
+
 def load() -> PointwiseKernels | None:
     lib = native.load_library(native.POINTWISE_SOURCE)
     return PointwiseKernels(lib) if lib is not None else None
@@ -73,6 +114,12 @@ def _references():
     from transformers.models.llama import modeling_llama
 
     return modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaMLP.forward
+
+
+def _rope_references():
+    from transformers.models.llama import modeling_llama
+
+    return modeling_llama.apply_rotary_pos_emb, modeling_llama.rotate_half
 
 
 def _is_silu(act) -> bool:
@@ -113,7 +160,37 @@ def fuse_pointwise(model: torch.nn.Module) -> int:
         newly += 1
     if newly:
         log.info("fused CPU kernels for %d RMSNorm/MLP modules", newly)
+    fuse_rope(model, kernels)
     return count
+
+
+def fuse_rope(model: torch.nn.Module, kernels: PointwiseKernels) -> list[str]:
+    """Replace `apply_rotary_pos_emb` in the modeling modules of `model`'s attention layers where it
+    is Llama's; returns those modules' names. Idempotent."""
+    rope_ref, rotate_ref = _rope_references()
+    patched = []
+    for name in sorted({type(m).__module__ for m in model.modules()}):
+        namespace = vars(sys.modules[name]) if name in sys.modules else {}
+        current = namespace.get("apply_rotary_pos_emb")
+        if current is None or getattr(current, "_batchgen_original", None) is not None:
+            continue
+        if _same_code(current, rope_ref) and _same_code(namespace.get("rotate_half"), rotate_ref):
+            sys.modules[name].apply_rotary_pos_emb = _make_rope(kernels, current)
+            patched.append(name)
+    if patched:
+        log.info("fused CPU rotary embedding in %s", ", ".join(patched))
+    return patched
+
+
+def _make_rope(kernels: PointwiseKernels, original):
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if attention._forward_metadata is not None and unsqueeze_dim == 1 and _rope_layout_ok(q, k, cos, sin):
+            return kernels.rope(q, k, cos, sin)
+        return original(q, k, cos, sin, unsqueeze_dim)
+
+    apply_rotary_pos_emb._batchgen_original = original
+    apply_rotary_pos_emb.__doc__ = original.__doc__
+    return apply_rotary_pos_emb
 
 
 def _make_norm_forward(kernels: PointwiseKernels, original):

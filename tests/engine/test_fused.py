@@ -107,3 +107,73 @@ def test_engine_fuses_a_bf16_model_unless_told_not_to(tokenizer):
     plain_tokens, was_plain = generate(False)
     assert was_fused and not was_plain
     assert fused_tokens == plain_tokens  # the kernels round as the eager ops do
+
+
+def token_major(B, T, heads, D, gen):
+    """q/k as transformers' attention forward makes them: a [B, heads, T, D] view of [B, T, heads, D]."""
+    return (torch.randn(B, T, heads * D, generator=gen) * 3).to(BF16).view(B, T, heads, D).transpose(1, 2)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 9, 3, 64), (2, 1, 4, 1, 64), (3, 7, 4, 2, 128), (1, 5, 2, 2, 48),
+                                   (1, 600, 9, 3, 64)])  # B, T, H, KVH, D; 600 tokens: threaded
+def test_rope_gives_the_eager_bits(kernels, shape):
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    B, T, H, KVH, D = shape
+    gen = torch.Generator().manual_seed(T * D)
+    q, k = token_major(B, T, H, D, gen), token_major(B, T, KVH, D, gen)
+    angles = torch.randn(B, T, D, generator=gen) * 10
+    cos, sin = angles.cos().to(BF16), angles.sin().to(BF16)
+    with torch.inference_mode():
+        got_q, got_k = kernels.rope(q, k, cos, sin)
+    # transformers' eager apply_rotary_pos_emb, spelled out
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    assert torch.equal(got_q, q * c + rotate_half(q) * s) and torch.equal(got_k, k * c + rotate_half(k) * s)
+
+
+def test_rope_is_replaced_in_the_modeling_module_and_runs_only_inside_an_engine_forward(kernels, tokenizer,
+                                                                                       monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    model = make_tiny_model("llama", seed=7).to(BF16)
+    fused.fuse_pointwise(model)
+    replacement = modeling_llama.apply_rotary_pos_emb
+    original = replacement._batchgen_original
+    assert fused.fuse_rope(model, kernels) == [], "idempotent"
+    calls = []
+    real_rope = fused.PointwiseKernels.rope
+    monkeypatch.setattr(fused.PointwiseKernels, "rope", lambda self, *a: calls.append(1) or real_rope(self, *a))
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = token_major(1, 4, 4, 16, gen), token_major(1, 4, 2, 16, gen)
+    cos, sin = torch.ones(1, 4, 16).to(BF16), torch.zeros(1, 4, 16).to(BF16)
+    with torch.inference_mode():
+        pairs = zip(replacement(q, k, cos, sin), original(q, k, cos, sin), strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)
+        model(torch.randint(3, 200, (1, 9)))
+    assert not calls, "outside an engine's forward the original runs"
+
+    engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64))
+    list(engine.generate([Request("a", list(range(10, 30)), SamplingParams(max_new_tokens=3, ignore_eos=True))]))
+    assert len(calls) == 3 * model.config.num_hidden_layers  # each step, each layer
+
+
+def test_other_rotary_functions_are_left_alone(kernels):
+    import types as pytypes
+
+    fake = pytypes.ModuleType("fake_modeling")
+    fake.apply_rotary_pos_emb = lambda q, k, cos, sin, unsqueeze_dim=1: (q, k)  # another computation
+    fake.rotate_half = lambda x: x
+
+    class Attention(torch.nn.Module):
+        pass
+
+    Attention.__module__ = "fake_modeling"
+    import sys
+
+    sys.modules["fake_modeling"] = fake
+    try:
+        assert fused.fuse_rope(torch.nn.Sequential(Attention()), kernels) == []
+        assert not hasattr(fake.apply_rotary_pos_emb, "_batchgen_original")
+    finally:
+        del sys.modules["fake_modeling"]

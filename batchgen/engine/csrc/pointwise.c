@@ -1,4 +1,5 @@
-/* Fused pointwise kernels for the CPU forward: RMSNorm and SiLU(gate) * up, one pass each.
+/* Fused pointwise kernels for the CPU forward: RMSNorm, SiLU(gate) * up and the rotary embedding,
+ * one pass each.
  *
  * Why: in eager PyTorch a Llama-style RMSNorm is eight ops (to f32, pow, mean, add, rsqrt, mul, to
  * bf16, mul) and the MLP's activation two, each a full pass over the activations plus a dispatch
@@ -139,5 +140,55 @@ void silu_mul(const void* gate, const void* up, void* out, int dtype, int64_t n,
             }
         }
 #endif
+    }
+}
+
+/* The rotary embedding of one head's row x [D] at one position (cos, sin [D]):
+ * out = x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x[D/2:], x[:D/2]), each product
+ * and the sum rounded to the dtype, as transformers' eager apply_rotary_pos_emb rounds (negation is
+ * exact and round-to-nearest-even is symmetric, so -(a * b) rounds like (-a) * b). */
+ALWAYS_INLINE void rope_row(const void* x, const void* c, const void* s, void* out, int bf16, int64_t xo, int64_t co,
+                            int64_t oo, int64_t half) {
+#ifdef __AVX512F__
+    for (int64_t j = 0; j < half; j += 16) {
+        const __mmask16 k = tail(half - j);
+        const __m512 x1 = load16(x, bf16, xo + j, k), x2 = load16(x, bf16, xo + half + j, k);
+        __m512 a1 = _mm512_mul_ps(x1, load16(c, bf16, co + j, k)), b1 = _mm512_mul_ps(x2, load16(s, bf16, co + j, k));
+        __m512 a2 = _mm512_mul_ps(x2, load16(c, bf16, co + half + j, k));
+        __m512 b2 = _mm512_mul_ps(x1, load16(s, bf16, co + half + j, k));
+        if (bf16) { a1 = round_bf16x16(a1); b1 = round_bf16x16(b1); a2 = round_bf16x16(a2); b2 = round_bf16x16(b2); }
+        store16(out, bf16, oo + j, k, _mm512_sub_ps(a1, b1));
+        store16(out, bf16, oo + half + j, k, _mm512_add_ps(a2, b2));
+    }
+#else
+    for (int64_t j = 0; j < 2 * half; j++) {
+        const int64_t r = j < half ? j + half : j - half;
+        if (bf16) {
+            const uint16_t* xs = (const uint16_t*)x;
+            const float rot = j < half ? -bf16_to_f32(xs[xo + r]) : bf16_to_f32(xs[xo + r]);
+            const float a = round_bf16(bf16_to_f32(xs[xo + j]) * bf16_to_f32(((const uint16_t*)c)[co + j]));
+            const float b = round_bf16(rot * bf16_to_f32(((const uint16_t*)s)[co + j]));
+            ((uint16_t*)out)[oo + j] = f32_to_bf16(a + b);
+        } else {
+            const float* xs = (const float*)x;
+            const float rot = j < half ? -xs[xo + r] : xs[xo + r];
+            ((float*)out)[oo + j] = xs[xo + j] * ((const float*)c)[co + j] + rot * ((const float*)s)[co + j];
+        }
+    }
+#endif
+}
+
+/* q [tokens][H][D] and k [tokens][KVH][D] (the token-major memory of transformers' transposed
+ * [B, heads, T, D] views), cos and sin [tokens][D]: both rotated in one pass per token. */
+void rope(const void* q, const void* k, const void* cos, const void* sin, void* q_out, void* k_out, int dtype,
+          int64_t tokens, int64_t H, int64_t KVH, int64_t D, int num_threads) {
+    const int bf16 = dtype == 1;
+    const int64_t half = D / 2;
+    #pragma omp parallel for num_threads(num_threads) if (tokens * (H + KVH) * D >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t t = 0; t < tokens; t++) {
+        for (int64_t h = 0; h < H; h++)
+            rope_row(q, cos, sin, q_out, bf16, (t * H + h) * D, t * D, (t * H + h) * D, half);
+        for (int64_t h = 0; h < KVH; h++)
+            rope_row(k, cos, sin, k_out, bf16, (t * KVH + h) * D, t * D, (t * KVH + h) * D, half);
     }
 }
