@@ -21,7 +21,7 @@ RENAMED = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every
            "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
            "checkpoint_in_flight_every": "checkpoint_in_flight_every_s"}
 # parameters of a command that are not job settings
-NOT_CONFIG = {"config", "calibration_rows", "as_json"}
+NOT_CONFIG = {"config", "calibration_rows", "as_json", "workers"}
 
 
 def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +140,9 @@ QuantizeEmbedding = Annotated[str | None, _opt("--quantize-embedding", metavar="
 KvCacheDtype = Annotated[str | None, _opt("--kv-cache-dtype", metavar="DTYPE", help=(
     "auto (model dtype) | int8 | fp8 [auto]."))]
 MaxRows = Annotated[int | None, _opt("--max-rows", metavar="N", help="Process only the first N rows [all].")]
+Workers = Annotated[int | None, _opt("--workers", metavar="N", help=(
+    "CPU: run the job as N shard processes of cores/N threads each (output in shard-I-of-N/), then "
+    "finalize; 1 (default): one process"))]
 NumShards = Annotated[int | None, _opt("--num-shards", metavar="N", help=(
     "Run one shard of a job split N ways (with --shard-index): a deterministic split of the input by file and "
     "row range; this process writes OUTPUT/shard-I-of-N/, and `batchgen finalize` checks the set [off]."))]

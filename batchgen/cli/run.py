@@ -83,15 +83,29 @@ def run(
     metrics_every_seconds: o.MetricsEverySeconds = None,
     executor: o.Executor = None,
     ray_actors: o.RayActors = None,
+    workers: o.Workers = None,
 ) -> None:
     """Generate a completion for every input row and write Parquet parts to --output."""
     overrides = o.config_overrides(locals())
     with user_errors():
         from batchgen.config import build_config
+        from batchgen.errors import ConfigError
         from batchgen.jobs.run import run_job  # imports torch only once the job's checks have passed
 
         job_config = build_config(config, **overrides)
         setup_logging(job_config.quiet)
+        if workers is not None and workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {workers}")
+        if workers is not None and workers > 1:
+            from batchgen.jobs.workers import run_workers
+
+            result = run_workers(job_config, workers)
+            typer.echo(f"done: {result['rows']} rows ({result['rows_error']} errors) by {workers} workers, "
+                       f"finalized in {result['output']}", err=True)
+            typer.echo(json.dumps({"output": result["output"], "rows": result["rows"], "errors": result["rows_error"],
+                                   "output_rows": result["rows"], "output_errors": result["rows_error"],
+                                   "workers": workers}))
+            return
         summary = run_job(job_config)
     for line in summary.lines():
         typer.echo(line, err=True)
