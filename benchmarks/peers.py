@@ -7,6 +7,8 @@
 Systems (round-robin within each round, the start rotating; every run records the CPU time other
 processes took meanwhile):
   batchgen-bsN   the same with --batch-size N (a point of a batch-size sweep; 32 was the old default)
+  batchgen-wN    the same with --workers N (N data-parallel shard processes; generation time = the
+                 slowest worker's job time)
   batchgen       `batchgen run` as a user runs it: a subprocess with default flags, only the rows
                  file, the output directory, --dtype, --no-chat, --ignore-eos and the per-row
                  budget column (so every system generates the same tokens); whole-process wall
@@ -77,10 +79,26 @@ def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str], env: dict 
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"batchgen failed ({done.returncode}): {done.stderr[-2000:]}")
-    summary = json.loads((out / "_summary.json").read_text())
-    tokens = summary["num_generated_tokens"]
-    return {"generated_tokens": tokens, "gen_s": summary["wall_seconds"], "process_s": load.wall_s,
-            "load": load.to_dict()}
+    shards = sorted(out.glob("shard-*/_summary.json"))
+    if shards:  # --workers: the workers ran side by side, so the job took the longest one's time
+        summaries = [json.loads(p.read_text()) for p in shards]
+        tokens = sum(s["num_generated_tokens"] for s in summaries)
+        gen_s = max(s["wall_seconds"] for s in summaries)
+    else:
+        summary = json.loads((out / "_summary.json").read_text())
+        tokens, gen_s = summary["num_generated_tokens"], summary["wall_seconds"]
+    return {"generated_tokens": tokens, "gen_s": gen_s, "process_s": load.wall_s, "load": load.to_dict()}
+
+
+def system_flags(system: str) -> list[str]:
+    """batchgen -> [], batchgen-bs32 -> --batch-size 32, batchgen-w2 -> --workers 2."""
+    rest = system.removeprefix("batchgen")
+    if rest.startswith("-bs"):
+        return ["--batch-size", rest.removeprefix("-bs")]
+    if rest.startswith("-w"):
+        return ["--workers", rest.removeprefix("-w")]
+    assert not rest, f"unknown batchgen variant {system!r}"
+    return []
 
 
 def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path) -> dict:
@@ -159,8 +177,8 @@ def main() -> None:
                     for system in order:
                         if system.startswith("batchgen"):
                             # batchgen-bs32: a fixed --batch-size beside the defaults (a sweep point)
-                            size = system.removeprefix("batchgen").removeprefix("-bs")
-                            rec = run_batchgen(rows, dtype, tmp, ["--batch-size", size] if size else [])
+                            # batchgen-w2: --workers 2 (data-parallel shard processes)
+                            rec = run_batchgen(rows, dtype, tmp, system_flags(system))
                         elif system == "vllm":
                             rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp)
                         else:
