@@ -17,6 +17,7 @@ metadata once (`build_metadata`) and attends per layer (`forward`).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -49,19 +50,24 @@ class AttentionMetadata:
     kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # int8 pages: per layer k, v [num_slots, kv_heads]
 
 
-_forward_metadata: AttentionMetadata | None = None
+# per thread: engines on other threads (data-parallel replicas) run their own forwards meanwhile
+_local = threading.local()
+
+
+def current_metadata() -> AttentionMetadata | None:
+    """The metadata of the forward running on this thread, or None outside one."""
+    return getattr(_local, "metadata", None)
 
 
 @contextlib.contextmanager
 def forward_context(metadata: AttentionMetadata) -> Iterator[None]:
-    """Make `metadata` visible to the attention function for one forward pass."""
-    global _forward_metadata
-    assert _forward_metadata is None, "forward contexts do not nest"
-    _forward_metadata = metadata
+    """Make `metadata` visible to the attention function for one forward pass on this thread."""
+    assert current_metadata() is None, "forward contexts do not nest"
+    _local.metadata = metadata
     try:
         yield
     finally:
-        _forward_metadata = None
+        _local.metadata = None
 
 
 class UnsupportedAttentionFeature(UnsupportedModelError, RuntimeError):
@@ -91,7 +97,7 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
                         scale: float) -> torch.Tensor:
     # q: [T, num_heads, head_dim]; k/v: [T, num_kv_heads, head_dim]. Writes this layer's new K/V
     # into the paged cache (a side effect on tensors the compiler never sees) and attends.
-    meta = _forward_metadata
+    meta = current_metadata()
     if meta is None:
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention runs only inside batchgen's engine; "
                            "call model.set_attn_implementation('sdpa') to use the model directly")

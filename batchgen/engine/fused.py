@@ -184,7 +184,7 @@ def fuse_rope(model: torch.nn.Module, kernels: PointwiseKernels) -> list[str]:
 
 def _make_rope(kernels: PointwiseKernels, original):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if attention._forward_metadata is not None and unsqueeze_dim == 1 and _rope_layout_ok(q, k, cos, sin):
+        if attention.current_metadata() is not None and unsqueeze_dim == 1 and _rope_layout_ok(q, k, cos, sin):
             return kernels.rope(q, k, cos, sin)
         return original(q, k, cos, sin, unsqueeze_dim)
 

@@ -66,14 +66,14 @@ def test_engine_switches_the_model_it_is_given(tokenizer):
 def test_forward_context_does_not_nest_and_always_clears():
     meta = SimpleNamespace()  # the context only carries it
     with forward_context(meta):
-        assert attention._forward_metadata is meta
+        assert attention.current_metadata() is meta
         with pytest.raises(AssertionError):
             with forward_context(meta):
                 pass
     with pytest.raises(ValueError):
         with forward_context(meta):
             raise ValueError("boom")
-    assert attention._forward_metadata is None
+    assert attention.current_metadata() is None
 
 
 @pytest.mark.parametrize(("config", "attn", "match"), [
