@@ -1,7 +1,7 @@
 """JobConfig: one validated record of everything a job needs, from YAML plus CLI overrides.
 
-Precedence: built-in defaults < config file (--config) < command-line flags. The merge and all
-validation live here so the CLI stays thin and tests can build configs directly.
+Precedence: built-in defaults < config file (--config) < command-line flags. The merge lives here
+and the validation in batchgen/config_rules.py, so the CLI stays thin and tests can build configs directly.
 """
 
 from __future__ import annotations
@@ -13,28 +13,21 @@ from typing import Any
 
 import yaml
 
+from batchgen.config_rules import (
+    AUTO,
+    LONG_PROMPT_POLICIES,
+    OPENAI_BATCH,
+    check_penalties,
+    check_types,
+    parse_bytes,
+    validate_job_config,
+)
 from batchgen.engine.scheduler import Policy
 from batchgen.errors import ConfigError
 
-AUTO = "auto"  # the mode that lets the length planner choose a Policy per shard
-MODES = (AUTO, *(p.value for p in Policy))
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-LONG_PROMPT_POLICIES = ("truncate", "error")
-QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized GGUF's nearest scheme, else none
-QUANTIZE_BACKENDS = ("auto", "torchao", "quanto")
-QUANTIZE_EMBEDDING = ("auto", "none", "int8")  # auto: int8 with int4 weights (engine/quantize.py EMBEDDING_AUTO)
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")
-ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
-OPENAI_BATCH = "openai-batch"  # the OpenAI Batch API's request / output JSONL (jobs/openai_requests.py)
-INPUT_FORMATS = ("auto", "parquet", "jsonl", OPENAI_BATCH)  # auto: by file suffix
-OUTPUT_FORMATS = ("parquet", OPENAI_BATCH, "both")
-# openai-batch input: the row id is the request's custom_id, the prompt comes from its body, and
-# these columns of the reader's (batchgen.io.openai_batch) are always kept: the output files need them
-OPENAI_ID_COLUMN = "custom_id"
-OPENAI_BODY_COLUMN = "body"
-OPENAI_KEPT_COLUMNS = ("method", "url", "model")
-EXECUTORS = ("local", "ray")
+# importers take these from here; their definitions sit with the rules
+__all__ = ["AUTO", "LONG_PROMPT_POLICIES", "OPENAI_BATCH", "JobConfig", "build_config", "check_penalties",
+           "load_config_file", "parse_bytes"]
 
 
 @dataclass(slots=True)
@@ -129,173 +122,9 @@ class JobConfig:
     def validate(self, *, need_output: bool = True) -> JobConfig:
         """Raise ConfigError naming the first invalid setting; return self for chaining.
 
-        `need_output=False`: a dry run (`batchgen plan`) writes nothing."""
-        if not self.inputs:
-            raise ConfigError("no input given: pass --input PATH (a file, directory or glob)")
-        if need_output and not self.output:
-            raise ConfigError("no output directory given: pass --output DIR")
-        if self.output:
-            from batchgen.io.writers import refuse_url_output  # io imports no config: no cycle
-
-            refuse_url_output(self.output)
-        _positive("max_new_tokens", self.max_new_tokens)
-        for name in ("batch_size", "max_num_batched_tokens", "block_size"):
-            if getattr(self, name) == "auto":  # a config file's spelling of the default
-                setattr(self, name, None)
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        _positive("rows_per_part", self.rows_per_part)
-        _positive("read_batch_size", self.read_batch_size)
-        _positive("window_rows", self.window_rows)
-        if (isinstance(self.static_min_occupancy, bool) or not isinstance(self.static_min_occupancy, (int, float))
-                or not 0.0 <= self.static_min_occupancy <= 1.0):
-            raise ConfigError(f"static_min_occupancy must be a number in [0, 1], got {self.static_min_occupancy!r}")
-        if self.commit_every_rows is not None:
-            _positive("commit_every_rows", self.commit_every_rows)
-        if self.commit_every_s is not None and (isinstance(self.commit_every_s, bool)
-                                                or not isinstance(self.commit_every_s, (int, float))
-                                                or self.commit_every_s < 0):
-            raise ConfigError(f"commit_every_s must be a number of seconds >= 0 (0 = off), got {self.commit_every_s!r}")
-        for name in ("stop_grace_s", "checkpoint_in_flight_every_s"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-                raise ConfigError(f"{name} must be a number of seconds >= 0 (0 = off), got {value!r}")
-        from batchgen.jobs.split import check_shard_flags  # pyarrow-only imports: no cycle, no torch
-
-        check_shard_flags(self.num_shards, self.shard_index)
-        if self.max_rows is not None and self.max_rows < 0:
-            raise ConfigError(f"max_rows must be >= 0, got {self.max_rows}")
-        if self.max_prompt_tokens is not None:
-            _positive("max_prompt_tokens", self.max_prompt_tokens)
-        if self.max_error_rate is not None and not 0.0 <= self.max_error_rate <= 1.0:
-            raise ConfigError(f"max_error_rate must be in [0, 1], got {self.max_error_rate}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"top_k must be >= 1 (or unset), got {self.top_k}")
-        check_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_tokens,
-                        ConfigError)
-        _choice("mode", self.mode, MODES)
-        _choice("device", self.device, DEVICES)
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("quantize", self.quantize, QUANTIZE)
-        _choice("quantize_backend", self.quantize_backend, QUANTIZE_BACKENDS)
-        _choice("quantize_embedding", self.quantize_embedding, QUANTIZE_EMBEDDING)
-        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
-        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        if not isinstance(self.cuda_graphs, bool):
-            raise ConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
-        _choice("on_long_prompt", self.on_long_prompt, LONG_PROMPT_POLICIES)
-        _choice("input_format", self.input_format, INPUT_FORMATS)
-        _choice("output_format", self.output_format, OUTPUT_FORMATS)
-        if self.input_format == OPENAI_BATCH:
-            self._openai_batch_settings()
-        elif self.output_format != "parquet":
-            raise ConfigError(f"output_format {self.output_format} needs Batch API requests as input: "
-                              "pass --input-format openai-batch")
-        if self.output:
-            self._object_store_output()
-        _choice("executor", self.executor, EXECUTORS)
-        if self.ray_actors is not None:
-            _positive("ray_actors", self.ray_actors)
-        if self.executor == "ray":
-            self._ray_executor()
-        if any(s == "" for s in self.stop):
-            raise ConfigError("stop strings must not be empty")
-        if self.kv_cache_memory is not None:
-            parse_bytes(self.kv_cache_memory)
-        if (isinstance(self.metrics_every_s, bool) or not isinstance(self.metrics_every_s, (int, float))
-                or self.metrics_every_s <= 0):
-            raise ConfigError(f"metrics_every_s must be a number of seconds > 0, got {self.metrics_every_s!r}")
-        if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(
-                self.metrics_port, int) or not 0 <= self.metrics_port <= 65535):
-            raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
-                              f"got {self.metrics_port!r}")
+        `need_output=False`: a dry run (`batchgen plan`) writes nothing. The rules: batchgen/config_rules.py."""
+        validate_job_config(self, need_output=need_output)
         return self
-
-    def _object_store_output(self) -> None:
-        """What an s3:// / gs:// --output (batchgen.io.store) does not support yet: refused before any work.
-
-        The OpenAI Batch files (batchgen.jobs.openai_output: temp files renamed into place) are
-        written on a local filesystem. A sharded job's shards (OUTPUT/shard-I-of-N/ prefixes) and
-        `batchgen finalize` work on a store."""
-        from batchgen.io.store import is_url
-
-        if not is_url(self.output):
-            return
-        if self.output_format != "parquet":
-            raise ConfigError(f"--output-format {self.output_format} needs a local or mounted --output directory, "
-                              f"not {self.output}: the Batch API output files are written on a local filesystem; "
-                              "use --output-format parquet with an object-store output")
-
-    def _ray_executor(self) -> None:
-        """What --executor ray (batchgen.ray) does not support yet: refused before any work.
-
-        Its driver reads whole input files (no shard's share of them), writes through the local
-        metrics and output directory, and its batch function builds prompts from --prompt-column /
-        --template, not from Batch API request bodies."""
-        from batchgen.io.store import is_url
-
-        if self.num_shards is not None:
-            raise ConfigError("--executor ray does not run one shard of a sharded job (--num-shards/--shard-index): "
-                              "Ray spreads the whole input over its actors; run it once, without shards")
-        if self.output and is_url(self.output):
-            raise ConfigError(f"--executor ray needs a local or mounted --output directory, not {self.output}: "
-                              "use --executor local with an object-store output")
-        if self.input_format == OPENAI_BATCH:
-            raise ConfigError("--executor ray does not read --input-format openai-batch requests yet: "
-                              "use --executor local")
-
-    def _openai_batch_settings(self) -> None:
-        """Batch API requests carry their own id, prompt and limits: the flags that would name
-        columns for them are refused, and the id, prompt and kept columns are set (idempotent)."""
-        for name in ("template", "system", "max_new_tokens_column", "sampling_column", "length_column"):
-            if getattr(self, name) is not None:
-                raise ConfigError(f"{name} does not apply to --input-format openai-batch: each request's body "
-                                  "carries its messages or prompt, max_tokens and sampling settings")
-        if self.chat is False:
-            raise ConfigError("--no-chat does not apply to --input-format openai-batch: /v1/chat/completions "
-                              "requests use the model's chat template, /v1/completions prompts never do")
-        if self.id_column not in (None, OPENAI_ID_COLUMN):
-            raise ConfigError(f"--input-format openai-batch: the row id is the request's custom_id, "
-                              f"not {self.id_column!r}")
-        self.id_column = OPENAI_ID_COLUMN
-        self.prompt_column = OPENAI_BODY_COLUMN
-        kept = list(self.keep_columns) if self.keep_columns is not None else []
-        self.keep_columns = [*OPENAI_KEPT_COLUMNS, *(c for c in kept if c not in OPENAI_KEPT_COLUMNS)]
-
-
-def check_penalties(repetition: Any, presence: Any, frequency: Any, min_tokens: Any, error: type[Exception]) -> None:
-    """vLLM's ranges for the penalties; raise `error` naming the first value outside them."""
-    for name, value in (("repetition_penalty", repetition), ("presence_penalty", presence),
-                        ("frequency_penalty", frequency)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise error(f"{name} must be a number, got {value!r}")
-    if not repetition > 0:
-        raise error(f"repetition_penalty must be > 0 (1 = off), got {repetition}")
-    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
-        if not -2.0 <= value <= 2.0:
-            raise error(f"{name} must be in [-2, 2] (0 = off), got {value}")
-    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
-        raise error(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
-
-
-def parse_bytes(text: str) -> int:
-    """'512MiB', '2GiB', '1.5GB', '1000000' -> bytes."""
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
-             "gib": 2**30}
-    s = str(text).strip().lower().replace(" ", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):]
-    try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if unit not in units or value <= 0:
-        raise ConfigError(f"kv_cache_memory: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
-    return int(value * units[unit])
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -339,29 +168,5 @@ def build_config(config_file: str | Path | None = None, *, need_output: bool = T
         config = JobConfig(**values)
     except TypeError as e:
         raise ConfigError(str(e)) from None
-    _check_types(config)
+    check_types(config)
     return config.validate(need_output=need_output)
-
-
-def _check_types(config: JobConfig) -> None:
-    for name, kind in (("max_new_tokens", int), ("seed", int),
-                       ("temperature", (int, float)), ("top_p", (int, float))):
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise ConfigError(f"{name} must be a number, got {value!r}")
-    # Optional numbers: validate() compares them with <, which a YAML string would turn into a TypeError.
-    for name, kind in (("top_k", int), ("max_rows", int), ("max_error_rate", (int, float))):
-        value = getattr(config, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
-            what = "an integer" if kind is int else "a number"
-            raise ConfigError(f"{name} must be {what} or unset, got {value!r}")
-
-
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

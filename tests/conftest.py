@@ -1,7 +1,8 @@
 """Fixtures every package's tests share: the tiny models of tests/tiny.py, saved as a user would
 pass them. Each test package has its own conftest.py for what only it needs (tests/jobs: the
-loaded models; tests/io: the part writer); test files import plain helpers from tests/tiny.py
-and tests/jobs/helpers.py, never from a conftest."""
+loaded models; tests/io: the part writer); the S3 server fixtures of tests/s3_server.py, which
+both use, are loaded here as a plugin. Test files import plain helpers from tests/tiny.py,
+tests/jobs/helpers.py and tests/s3_server.py, never from a conftest."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from tests.tiny import make_tiny_model, make_tokenizer
+
+pytest_plugins = ("tests.s3_server",)  # the S3 server fixtures of the io and jobs tests
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,24 @@
-"""A real S3 API server on localhost for the object-store output tests: moto's server mode.
+"""What the object-store output tests share: a real S3 API server on localhost (moto's server mode)
+and the helpers that read a job's output from it. A pytest plugin of tests/conftest.py.
 
 `s3_endpoint` starts moto's ThreadedMotoServer on a free port once per session; `s3_out` points the
 standard AWS environment variables at it (AWS_ENDPOINT_URL, fake credentials) for one test, creates
 a fresh bucket, and returns an output URL inside it. Subprocess jobs inherit the environment.
+`quick_lease_settle` cuts the lease's settle wait, for a test module's `pytestmark`.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import sys
 import uuid
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import pytest
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 REGION = "us-east-1"
 KEY, SECRET = "testing", "testing"
@@ -45,6 +51,14 @@ def s3_out(s3_endpoint, monkeypatch) -> str:
     return f"s3://{bucket}/job"
 
 
+@pytest.fixture
+def quick_lease_settle(monkeypatch):
+    """No job in these tests races another within the lease's settle wait: cut it short."""
+    from batchgen.io import lease
+
+    monkeypatch.setattr(lease, "LEASE_SETTLE_S", 0.05)
+
+
 def s3_filesystem(endpoint: str):
     import pyarrow.fs as pafs
 
@@ -54,6 +68,8 @@ def s3_filesystem(endpoint: str):
 
 def committed_table(url: str) -> pa.Table:
     """The committed output rows: the parts the manifest names, never a plain listing."""
+    import pyarrow as pa
+
     from batchgen.io.manifest import load_manifest
     from batchgen.io.store import open_store
 
@@ -61,6 +77,24 @@ def committed_table(url: str) -> pa.Table:
     state = load_manifest(store)
     tables = [store.read_table(name) for name in sorted(state.parts)]
     return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def committed_by_id(*urls: str) -> dict:
+    """The committed rows of every output in `urls` (a job's, or each shard's), by id; fails if
+    any id is committed twice."""
+    import pyarrow as pa
+
+    table = pa.concat_tables([committed_table(url) for url in urls])
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "an id is committed twice"
+    return {row["id"]: row for row in table.to_pylist()}
+
+
+def tiny_run_args(src, out: str, model_dir, *flags: str) -> list[str]:
+    """`batchgen run` on the tiny model as tests.jobs.helpers.tiny_job_config sets it up (CPU,
+    float32, a 16 MiB KV cache, quiet), in a subprocess; `flags` add the test's own settings."""
+    return [sys.executable, "-m", "batchgen", "run", "--input", str(src), "--output", out, "--model", str(model_dir),
+            "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", "16MiB", *flags, "--quiet"]
 
 
 def kill_once_committed(args: list[str], store, at_least: int) -> bool:

@@ -15,13 +15,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine import attention, fused, kv_quant, prepack, sizing
+from batchgen.engine import attention, fused, prepack, sizing
 from batchgen.engine.block_manager import BlockManager
-from batchgen.engine.kv_cache import KVCache, KVCacheSpec, plan_num_blocks, profile_activation_bytes
+from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
+from batchgen.engine.kv_cache import KVCache, KVCacheSpec
 from batchgen.engine.loader import find_eos_token_ids
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model_runner import ModelRunner
@@ -30,7 +30,7 @@ from batchgen.engine.scheduler import Policy, Scheduler
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.stopping import StopChecker
 from batchgen.engine.threads import ThreadGovernor
-from batchgen.errors import ConfigError, EngineError, UsageError
+from batchgen.errors import EngineError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -38,34 +38,6 @@ log = logging.getLogger(__name__)
 class RequestRejected(UsageError, ValueError):
     """This one request cannot run (too long for the context or the KV cache); others can. A user's
     input, not an engine fault: the job loop must not rerun it in static mode."""
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    policy: Policy = Policy.CONTINUOUS
-    max_num_seqs: int | None = None  # sequences running at once (static: the batch size); None: auto (sizing.py)
-    max_num_batched_tokens: int | None = None  # token budget of one step; None: auto (sizing.py)
-    expected_seq_tokens: int | None = None  # auto sizing's hint: prompt + output tokens of a typical row
-    block_size: int | None = None  # None: 16 for the torch backend, 256 for flash-attn
-    attention_backend: str = "auto"  # auto | torch | cpu (C decode kernel) | flash (flash-attn, CUDA only)
-    kv_cache_bytes: int | None = None  # None: sized from free memory
-    num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
-    # prompt + max output tokens of every sequence this engine will run, when the caller knows them
-    # all (a small job): the cache then holds just those, all at once, if that is less than the budget
-    seq_token_needs: tuple[int, ...] | None = None
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
-    # CPU: run on the cores other processes leave, re-checked every few seconds (engine/threads.py);
-    # off when OMP_NUM_THREADS pins the count
-    adaptive_threads: bool = True
-    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
-    cuda_graphs: bool = True  # CUDA + a graph-safe attention backend (flash): decode steps replay graphs
-    # CPU bf16/fp16: small calls of each linear layer run on a weight reordered once (engine/prepack.py);
-    # ignored with compile
-    prepack_weights: bool = True
-    # CPU bf16: Llama-style RMSNorm and SiLU * up run as single fused C calls (engine/fused.py)
-    fuse_pointwise: bool = True
 
 
 # a step that runs out of device memory is retried after freeing some: the KV cache loses this
@@ -94,44 +66,14 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
         if eos_token_ids is None:
             eos_token_ids = find_eos_token_ids(model, tokenizer)
-        try:
-            choice = attention.select_backend(config.attention_backend, self.device, config.block_size, model.dtype)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        backend, block_size, reason = choice.name, choice.block_size, choice.reason
-        cache_dtype = kv_quant.resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype, self.device)
-        if cache_dtype == torch.int8 and backend == "flash":  # flash-attn reads no int8 pages
-            if config.attention_backend == "flash":
-                raise ConfigError("the int8 KV cache runs on the cpu or torch attention backend, not flash")
-            backend, block_size = "torch", config.block_size or attention.DEFAULT_BLOCK_SIZE
-            reason = "auto: flash-attn reads no int8 KV pages, so torch SDPA"
+        backend, block_size, cache_dtype, reason = resolve_attention(config, self.device, model.dtype)
         log.info("attention: %s, %d-token KV blocks (%s)", backend, block_size, reason)
         self.block_size = block_size
         self.backend = attention.make_backend(backend)
         self.use_cuda_graphs = self._graphs_possible(config)
         spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
-        num_blocks = config.num_kv_blocks
-        if num_blocks is None:
-            peak = 0
-            if self.device.type == "cuda" and config.kv_cache_bytes is None:
-                # auto limits are chosen after the cache is sized: profile the largest they can be
-                max_seqs, max_tokens = sizing.upper_limits(self.device.type)
-                peak = profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
-                                                 config.max_num_seqs or max_seqs)
-            try:
-                num_blocks = plan_num_blocks(spec, self.device, config.kv_cache_bytes, peak)
-            except ValueError as e:
-                raise ConfigError(f"KV cache: {e}") from None
-        # the longest sequence the budget allows: prompts are cut to it, and it does not change when
-        # the cache is sized to a job's need below (it is part of a job's fingerprint)
-        self.max_tokens_per_seq = min(self.max_model_len, num_blocks * block_size)
-        if config.num_kv_blocks is None and config.seq_token_needs:
-            needed = sum(-(-min(n, self.max_tokens_per_seq) // block_size) for n in config.seq_token_needs)
-            needed += int(self.use_cuda_graphs)  # the graphs' padding block
-            if needed < num_blocks:
-                log.info("KV cache sized to the job's need: %d sequences, %d blocks (the budget holds %d)",
-                         len(config.seq_token_needs), needed, num_blocks)
-                num_blocks = needed
+        num_blocks, self.max_tokens_per_seq = plan_kv_blocks(
+            model, spec, self.device, config, max_model_len=self.max_model_len, use_cuda_graphs=self.use_cuda_graphs)
         if num_blocks < 2:
             self.use_cuda_graphs = False  # no block to spare for the padding rows
         self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile,

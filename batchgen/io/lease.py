@@ -28,14 +28,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
 from typing import Any
 
 from batchgen.errors import OutputError, OutputLocked
-from batchgen.io.lock import _is_dead
+from batchgen.io.claim import OutputClaim, holder_is_dead, holder_record, in_use_message
 from batchgen.io.store import OutputStore
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ def lease_ttl_s() -> float:
     return ttl
 
 
-class Lease:
+class Lease(OutputClaim):
     """`with Lease(store):` or acquire()/release(); `check()` before each commit."""
 
     def __init__(self, store: OutputStore, *, ttl_s: float | None = None):
@@ -74,13 +73,6 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()  # the renewal thread and release never write at once
-
-    def __enter__(self) -> Lease:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
     @property
     def held(self) -> bool:
@@ -141,8 +133,8 @@ class Lease:
     def _write(self) -> None:
         now = time.time()
         self.expires = now + self.ttl_s
-        info = {"holder": self.holder_id, "pid": os.getpid(), "host": socket.gethostname(),
-                "started": self.started, "renewed": now, "expires": self.expires, "ttl_s": self.ttl_s}
+        info = {"holder": self.holder_id, **holder_record(self.started), "renewed": now, "expires": self.expires,
+                "ttl_s": self.ttl_s}
         self.store.write_bytes(LEASE_FILE, json.dumps(info).encode())
 
     def _renew_loop(self) -> None:
@@ -204,10 +196,10 @@ def _expired(lease: dict[str, Any]) -> bool:
 
 
 def _live(lease: dict[str, Any]) -> bool:
-    return not _expired(lease) and not _is_dead(lease)
+    return not _expired(lease) and not holder_is_dead(lease)
 
 
 def _in_use(store: OutputStore, lease: dict[str, Any]) -> str:
     left = max(float(lease.get("expires", 0)) - time.time(), 0.0)
-    return (f"{store} is in use by another batchgen job (pid {lease.get('pid')} on {lease.get('host')}; its lease "
-            f"expires in {left:.0f} s unless renewed); wait for it to finish, stop it, or choose another --output")
+    return in_use_message(store, f" (pid {lease.get('pid')} on {lease.get('host')}; its lease expires in {left:.0f} s "
+                                 "unless renewed)")

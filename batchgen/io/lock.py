@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import time
 from pathlib import Path
 
 from batchgen.errors import OutputError, OutputLocked
+from batchgen.io.claim import OutputClaim, holder_is_dead, holder_record, in_use_message
 
 try:
     import fcntl
@@ -34,19 +34,12 @@ log = logging.getLogger(__name__)
 LOCK_FILE = "_batchgen.lock"
 
 
-class OutputLock:
+class OutputLock(OutputClaim):
     """`with OutputLock(out_dir):` or acquire()/release(); the directory must exist."""
 
     def __init__(self, out_dir: str | Path):
         self.path = Path(out_dir) / LOCK_FILE
         self.fd: int | None = None
-
-    def __enter__(self) -> OutputLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
     @property
     def held(self) -> bool:
@@ -80,8 +73,7 @@ class OutputLock:
             except BlockingIOError:
                 holder = _read_holder(fd)
                 os.close(fd)
-                raise OutputLocked(f"{self.path.parent} is in use by another batchgen job{_describe(holder)}; "
-                                   "wait for it to finish, stop it, or choose another --output") from None
+                raise OutputLocked(in_use_message(self.path.parent, _describe(holder))) from None
             except BaseException:
                 os.close(fd)
                 raise
@@ -101,10 +93,8 @@ class OutputLock:
                 break
             except FileExistsError:
                 holder = _read_holder_path(self.path)
-                if holder and not _is_dead(holder):
-                    raise OutputLocked(f"{self.path.parent} is in use by another batchgen job"
-                                       f"{_describe(holder)}; wait for it to finish, stop it, or choose "
-                                       "another --output") from None
+                if holder and not holder_is_dead(holder):
+                    raise OutputLocked(in_use_message(self.path.parent, _describe(holder))) from None
                 self.path.unlink(missing_ok=True)
         self.fd = fd
         self._write_holder(fd)
@@ -118,7 +108,7 @@ class OutputLock:
         self._write_holder(fd)
 
     def _write_holder(self, fd: int) -> None:
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        info = holder_record(time.time())
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, json.dumps(info).encode())
@@ -132,7 +122,7 @@ def lock_holder(out_dir: str | Path) -> dict | None:
     runs on this host is what a killed job leaves: not held.
     """
     holder = _read_holder_path(Path(out_dir) / LOCK_FILE)
-    return holder if holder and not _is_dead(holder) else None
+    return holder if holder and not holder_is_dead(holder) else None
 
 
 def _read_holder(fd: int) -> dict | None:
@@ -158,20 +148,3 @@ def _describe(holder: dict | None) -> str:
     since = f", since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
     return f" (pid {holder.get('pid')} on {holder.get('host')}{since})"
 
-
-def _is_dead(holder: dict) -> bool:
-    """Only a pid on this host can be checked; a lock from another host is presumed live."""
-    if holder.get("host") != socket.gethostname():
-        return False
-    try:
-        pid = int(holder["pid"])
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, KeyError, ValueError, TypeError):
-        return False
-    try:  # a killed process stays a zombie until its parent reaps it: dead all the same
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from batchgen.io.writers import PartWriter, publish_staged
-from tests.s3_server import s3_endpoint, s3_out  # noqa: F401  (the S3 server fixtures)
 
 
 @pytest.fixture

@@ -15,19 +15,15 @@ import pyarrow as pa
 import pytest
 
 from batchgen.errors import OutputLocked, UnsupportedOutputError
-from batchgen.io import lease as lease_module
 from batchgen.io.lease import LEASE_FILE, Lease, lease_holder, read_lease
 from batchgen.io.manifest import Manifest, PartRecord, load_manifest
 from batchgen.io.object_store import ObjectStore
 from batchgen.io.store import LocalStore, check_output_url, open_store
 from batchgen.io.writers import PartWriter
 
+pytestmark = pytest.mark.usefixtures("quick_lease_settle")
+
 SCHEMA = pa.schema([("id", pa.int64()), ("error", pa.string())])
-
-
-@pytest.fixture(autouse=True)
-def quick_settle(monkeypatch):
-    monkeypatch.setattr(lease_module, "LEASE_SETTLE_S", 0.05)
 
 
 def stage(writer: PartWriter, ids: list[int]):

@@ -8,7 +8,6 @@ expired one is taken over), and `status` / `compact` on the object-store output.
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pyarrow as pa
@@ -18,7 +17,6 @@ from typer.testing import CliRunner
 
 from batchgen.cli import app
 from batchgen.errors import OutputError, OutputLocked
-from batchgen.io import lease as lease_module
 from batchgen.io.lease import LEASE_FILE, Lease, read_lease
 from batchgen.io.manifest import PART_NAME_RE, SUCCESS_FILE, load_manifest
 from batchgen.io.store import open_store
@@ -26,15 +24,11 @@ from batchgen.jobs.compact import compact_output
 from batchgen.jobs.run import run_job
 from batchgen.jobs.status import job_status
 from tests.jobs.helpers import committed_rows, tiny_job_config
-from tests.s3_server import committed_table, kill_once_committed
+from tests.s3_server import committed_by_id, committed_table, kill_once_committed, tiny_run_args
 
 NUM_ROWS = 48
 COMMON = dict(id_column="id", max_new_tokens=6, batch_size=8, commit_every_rows=8)
-
-
-@pytest.fixture(autouse=True)
-def quick_settle(monkeypatch):
-    monkeypatch.setattr(lease_module, "LEASE_SETTLE_S", 0.05)
+pytestmark = pytest.mark.usefixtures("quick_lease_settle")
 
 
 @pytest.fixture(scope="module")
@@ -57,40 +51,31 @@ def config(src, out, model_dir, **overrides):
     return tiny_job_config(src, out, model_dir, **{**COMMON, **overrides})
 
 
-def rows_by_id(url: str) -> dict:
-    table = committed_table(url)
-    ids = table.column("id").to_pylist()
-    assert len(ids) == len(set(ids)), "an id is committed twice"
-    return {row["id"]: row for row in table.to_pylist()}
-
-
 def test_complete_run_to_s3(src, tiny_model_dir, loaded, reference, s3_out):
     summary = run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)
     assert summary.complete and summary.num_rows == NUM_ROWS
     store = open_store(s3_out)
     assert store.exists(SUCCESS_FILE) and store.exists("_summary.json") and not store.exists(LEASE_FILE)
-    assert rows_by_id(s3_out) == reference
+    assert committed_by_id(s3_out) == reference
     parts = {name for name in store.list() if PART_NAME_RE.fullmatch(name)}
     assert parts == set(load_manifest(store).parts)  # after _SUCCESS the listing is the committed parts
     assert not any(name.endswith(".tmp") for name in store.list())
     again = run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)  # a rerun generates nothing
-    assert again.num_rows == 0 and again.num_rows_skipped == NUM_ROWS and rows_by_id(s3_out) == reference
+    assert again.num_rows == 0 and again.num_rows_skipped == NUM_ROWS and committed_by_id(s3_out) == reference
 
 
 def test_resume_after_a_partial_run(src, tiny_model_dir, loaded, reference, s3_out):
     first = run_job(config(src, s3_out, tiny_model_dir, max_rows=20), loaded=loaded)
     assert first.num_rows == 20
-    assert len(rows_by_id(s3_out)) == 20
+    assert len(committed_by_id(s3_out)) == 20
     second = run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)
     assert second.num_rows_skipped == 20 and second.num_rows == NUM_ROWS - 20
-    assert rows_by_id(s3_out) == reference
+    assert committed_by_id(s3_out) == reference
 
 
 def test_sigkill_mid_job_then_resume_writes_every_row_once(src, tiny_model_dir, loaded, reference, s3_out):
-    args = [sys.executable, "-m", "batchgen", "run", "--input", str(src), "--output", s3_out,
-            "--model", str(tiny_model_dir), "--id-column", "id", "--device", "cpu", "--dtype", "float32",
-            "--max-new-tokens", "6", "--kv-cache-memory", "16MiB", "--batch-size", "8", "--commit-every", "8",
-            "--commit-every-seconds", "0.2", "--quiet"]
+    args = tiny_run_args(src, s3_out, tiny_model_dir, "--id-column", "id", "--max-new-tokens", "6", "--batch-size", "8",
+                         "--commit-every", "8", "--commit-every-seconds", "0.2")
     store = open_store(s3_out)
     committed: set = set()
     kills = 0
@@ -109,7 +94,7 @@ def test_sigkill_mid_job_then_resume_writes_every_row_once(src, tiny_model_dir, 
     summary = run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)
     assert summary.num_rows_skipped == len(committed)
     assert summary.num_rows + summary.num_rows_skipped == NUM_ROWS
-    assert rows_by_id(s3_out) == reference  # every row exactly once, equal to an uninterrupted run
+    assert committed_by_id(s3_out) == reference  # every row exactly once, equal to an uninterrupted run
     names = {name for name in store.list() if PART_NAME_RE.fullmatch(name)}
     assert names == set(load_manifest(store).parts)  # parts staged by the killed runs are gone
 
@@ -128,7 +113,7 @@ def test_an_expired_lease_is_taken_over(src, tiny_model_dir, loaded, reference, 
              "expires": time.time() - 5, "ttl_s": 60}
     store.write_bytes(LEASE_FILE, json.dumps(stale).encode())
     summary = run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)
-    assert summary.complete and rows_by_id(s3_out) == reference
+    assert summary.complete and committed_by_id(s3_out) == reference
     assert read_lease(store) is None
 
 
@@ -164,6 +149,6 @@ def test_status_and_compact_on_s3(src, tiny_model_dir, loaded, reference, s3_out
     assert len(state.parts) == 1 and store.exists(SUCCESS_FILE)
     table = committed_table(s3_out)
     assert table.column("id").to_pylist() == list(range(NUM_ROWS))  # input order
-    assert rows_by_id(s3_out) == reference
+    assert committed_by_id(s3_out) == reference
     names = {name for name in store.list() if PART_NAME_RE.fullmatch(name)}
     assert names == set(state.parts)  # compact removed the old parts and the stray one

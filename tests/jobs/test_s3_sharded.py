@@ -9,7 +9,6 @@ killed with SIGKILL resumes on the store.
 from __future__ import annotations
 
 import json
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,7 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 from batchgen.cli import app
-from batchgen.io import lease as lease_module
 from batchgen.io.lease import Lease
 from batchgen.io.manifest import PART_NAME_RE, SUCCESS_FILE, load_manifest
 from batchgen.io.store import open_store
@@ -27,15 +25,11 @@ from batchgen.jobs.run import run_job
 from batchgen.jobs.sharded_report import render_report
 from batchgen.jobs.status import job_status, status_lines
 from tests.jobs.helpers import committed_rows, tiny_job_config
-from tests.s3_server import committed_table, kill_once_committed
+from tests.s3_server import committed_by_id, kill_once_committed, tiny_run_args
 
 NUM_ROWS = 24
 COMMON = dict(id_column="id", max_new_tokens=4, batch_size=4, commit_every_rows=4)
-
-
-@pytest.fixture(autouse=True)
-def quick_settle(monkeypatch):
-    monkeypatch.setattr(lease_module, "LEASE_SETTLE_S", 0.05)
+pytestmark = pytest.mark.usefixtures("quick_lease_settle")
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +58,7 @@ def shard_url(out: str, index: int, num_shards: int = 2) -> str:
 
 def union_by_id(out: str, num_shards: int = 2) -> dict:
     """Every shard's committed rows (through its manifest); fails if any id is committed twice."""
-    table = pa.concat_tables([committed_table(shard_url(out, i, num_shards)) for i in range(num_shards)])
-    ids = table.column("id").to_pylist()
-    assert len(ids) == len(set(ids)), "an id is committed twice"
-    return {row["id"]: row for row in table.to_pylist()}
+    return committed_by_id(*(shard_url(out, i, num_shards) for i in range(num_shards)))
 
 
 def finalize_cli(out: str):
@@ -137,10 +128,9 @@ def test_finalize_on_s3_exits_4_until_every_shard_is_done(src, tiny_model_dir, l
 
 
 def test_a_shard_killed_on_s3_resumes_exactly_once(src, tiny_model_dir, loaded, reference, s3_out):
-    args = [sys.executable, "-m", "batchgen", "run", "--input", str(src), "--output", s3_out,
-            "--model", str(tiny_model_dir), "--id-column", "id", "--device", "cpu", "--dtype", "float32",
-            "--max-new-tokens", "4", "--kv-cache-memory", "16MiB", "--batch-size", "2", "--commit-every", "2",
-            "--commit-every-seconds", "0.2", "--num-shards", "2", "--shard-index", "0", "--quiet"]
+    args = tiny_run_args(src, s3_out, tiny_model_dir, "--id-column", "id", "--max-new-tokens", "4", "--batch-size", "2",
+                         "--commit-every", "2", "--commit-every-seconds", "0.2", "--num-shards", "2",
+                         "--shard-index", "0")
     shard0 = open_store(shard_url(s3_out, 0))
     killed = kill_once_committed(args, shard0, 2)
     committed = load_manifest(shard0).num_committed_rows

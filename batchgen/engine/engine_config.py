@@ -1,0 +1,93 @@
+"""EngineConfig, and what it resolves to on a given model and device before the engine is built:
+the attention backend, the KV block size and dtype, and how many KV blocks the cache holds."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from batchgen.engine import attention, kv_quant, sizing
+from batchgen.engine.kv_cache import KVCacheSpec, plan_num_blocks, profile_activation_bytes
+from batchgen.engine.scheduler import Policy
+from batchgen.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    policy: Policy = Policy.CONTINUOUS
+    max_num_seqs: int | None = None  # sequences running at once (static: the batch size); None: auto (sizing.py)
+    max_num_batched_tokens: int | None = None  # token budget of one step; None: auto (sizing.py)
+    expected_seq_tokens: int | None = None  # auto sizing's hint: prompt + output tokens of a typical row
+    block_size: int | None = None  # None: 16 for the torch backend, 256 for flash-attn
+    attention_backend: str = "auto"  # auto | torch | cpu (C decode kernel) | flash (flash-attn, CUDA only)
+    kv_cache_bytes: int | None = None  # None: sized from free memory
+    num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
+    # prompt + max output tokens of every sequence this engine will run, when the caller knows them
+    # all (a small job): the cache then holds just those, all at once, if that is less than the budget
+    seq_token_needs: tuple[int, ...] | None = None
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
+    # CPU: run on the cores other processes leave, re-checked every few seconds (engine/threads.py);
+    # off when OMP_NUM_THREADS pins the count
+    adaptive_threads: bool = True
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
+    cuda_graphs: bool = True  # CUDA + a graph-safe attention backend (flash): decode steps replay graphs
+    # CPU bf16/fp16: small calls of each linear layer run on a weight reordered once (engine/prepack.py);
+    # ignored with compile
+    prepack_weights: bool = True
+    # CPU bf16: Llama-style RMSNorm and SiLU * up run as single fused C calls (engine/fused.py)
+    fuse_pointwise: bool = True
+
+
+def resolve_attention(config: EngineConfig, device: torch.device,
+                      model_dtype: torch.dtype) -> tuple[str, int, torch.dtype, str]:
+    """(backend name, KV block size in tokens, KV cache dtype, why this backend) for `config` on `device`."""
+    try:
+        choice = attention.select_backend(config.attention_backend, device, config.block_size, model_dtype)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    backend, block_size, reason = choice.name, choice.block_size, choice.reason
+    cache_dtype = kv_quant.resolve_kv_cache_dtype(config.kv_cache_dtype, model_dtype, device)
+    if cache_dtype == torch.int8 and backend == "flash":  # flash-attn reads no int8 pages
+        if config.attention_backend == "flash":
+            raise ConfigError("the int8 KV cache runs on the cpu or torch attention backend, not flash")
+        backend, block_size = "torch", config.block_size or attention.DEFAULT_BLOCK_SIZE
+        reason = "auto: flash-attn reads no int8 KV pages, so torch SDPA"
+    return backend, block_size, cache_dtype, reason
+
+
+def plan_kv_blocks(model: torch.nn.Module, spec: KVCacheSpec, device: torch.device, config: EngineConfig, *,
+                   max_model_len: int, use_cuda_graphs: bool) -> tuple[int, int]:
+    """(KV blocks to allocate, the longest sequence in tokens the budget allows).
+
+    The blocks come from `config` (an exact count, a byte budget, or the free memory), then shrink
+    to the job's need when `config.seq_token_needs` says it is less."""
+    block_size = spec.block_size
+    num_blocks = config.num_kv_blocks
+    if num_blocks is None:
+        peak = 0
+        if device.type == "cuda" and config.kv_cache_bytes is None:
+            # auto limits are chosen after the cache is sized: profile the largest they can be
+            max_seqs, max_tokens = sizing.upper_limits(device.type)
+            peak = profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
+                                            config.max_num_seqs or max_seqs)
+        try:
+            num_blocks = plan_num_blocks(spec, device, config.kv_cache_bytes, peak)
+        except ValueError as e:
+            raise ConfigError(f"KV cache: {e}") from None
+    # the longest sequence the budget allows: prompts are cut to it, and it does not change when
+    # the cache is sized to a job's need below (it is part of a job's fingerprint)
+    max_tokens_per_seq = min(max_model_len, num_blocks * block_size)
+    if config.num_kv_blocks is None and config.seq_token_needs:
+        needed = sum(-(-min(n, max_tokens_per_seq) // block_size) for n in config.seq_token_needs)
+        needed += int(use_cuda_graphs)  # the graphs' padding block
+        if needed < num_blocks:
+            log.info("KV cache sized to the job's need: %d sequences, %d blocks (the budget holds %d)",
+                     len(config.seq_token_needs), needed, num_blocks)
+            num_blocks = needed
+    return num_blocks, max_tokens_per_seq
