@@ -107,3 +107,12 @@ def test_sigterm_reaches_the_workers_and_the_rerun_finishes_exactly_once(tmp_pat
     rerun = cli(*args)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert len(committed_rows(tmp_path / "out", "row_id")) == 400
+
+
+def test_more_workers_than_rows_still_finishes(tmp_path, tiny_model_dir):
+    path = tmp_path / "in" / "one.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"text": ["the only row"]}), path)
+    done = cli(*flags(path, tmp_path / "out", tiny_model_dir, "--workers", "3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "_SUCCESS").is_file() and len(committed_rows(tmp_path / "out", "row_id")) == 1
