@@ -195,8 +195,6 @@ class JobConfig:
         elif self.output_format != "parquet":
             raise ConfigError(f"output_format {self.output_format} needs Batch API requests as input: "
                               "pass --input-format openai-batch")
-        if self.output:
-            self._object_store_output()
         _choice("executor", self.executor, EXECUTORS)
         if self.ray_actors is not None:
             _positive("ray_actors", self.ray_actors)
@@ -214,21 +212,6 @@ class JobConfig:
             raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
                               f"got {self.metrics_port!r}")
         return self
-
-    def _object_store_output(self) -> None:
-        """What an s3:// / gs:// --output (batchgen.io.store) does not support yet: refused before any work.
-
-        The OpenAI Batch files (batchgen.jobs.openai_output: temp files renamed into place) are
-        written on a local filesystem. A sharded job's shards (OUTPUT/shard-I-of-N/ prefixes) and
-        `batchgen finalize` work on a store."""
-        from batchgen.io.store import is_url
-
-        if not is_url(self.output):
-            return
-        if self.output_format != "parquet":
-            raise ConfigError(f"--output-format {self.output_format} needs a local or mounted --output directory, "
-                              f"not {self.output}: the Batch API output files are written on a local filesystem; "
-                              "use --output-format parquet with an object-store output")
 
     def _ray_executor(self) -> None:
         """What --executor ray (batchgen.ray) does not support yet: refused before any work.

@@ -174,14 +174,11 @@ def test_validate_returns_self_and_replace_revalidates():
         config.replace(top_p=0).validate()
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    (dict(input_format="openai-batch", output_format="openai-batch"),
-     "--output-format openai-batch needs a local or mounted --output"),
-    (dict(input_format="openai-batch", output_format="both"), "--output-format both needs a local or mounted"),
-])
-def test_object_store_output_refuses_what_it_cannot_write(changes, message):
-    with pytest.raises(ConfigError, match=message):
-        build_config(None, **{**REQUIRED, "output": "s3://bucket/prefix", **changes})
+@pytest.mark.parametrize("output_format", ["openai-batch", "both"])
+def test_object_store_output_takes_the_batch_api_files(output_format):
+    config = build_config(None, **{**REQUIRED, "output": "s3://bucket/prefix", "input_format": "openai-batch",
+                                   "output_format": output_format})
+    assert config.output_format == output_format
 
 
 def test_object_store_output_takes_a_shard_of_a_sharded_job():
