@@ -198,8 +198,6 @@ class JobConfig:
         _choice("executor", self.executor, EXECUTORS)
         if self.ray_actors is not None:
             _positive("ray_actors", self.ray_actors)
-        if self.executor == "ray":
-            self._ray_executor()
         if any(s == "" for s in self.stop):
             raise ConfigError("stop strings must not be empty")
         if self.kv_cache_memory is not None:
@@ -212,24 +210,6 @@ class JobConfig:
             raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
                               f"got {self.metrics_port!r}")
         return self
-
-    def _ray_executor(self) -> None:
-        """What --executor ray (batchgen.ray) does not support yet: refused before any work.
-
-        Its driver reads whole input files (no shard's share of them), writes through the local
-        metrics and output directory, and its batch function builds prompts from --prompt-column /
-        --template, not from Batch API request bodies."""
-        from batchgen.io.store import is_url
-
-        if self.num_shards is not None:
-            raise ConfigError("--executor ray does not run one shard of a sharded job (--num-shards/--shard-index): "
-                              "Ray spreads the whole input over its actors; run it once, without shards")
-        if self.output and is_url(self.output):
-            raise ConfigError(f"--executor ray needs a local or mounted --output directory, not {self.output}: "
-                              "use --executor local with an object-store output")
-        if self.input_format == OPENAI_BATCH:
-            raise ConfigError("--executor ray does not read --input-format openai-batch requests yet: "
-                              "use --executor local")
 
     def _openai_batch_settings(self) -> None:
         """Batch API requests carry their own id, prompt and limits: the flags that would name
