@@ -102,13 +102,9 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     elif config.output_format != "parquet":
         raise ConfigError(f"output_format {config.output_format} needs Batch API requests as input: "
                           "pass --input-format openai-batch")
-    if config.output:
-        _object_store_output(config)
     _choice("executor", config.executor, EXECUTORS)
     if config.ray_actors is not None:
         _positive("ray_actors", config.ray_actors)
-    if config.executor == "ray":
-        _ray_executor(config)
     if any(s == "" for s in config.stop):
         raise ConfigError("stop strings must not be empty")
     if config.kv_cache_memory is not None:
@@ -120,41 +116,6 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
         raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
                           f"got {config.metrics_port!r}")
-
-
-def _object_store_output(config: JobConfig) -> None:
-    """What an s3:// / gs:// --output (batchgen.io.store) does not support yet: refused before any work.
-
-    The OpenAI Batch files (batchgen.jobs.openai_output: temp files renamed into place) are
-    written on a local filesystem. A sharded job's shards (OUTPUT/shard-I-of-N/ prefixes) and
-    `batchgen finalize` work on a store."""
-    from batchgen.io.store import is_url
-
-    if not is_url(config.output):
-        return
-    if config.output_format != "parquet":
-        raise ConfigError(f"--output-format {config.output_format} needs a local or mounted --output directory, "
-                          f"not {config.output}: the Batch API output files are written on a local filesystem; "
-                          "use --output-format parquet with an object-store output")
-
-
-def _ray_executor(config: JobConfig) -> None:
-    """What --executor ray (batchgen.ray) does not support yet: refused before any work.
-
-    Its driver reads whole input files (no shard's share of them), writes through the local
-    metrics and output directory, and its batch function builds prompts from --prompt-column /
-    --template, not from Batch API request bodies."""
-    from batchgen.io.store import is_url
-
-    if config.num_shards is not None:
-        raise ConfigError("--executor ray does not run one shard of a sharded job (--num-shards/--shard-index): "
-                          "Ray spreads the whole input over its actors; run it once, without shards")
-    if config.output and is_url(config.output):
-        raise ConfigError(f"--executor ray needs a local or mounted --output directory, not {config.output}: "
-                          "use --executor local with an object-store output")
-    if config.input_format == OPENAI_BATCH:
-        raise ConfigError("--executor ray does not read --input-format openai-batch requests yet: "
-                          "use --executor local")
 
 
 def _openai_batch_settings(config: JobConfig) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -91,6 +92,42 @@ class ObjectStore(OutputStore):
                 out.write(buffer.getbuffer())
         except OSError as e:
             raise OutputError(f"cannot write {self / name}: {e}") from e
+
+    @contextmanager
+    def open_stream(self, name: str) -> Iterator[Any]:
+        """A new object at `name`, written through the block as a stream (a multipart upload: a file of
+        any size, never held whole in memory), visible whole when the block ends. A kill before then
+        leaves no object (an upload that is never completed is not one; a bucket lifecycle rule
+        removes its parts). pyarrow cannot abort an upload, so an error in the block completes it
+        and the partial object is deleted at once: a caller that needs "whole or absent" across a
+        failure keeps a marker of its own (the OpenAI Batch files: _SUCCESS)."""
+        from batchgen.io.writers import fault_point
+
+        try:
+            out = self.fs.open_output_stream(self._key(name))
+        except OSError as e:
+            raise OutputError(f"cannot write {self / name}: {e}") from e
+        try:
+            yield out
+            fault_point("stream_close")
+        except BaseException:
+            self._close_and_delete(out, name)
+            raise
+        try:
+            out.close()
+        except OSError as e:
+            self._close_and_delete(out, name)
+            raise OutputError(f"cannot write {self / name}: {e}") from e
+
+    def _close_and_delete(self, out: Any, name: str) -> None:
+        try:
+            out.close()
+        except OSError:
+            pass
+        try:
+            self.delete(name)
+        except OutputError:
+            pass  # best effort: the caller's own marker says the object is not to be read
 
     def rename(self, src: str, dst: str) -> None:
         raise AssertionError("an object store has no rename: the commit protocol never asks for one there")

@@ -40,7 +40,7 @@ from batchgen.io.manifest import (
     load_manifest,
     write_success,
 )
-from batchgen.io.store import LocalStore, OutputStore, open_store
+from batchgen.io.store import OutputStore, open_store
 from batchgen.io.writers import json_bytes
 from batchgen.jobs.fingerprint import fingerprint_changes
 from batchgen.jobs.openai_output import SUCCESS_KEY, recorded_batch_files, write_batch_files
@@ -172,11 +172,10 @@ def finalize_output(output: str | Path | OutputStore) -> dict[str, Any]:
     batch_dir = _shards_batch_dir(output, shards)
     clear_success(store)  # no _SUCCESS beside a Batch pair being replaced (jobs/openai_output.py)
     _remove_job_batch_files(store, keep=batch_dir)
-    if batch_dir is not None:  # the Batch files: local directories only (JobConfig refuses them on a store)
-        assert isinstance(output, Path), "OpenAI Batch files are written on a local filesystem"
-        sources = [(s.dir.path, load_manifest(s.dir.store, with_ids=False)) for s in shards]  # parts, not ids
+    if batch_dir is not None:  # the job's Batch files, from every shard's committed parts
+        sources = [(s.dir.store, load_manifest(s.dir.store, with_ids=False)) for s in shards]  # parts, not ids
         created = max(int(recorded_batch_files(s.dir.store).get("created") or 0) for s in shards) or None
-        success[SUCCESS_KEY] = write_batch_files(output, sources[0][1], batch_dir, created=created, sources=sources)
+        success[SUCCESS_KEY] = write_batch_files(store, sources[0][1], batch_dir, created=created, sources=sources)
         result[SUCCESS_KEY] = success[SUCCESS_KEY]
     store.write_bytes(SUMMARY_FILE, json_bytes(result))
     write_success(store, success)
@@ -196,9 +195,7 @@ def _shards_batch_dir(output: Path | OutputStore, shards: list[CheckedShard]) ->
 
 def _remove_job_batch_files(store: OutputStore, keep: str | None) -> None:
     """An earlier finalize's Batch files where this one writes none (another --output-format)."""
-    if not isinstance(store, LocalStore):
-        return  # an object-store job never has them
     for dir_name in (".", BATCH_BOTH_DIR):
         if dir_name != keep:
             for name in BATCH_FILES:
-                (store.path(dir_name) / name).unlink(missing_ok=True)
+                store.delete(name if dir_name == "." else f"{dir_name}/{name}")

@@ -19,7 +19,10 @@ complete job, and by `batchgen compact`. The caller removes `_SUCCESS` first and
 (jobs/run.py), and `write_batch_files` writes both files under hidden temporary names, fsyncs
 them, removes the old pair, then renames the new pair into place. Old and new lines are never
 visible together, so a kill at any moment leaves no line twice; a pair without `_SUCCESS` beside it
-may be incomplete, and the next run or compact writes it again. Everything in a line is derived
+may be incomplete, and the next run or compact writes it again. On an object store (no rename) the
+old pair is deleted first and each new file is streamed to its final name, an object only once it
+is whole (batchgen.io.object_store.ObjectStore.open_stream); `_SUCCESS` is still removed before and
+written after, so the same holds. Everything in a line is derived
 from committed data (ids are digests of the job fingerprint and the custom_id, `created` is the
 last commit's time, kept by compact), so writing the files again gives the same bytes.
 
@@ -43,7 +46,7 @@ from batchgen.config import OPENAI_BATCH
 from batchgen.errors import OutputError
 from batchgen.io.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest
 from batchgen.io.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
-from batchgen.io.store import OutputStore, open_store
+from batchgen.io.store import LocalStore, OutputStore, open_store
 from batchgen.io.writers import TEMP_SUFFIX, fault_point, fsync_dir
 from batchgen.jobs.session import BATCH_BOTH_DIR, BATCH_FILES
 
@@ -60,36 +63,45 @@ def batch_dir_name(output_format: str) -> str:
     return "." if output_format == OPENAI_BATCH else BATCH_BOTH_DIR
 
 
-def write_batch_files(out_dir: str | Path, state: ManifestState, dir_name: str, *, created: int | None = None,
-                      sources: list[tuple[Path, ManifestState]] | None = None) -> dict[str, Any]:
-    """Write OUTPUT_FILE and ERRORS_FILE into `out_dir/dir_name` from the committed parts (see the
-    module docstring); return what `_SUCCESS` records about them. `created` (unix seconds, default
-    the last commit's time) is kept by a rewrite of unchanged rows (compact).
+def write_batch_files(out: str | Path | OutputStore, state: ManifestState, dir_name: str, *,
+                      created: int | None = None,
+                      sources: list[tuple[str | Path | OutputStore, ManifestState]] | None = None) -> dict[str, Any]:
+    """Write OUTPUT_FILE and ERRORS_FILE into `out/dir_name` (a local directory or an object-store
+    prefix) from the committed parts (see the module docstring); return what `_SUCCESS` records
+    about them. `created` (unix seconds, default the last commit's time) is kept by a rewrite of
+    unchanged rows (compact).
 
     `sources` (a sharded job's shard directories and their states, in shard order; `batchgen
-    finalize`) are read instead of `out_dir`'s own parts: the job-level files then hold every
+    finalize`) are read instead of `out`'s own parts: the job-level files then hold every
     shard's rows, in shard order, under the shards' common fingerprint (`state` is one of theirs)
     and the latest commit time of any shard."""
-    out_dir = Path(out_dir)
-    target = out_dir / dir_name
-    if sources is None:
-        sources = [(out_dir, state)]
+    store = open_store(out)
+    readers = [(open_store(source), source_state) for source, source_state in (sources or [(store, state)])]
     fingerprint = state.fingerprint or {}
     digest = fingerprint_digest(fingerprint) if fingerprint else "0" * 16
-    last_commit = max((s.last_commit_time or 0 for _, s in sources), default=0)
+    last_commit = max((s.last_commit_time or 0 for _, s in readers), default=0)
     context = {"model": str(fingerprint.get("model") or "batchgen"), "digest": digest,
                "created": created if created is not None else int(last_commit or time.time())}
+    lines = (_line(row, context) for source, source_state in readers for row in _committed_rows(source, source_state))
+    if isinstance(store, LocalStore):
+        counts = _write_local(store.path(dir_name), lines)
+    else:
+        counts = _write_objects(store, dir_name, lines)
+    return {"dir": dir_name, "last_seq": state.last_seq, "created": context["created"],
+            "files": {name: {"rows": n} for name, n in counts.items()}}
+
+
+def _write_local(target: Path, lines: Iterator[tuple[bool, bytes]]) -> dict[str, int]:
+    """Both files under hidden temp names, fsynced; the old pair removed; the new pair renamed in."""
     temps = {name: target / f".{name}{TEMP_SUFFIX}" for name in (OUTPUT_FILE, ERRORS_FILE)}
     counts = {OUTPUT_FILE: 0, ERRORS_FILE: 0}
     try:
         if not target.is_dir():
             target.mkdir()
-            fsync_dir(out_dir)
-        with open(temps[OUTPUT_FILE], "w", encoding="utf-8") as ok, open(temps[ERRORS_FILE], "w",
-                                                                            encoding="utf-8") as bad:
-            for row in (r for source_dir, source_state in sources for r in _committed_rows(source_dir, source_state)):
-                is_error = row["finish_reason"] == "error"
-                (bad if is_error else ok).write(json.dumps(output_line(row, context), ensure_ascii=False) + "\n")
+            fsync_dir(target.parent)
+        with open(temps[OUTPUT_FILE], "wb") as ok, open(temps[ERRORS_FILE], "wb") as bad:
+            for is_error, line in lines:
+                (bad if is_error else ok).write(line)
                 counts[ERRORS_FILE if is_error else OUTPUT_FILE] += 1
             for file in (ok, bad):
                 file.flush()
@@ -105,8 +117,25 @@ def write_batch_files(out_dir: str | Path, state: ManifestState, dir_name: str, 
         for temp in temps.values():
             temp.unlink(missing_ok=True)
         raise OutputError(f"cannot write the Batch API output files in {target}: {e.strerror or e}") from e
-    return {"dir": dir_name, "last_seq": state.last_seq, "created": context["created"],
-            "files": {name: {"rows": n} for name, n in counts.items()}}
+    return counts
+
+
+def _write_objects(store: OutputStore, dir_name: str, lines: Iterator[tuple[bool, bytes]]) -> dict[str, int]:
+    """On an object store (no rename): the old pair deleted, then each new file streamed to its final
+    name, visible when whole (ObjectStore.open_stream). As with local files, no _SUCCESS stands
+    beside the pair meanwhile, and a listing never shows an old line beside a new one."""
+    names = {name: name if dir_name == "." else f"{dir_name}/{name}" for name in (OUTPUT_FILE, ERRORS_FILE)}
+    counts = {OUTPUT_FILE: 0, ERRORS_FILE: 0}
+    try:
+        for name in names.values():
+            store.delete(name)
+        with store.open_stream(names[OUTPUT_FILE]) as ok, store.open_stream(names[ERRORS_FILE]) as bad:
+            for is_error, line in lines:
+                (bad if is_error else ok).write(line)
+                counts[ERRORS_FILE if is_error else OUTPUT_FILE] += 1
+    except (OSError, OutputError) as e:
+        raise OutputError(f"cannot write the Batch API output files in {store / dir_name}: {e}") from e
+    return counts
 
 
 def recorded_batch_files(out_dir: str | Path | OutputStore) -> dict[str, Any] | None:
@@ -118,14 +147,22 @@ def recorded_batch_files(out_dir: str | Path | OutputStore) -> dict[str, Any] | 
     return written if isinstance(written, dict) and isinstance(written.get("dir"), str) else None
 
 
-def batch_files_written(out_dir: str | Path, state: ManifestState, dir_name: str) -> dict[str, Any] | None:
+def batch_files_written(out: str | Path | OutputStore, state: ManifestState, dir_name: str) -> dict[str, Any] | None:
     """What `_SUCCESS` records of the files, if they are in `dir_name` and were written from exactly
     the committed rows there are now; None when they must be written."""
-    written = recorded_batch_files(out_dir)
+    store = open_store(out)
+    written = recorded_batch_files(store)
     if (written is not None and written["dir"] == dir_name and written.get("last_seq") == state.last_seq
-            and all((Path(out_dir) / dir_name / name).is_file() for name in (OUTPUT_FILE, ERRORS_FILE))):
+            and all(store.exists(name if dir_name == "." else f"{dir_name}/{name}")
+                    for name in (OUTPUT_FILE, ERRORS_FILE))):
         return written
     return None
+
+
+def _line(row: dict[str, Any], context: dict[str, Any]) -> tuple[bool, bytes]:
+    """(is an error row, its line in UTF-8)."""
+    text = json.dumps(output_line(row, context), ensure_ascii=False) + "\n"
+    return row["finish_reason"] == "error", text.encode("utf-8")
 
 
 def output_line(row: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
@@ -161,9 +198,10 @@ def completion_body(row: dict[str, Any], key: str, context: dict[str, Any]) -> d
     return {"id": f"cmpl-{key}", "object": "text_completion", "choices": [choice], **common}
 
 
-def _committed_rows(out_dir: Path, state: ManifestState) -> Iterator[dict[str, Any]]:
+def _committed_rows(store: OutputStore, state: ManifestState) -> Iterator[dict[str, Any]]:
     """Every committed row, part by part in commit order, in bounded memory."""
     for name in state.parts:
-        parquet = pq.ParquetFile(out_dir / name)
-        for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=_COLUMNS):
-            yield from batch.to_pylist()
+        with store.open_input(name) as file:
+            parquet = pq.ParquetFile(file)
+            for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=_COLUMNS):
+                yield from batch.to_pylist()

@@ -1,8 +1,9 @@
 """`batchgen plan`: the dry run. Tokenize, plan, calibrate, estimate; write nothing.
 
 It reads the input as `batchgen run` would (same checks, same prompts), plans every shard with
-batchgen.jobs.planner (with --output naming a job's directory, only the rows a resume would run: the
-committed ones are counted, not planned), and reports per shard the rows, prompt and predicted
+batchgen.jobs.planner (with --output naming a job's directory or object-store prefix, or one shard's
+of a sharded job, only the rows a resume would run: the committed ones are counted, not planned, and
+the output-length model the job saved there is used), and reports per shard the rows, prompt and predicted
 output lengths, the mode with its reason, the KV memory needed and an estimated time. Memory stays
 bounded like the job's: one window of rows at a time, per-shard aggregates, and bounded samples for
 the job-wide quantiles.
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from batchgen.config import JobConfig
 from batchgen.engine.scheduler import Policy
 from batchgen.io.manifest import is_job_dir, load_manifest
+from batchgen.io.store import open_store
 from batchgen.jobs.output_size import OutputSize, text_bytes_per_token
 from batchgen.jobs.prepare import open_inputs, prepare_job
 from batchgen.jobs.report import plural
@@ -33,12 +35,13 @@ if TYPE_CHECKING:
 def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibration_rows: int = 16) -> dict[str, Any]:
     """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config, need_output=False)
-    out_dir = shard_output_dir(config.output, config.shard_index, config.num_shards) if config.output else None
-    out_dir = out_dir if isinstance(out_dir, Path) and out_dir.is_dir() else None  # (an object store: not read)
+    # the job's (or this shard's) output: a local directory or an object-store prefix, read, never written
+    out = open_store(shard_output_dir(config.output, config.shard_index, config.num_shards)) if config.output else None
+    out_dir = out if out is not None and is_job_dir(out) else None
     # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows;
     # with --id-column a committed row counts as done only while its prompt hash is unchanged, as in a run
     check_prompts = config.id_column is not None
-    state = load_manifest(out_dir, keep_hashes=check_prompts) if out_dir is not None and is_job_dir(out_dir) else None
+    state = load_manifest(out_dir, keep_hashes=check_prompts) if out_dir is not None else None
     if state is not None and ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs):
         return {"nothing_to_do": True, "output": str(out_dir), "num_rows": 0, "num_rows_done": state.num_committed_rows,
                 "num_error_rows_done": len(state.error_ids), "shards": []}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchgen.config import JobConfig
 from batchgen.io.manifest import ManifestState
+from batchgen.io.store import OutputStore
 from batchgen.jobs.length import LengthPredictor
 from batchgen.jobs.planner import PlannedRow, Planner, prepare_row
 from batchgen.jobs.prompts import PromptBuilder, RowError, Template
@@ -118,7 +119,7 @@ def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, r
 
 
 def prompt_side(config: JobConfig, template: Template, loaded: LoadedModel, engine: LLMEngine, *,
-                out_dir: Path | None) -> tuple[PromptBuilder, LengthPredictor, Planner]:
+                out_dir: Path | OutputStore | None) -> tuple[PromptBuilder, LengthPredictor, Planner]:
     """The prompt builder (sized for `engine`'s context), the output-length predictor (learned state
     from `out_dir`, if any) and the planner (sized for its KV cache): what turns rows into shards.
     Shared by prepare_job and the engine-side batch function (batchgen.jobs.batch_fn)."""
@@ -134,7 +135,7 @@ def prompt_side(config: JobConfig, template: Template, loaded: LoadedModel, engi
 
 
 def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engine: LLMEngine, *,
-                out_dir: Path | None, state: ManifestState | None) -> PreparedJob:
+                out_dir: Path | OutputStore | None, state: ManifestState | None) -> PreparedJob:
     """The shared setup once a model is loaded: `engine` is the first engine the job builds."""
     builder, predictor, planner = prompt_side(config, inputs.source.template, loaded, engine, out_dir=out_dir)
     resume = ResumeRule(state if state is not None else ManifestState(), config.retry_errors,

@@ -192,14 +192,14 @@ def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> N
     session.store.write_bytes(SUMMARY_FILE, json_bytes(summary.to_dict()))
     success: dict = {"rows": summary.output_rows, "rows_error": summary.output_rows_error,
                      "fingerprint": fingerprint_digest(state.fingerprint), "finished": time.time()}
-    if config.output_format != "parquet":  # a local directory (config.py refuses it with an object store)
+    if config.output_format != "parquet":  # a local directory or an object-store prefix
         from batchgen.jobs.openai_output import SUCCESS_KEY, batch_dir_name, batch_files_written, write_batch_files
 
         dir_name = batch_dir_name(config.output_format)
-        written = None if failed else batch_files_written(session.out_dir, state, dir_name)
+        written = None if failed else batch_files_written(session.store, state, dir_name)
         if written is None:
-            clear_success(session.out_dir)  # no _SUCCESS beside a pair being replaced (jobs/openai_output.py)
-            written = write_batch_files(session.out_dir, state, dir_name)
+            clear_success(session.store)  # no _SUCCESS beside a pair being replaced (jobs/openai_output.py)
+            written = write_batch_files(session.store, state, dir_name)
             log.info("wrote the Batch API output files in %s", session.out_dir)
         success[SUCCESS_KEY] = written
     if failed:

@@ -42,7 +42,7 @@ class ShardDir:
 
     @property
     def path(self) -> Path | OutputStore:
-        """A local Path where there is one (the OpenAI Batch files need it), else the store (its str is the URL)."""
+        """A local Path where there is one, else the store (its str is the URL): what messages show."""
         return self.store.path() if isinstance(self.store, LocalStore) else self.store
 
 

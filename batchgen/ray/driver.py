@@ -5,7 +5,7 @@
                                -> iter_batches on the driver -> Committer -> manifest
 
 Everything that makes the output exactly once stays where `batchgen run` has it: the driver holds
-the output directory's lock, writes every part and manifest entry, and commits every
+the output's lock (an object store's lease), writes every part and manifest entry, and commits every
 --commit-every rows / --commit-every-seconds, so a killed driver (or a lost actor, which Ray
 retries) leaves only committed rows, and a rerun skips them. batchgen.jobs.run checks the config,
 inputs and output directory exactly as for the local executor before this starts. The job begins
@@ -19,17 +19,21 @@ that were in the actors) and the learned output lengths (each actor learns its o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from batchgen.config import JobConfig
 from batchgen.errors import FingerprintMismatch, OutputError
+from batchgen.io.manifest import clear_success
 from batchgen.io.schema import PROMPT_HASH
+from batchgen.io.store import LocalStore
 from batchgen.io.writers import PartWriter
 from batchgen.jobs.batch_columns import SOURCE_PATH, SOURCE_ROW
 from batchgen.jobs.commit import Committer
@@ -96,8 +100,13 @@ class RayJob:
             log.info("ray: %s; %d rows to generate in batches of %d", actors.reason, todo, batch_rows)
             dataset = self._dataset(ray, actors, batch_rows)
             state = self.session.state
+            metrics_config, metrics_at = config, self.session.out_dir
+            if not isinstance(self.session.store, LocalStore):
+                # the _metrics/ files are appended second by second: local directories only (as for
+                # the local executor); the Prometheus textfile and port work the same
+                metrics_config, metrics_at = dataclasses.replace(config, metrics=False, overwrite=False), Path(".")
             self.monitor = JobMonitor.open(
-                config, self.session.out_dir, context=lambda: (None, None), work=self.work,
+                metrics_config, metrics_at, context=lambda: (None, None), work=self.work,
                 input_rows=scan.num_rows, output_rows=state.num_committed_rows,
                 output_rows_error=len(state.error_ids), last_commit_s=state.last_commit_time)
             self.commits.monitor = self.monitor
@@ -175,6 +184,8 @@ class RayJob:
             model = json.loads(model_json)
             self.fingerprint = job_fingerprint(self.config, self.inputs.source, self.schema, model=model)
             with self.guard.critical():
+                if self.config.num_shards is not None:  # this shard's rows may change: the set is not final
+                    clear_success(self.config.output)
                 self.session.start(self.fingerprint, self.inputs.scan, self.config.max_rows)
             self.model_json = model_json
             if self.session.state.num_committed_rows:

@@ -76,11 +76,12 @@ def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> I
     shard, label, limit = spec.shards[index], spec.labels[index], spec.num_rows[index]
     if limit <= 0:
         return
-    row_index = 0
+    num_read = 0  # rows of this shard read so far; its rows may be a range of the file (a sharded job's share)
     present = set(read_schema(shard).names)  # a passthrough column this file lacks is null in its rows
     columns = [c for c in spec.columns if c in present]
     for batch in iter_batches(shard, columns, spec.read_batch_size):
-        batch = batch.slice(0, limit - row_index)
+        batch = batch.slice(0, limit - num_read)
+        row_index = shard.first_row + num_read  # ids and the manifest count rows from the file's start
         invalid = invalid_cells(batch)
         if spec.id_column:
             ids = batch.column(batch.schema.get_field_index(spec.id_column)).to_pylist()
@@ -92,8 +93,8 @@ def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> I
             # Ray Data hands an actor whole blocks: a read batch as one block would go to one actor
             for start in range(0, table.num_rows, spec.block_rows):
                 yield table.slice(start, spec.block_rows)
-        row_index += batch.num_rows
-        if row_index >= limit:
+        num_read += batch.num_rows
+        if num_read >= limit:
             return
 
 

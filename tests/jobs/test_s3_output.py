@@ -152,3 +152,17 @@ def test_status_and_compact_on_s3(src, tiny_model_dir, loaded, reference, s3_out
     assert committed_by_id(s3_out) == reference
     names = {name for name in store.list() if PART_NAME_RE.fullmatch(name)}
     assert names == set(state.parts)  # compact removed the old parts and the stray one
+
+
+def test_plan_reads_the_committed_rows_and_lengths_on_s3(src, tiny_model_dir, loaded, s3_out):
+    from batchgen.jobs.plan import plan_job
+
+    run_job(config(src, s3_out, tiny_model_dir, max_rows=20), loaded=loaded)
+    assert open_store(s3_out).exists("_length_model.json")
+    report = plan_job(config(src, s3_out, tiny_model_dir), loaded=loaded, calibration_rows=0)
+    # what a resume would run: the rows not yet committed, planned with the lengths the job learned
+    assert (report["num_rows_done"], report["num_rows"]) == (20, NUM_ROWS - 20)
+    assert report["learned_rows"] == 20
+    run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)
+    done = plan_job(config(src, s3_out, tiny_model_dir), loaded=loaded, calibration_rows=0)
+    assert (done["num_rows_done"], done["num_rows"]) == (NUM_ROWS, 0)  # --id-column: prompts compared, unchanged

@@ -144,3 +144,16 @@ def test_a_shard_killed_on_s3_resumes_exactly_once(src, tiny_model_dir, loaded, 
     assert union_by_id(s3_out) == reference
     names = {n for n in shard0.list() if PART_NAME_RE.fullmatch(n)}
     assert names == set(load_manifest(shard0).parts)  # parts the killed run staged but never committed: gone
+
+
+def test_plan_of_a_shard_on_s3_counts_its_committed_rows(src, tiny_model_dir, loaded, s3_out):
+    from batchgen.jobs.plan import plan_job
+
+    shard1 = run_job(config(src, s3_out, tiny_model_dir, num_shards=2, shard_index=1), loaded=loaded)
+    report = plan_job(config(src, s3_out, tiny_model_dir, num_shards=2, shard_index=1), loaded=loaded,
+                      calibration_rows=0)
+    # --id-column: every committed row is counted, none planned (their prompts are unchanged)
+    assert (report["num_rows_done"], report["num_rows"]) == (shard1.num_rows, 0)
+    other = plan_job(config(src, s3_out, tiny_model_dir, num_shards=2, shard_index=0), loaded=loaded,
+                     calibration_rows=0)
+    assert (other["num_rows_done"], other["num_rows"]) == (0, NUM_ROWS - shard1.num_rows)  # its own prefix
