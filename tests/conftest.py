@@ -11,7 +11,7 @@ import torch
 
 from tests.tiny import make_tiny_model, make_tokenizer
 
-pytest_plugins = ("tests.s3_server",)  # the S3 server fixtures of the io and jobs tests
+pytest_plugins = ("tests.s3_server",)  # the S3 server fixtures of the io, jobs and ray tests
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.s3_server import s3_endpoint, s3_out  # noqa: F401  (the S3 server fixtures)
-
 
 @pytest.fixture(scope="module")
 def ray_cluster():
