@@ -22,7 +22,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LONG_PROMPT_POLICIES = ("truncate", "error")
 QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized GGUF's nearest scheme, else none
-QUANTIZE_BACKENDS = ("auto", "torchao", "quanto")
+QUANTIZE_BACKENDS = ("auto", "torchao", "quanto", "onednn")
 QUANTIZE_EMBEDDING = ("auto", "none", "int8")  # auto: int8 with int4 weights (engine/quantize.py EMBEDDING_AUTO)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
@@ -81,7 +81,7 @@ class JobConfig:
     device: str = "auto"
     dtype: str = "auto"
     quantize: str = "none"  # weights: none | auto | int8 | int8-weight | int4 (engine/quantize.py)
-    quantize_backend: str = "auto"  # auto | torchao | quanto
+    quantize_backend: str = "auto"  # auto | torchao | quanto | onednn (int8 on CPU)
     quantize_embedding: str = "auto"  # embedding/LM head: auto | none | int8
     kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
     max_rows: int | None = None

@@ -10,7 +10,8 @@ Both keep working under our packed forward and paged attention, which never touc
 Schemes (`--quantize`):
   int8         int8 weights per output row + int8 activations per token, quantized on the fly
                (torchao's dynamic-activation path; quanto quantizes activations only statically,
-               with calibration, so it is not offered)
+               with calibration, so it is not offered), or oneDNN's int8 x int8 matmul with
+               --quantize-backend onednn (engine/quantize_int8.py)
   int8-weight  int8 weights per output row, activations stay in the model dtype
   int4         int4 weights in groups of 32 input channels, asymmetric (engine/quantize_recipe.py)
 
@@ -42,7 +43,7 @@ from batchgen.errors import ConfigError
 log = logging.getLogger(__name__)
 
 SCHEMES = ("none", "int8", "int8-weight", "int4")
-BACKENDS = ("auto", "torchao", "quanto")
+BACKENDS = ("auto", "torchao", "quanto", "onednn")
 # (device type, scheme) -> backend, from benchmarks/quantization.py on this project's CPU (see
 # benchmarks/README.md): torchao's int8 path is the only one with dynamic int8 activations;
 # for int8 weights quanto's CPU kernel (aten's int8-weight GEMM) beats torchao's per-call upcast;
@@ -92,6 +93,16 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
         return None
     if backend == "auto":
         backend = AUTO_BACKEND.get((device.type, scheme), "torchao")
+    if backend == "onednn" and (scheme != "int8" or device.type != "cpu"):
+        raise ConfigError(f"quantize_backend onednn runs --quantize int8 on CPU only (its int8 x int8 matmul); "
+                          f"got --quantize {scheme} on {device.type}")
+    if backend == "onednn":
+        from batchgen.engine import quantize_int8
+
+        if not quantize_int8.supported(device.type):
+            raise ConfigError("quantize_backend onednn needs torch's oneDNN quantized ops and batchgen's C kernels "
+                              "(a C compiler); use --quantize-backend torchao")
+        return backend
     if backend == "quanto" and scheme == "int8":
         raise ConfigError("quantize int8 (dynamic int8 activations) runs on torchao only: quanto quantizes "
                           "activations statically, after calibration; use --quantize-backend torchao, or "
@@ -152,6 +163,10 @@ def quantize_linear(parent: torch.nn.Module, child: str, plan: Quantization, dev
     streaming loader (engine/stream_load.py) apply, so the two give the same weights."""
     if plan.backend == "torchao":
         _quantize_torchao(parent, plan.scheme, child, device_type)
+    elif plan.backend == "onednn":
+        from batchgen.engine import quantize_int8
+
+        quantize_int8.quantize_linear(parent, child)
     else:
         _quantize_quanto(parent, plan.scheme, child)
 
@@ -254,6 +269,10 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
     for t in [*model.parameters(), *model.buffers()]:
         visit(t)
+    for module in model.modules():  # oneDNN's reordered weights (engine/quantize_int8.py): opaque, no storage
+        packed = getattr(module, "packed_weight", None)
+        if isinstance(packed, torch.Tensor) and packed.is_mkldnn:
+            total += int(torch.ops.mkldnn._nbytes(packed))
     return total
 
 
