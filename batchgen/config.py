@@ -74,7 +74,7 @@ class JobConfig:
     device: str = "auto"
     dtype: str = "auto"
     quantize: str = "none"  # weights: none | auto | int8 | int8-weight | int4 (engine/quantize.py)
-    quantize_backend: str = "auto"  # auto | torchao | quanto
+    quantize_backend: str = "auto"  # auto | torchao | quanto | onednn (int8 on CPU)
     quantize_embedding: str = "auto"  # embedding/LM head: auto | none | int8
     kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
     max_rows: int | None = None

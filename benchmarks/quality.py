@@ -45,6 +45,7 @@ TEMPLATE = "Summarize the following Python documentation in two sentences.\n\n{t
 # "+int8-embedding": the embedding/LM head in int8 too (the default for int4 since it was measured here)
 SCHEMES = [("bf16", "none", "auto", "auto", "none"),
            ("int8/torchao", "int8", "torchao", "auto", "none"),
+           ("int8/onednn", "int8", "onednn", "auto", "none"),
            ("int8-weight/torchao", "int8-weight", "torchao", "auto", "none"),
            ("int8-weight/quanto", "int8-weight", "quanto", "auto", "none"),
            ("int8-weight/quanto+int8-embedding", "int8-weight", "quanto", "auto", "int8"),

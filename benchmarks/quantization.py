@@ -1,7 +1,7 @@
 """Speed and memory of the quantization schemes, side by side, round-robin in one process.
 
 Every variant is the embedded model in bf16 on the CPU, quantized after loading:
-  weights   none | int8/torchao | int8-weight/torchao | int8-weight/quanto | int4/torchao | int4/quanto
+  weights   none | int8/torchao | int8/onednn | int8-weight/torchao | int8-weight/quanto | int4/torchao | int4/quanto
   KV cache  bf16 | int8
 
 Measured, each round visiting every system in a rotated order (medians over rounds; the CPU time
@@ -39,7 +39,7 @@ from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt, sysload
 from benchmarks.throughput import kv_blocks_for, write_record
 
-WEIGHTS = [("bf16", "none", "auto"), ("int8/torchao", "int8", "torchao"),
+WEIGHTS = [("bf16", "none", "auto"), ("int8/torchao", "int8", "torchao"), ("int8/onednn", "int8", "onednn"),
            ("int8-weight/torchao", "int8-weight", "torchao"), ("int8-weight/quanto", "int8-weight", "quanto"),
            ("int4/torchao", "int4", "torchao"), ("int4/quanto", "int4", "quanto")]
 

@@ -134,7 +134,7 @@ Dtype = Annotated[str | None, _opt("--dtype", metavar="DTYPE", help="auto | floa
 Quantize = Annotated[str | None, _opt("--quantize", metavar="SCHEME", help=(
     "Weights: none | auto (a quantized GGUF's nearest) | int8 | int8-weight | int4 [none]."))]
 QuantizeBackend = Annotated[str | None, _opt("--quantize-backend", metavar="NAME", help=(
-    "auto | torchao | quanto [auto]."))]
+    "auto | torchao | quanto | onednn (int8 on CPU) [auto]."))]
 QuantizeEmbedding = Annotated[str | None, _opt("--quantize-embedding", metavar="SCHEME", help=(
     "Embedding/LM head: auto (int8 with --quantize int4) | none | int8 [auto]."))]
 KvCacheDtype = Annotated[str | None, _opt("--kv-cache-dtype", metavar="DTYPE", help=(

@@ -26,6 +26,7 @@ engine fused, also for a later engine built with `fuse_pointwise=False`, with th
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import sys
 import types
@@ -54,6 +55,9 @@ class PointwiseKernels:
         self._rope = lib.rope
         self._rope.argtypes = [_P, _P, _P, _P, _P, _P, _I, _L, _L, _L, _L, _I]
         self._rope.restype = None
+        self._quant = lib.quantize_rows_s8  # engine/quantize_int8.py's activations
+        self._quant.argtypes = [_P, _I, _P, _P, _L, _L, _I]
+        self._quant.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == x.dtype
@@ -69,6 +73,16 @@ class PointwiseKernels:
         self._silu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], gate.numel(),
                    torch.get_num_threads())
         return out
+
+    def quantize_rows_s8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Symmetric int8 per row of a 2-D float32/bf16 tensor: (q [rows, cols] int8, scale [rows, 1] float32)."""
+        assert x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)
+        rows, cols = x.shape
+        q = torch.empty(rows, cols, dtype=torch.int8)
+        scale = torch.empty(rows, 1, dtype=torch.float32)
+        self._quant(x.data_ptr(), 1 if x.dtype == torch.bfloat16 else 0, q.data_ptr(), scale.data_ptr(), rows, cols,
+                    torch.get_num_threads())
+        return q, scale
 
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -102,6 +116,12 @@ def _rope_layout_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
 def load() -> PointwiseKernels | None:
     lib = native.load_library(native.POINTWISE_SOURCE)
     return PointwiseKernels(lib) if lib is not None else None
+
+
+@functools.cache
+def load_cached() -> PointwiseKernels | None:
+    """load(), once per process: for callers on the per-call path (engine/quantize_int8.py)."""
+    return load()
 
 
 def _same_code(fn, reference) -> bool:

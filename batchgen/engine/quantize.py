@@ -10,9 +10,10 @@ Both keep working under our packed forward and paged attention, which never touc
 Schemes (`--quantize`):
   int8         int8 weights per output row + int8 activations per token, quantized on the fly
                (torchao's dynamic-activation path; quanto quantizes activations only statically,
-               with calibration, so it is not offered)
+               with calibration, so it is not offered), or oneDNN's int8 x int8 matmul with
+               --quantize-backend onednn (engine/quantize_int8.py)
   int8-weight  int8 weights per output row, activations stay in the model dtype
-  int4         int4 weights in groups of INT4_GROUP_SIZE input channels (asymmetric)
+  int4         int4 weights in groups of 32 input channels, asymmetric (engine/quantize_recipe.py)
 
 The embedding and LM head (`--quantize-embedding`): int8 per row, one shared matrix when tied
 (engine/quantize_embedding.py, the same for both backends); `auto` does that for int4 (measured in
@@ -36,16 +37,13 @@ from pathlib import Path
 import torch
 
 from batchgen.engine.quantize_embedding import EMBEDDING_SCHEMES, quantize_embeddings
+from batchgen.engine.quantize_recipe import INT4_COARSE_GROUP_SIZE, INT4_COARSE_LAYERS, INT4_GROUP_SIZE
 from batchgen.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 SCHEMES = ("none", "int8", "int8-weight", "int4")
-BACKENDS = ("auto", "torchao", "quanto")
-# torchao's CPU int4 kernel takes groups of 32..256; 64 divides the hidden sizes of every small
-# model we run (SmolLM2's 576 = 9 x 64 is not a multiple of 128)
-INT4_GROUP_SIZE = 64
-
+BACKENDS = ("auto", "torchao", "quanto", "onednn")
 # (device type, scheme) -> backend, from benchmarks/quantization.py on this project's CPU (see
 # benchmarks/README.md): torchao's int8 path is the only one with dynamic int8 activations;
 # for int8 weights quanto's CPU kernel (aten's int8-weight GEMM) beats torchao's per-call upcast;
@@ -95,6 +93,16 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
         return None
     if backend == "auto":
         backend = AUTO_BACKEND.get((device.type, scheme), "torchao")
+    if backend == "onednn" and (scheme != "int8" or device.type != "cpu"):
+        raise ConfigError(f"quantize_backend onednn runs --quantize int8 on CPU only (its int8 x int8 matmul); "
+                          f"got --quantize {scheme} on {device.type}")
+    if backend == "onednn":
+        from batchgen.engine import quantize_int8
+
+        if not quantize_int8.supported(device.type):
+            raise ConfigError("quantize_backend onednn needs torch's oneDNN quantized ops and batchgen's C kernels "
+                              "(a C compiler); use --quantize-backend torchao")
+        return backend
     if backend == "quanto" and scheme == "int8":
         raise ConfigError("quantize int8 (dynamic int8 activations) runs on torchao only: quanto quantizes "
                           "activations statically, after calibration; use --quantize-backend torchao, or "
@@ -139,18 +147,26 @@ def plan_quantization(config, scheme: str, backend: str, embedding: str, device:
 
 
 def linear_group_size(plan: Quantization) -> int:
-    """The input-width divisor a linear layer needs under `plan` (1: any).
+    """The input-width divisor a linear layer needs under `plan` (1: any): int4's finest group."""
+    return INT4_GROUP_SIZE if plan.scheme == "int4" else 1
 
-    quanto picks its own int4 group size per layer (128, else the largest multiple of 32 dividing
-    the input width: 96 for SmolLM2's 576), so only torchao's fixed group size filters layers."""
-    return INT4_GROUP_SIZE if plan.scheme == "int4" and plan.backend == "torchao" else 1
+
+def int4_group_size(child: str, in_features: int) -> int:
+    """The int4 group size of the linear layer named `child` (the recipe above)."""
+    if child in INT4_COARSE_LAYERS and in_features % INT4_COARSE_GROUP_SIZE == 0:
+        return INT4_COARSE_GROUP_SIZE
+    return INT4_GROUP_SIZE
 
 
 def quantize_linear(parent: torch.nn.Module, child: str, plan: Quantization, device_type: str) -> None:
     """Quantize the linear layer `parent.<child>` alone: the unit both the after-load pass and the
     streaming loader (engine/stream_load.py) apply, so the two give the same weights."""
     if plan.backend == "torchao":
-        _quantize_torchao(parent, plan.scheme, {child}, device_type)
+        _quantize_torchao(parent, plan.scheme, child, device_type)
+    elif plan.backend == "onednn":
+        from batchgen.engine import quantize_int8
+
+        quantize_int8.quantize_linear(parent, child)
     else:
         _quantize_quanto(parent, plan.scheme, child)
 
@@ -168,7 +184,7 @@ def quantizable_linear_names(model: torch.nn.Module, group_size: int) -> set[str
     return names
 
 
-def torchao_int4_config(group_size: int = INT4_GROUP_SIZE, device_type: str = "cpu"):
+def torchao_int4_config(group_size: int, device_type: str = "cpu"):
     """torchao's int4 weight-only config for the device.
 
     One shim because its CPU variant moves between releases: 0.18 keeps it in
@@ -192,16 +208,16 @@ def torchao_int4_config(group_size: int = INT4_GROUP_SIZE, device_type: str = "c
         return Int4WeightOnlyConfig(group_size=group_size, layout=Int4CPULayout())
 
 
-def _quantize_torchao(model: torch.nn.Module, scheme: str, names: set[str], device_type: str) -> None:
+def _quantize_torchao(parent: torch.nn.Module, scheme: str, child: str, device_type: str) -> None:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
 
     if scheme == "int4":
-        config = torchao_int4_config(INT4_GROUP_SIZE, device_type)
+        config = torchao_int4_config(int4_group_size(child, getattr(parent, child).in_features), device_type)
     else:
         config = {"int8": Int8DynamicActivationInt8WeightConfig, "int8-weight": Int8WeightOnlyConfig}[scheme]()
     if hasattr(config, "set_inductor_config"):
         config.set_inductor_config = False  # we run eagerly; leave the process's inductor settings alone
-    quantize_(model, config, filter_fn=lambda module, fqn: fqn in names)
+    quantize_(parent, config, filter_fn=lambda module, fqn: fqn == child)
 
 
 def _quantize_quanto(parent: torch.nn.Module, scheme: str, child: str) -> None:
@@ -212,6 +228,10 @@ def _quantize_quanto(parent: torch.nn.Module, scheme: str, child: str) -> None:
     # matches only that child (quanto swaps it for a QLinear on `parent`)
     quantize(parent, weights=weights, include=[child])
     module = getattr(parent, child)
+    if scheme == "int4":
+        # quanto picks its own group size (128, else 96 for SmolLM2's 576); int4 means one recipe
+        # on both backends, set before freeze() quantizes the weight
+        module.weight_group_size = int4_group_size(child, module.in_features)
     freeze(module)
     if scheme == "int4":
         module.forward = _outside_inference_mode(module.forward)
@@ -249,6 +269,10 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
     for t in [*model.parameters(), *model.buffers()]:
         visit(t)
+    for module in model.modules():  # oneDNN's reordered weights (engine/quantize_int8.py): opaque, no storage
+        packed = getattr(module, "packed_weight", None)
+        if isinstance(packed, torch.Tensor) and packed.is_mkldnn:
+            total += int(torch.ops.mkldnn._nbytes(packed))
     return total
 
 

@@ -63,6 +63,11 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
         # not in ADDED_KEYS on purpose: an int4 job begun before the embedding was quantized by default
         # would resume with other weights, so it is refused rather than mixed
         fingerprint["quantize_embedding"] = config.quantize_embedding
+    if config.quantize in ("int4", "auto"):  # auto: a Q4 GGUF maps to int4
+        from batchgen.engine.quantize_recipe import INT4_RECIPE
+
+        # the int4 group sizes: an int4 job begun under another recipe has other weights, so it is refused
+        fingerprint["int4_recipe"] = INT4_RECIPE
     sampling = {"repetition_penalty": config.repetition_penalty, "presence_penalty": config.presence_penalty,
                 "frequency_penalty": config.frequency_penalty, "min_tokens": config.min_tokens,
                 "sampling_column": config.sampling_column}

@@ -125,3 +125,42 @@ def test_auto_quantizes_a_quantized_gguf_and_leaves_other_models_alone():
     assert quantize.apply_at_load(copy.deepcopy(model), "tiny", "auto", "auto") == "none"
     assert quantize.apply_at_load(model, "tiny.Q4_0.gguf", "auto", "auto", "tiny.Q4_0.gguf") == \
         "int4/torchao+int8-embedding"
+
+
+@pytest.mark.parametrize("backend", ["torchao", "quanto"])
+def test_int4_recipe_group_sizes(backend, monkeypatch):
+    monkeypatch.setattr(quantize, "INT4_COARSE_LAYERS", ("gate_proj",))  # the mechanism; the default has none
+    model = make_tiny_model("llama", seed=3).to(torch.bfloat16)
+    quantize.quantize_model(model, "int4", backend, embedding="none")
+    layer = model.model.layers[1]
+    for module, want in [(layer.mlp.gate_proj, quantize.INT4_COARSE_GROUP_SIZE),
+                         (layer.mlp.up_proj, quantize.INT4_GROUP_SIZE), (layer.mlp.down_proj, quantize.INT4_GROUP_SIZE),
+                         (layer.self_attn.q_proj, quantize.INT4_GROUP_SIZE)]:
+        got = module.weight.block_size[-1] if backend == "torchao" else module.weight_group_size
+        assert got == want, (module, got)
+
+
+def test_int4_reproduces_weights_already_on_a_q4_1_grid():
+    """A GGUF Q4_1 checkpoint (the embedded model's) stores each block of 32 weights as q * d + m,
+    q in 0..15: groups of 32 with min/max parameters land every weight back on its grid point, up to
+    the bf16 rounding of the weights and of the group's scale and zero (well under half a step)."""
+    model = make_tiny_model("llama", seed=4).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.model.layers.modules():
+            if isinstance(module, torch.nn.Linear):
+                w = module.weight
+                q = torch.randint(0, 16, (*w.shape[:-1], w.shape[-1] // 32, 32), generator=gen).float()
+                q[..., 0], q[..., 1] = 0, 15  # each block spans its whole range, as Q4_1's quantizer makes it
+                d = torch.rand(*q.shape[:-1], 1, generator=gen) * 0.01 + 0.001
+                m = -d * 7.5 + torch.randn(*q.shape[:-1], 1, generator=gen) * 0.001
+                w.copy_((q * d + m).reshape(w.shape))
+    original = copy.deepcopy(model)
+    quantize.quantize_model(model, "int4", "torchao", embedding="none")
+    for (name, module), (_, orig) in zip(model.model.layers.named_modules(), original.model.layers.named_modules(),
+                                         strict=True):
+        if isinstance(orig, torch.nn.Linear) and not name.endswith(quantize.INT4_COARSE_LAYERS):
+            w = orig.weight.float()
+            step = (w.reshape(-1, 32).amax(1) - w.reshape(-1, 32).amin(1)) / 15
+            err = (dense_weight(module.weight).float() - w).reshape(-1, 32).abs().amax(1)
+            assert (err <= 0.2 * step).all(), (name, (err / step).max())

@@ -127,3 +127,16 @@ def test_a_directory_written_before_this_change_still_resumes(tiny_model_dir, lo
     downgrade(out2)
     rest = run_job(config(src, out2, tiny_model_dir, id_column=None), loaded=loaded)
     assert (rest.num_rows, rest.num_rows_skipped) == (len(TEXTS) - 4, 4)
+
+
+def test_int4_fingerprint_carries_the_recipe(tmp_path):
+    from batchgen.engine.quantize_recipe import INT4_RECIPE
+    from batchgen.jobs.fingerprint import job_fingerprint
+
+    def fingerprint(**overrides):
+        config = tiny_job_config(tmp_path / "in.parquet", tmp_path / "out", tmp_path / "model", **overrides)
+        return job_fingerprint(config, None, pa.schema([("id", pa.int64())]))
+
+    assert fingerprint(quantize="int4")["int4_recipe"] == INT4_RECIPE
+    assert fingerprint(quantize="auto")["int4_recipe"] == INT4_RECIPE  # a Q4 GGUF maps to int4
+    assert "int4_recipe" not in fingerprint() and "int4_recipe" not in fingerprint(quantize="int8")

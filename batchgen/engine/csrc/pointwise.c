@@ -191,4 +191,42 @@ void rope(const void* q, const void* k, const void* cos, const void* sin, void* 
         for (int64_t h = 0; h < KVH; h++)
             rope_row(k, cos, sin, k_out, bf16, (t * KVH + h) * D, t * D, (t * KVH + h) * D, half);
     }
+/* Symmetric int8 per row, the activations of an int8 x int8 matmul (engine/quantize_int8.py):
+ * scales[r] = max|x[r]| / 127 and q[r][j] = round-half-even(x[r][j] * 127 / max|x[r]|), in -127..127.
+ * Eagerly that is six passes (abs, amax, divide, round, clamp, cast) costing as much as the int8
+ * matmul itself at SmolLM2's widths; here it is two reads of the row and one write. A zero row gets
+ * scale 1 and zeros. */
+ALWAYS_INLINE void quantize_row_s8(const void* x, int bf16, int8_t* q, float* scales, int64_t row, int64_t cols) {
+    const int64_t base = row * cols;
+#ifdef __AVX512F__
+    __m512 mx = _mm512_setzero_ps();
+    for (int64_t j = 0; j < cols; j += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(load16(x, bf16, base + j, tail(cols - j))));
+    const float amax = _mm512_reduce_max_ps(mx);
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 k = tail(cols - j);
+        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(load16(x, bf16, base + j, k), inv));  /* nearest even */
+        v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        _mm_mask_storeu_epi8(q + base + j, k, _mm512_cvtepi32_epi8(v));
+    }
+#else
+    float amax = 0.f;
+    for (int64_t j = 0; j < cols; j++) {
+        const float v = bf16 ? bf16_to_f32(((const uint16_t*)x)[base + j]) : ((const float*)x)[base + j];
+        amax = fabsf(v) > amax ? fabsf(v) : amax;
+    }
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int64_t j = 0; j < cols; j++) {
+        const float v = bf16 ? bf16_to_f32(((const uint16_t*)x)[base + j]) : ((const float*)x)[base + j];
+        float r = nearbyintf(v * inv);
+        q[base + j] = (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+    }
+#endif
+    scales[row] = amax > 0.f ? amax / 127.f : 1.f;
+}
+
+void quantize_rows_s8(const void* x, int dtype, int8_t* q, float* scales, int64_t rows, int64_t cols, int num_threads) {
+    const int bf16 = dtype == 1;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t row = 0; row < rows; row++) quantize_row_s8(x, bf16, q, scales, row, cols);
 }

@@ -1,0 +1,77 @@
+"""int8 x int8 linear layers on oneDNN's AMX/VNNI kernels: `--quantize int8 --quantize-backend onednn`.
+
+torchao's dynamic-activation int8 path runs eagerly on aten's `_int_mm`, which on CPU is not a
+VNNI/AMX kernel: measured on SmolLM2's shapes it is slower than the bf16 matmul (5-50x at 128-512
+rows). oneDNN's quantized matmul (`torch.ops.onednn.qlinear_pointwise`, the op inductor's x86
+int8 lowering emits) is: on this CPU it runs `brg_matmul:avx10_1_512_amx` on s8 x s8 (ONEDNN_VERBOSE=1
+shows it), about twice the bf16 matmul's rate. So each decoder linear layer is swapped for
+Int8DynamicLinear (a module swap; the HF forward is unchanged):
+
+    weight   int8 [out, in], symmetric per output channel, float32 scales; reordered once into
+             oneDNN's blocked layout (`qlinear_prepack`), the only copy kept
+    input    symmetric int8 per token (row), quantized on each call by one fused C pass
+             (csrc/pointwise.c: quantize_rows_s8; eagerly it is six passes, as slow as the matmul)
+    output   oneDNN computes (q_x @ q_w^T) * w_scale in int32 -> bf16; the per-token scale is applied
+             after (oneDNN's op takes one activation scale per tensor), then the bias
+
+CPU only, float32 or bf16 activations; without oneDNN's ops or a C compiler for the quantizer,
+`supported()` is False and --quantize-backend onednn is refused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchgen.engine import fused
+from batchgen.engine.quantize_embedding import quantize_rows
+
+
+def supported(device_type: str) -> bool:
+    return (device_type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
+            and _kernels() is not None)
+
+
+def _kernels():
+    return fused.load_cached()
+
+
+class Int8DynamicLinear(torch.nn.Module):
+    """`nn.Linear` with int8 weights and per-token int8 activations (see the module docstring)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.out_dtype = linear.weight.dtype
+        qweight, scale = quantize_rows(linear.weight.detach(), torch.float32)
+        self.packed_weight = torch.ops.onednn.qlinear_prepack(qweight, None)  # opaque oneDNN tensor
+        self.register_buffer("weight_scale", scale)  # [out] float32
+        self.register_buffer("weight_zero_point", torch.zeros(self.out_features, dtype=torch.int64))
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != self.out_dtype or not flat.is_contiguous():
+            flat = flat.to(self.out_dtype).contiguous()
+        q, x_scale = _kernels().quantize_rows_s8(flat)
+        out = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed_weight, self.weight_scale,
+                                                 self.weight_zero_point, None, 1.0, 0, self.out_dtype,
+                                                 "none", [], "")
+        out.mul_(x_scale.to(self.out_dtype))  # the per-token scale, [rows, 1]
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """[out, in] float32: the weight this layer multiplies by (for tests and references)."""
+        eye = torch.eye(self.in_features, dtype=torch.int8)
+        ones = torch.ops.onednn.qlinear_pointwise(eye, 1.0, 0, self.packed_weight, self.weight_scale,
+                                                  self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
+        return ones.t().contiguous()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 x int8 (oneDNN)"
+
+
+def quantize_linear(parent: torch.nn.Module, child: str) -> None:
+    setattr(parent, child, Int8DynamicLinear(getattr(parent, child)))

@@ -1,0 +1,97 @@
+"""int8 x int8 linear layers on oneDNN (engine/quantize_int8.py, --quantize int8 --quantize-backend onednn)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchgen.engine import quantize, quantize_int8
+from batchgen.engine.engine import EngineConfig, LLMEngine
+from batchgen.engine.fused import load_cached
+from batchgen.engine.request import Request, SamplingParams
+from batchgen.errors import ConfigError
+from tests.tiny import make_tiny_model
+
+pytestmark = pytest.mark.skipif(not quantize_int8.supported("cpu"), reason="no oneDNN quantized ops or C compiler")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_quantizer_matches_the_eager_formula(dtype):
+    x = torch.randn(37, 100, dtype=dtype) * torch.linspace(0.01, 10, 37)[:, None].to(dtype)
+    x[3] = 0  # a zero row: scale 1, zeros
+    q, scale = load_cached().quantize_rows_s8(x)
+    amax = x.float().abs().amax(1, keepdim=True)
+    want_scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    torch.testing.assert_close(scale, want_scale)
+    want = (x.float() * torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))).round().clamp(-127, 127)
+    assert (q.float() - want).abs().max() <= 1  # x * (127 / amax) may round the other way at a .5 tie
+    assert (q.float() - want).abs().gt(0).float().mean() < 0.01
+    assert q[3].eq(0).all() and scale[3].item() == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_equals_its_int8_reference(dtype, bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 160, bias=bias).to(dtype)
+    layer = quantize_int8.Int8DynamicLinear(linear)
+    x = torch.randn(2, 7, 96, dtype=dtype)
+    got = layer(x)
+    assert got.shape == (2, 7, 160) and got.dtype == dtype
+    # the reference: the same int8 operands multiplied in float64
+    flat = x.reshape(-1, 96).double()
+    x_scale = flat.abs().amax(1, keepdim=True) / 127
+    qx = (flat / x_scale).round().clamp(-127, 127)
+    w = linear.weight.float()  # the weight is quantized in float32, as quantize_rows does
+    w_scale = w.abs().amax(1, keepdim=True) / 127
+    qw = (w / w_scale).round().clamp(-127, 127)
+    w_scale, qw = w_scale.double(), qw.double()
+    want = (qx @ qw.T) * x_scale * w_scale.T
+    if bias:
+        want = want + linear.bias.double()
+    want = want.reshape(2, 7, 160)
+    tol = 2e-3 if dtype == torch.float32 else 2e-2
+    assert (got.double() - want).abs().max() <= tol * want.abs().max()
+    # and it stays near the float layer
+    assert (got.double() - linear(x).double()).abs().max() <= 0.05 * want.abs().max()
+    torch.testing.assert_close(layer.dequantized_weight(), (qw * w_scale).float(), rtol=1e-5, atol=1e-6)
+
+
+def test_quantize_model_swaps_every_decoder_linear_and_counts_the_packed_bytes():
+    model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
+    before = quantize.weight_bytes(model)
+    applied = quantize.quantize_model(model, "int8", "onednn", embedding="none")
+    assert applied.label == "int8/onednn"
+    layer = model.model.layers[0]
+    assert all(isinstance(m, quantize_int8.Int8DynamicLinear)
+               for m in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj))
+    assert isinstance(model.lm_head, torch.nn.Linear)
+    assert quantize.weight_bytes(model) < before
+
+
+def test_onednn_backend_refusals():
+    cpu = torch.device("cpu")
+    assert quantize.resolve_backend("int8", "onednn", cpu) == "onednn"
+    for scheme in ("int8-weight", "int4"):
+        with pytest.raises(ConfigError, match="onednn"):
+            quantize.resolve_backend(scheme, "onednn", cpu)
+    with pytest.raises(ConfigError, match="CPU only"):
+        quantize.resolve_backend("int8", "onednn", torch.device("cuda"))
+
+
+def test_engine_greedy_equals_generate_of_the_same_model(tokenizer):
+    model = make_tiny_model("llama", seed=6)  # float32: the engine's tokens equal generate's exactly
+    quantize.quantize_model(model, "int8", "onednn")
+    prompts = [[5 + (7 * i + j) % 250 for j in range(n)] for i, n in enumerate((1, 9, 30))]
+    refs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
+                             eos_token_id=None, pad_token_id=0)
+        refs.append(out[0, len(p):].tolist())
+    engine = LLMEngine(model, tokenizer, EngineConfig(max_num_seqs=4, block_size=8, num_kv_blocks=32,
+                                                      attention_backend="torch"), eos_token_ids=[])
+    got = {c.request_id: c.token_ids for c in engine.generate(
+        Request(str(i), p, SamplingParams(max_new_tokens=8, ignore_eos=True)) for i, p in enumerate(prompts))}
+    assert [got[str(i)] for i in range(len(prompts))] == refs
+
