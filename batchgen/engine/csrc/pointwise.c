@@ -191,6 +191,8 @@ void rope(const void* q, const void* k, const void* cos, const void* sin, void* 
         for (int64_t h = 0; h < KVH; h++)
             rope_row(k, cos, sin, k_out, bf16, (t * KVH + h) * D, t * D, (t * KVH + h) * D, half);
     }
+}
+
 /* Symmetric int8 per row, the activations of an int8 x int8 matmul (engine/quantize_int8.py):
  * scales[r] = max|x[r]| / 127 and q[r][j] = round-half-even(x[r][j] * 127 / max|x[r]|), in -127..127.
  * Eagerly that is six passes (abs, amax, divide, round, clamp, cast) costing as much as the int8
