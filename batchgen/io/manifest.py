@@ -54,7 +54,8 @@ A part named again in "write" replaces the earlier version (a part minus its rep
 Every entry is checked against the state before it is written (ManifestState.validate).
 
 Loading replays the entries from the latest snapshot (batchgen.io.manifest_state): memory is
-O(committed rows) (the set of ids), and the time follows the parts, not the commits.
+O(committed rows), about 60 bytes a row (each part's ids held compactly, batchgen.io.compact_lists,
+plus an exact hash index of them, batchgen.io.id_index), and the time follows the parts, not the commits.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from batchgen.io.store import OutputStore, open_store
 SNAPSHOT_EVERY_ENTRIES = 64  # a load replays at most this many entries after the snapshot
 ROWS_SUFFIX = ".rows.parquet"
 _ROW_GROUP_ROWS = 1 << 16
+_READ_BATCH_ROWS = 1 << 13
 
 
 def rows_file_name(seq: int) -> str:
@@ -75,13 +76,13 @@ def _write_rows(store: OutputStore, state: ManifestState, shard_index: dict[str,
     for part_index, record in enumerate(state.parts.values()):
         shards, rows, hashes = source.of(record)
         errors = set(record.error_ids)
-        ids = pa.array(record.ids)
+        ids = pa.array(list(record.ids))
         id_type = id_type or ids.type
         pending.append(pa.table({
             "part": pa.array([part_index] * record.num_rows, pa.int32()), "id": ids.cast(id_type),
             "error": pa.array([i in errors for i in record.ids], pa.bool_()),
             "shard": pa.array([shard_index[s] for s in shards], pa.int32()), "row": pa.array(rows, pa.int64()),
-            "hash": pa.array(hashes if hashes is not None else [None] * record.num_rows, pa.string())}))
+            "hash": pa.array(list(hashes) if hashes is not None else [None] * record.num_rows, pa.string())}))
         num_pending += record.num_rows
         if num_pending >= _ROW_GROUP_ROWS:
             writer = _flush(writer, pending, temp)
@@ -149,28 +150,84 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
     state.inputs = entry["inputs"]
     state.last_commit_time = entry["last_commit_time"]
     state.partials = entry.get("partials")  # absent in snapshots written before partial checkpoints
-    table = _read_rows(out_dir, entry) if with_ids else None
-    columns = {name: table.column(name).to_pylist() for name in table.column_names} if table is not None else None
-    start = 0
+    if with_ids:
+        state.ok_ids.reserve(entry["rows"]["num_rows"])  # one table size, not a rehash every doubling
+    columns = ["part", "id", "error", *(["hash"] if state.keep_hashes else []),
+               *(["shard", "row"] if keep_rows else [])]
+    reader = _RowsReader(out_dir, entry, columns) if with_ids else None
     for p in entry["parts"]:
         n = p["num_rows"]
         counts = {shards[i]: [ok, err] for i, ok, err in p["shard_counts"]}
-        record = PartRecord(p["name"], p["temp"], seq, n, p["num_bytes"], p["sha256"], [], [], counts)
-        if columns is not None:
-            end = start + n
-            assert columns["part"][start:end] == [len(state.parts)] * n, f"snapshot rows out of order at {p['name']}"
-            record.ids = columns["id"][start:end]
-            record.error_ids = [i for i, e in zip(record.ids, columns["error"][start:end], strict=True) if e]
-            record.hashes = columns["hash"][start:end]
-            if keep_rows:
-                record.shards = [shards[i] for i in columns["shard"][start:end]]
-                record.rows = columns["row"][start:end]
-            start = end
-            state.add(record)
-        else:
-            state.parts[record.name] = record
+        if reader is None:
+            state.parts[p["name"]] = PartRecord(p["name"], p["temp"], seq, n, p["num_bytes"], p["sha256"], [], [],
+                                                counts)
+            continue
+        rows = reader.take(n)  # one part's rows as Python objects at a time: never the whole file's
+        assert rows["part"] == [len(state.parts)] * n, f"snapshot rows out of order at {p['name']}"
+        ids = rows["id"]
+        error_ids = [i for i, e in zip(ids, rows["error"], strict=True) if e]
+        record = PartRecord(p["name"], p["temp"], seq, n, p["num_bytes"], p["sha256"], ids, error_ids, counts,
+                            hashes=rows.get("hash"))
+        if keep_rows:
+            record.shards = [shards[i] for i in rows["shard"]]
+            record.rows = rows["row"]
+        state.add(record, ids)
+    if reader is not None:
+        reader.close()
     state.last_op = entry.get("last_write_op")
     state.snapshot_rows = entry["rows"]["name"]
+
+
+class _RowsReader:
+    """A snapshot's rows file read in order, a few thousand rows at a time, only `columns`: the
+    decoded file never sits in memory whole (Arrow's allocator keeps what it once held)."""
+
+    def __init__(self, out_dir: OutputStore | None, entry: dict[str, Any], columns: list[str]):
+        assert out_dir is not None, "a snapshot's rows are read from its directory"
+        self.store, self.name = open_store(out_dir), f"{MANIFEST_DIR}/{entry['rows']['name']}"
+        self.columns = columns
+        try:
+            self.file = self.store.open_input(self.name)
+            parquet = pq.ParquetFile(self.file)
+            num_rows = parquet.metadata.num_rows
+        except (OSError, pa.ArrowInvalid) as e:
+            self._damaged(e)
+        if num_rows != entry["rows"]["num_rows"]:
+            raise OutputError(f"manifest snapshot rows {self.store / self.name} hold {num_rows} rows, not "
+                              f"{entry['rows']['num_rows']}")
+        self.batches = parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=columns, use_threads=False)
+        self.pending: dict[str, list[Any]] = {c: [] for c in columns}
+        self.at = 0
+
+    def take(self, n: int) -> dict[str, list[Any]]:
+        """The next `n` rows, column by column."""
+        out: dict[str, list[Any]] = {c: [] for c in self.columns}
+        while n:
+            available = len(self.pending["part"]) - self.at
+            if not available:
+                try:
+                    batch = next(self.batches)
+                except StopIteration:
+                    raise OutputError(f"manifest snapshot rows {self.store / self.name} end early") from None
+                except (OSError, pa.ArrowInvalid) as e:
+                    self._damaged(e)
+                self.pending, self.at = {c: batch.column(c).to_pylist() for c in self.columns}, 0
+                continue
+            k = min(n, available)
+            for c in self.columns:
+                out[c].extend(self.pending[c][self.at:self.at + k])
+            self.at += k
+            n -= k
+        return out
+
+    def close(self) -> None:
+        self.file.close()
+        self.pending = {}
+        pa.default_memory_pool().release_unused()  # decode buffers: back to the system, not kept
+
+    def _damaged(self, e: Exception):
+        raise OutputError(f"manifest snapshot rows {self.store / self.name} are unreadable ({e}); the output "
+                          "directory is damaged: pass --overwrite to start over") from e
 
 
 def _read_rows(out_dir: OutputStore | None, entry: dict[str, Any]) -> pa.Table:
