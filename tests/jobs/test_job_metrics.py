@@ -135,7 +135,8 @@ def scrape(port: int) -> dict[str, float] | None:
 
 def test_port_scraped_during_a_run_then_sigterm_keeps_consistent_metrics(fixture, tmp_path):
     out, port = tmp_path / "out", free_port()
-    proc = start(fixture, out, "--metrics-port", str(port))
+    # a small batch keeps the job running well past its first commit, on a fast machine too
+    proc = start(fixture, out, "--metrics-port", str(port), "--batch-size", "4")
     try:
         assert wait_until_locked(proc, out)
         seen = []
@@ -174,7 +175,7 @@ def test_port_scraped_during_a_run_then_sigterm_keeps_consistent_metrics(fixture
 def test_sigkill_leaves_readable_metrics_and_the_resume_continues_them(fixture, tmp_path, one_thread):
     out, prom = tmp_path / "out", tmp_path / "job.prom"
     # long rows, so the job still runs after its first commits while the report of it is drawn
-    proc = start(fixture, out, "--metrics-textfile", str(prom), max_new_tokens=160)
+    proc = start(fixture, out, "--metrics-textfile", str(prom), "--batch-size", "4", max_new_tokens=160)
     try:
         assert wait_until_locked(proc, out)
         deadline = time.monotonic() + 120

@@ -86,7 +86,8 @@ def test_report_cli_writes_into_the_output_directory(finished_job):
 
 def test_report_of_a_job_killed_mid_run(fixture, tmp_path):
     out = tmp_path / "out"
-    args = [*job_args(fixture, out), "--max-new-tokens", "48", "--metrics-every-seconds", "0.2"]
+    # a small batch keeps the job running well past its first commit, on a fast machine too
+    args = [*job_args(fixture, out), "--max-new-tokens", "48", "--metrics-every-seconds", "0.2", "--batch-size", "4"]
     proc = subprocess.Popen([sys.executable, "-m", "batchgen", "run", *args], env={**os.environ, **JOB_ENV},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
