@@ -74,7 +74,7 @@ def test_resume_after_a_partial_run(src, tiny_model_dir, loaded, reference, s3_o
 
 
 def test_sigkill_mid_job_then_resume_writes_every_row_once(src, tiny_model_dir, loaded, reference, s3_out):
-    args = tiny_run_args(src, s3_out, tiny_model_dir, "--id-column", "id", "--max-new-tokens", "6", "--batch-size", "8",
+    args = tiny_run_args(src, s3_out, tiny_model_dir, "--id-column", "id", "--max-new-tokens", "6", "--batch-size", "2",
                          "--commit-every", "8", "--commit-every-seconds", "0.2")
     store = open_store(s3_out)
     committed: set = set()
@@ -92,7 +92,9 @@ def test_sigkill_mid_job_then_resume_writes_every_row_once(src, tiny_model_dir, 
         mid_job += killed and 0 < len(now) < NUM_ROWS
     assert kills >= 1 and mid_job >= 1, "no kill landed mid-job"
     # the killed job's lease names a pid that no longer runs here: the resume takes it over at once
-    assert read_lease(store) is not None
+    # (a second run that finished released its lease; a kill can also land just after that)
+    if killed and len(committed) < NUM_ROWS:
+        assert read_lease(store) is not None
     summary = run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)
     assert summary.num_rows_skipped == len(committed)
     assert summary.num_rows + summary.num_rows_skipped == NUM_ROWS
