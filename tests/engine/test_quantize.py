@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from batchgen.engine import quantize
-from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.request import Request, SamplingParams
 from batchgen.errors import ConfigError
+from tests.engine.greedy_pair import generate_and_engine_tokens
 from tests.tiny import make_tiny_model
 
 pytest.importorskip("torchao")
@@ -74,22 +73,11 @@ def test_forward_equals_its_dequantized_reference(scheme, backend):
 def test_engine_greedy_equals_generate_of_the_same_quantized_model(tokenizer, scheme, backend, dtype):
     model = make_tiny_model("llama", seed=6).to(dtype)
     quantize.quantize_model(model, scheme, backend)
-    prompts = [[5 + (7 * i + j) % 250 for j in range(n)] for i, n in enumerate((1, 9, 30))]
-    refs = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
-                             eos_token_id=None, pad_token_id=0)
-        refs.append(out[0, len(p):].tolist())
-    engine = LLMEngine(model, tokenizer,  # quanto's frozen tensors do not deepcopy; refs are taken
-                       EngineConfig(max_num_seqs=4, block_size=8, num_kv_blocks=32, attention_backend="torch"),
-                       eos_token_ids=[])
-    got = {c.request_id: c.token_ids for c in engine.generate(
-        Request(str(i), p, SamplingParams(max_new_tokens=8, ignore_eos=True)) for i, p in enumerate(prompts))}
+    refs, got = generate_and_engine_tokens(model, tokenizer)
     if dtype == torch.float32:
-        assert [got[str(i)] for i in range(len(prompts))] == refs
+        assert got == refs
     else:  # bf16: packed vs unpacked rows may round differently; the first tokens must agree
-        assert [got[str(i)][:2] for i in range(len(prompts))] == [r[:2] for r in refs]
+        assert [g[:2] for g in got] == [r[:2] for r in refs]
 
 
 def test_auto_backend_and_refusals():

@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from batchgen.engine import quantize, quantize_int8
-from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.fused import load_cached
-from batchgen.engine.request import Request, SamplingParams
 from batchgen.errors import ConfigError
+from tests.engine.greedy_pair import generate_and_engine_tokens
 from tests.tiny import make_tiny_model
 
 pytestmark = pytest.mark.skipif(not quantize_int8.supported("cpu"), reason="no oneDNN quantized ops or C compiler")
@@ -82,16 +81,6 @@ def test_onednn_backend_refusals():
 def test_engine_greedy_equals_generate_of_the_same_model(tokenizer):
     model = make_tiny_model("llama", seed=6)  # float32: the engine's tokens equal generate's exactly
     quantize.quantize_model(model, "int8", "onednn")
-    prompts = [[5 + (7 * i + j) % 250 for j in range(n)] for i, n in enumerate((1, 9, 30))]
-    refs = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
-                             eos_token_id=None, pad_token_id=0)
-        refs.append(out[0, len(p):].tolist())
-    engine = LLMEngine(model, tokenizer, EngineConfig(max_num_seqs=4, block_size=8, num_kv_blocks=32,
-                                                      attention_backend="torch"), eos_token_ids=[])
-    got = {c.request_id: c.token_ids for c in engine.generate(
-        Request(str(i), p, SamplingParams(max_new_tokens=8, ignore_eos=True)) for i, p in enumerate(prompts))}
-    assert [got[str(i)] for i in range(len(prompts))] == refs
+    refs, got = generate_and_engine_tokens(model, tokenizer)
+    assert got == refs
 
