@@ -129,7 +129,7 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
     if (quantize != "none" or quantize_embedding not in ("none", "auto")) and torch_device.type == "cpu" \
             and os.path.isdir(model_dir) and not trust_remote_code:
         # quantize each layer as it is read: the full-precision model never exists whole (engine/stream_load.py)
-        from batchgen.engine.quantize import check_config_quantization
+        from batchgen.engine.quantize_checkpoint import check_config_quantization
         from batchgen.engine.stream_load import load_quantized
         check_config_quantization(model_dir, name)
         streamed = load_quantized(name, model_dir, torch_dtype, quantize, quantize_backend, quantize_embedding, gguf)
@@ -159,7 +159,7 @@ def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: b
     is_local = os.path.isdir(model_dir)
     kwargs: dict = {"trust_remote_code": trust_remote_code}
     if is_local:
-        from batchgen.engine.quantize import check_config_quantization
+        from batchgen.engine.quantize_checkpoint import check_config_quantization
         check_config_quantization(model_dir, name)
         kwargs["local_files_only"] = True
         names = os.listdir(model_dir)
