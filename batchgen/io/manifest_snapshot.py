@@ -68,11 +68,19 @@ def snapshot_payload(out_dir: OutputStore, state: ManifestState, seq: int) -> di
 
 def _write_rows(store: OutputStore, state: ManifestState, shard_index: dict[str, int], temp) -> int:
     """Stream every part's rows into the file `temp`, a few parts per row group: bounded memory."""
+    source = _RowLists(store)
+    try:
+        return _stream_rows(state, shard_index, temp, source)
+    finally:
+        source.close()
+        pa.default_memory_pool().release_unused()  # the encoders' buffers: back to the system, not kept
+
+
+def _stream_rows(state: ManifestState, shard_index: dict[str, int], temp, source: _RowLists) -> int:
     id_type = None
     writer = None
     pending: list[pa.Table] = []
     num_pending = num_rows = 0
-    source = _RowLists(store)
     for part_index, record in enumerate(state.parts.values()):
         shards, rows, hashes = source.of(record)
         errors = set(record.error_ids)
@@ -101,7 +109,12 @@ class _RowLists:
     def __init__(self, out_dir: OutputStore):
         self.out_dir = out_dir
         self.entries: dict[int, tuple[dict[str, Any], dict[str, dict]]] = {}  # seq -> (entry, parts by name)
-        self.previous: tuple[pa.Table, dict[str, tuple[int, int]]] | None = None  # rows, name -> (start, n)
+        # the previous snapshot's rows, streamed: its parts come back in its own order (later parts
+        # are appended, removed ones leave gaps), so one pass with skips reads it; the whole table
+        # in memory was the peak of a 1M-row job (Arrow's allocator keeps what it once held)
+        self.offsets: dict[str, tuple[int, int]] | None = None  # part name -> (first row, num rows)
+        self.reader: _RowsReader | None = None
+        self.position = 0  # the reader's next row
 
     def of(self, record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
         if record.shards is not None and record.rows is not None and record.hashes is not None:
@@ -113,17 +126,29 @@ class _RowLists:
         if entry["op"] != "snapshot":
             p = parts[record.name]
             return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
-        if self.previous is None:
-            offsets, start = {}, 0
+        if self.offsets is None:
+            self.offsets, start = {}, 0
             for p in entry["parts"]:
-                offsets[p["name"]] = (start, p["num_rows"])
+                self.offsets[p["name"]] = (start, p["num_rows"])
                 start += p["num_rows"]
-            self.previous = (_read_rows(self.out_dir, entry), offsets)
-        table, offsets = self.previous
-        rows = table.slice(*offsets[record.name])
-        hashes = rows.column("hash").to_pylist()
-        return ([entry["shards"][i] for i in rows.column("shard").to_pylist()], rows.column("row").to_pylist(),
+        start, n = self.offsets[record.name]
+        rows = self._take(entry, start, n)
+        hashes = rows["hash"]
+        return ([entry["shards"][i] for i in rows["shard"]], rows["row"],
                 None if all(h is None for h in hashes) else hashes)
+
+    def _take(self, entry: dict[str, Any], start: int, n: int) -> dict[str, list[Any]]:
+        if self.reader is None or start < self.position:  # first use, or (never seen) out of order
+            self.close()
+            self.reader, self.position = _RowsReader(self.out_dir, entry, ["shard", "row", "hash"]), 0
+        self.reader.skip(start - self.position)
+        self.position = start + n
+        return self.reader.take(n)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 def _empty() -> pa.Table:
@@ -135,7 +160,9 @@ def _empty() -> pa.Table:
 def _flush(writer: pq.ParquetWriter | None, tables: list[pa.Table], temp) -> pq.ParquetWriter:
     table = pa.concat_tables(tables)
     if writer is None:
-        writer = pq.ParquetWriter(temp, table.schema, compression="zstd")
+        # dictionaries only where values repeat: on the unique ids, hashes and row numbers a dictionary
+        # is built, overflows and is thrown away on every row group (time and transient memory)
+        writer = pq.ParquetWriter(temp, table.schema, compression="zstd", use_dictionary=["part", "shard"])
     writer.write_table(table.cast(writer.schema))
     return writer
 
@@ -199,19 +226,24 @@ class _RowsReader:
         self.pending: dict[str, list[Any]] = {c: [] for c in columns}
         self.at = 0
 
+    def skip(self, n: int) -> None:
+        """Pass over the next `n` rows."""
+        while n:
+            available = len(self.pending[self.columns[0]]) - self.at
+            if available >= n:
+                self.at += n
+                return
+            n -= available
+            self.at = len(self.pending[self.columns[0]])
+            self._next_batch()
+
     def take(self, n: int) -> dict[str, list[Any]]:
         """The next `n` rows, column by column."""
         out: dict[str, list[Any]] = {c: [] for c in self.columns}
         while n:
-            available = len(self.pending["part"]) - self.at
+            available = len(self.pending[self.columns[0]]) - self.at
             if not available:
-                try:
-                    batch = next(self.batches)
-                except StopIteration:
-                    raise OutputError(f"manifest snapshot rows {self.store / self.name} end early") from None
-                except (OSError, pa.ArrowInvalid) as e:
-                    self._damaged(e)
-                self.pending, self.at = {c: batch.column(c).to_pylist() for c in self.columns}, 0
+                self._next_batch()
                 continue
             k = min(n, available)
             for c in self.columns:
@@ -220,9 +252,18 @@ class _RowsReader:
             n -= k
         return out
 
+    def _next_batch(self) -> None:
+        try:
+            batch = next(self.batches)
+        except StopIteration:
+            raise OutputError(f"manifest snapshot rows {self.store / self.name} end early") from None
+        except (OSError, pa.ArrowInvalid) as e:
+            self._damaged(e)
+        self.pending, self.at = {c: batch.column(c).to_pylist() for c in self.columns}, 0
+
     def close(self) -> None:
         self.file.close()
-        self.pending = {}
+        self.pending = {c: [] for c in self.columns}
         pa.default_memory_pool().release_unused()  # decode buffers: back to the system, not kept
 
     def _damaged(self, e: Exception):
