@@ -120,11 +120,12 @@ class ManifestState:
     with_ids: bool = True  # False: counts only (status), a snapshot's rows file is not read
     out_dir: OutputStore | None = None  # where a snapshot's rows file is read from
     num_prompt_hashes: int = 0  # ok rows with a prompt hash held (keep_hashes)
+    num_rows: int = 0  # rows of every part: a counts-only load (with_ids=False) holds no ids to count
     _hashes_view: PromptHashes | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_committed_rows(self) -> int:
-        return len(self.ok_ids) + len(self.error_ids)
+        return self.num_rows
 
     @property
     def prompt_hashes(self) -> PromptHashes:
@@ -196,7 +197,7 @@ class ManifestState:
         self.last_op = op
 
     def _clear(self) -> None:
-        self.parts, self.ok_ids, self.error_ids, self.num_prompt_hashes = {}, IdIndex(), {}, 0
+        self.parts, self.ok_ids, self.error_ids, self.num_prompt_hashes, self.num_rows = {}, IdIndex(), {}, 0, 0
 
     def drop(self, name: str) -> None:
         record = self.parts.pop(name, None)
@@ -207,9 +208,11 @@ class ManifestState:
         for row_id in record.error_ids:
             del self.error_ids[row_id]
         self.num_prompt_hashes -= _num_hashes(record, ok_positions)
+        self.num_rows -= record.num_rows
 
     def add(self, record: PartRecord, ids: list[Any] | None = None) -> None:
-        """Add a part; `ids`: its ids as Python objects where the caller has them (faster)."""
+        """Add a part; `ids`: its ids as Python objects where the caller has them (faster). A
+        counts-only load adds a snapshot's parts with no ids: counted, and removable by a later entry."""
         if not self.keep_hashes:
             record.hashes = None  # not needed in memory: they stay in the entry
         for row_id in record.error_ids:
@@ -226,6 +229,7 @@ class ManifestState:
         if twice is not None:
             _committed_twice(twice, record)
         self.num_prompt_hashes += _num_hashes(record, ok_positions)
+        self.num_rows += record.num_rows
         self.parts[record.name] = record
 
     def part_of(self, ids: set[Any]) -> dict[Any, str]:
@@ -235,7 +239,7 @@ class ManifestState:
 
     def check_integrity(self) -> None:
         """Every committed id is in exactly one part; the counts agree."""
-        assert sum(r.num_rows for r in self.parts.values()) == self.num_committed_rows
+        assert sum(r.num_rows for r in self.parts.values()) == self.num_rows == len(self.ok_ids) + len(self.error_ids)
         assert not self.ok_ids & self.error_ids.keys()
         assert self.prompt_hashes.keys() <= self.ok_ids
         for record in self.parts.values():
