@@ -14,6 +14,12 @@ up, in input order, three ways:
 - `settle_<B>`: ResumeRule.settle on lists of B ids (the batch lookup; a resume uses
   batchgen.jobs.resume.LOOKUP_ROWS), committed prompt hashes fetched under --id-column.
 
+And end to end (`--resume-pass`): a resume's pass over a Parquet input of N rows (a short text
+column and an int id column) of which all but the last 1% are committed, as PreparedJob.rows
+makes it: before, every row built (RowSource.__iter__) and checked with `skips`; now
+`ResumeRule.unsettled_rows` (committed rows never built). Derived ids and --id-column (whose
+committed rows are then all yielded, with their hashes, since their prompts must be compared).
+
 Figures: microseconds of process CPU time per looked-up id (CPU, not wall: other load on the
 machine inflates it less), best of --repeat; the 1-minute load average before and after. One
 JSON object on stdout.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -86,15 +93,60 @@ def measure(kind: str, num_ids: int, batch_rows: list[int], repeat: int) -> dict
     return out
 
 
+def row_by_row(config, rule: ResumeRule) -> None:
+    """What PreparedJob.rows did: every row built, then skips; a row to compare: its hash fetched."""
+    from batchgen.jobs.rows import RowSource
+
+    for row in RowSource.open(config):
+        if not rule.skips(row.row_id) and rule.needs_prompt(row.row_id):
+            rule.state.prompt_hashes.get(row.row_id)
+
+
+def batched(config, rule: ResumeRule) -> None:
+    from batchgen.jobs.rows import RowSource
+
+    for _ in rule.unsettled_rows(RowSource.open(config)):
+        pass
+
+
+def resume_pass(num_rows: int, directory: str, repeat: int) -> list[dict]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from batchgen.config import build_config
+    from batchgen.jobs.rows import RowSource
+
+    path = os.path.join(directory, "in.parquet")
+    pq.write_table(pa.table({"text": [f"prompt number {i} of the benchmark input" for i in range(num_rows)],
+                             "key": list(range(num_rows))}), path)
+    out = []
+    for id_column in (None, "key"):
+        config = build_config(None, inputs=[path], output=os.path.join(directory, "out"), id_column=id_column)
+        ids = list(RowSource.open(config).iter_ids([(path, num_rows)]))
+        committed = ids[: num_rows - num_rows // 100]
+        state = state_of(committed, with_hashes=id_column is not None)
+        rule = ResumeRule(state, retry_errors=True, check_prompts=id_column is not None)
+
+        before = cpu_us_per_id(lambda c=config, r=rule: row_by_row(c, r), num_rows, repeat)
+        after = cpu_us_per_id(lambda c=config, r=rule: batched(c, r), num_rows, repeat)
+        out.append({"ids": "derived" if id_column is None else "id_column", "input_rows": num_rows,
+                    "committed": len(committed), "before_us_per_row": before, "after_us_per_row": after})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=int, default=1_000_000, help="committed ids")
     parser.add_argument("--batch-rows", type=int, nargs="+", default=[256, LOOKUP_ROWS],
                         help="ids per batch lookup (256: the default --read-batch-size)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--resume-pass", action="store_true", help="also a resume's whole pass over a Parquet input")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     results = [measure(kind, args.ids, args.batch_rows, args.repeat) for kind in ("derived", "id_column")]
+    if args.resume_pass:
+        with tempfile.TemporaryDirectory() as directory:
+            results += resume_pass(args.ids, directory, args.repeat)
     print(json.dumps({"results": results, "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
                      indent=1))
 
