@@ -8,7 +8,7 @@ generated again and its new row replaces the old one (batchgen.jobs.commit), as 
 row does. Error rows are generated again unless --no-retry-errors.
 
 A resume looks committed ids up a batch at a time (`settle`, `unsettled_rows`): a million
-committed rows cost ~0.1-0.3 s of lookups (benchmarks/id_lookup.py), and settled rows are never
+committed rows cost ~0.25-0.3 s of lookups (benchmarks/id_lookup.py), and settled rows are never
 built into InputRows.
 """
 
