@@ -106,23 +106,16 @@ def kill_once_committed(args: list[str], store, at_least: int) -> bool:
     import time
 
     from batchgen.io.manifest import load_manifest
-    from tests.jobs.kill_harness import JOB_ENV
+    from tests.jobs.kill_harness import JOB_ENV, reaped, sigkill
 
     proc = subprocess.Popen(args, env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             if store.is_dir("_manifest") and load_manifest(store).num_committed_rows >= at_least:
                 break
             time.sleep(0.3)  # the server shares this process: poll it gently
-        killed = proc.poll() is None
-        if killed:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        killed = sigkill(proc)
     stderr = proc.stderr.read().decode(errors="replace")
     proc.stderr.close()
     assert proc.returncode in (0, -signal.SIGKILL), stderr

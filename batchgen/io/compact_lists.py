@@ -8,15 +8,21 @@ plus offsets, ids that are all int (in int64 range) one array; anything else sta
 
 from __future__ import annotations
 
+import operator
 import re
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _HEX16 = re.compile(r"[0-9a-f]{16}")  # what batchgen.jobs.resume.prompt_hash writes
 _TEXT = ("utf-8", "surrogatepass")  # any str round-trips, a lone surrogate too
+_FEW = 32  # StrList.matches: fewer comparisons than this are made in Python
 
 
 class RowList(Sequence):
@@ -27,6 +33,15 @@ class RowList(Sequence):
     def at(self, i: int) -> Any:
         """Element `i`, 0 <= i < len: the fast path of a lookup."""
         raise NotImplementedError
+
+    def take(self, positions: np.ndarray) -> list[Any]:
+        """The elements at `positions` (int64, each in range), as a list."""
+        return [self.at(i) for i in positions.tolist()]
+
+    def matches(self, positions: np.ndarray, values: list[Any]) -> np.ndarray:
+        """`[self[p] == v for p, v in zip(positions, values)]` as a bool array: how a batch id
+        lookup confirms its hash matches (batchgen.io.id_index)."""
+        return np.fromiter(map(operator.eq, self.take(positions), values), bool, len(values))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (list, tuple, RowList)):
@@ -62,6 +77,25 @@ class StrList(RowList):
         offsets = self._offsets
         return self._blob[offsets[i]:offsets[i + 1]].decode("utf-8", "surrogatepass")  # IndexError past the end
 
+    def take(self, positions: np.ndarray) -> list[str]:
+        offsets, blob = np.frombuffer(self._offsets, np.int64), self._blob
+        return [blob[a:b].decode(*_TEXT) for a, b in zip(offsets[positions].tolist(), offsets[positions + 1].tolist(),
+                                                         strict=True)]
+
+    def matches(self, positions: np.ndarray, values: list[Any]) -> np.ndarray:
+        """Compared as UTF-8 bytes in Arrow, nothing decoded; values Arrow cannot take as text (a
+        lone surrogate, a value that is no str) are compared one by one."""
+        if len(values) < _FEW:  # Arrow's fixed cost per call outweighs a few comparisons
+            return super().matches(positions, values)
+        try:
+            wanted = pa.array(values, pa.large_string()).cast(pa.large_binary())  # zero-copy cast
+        except (pa.ArrowException, UnicodeError):
+            return super().matches(positions, values)
+        stored = pa.Array.from_buffers(pa.large_binary(), len(self), [None, pa.py_buffer(self._offsets),
+                                                                       pa.py_buffer(self._blob)])
+        same = pc.equal(stored.take(pa.array(positions)), wanted)  # no nulls: both sides hold values
+        return same.to_numpy(zero_copy_only=False)
+
     def __iter__(self) -> Iterator[str]:
         blob, offsets = self._blob, self._offsets
         for start, end in zip(offsets, offsets[1:]):  # noqa: B905  (offsets[1:] is one shorter by design)
@@ -82,6 +116,20 @@ class IntList(RowList):
 
     def at(self, i: int) -> int:
         return self._values[i]
+
+    def take(self, positions: np.ndarray) -> list[int]:
+        return np.frombuffer(self._values, np.int64)[positions].tolist()
+
+    def matches(self, positions: np.ndarray, values: list[Any]) -> np.ndarray:
+        """In numpy when the values are ints in int64 range (bools among them compare as Python's
+        do: True == 1); anything else (a float, a str, a larger int) one by one."""
+        try:
+            wanted = np.array(values)
+        except (ValueError, TypeError):  # tuples of unequal lengths, and the like
+            return super().matches(positions, values)
+        if wanted.dtype.kind not in "bi" or wanted.shape != (len(values),):
+            return super().matches(positions, values)
+        return np.frombuffer(self._values, np.int64)[positions] == wanted
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._values)
@@ -126,6 +174,11 @@ class HashList(RowList):
         return f"{self._values[i]:016x}" if self._present[i] else None
 
     at = __getitem__
+
+    def take(self, positions: np.ndarray) -> list[str | None]:
+        values = np.frombuffer(self._values, np.uint64)[positions].tolist()
+        present = np.frombuffer(self._present, np.uint8)[positions].tolist()
+        return [f"{v:016x}" if p else None for v, p in zip(values, present, strict=True)]
 
     def __iter__(self) -> Iterator[str | None]:
         for value, present in zip(self._values, self._present, strict=True):

@@ -13,7 +13,7 @@ At most 2/3 of the slots are used (live or deleted): 16 bytes a slot, ~24-48 byt
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence, Set
+from collections.abc import Callable, Iterator, Sequence, Set
 from typing import Any, Protocol
 
 import numpy as np
@@ -75,6 +75,56 @@ class IdIndex(Set):
             return None
         loc = self._locs[slot] - 1
         return self._parts[loc >> _POSITION_BITS], loc & (_POSITION_MASK)
+
+    def locate(self, ids: Sequence[Any]) -> np.ndarray:
+        """Where each of `ids` is indexed (handle << 32 | row position; -1: not a committed ok id),
+        exactly `[x in self for x in ids]`'s answer, all at once: the ids hashed in one pass, the
+        probe sequence of `_find` run for the whole batch in numpy, each id's first slot with its
+        hash taken as its place, then every such match compared with the real id in bulk (a part
+        at a time, RowList.matches). A match that is another id (equal hashes: rare, -1 and -2
+        say) is looked up again one at a time, past that slot."""
+        n = len(ids)
+        found = np.full(n, -1, np.int64)
+        hashes, hashable = _batch_hashes(ids)
+        if not self._len or not n:
+            return found
+        keys, slots = np.frombuffer(self._keys, np.int64), np.frombuffer(self._locs, np.int64)
+        mask = np.uint64(self._mask)
+        pending = np.flatnonzero(hashable)
+        hashes = hashes[pending]
+        i = hashes.view(np.uint64) & mask
+        perturb = hashes.view(np.uint64).copy()
+        while pending.size:
+            current = slots[i]
+            same = (current > 0) & (keys[i] == hashes)
+            found[pending[same]] = current[same] - 1
+            left = ~same & (current != _EMPTY)  # a deleted slot or another hash's: on along the sequence
+            pending, hashes, i, perturb = pending[left], hashes[left], i[left], perturb[left] >> np.uint64(5)
+            i = (i * np.uint64(5) + perturb + np.uint64(1)) & mask
+        hit = np.flatnonzero(found >= 0)
+        for k in hit[~self._confirm(ids, hit, found[hit])].tolist():
+            slot = self._find(ids[k])  # the slow, exact path: compares every equal hash on the way
+            found[k] = -1 if slot < 0 else self._locs[slot] - 1
+        return found
+
+    def gather(self, locs: np.ndarray, column: Callable[[Part], RowList | None]) -> list[Any]:
+        """`column(part)[position]` for each location from `locate`, a part at a time; None for
+        -1 and for a part whose `column` is None (a prompt hash column an old part lacks)."""
+        out: list[Any] = [None] * len(locs)
+        hit = np.flatnonzero(locs >= 0)
+        for handle, at in _by_part(locs[hit]):
+            values = column(self._parts[handle])
+            if values is not None:
+                for k, value in zip(hit[at].tolist(), values.take(locs[hit[at]] & _POSITION_MASK), strict=True):
+                    out[k] = value
+        return out
+
+    def _confirm(self, ids: Sequence[Any], where: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        """Which of the hash matches (`ids[where[k]]` against the id at `locs[k]`) are the same id."""
+        same = np.zeros(len(where), bool)
+        for handle, at in _by_part(locs):
+            same[at] = self._parts[handle].ids.matches(locs[at] & _POSITION_MASK, [ids[k] for k in where[at].tolist()])
+        return same
 
     def reserve(self, num_ids: int) -> None:
         """Size the table for `num_ids` more ids at once (one rehash instead of many while loading)."""
@@ -198,3 +248,31 @@ def _hashes(ids: Sequence[Any], positions: list[int]) -> np.ndarray:
     if len(positions) == len(ids):
         return np.fromiter(map(hash, ids), np.int64, len(ids))
     return np.fromiter((hash(at(p)) for p in positions), np.int64, len(positions))
+
+
+def _batch_hashes(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """hash() of each id, and which are hashable (an unhashable value is no committed id)."""
+    try:
+        return np.fromiter(map(hash, ids), np.int64, len(ids)), np.ones(len(ids), bool)
+    except TypeError:
+        pass
+    hashes, hashable = np.zeros(len(ids), np.int64), np.ones(len(ids), bool)
+    for k, row_id in enumerate(ids):
+        try:
+            hashes[k] = hash(row_id)
+        except TypeError:
+            hashable[k] = False
+    return hashes, hashable
+
+
+def _by_part(locs: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(part handle, the indices into `locs` of its rows) for the parts these locations are in."""
+    handles = locs >> _POSITION_BITS
+    if handles.size and (handles == handles[0]).all():  # the usual case: a batch within one part
+        yield int(handles[0]), np.arange(len(locs))
+        return
+    order = np.argsort(handles, kind="stable")
+    bounds = np.flatnonzero(np.diff(handles[order])) + 1
+    for at in np.split(order, bounds):
+        if at.size:
+            yield int(handles[at[0]]), at

@@ -189,9 +189,8 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
     for p in entry["parts"]:
         n = p["num_rows"]
         counts = {shards[i]: [ok, err] for i, ok, err in p["shard_counts"]}
-        if reader is None:
-            state.parts[p["name"]] = PartRecord(p["name"], p["temp"], seq, n, p["num_bytes"], p["sha256"], [], [],
-                                                counts)
+        if reader is None:  # through add(): counted, and known to the id index should a later entry drop it
+            state.add(PartRecord(p["name"], p["temp"], seq, n, p["num_bytes"], p["sha256"], [], [], counts))
             continue
         rows = reader.take(n)  # one part's rows as Python objects at a time: never the whole file's
         assert rows["part"] == [len(state.parts)] * n, f"snapshot rows out of order at {p['name']}"

@@ -1,7 +1,8 @@
 """What an output directory's manifest says: committed parts, their row ids, the job's config.
 
-`load_manifest` replays the entries in `_manifest/` (batchgen.io.manifest writes them) into a
-`ManifestState`; `ManifestState.validate` checks an entry against the state before it is written,
+`load_manifest` replays the entries in `_manifest/` (batchgen.io.manifest writes them,
+batchgen.io.manifest_entries names and reads them) into a `ManifestState` of PartRecords
+(batchgen.io.part_record); `ManifestState.validate` checks an entry against the state before it is written,
 so an entry that would make the manifest unloadable (an id committed twice, a part whose lists
 disagree) is never made durable.
 
@@ -13,91 +14,36 @@ them (batchgen.io.id_index), not a set of id objects: a million committed rows c
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batchgen.errors import OutputError
-from batchgen.io.compact_lists import RowList, hash_list, id_list
 from batchgen.io.id_index import IdIndex
+from batchgen.io.manifest_entries import (  # re-exported: readers of the state import them from here
+    ENTRY_RE,
+    FORMAT,
+    MANIFEST_DIR,
+    entry_name,
+    entry_paths,
+    fingerprint_digest,
+    is_job_dir,
+    manifest_dir,
+    part_row_lists,
+    part_rows,
+    read_entry,
+    read_entry_file,
+)
+from batchgen.io.part_record import PartRecord
 from batchgen.io.prompt_hashes import PromptHashes
 from batchgen.io.store import OutputStore, open_store
-from batchgen.io.writers import StagedPart
 
-MANIFEST_DIR = "_manifest"
-FORMAT = 1
-ENTRY_RE = re.compile(r"(\d{8})\.json")
 WRITE_OPS = ("commit", "compact", "repair")
 
-
-@dataclass(slots=True)
-class PartRecord:
-    name: str
-    temp: str  # the hidden name it was staged under; recovery publishes a leftover temp
-    seq: int  # the entry that wrote this version of the part (0 until committed)
-    num_rows: int
-    num_bytes: int
-    sha256: str
-    # per row, compact (batchgen.io.compact_lists: a million ids must not be a million objects)
-    ids: RowList  # given as any list of ids, held as a RowList (equal to that list)
-    error_ids: list[Any]  # the ids of its error rows
-    shard_counts: dict[str, list[int]]  # input shard path -> [ok rows, error rows] from it
-    shards: list[str] | None = None  # per row: input shard path (only when loaded with keep_rows)
-    rows: list[int] | None = None  # per row: index within its shard (only with keep_rows)
-    hashes: RowList | None = None  # per row: its prompt hash (None for error rows and old parts)
-
-    def __post_init__(self) -> None:
-        self.ids = id_list(self.ids)
-        if self.hashes is not None:
-            self.hashes = hash_list(self.hashes)
-
-    def ok_positions(self) -> list[int]:
-        """Positions of its ok rows."""
-        if not self.error_ids:
-            return list(range(len(self.ids)))
-        errors = set(self.error_ids)
-        return [i for i, row_id in enumerate(self.ids) if row_id not in errors]
-
-    def to_json(self, shard_index: dict[str, int]) -> dict[str, Any]:
-        assert self.shards is not None and self.rows is not None, "a new part carries its rows"
-        errors = set(self.error_ids)
-        ids = list(self.ids)
-        out = {"name": self.name, "temp": self.temp, "num_rows": self.num_rows, "num_bytes": self.num_bytes,
-               "sha256": self.sha256, "ids": ids,
-               "errors": [i for i, row_id in enumerate(ids) if row_id in errors],
-               "shard": [shard_index[s] for s in self.shards], "row": self.rows}
-        if self.hashes is not None:
-            out["hashes"] = list(self.hashes)
-        return out
-
-    @classmethod
-    def from_json(cls, p: dict[str, Any], seq: int, shard_paths: list[str], keep_rows: bool) -> PartRecord:
-        shards = [shard_paths[i] for i in p["shard"]]
-        errors = set(p["errors"])
-        return cls(p["name"], p["temp"], seq, p["num_rows"], p["num_bytes"], p["sha256"], p["ids"],
-                   [p["ids"][i] for i in p["errors"]], _shard_counts(shards, errors),
-                   shards if keep_rows else None, p["row"] if keep_rows else None, p.get("hashes"))
-
-    @classmethod
-    def staged(cls, staged: StagedPart, ids: list[Any], is_error: list[bool], shards: list[str],
-               rows: list[int], hashes: list[str | None] | None = None) -> PartRecord:
-        assert len(ids) == len(is_error) == len(shards) == len(rows) == staged.num_rows
-        assert hashes is None or len(hashes) == len(ids)
-        errors = {i for i, e in enumerate(is_error) if e}
-        return cls(staged.name, staged.temp, 0, staged.num_rows, staged.num_bytes,
-                   staged.sha256, ids, [ids[i] for i in sorted(errors)], _shard_counts(shards, errors),
-                   shards, rows, hashes)
-
-
-def _shard_counts(shards: list[str], errors: set[int]) -> dict[str, list[int]]:
-    counts: dict[str, list[int]] = {}
-    for i, shard in enumerate(shards):
-        counts.setdefault(shard, [0, 0])[i in errors] += 1
-    return counts
+__all__ = ["ENTRY_RE", "FORMAT", "MANIFEST_DIR", "WRITE_OPS", "ManifestState", "PartRecord", "entry_name",
+           "entry_paths", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir", "part_row_lists",
+           "part_rows", "read_entry", "read_entry_file"]
 
 
 @dataclass(slots=True)
@@ -120,11 +66,12 @@ class ManifestState:
     with_ids: bool = True  # False: counts only (status), a snapshot's rows file is not read
     out_dir: OutputStore | None = None  # where a snapshot's rows file is read from
     num_prompt_hashes: int = 0  # ok rows with a prompt hash held (keep_hashes)
+    num_rows: int = 0  # rows of every part: a counts-only load (with_ids=False) holds no ids to count
     _hashes_view: PromptHashes | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_committed_rows(self) -> int:
-        return len(self.ok_ids) + len(self.error_ids)
+        return self.num_rows
 
     @property
     def prompt_hashes(self) -> PromptHashes:
@@ -196,7 +143,7 @@ class ManifestState:
         self.last_op = op
 
     def _clear(self) -> None:
-        self.parts, self.ok_ids, self.error_ids, self.num_prompt_hashes = {}, IdIndex(), {}, 0
+        self.parts, self.ok_ids, self.error_ids, self.num_prompt_hashes, self.num_rows = {}, IdIndex(), {}, 0, 0
 
     def drop(self, name: str) -> None:
         record = self.parts.pop(name, None)
@@ -207,9 +154,11 @@ class ManifestState:
         for row_id in record.error_ids:
             del self.error_ids[row_id]
         self.num_prompt_hashes -= _num_hashes(record, ok_positions)
+        self.num_rows -= record.num_rows
 
     def add(self, record: PartRecord, ids: list[Any] | None = None) -> None:
-        """Add a part; `ids`: its ids as Python objects where the caller has them (faster)."""
+        """Add a part; `ids`: its ids as Python objects where the caller has them (faster). A
+        counts-only load adds a snapshot's parts with no ids: counted, and removable by a later entry."""
         if not self.keep_hashes:
             record.hashes = None  # not needed in memory: they stay in the entry
         for row_id in record.error_ids:
@@ -226,6 +175,7 @@ class ManifestState:
         if twice is not None:
             _committed_twice(twice, record)
         self.num_prompt_hashes += _num_hashes(record, ok_positions)
+        self.num_rows += record.num_rows
         self.parts[record.name] = record
 
     def part_of(self, ids: set[Any]) -> dict[Any, str]:
@@ -235,7 +185,7 @@ class ManifestState:
 
     def check_integrity(self) -> None:
         """Every committed id is in exactly one part; the counts agree."""
-        assert sum(r.num_rows for r in self.parts.values()) == self.num_committed_rows
+        assert sum(r.num_rows for r in self.parts.values()) == self.num_rows == len(self.ok_ids) + len(self.error_ids)
         assert not self.ok_ids & self.error_ids.keys()
         assert self.prompt_hashes.keys() <= self.ok_ids
         for record in self.parts.values():
@@ -258,24 +208,6 @@ def _require(condition: bool, message: str) -> None:
         raise AssertionError(f"refusing to write a bad manifest entry: {message}")
 
 
-def manifest_dir(out_dir: str | Path) -> Path:
-    """The local manifest directory (tests and local tools); the io modules go through the store."""
-    return Path(out_dir) / MANIFEST_DIR
-
-
-def entry_name(seq: int) -> str:
-    return f"{MANIFEST_DIR}/{seq:08d}.json"
-
-
-def is_job_dir(out_dir: str | Path | OutputStore) -> bool:
-    return open_store(out_dir).is_dir(MANIFEST_DIR)
-
-
-def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
-    text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def load_manifest(out_dir: str | Path | OutputStore, *, keep_rows: bool = False, keep_hashes: bool = False,
                   with_ids: bool = True) -> ManifestState:
     """Replay `_manifest/` from its latest snapshot (an empty state when there is none).
@@ -290,45 +222,3 @@ def load_manifest(out_dir: str | Path | OutputStore, *, keep_rows: bool = False,
                               f"{entry.get('seq')!r}; it was not written by this batchgen")
         state.apply(entry, keep_rows=keep_rows)
     return state
-
-
-def read_entry_file(store: OutputStore, name: str) -> dict[str, Any]:
-    try:
-        return json.loads(store.read_bytes(name))
-    except (OSError, ValueError) as e:  # an entry is written whole (rename, or one PUT): this is damage
-        raise OutputError(f"manifest entry {store / name} is unreadable ({e}); the output directory is "
-                          "damaged: pass --overwrite to start over") from e
-
-
-def read_entry(out_dir: str | Path | OutputStore, seq: int) -> dict[str, Any]:
-    return read_entry_file(open_store(out_dir), entry_name(seq))
-
-
-def part_rows(out_dir: str | Path | OutputStore, record: PartRecord) -> tuple[list[str], list[int]]:
-    """(input shard path, input row index) per row of a committed part, from its entry."""
-    if record.shards is not None and record.rows is not None:
-        return record.shards, record.rows
-    return part_row_lists(out_dir, record)[:2]
-
-
-def part_row_lists(out_dir: str | Path | OutputStore,
-                   record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
-    """(shard path, row index, prompt hash or None) per row of a committed part, from its entry."""
-    entry = read_entry(out_dir, record.seq)
-    if entry["op"] == "snapshot":  # a part carried over by a snapshot: its rows are in the snapshot's file
-        from batchgen.io.manifest_snapshot import snapshot_part
-
-        return snapshot_part(out_dir, entry, record.name)
-    p = next(p for p in entry["write"] if p["name"] == record.name)
-    return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
-
-
-def entry_paths(store: OutputStore) -> list[tuple[int, str]]:
-    """(seq, name) of every entry, oldest first; a gap is damage."""
-    names = store.list(MANIFEST_DIR)
-    entries = sorted((int(m.group(1)), f"{MANIFEST_DIR}/{name}") for name in names
-                     if (m := ENTRY_RE.fullmatch(name)))
-    for (a, _), (b, name) in zip(entries, entries[1:], strict=False):
-        if b != a + 1:
-            raise OutputError(f"manifest is damaged: entry {a + 1:08d}.json is missing before {name}")
-    return entries

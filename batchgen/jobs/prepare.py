@@ -69,11 +69,8 @@ class PreparedJob:
     def rows(self, on_error: Callable[[InputRow, str], None]) -> Iterator[PlannedRow]:
         """The rows to generate, prompts built; settled rows skipped, error rows handed to on_error."""
         resume = self.resume
-        for row in self.source:
-            if resume.skips(row.row_id):
-                self.num_rows_skipped += 1
-                continue
-            check = resume.needs_prompt(row.row_id)
+        for row, committed_hash in resume.unsettled_rows(self.source, self._count_skipped):
+            check = committed_hash is not None
             self.num_rows_retried += row.row_id in resume.state.error_ids
             try:
                 if row.error is not None:
@@ -85,11 +82,14 @@ class PreparedJob:
                 on_error(row, str(e))
                 continue
             if check:
-                if resume.unchanged(row.row_id, planned.prompt_hash):
+                if planned.prompt_hash == committed_hash:
                     self.num_rows_skipped += 1
                     continue
                 self.num_rows_changed += 1
             yield planned
+
+    def _count_skipped(self, num_rows: int) -> None:
+        self.num_rows_skipped += num_rows
 
 
 def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, resume: ResumeRule
@@ -105,8 +105,8 @@ def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, r
                             max_context_tokens=loaded.max_context_tokens, on_long_prompt=config.on_long_prompt,
                             max_prompt_tokens=config.max_prompt_tokens)
     needs = []
-    for row in inputs.source:
-        if resume.skips(row.row_id) or row.error is not None:
+    for row, _ in resume.unsettled_rows(inputs.source):
+        if row.error is not None:
             continue
         try:
             planned = prepare_row(row, builder, config)

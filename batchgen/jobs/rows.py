@@ -110,39 +110,69 @@ class RowSource:
     def iter_ids(self, shard_rows: list[tuple[str, int]]) -> Iterator[Any]:
         """The ids of the rows `__iter__` yields, reading the id column alone (derived ids: nothing).
         `shard_rows`: (path, rows read) per shard, from the input scan (which applied --max-rows)."""
+        for ids in self.iter_id_batches(shard_rows):
+            yield from ids
+
+    def iter_id_batches(self, shard_rows: list[tuple[str, int]]) -> Iterator[list[Any]]:
+        """The same ids, a list per input batch (a batch id lookup takes them so)."""
+        batch_size = self.config.read_batch_size
         for shard, label, (_, num_rows) in zip(self.shards, self._shard_labels, shard_rows, strict=True):
             if not self.config.id_column:
-                yield from (f"{label}:{i}" for i in range(shard.first_row, shard.first_row + num_rows))
+                for start in range(shard.first_row, shard.first_row + num_rows, batch_size):
+                    yield [f"{label}:{i}" for i in range(start, min(start + batch_size, shard.first_row + num_rows))]
                 continue
             n = 0
-            for batch in iter_batches(shard, [self.config.id_column], self.config.read_batch_size):
-                yield from batch.column(0).to_pylist()[: num_rows - n]
+            for batch in iter_batches(shard, [self.config.id_column], batch_size):
+                yield batch.column(0).to_pylist()[: num_rows - n]
                 n += batch.num_rows
                 if n >= num_rows:
                     break
 
     def __iter__(self) -> Iterator[InputRow]:
+        for chunk in self.chunks():
+            yield from chunk.rows()
+
+    def chunks(self) -> Iterator[RowChunk]:
+        """The rows in input batches, each batch's ids known before any row of it is built: a
+        resume skips committed rows a batch at a time (batchgen.jobs.resume) and never builds them."""
         remaining = self.max_rows
         for shard, label, schema in zip(self.shards, self._shard_labels, self.shard_schemas, strict=True):
             row_index = shard.first_row  # ids and the manifest count rows from the file's start
             # a passthrough column this file lacks is null in its rows (values.get gives None)
             columns = [c for c in self.read_columns if c in schema.names]
             for batch in iter_batches(shard, columns, self.config.read_batch_size):
-                invalid = invalid_cells(batch)
-                for i, values in enumerate(batch.to_pylist()):
-                    if remaining is not None and remaining <= 0:
+                if remaining is not None:
+                    if remaining <= 0:
                         return
-                    if self.config.id_column:
-                        row_id = values[self.config.id_column]
-                        if row_id is None:
-                            raise InputError("id is null; every row needs an id", path=shard.path,
-                                             row=row_index, column=self.config.id_column)
-                    else:
-                        row_id = f"{label}:{row_index}"
-                    yield InputRow(row_id, shard, row_index, values, invalid.get(i))
-                    row_index += 1
-                    if remaining is not None:
-                        remaining -= 1
+                    batch = batch.slice(0, remaining)
+                    remaining -= batch.num_rows
+                if self.config.id_column:
+                    ids = batch.column(self.config.id_column).to_pylist()
+                    if batch.column(self.config.id_column).null_count:
+                        raise InputError("id is null; every row needs an id", path=shard.path,
+                                         row=row_index + ids.index(None), column=self.config.id_column)
+                else:
+                    ids = [f"{label}:{i}" for i in range(row_index, row_index + batch.num_rows)]
+                yield RowChunk(shard, row_index, ids, batch)
+                row_index += batch.num_rows
+
+
+@dataclass(slots=True)
+class RowChunk:
+    """One input batch: its rows' ids, and the rows themselves built only when asked for."""
+
+    shard: InputShard
+    first_row: int  # the row index (within its file) of the batch's first row
+    ids: list[Any]
+    batch: pa.RecordBatch
+
+    def rows(self, positions: list[int] | None = None) -> Iterator[InputRow]:
+        """The rows at `positions` within the batch (all of them: None), in order."""
+        batch = self.batch if positions is None else self.batch.take(pa.array(positions, pa.int64()))
+        invalid = invalid_cells(self.batch)  # by position in the whole batch
+        where = range(len(self.ids)) if positions is None else positions
+        for k, values in zip(where, batch.to_pylist(), strict=True):
+            yield InputRow(self.ids[k], self.shard, self.first_row + k, values, invalid.get(k))
 
 
 def unify_schemas(shards: list[InputShard], schemas: list[pa.Schema]) -> pa.Schema:

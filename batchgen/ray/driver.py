@@ -82,9 +82,12 @@ class RayJob:
         self.resume = ResumeRule(state, config.retry_errors, check_prompts=config.id_column is not None)
         self.ok_before = set() if fresh else set(state.ok_ids)
         self.errors_before = set() if fresh else set(state.error_ids)
-        self.skip = set() if fresh else {i for i in (*state.ok_ids, *state.error_ids) if self.resume.skips(i)}
+        committed = [] if fresh else [*state.ok_ids, *state.error_ids]
+        skip, hashes = self.resume.settle(committed)  # every committed id looked up at once
+        self.skip = {i for i, settled in zip(committed, skip.tolist(), strict=True) if settled}
+        # under --id-column: the committed rows whose prompt must be compared, with their hashes
         self.hashes = None if fresh or config.id_column is None else {
-            i: h for i, h in state.prompt_hashes.items() if self.resume.needs_prompt(i)}
+            i: h for i, h in zip(committed, hashes or [], strict=False) if h is not None}
 
     def run(self) -> RunSummary:
         import ray

@@ -20,7 +20,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,27 @@ def start_job(fixture: Fixture, out: Path) -> subprocess.Popen:
                             env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@contextmanager
+def reaped(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """`proc` does not outlive the block: still running at its end (an assertion failed, a wait
+    timed out) it is killed and waited for, so no test leaves a job behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def sigkill(proc: subprocess.Popen) -> bool:
+    """SIGKILL `proc` unless it has ended, and wait for it (reaped); True if it was killed."""
+    killed = proc.poll() is None
+    if killed:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return killed
+
+
 def wait_until_locked(proc: subprocess.Popen, out: Path, timeout_s: float = 120.0) -> bool:
     """True once the job holds the lock (it is past imports); False if it exited first."""
     lock = out / "_batchgen.lock"
@@ -139,20 +161,12 @@ def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_
     result = SeedResult(seed)
     committed: set = set()
     for _ in range(kills):
-        proc = start_job(fixture, out)
-        try:
+        with reaped(start_job(fixture, out)) as proc:
             started = wait_until_locked(proc, out)
             delay = rng.uniform(min_delay_s, max_delay_s)
             if started:
                 time.sleep(delay)
-            finished = proc.poll() is not None
-            if not finished:
-                proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            finished = not sigkill(proc)
         stderr = proc.stderr.read().decode(errors="replace")
         proc.stderr.close()
         if finished:

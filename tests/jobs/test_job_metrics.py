@@ -23,7 +23,7 @@ from batchgen.jobs.run import run_job
 from batchgen.jobs.status import job_status
 from batchgen.monitor.report import render_job_report
 from batchgen.monitor.store import metrics_dir, read_kind
-from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, wait_until_locked
+from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, reaped, sigkill, wait_until_locked
 
 NUM_ROWS = 120
 
@@ -137,7 +137,7 @@ def test_port_scraped_during_a_run_then_sigterm_keeps_consistent_metrics(fixture
     out, port = tmp_path / "out", free_port()
     # a small batch keeps the job running well past its first commit, on a fast machine too
     proc = start(fixture, out, "--metrics-port", str(port), "--batch-size", "4")
-    try:
+    with reaped(proc):
         assert wait_until_locked(proc, out)
         seen = []
         for _ in range(200):  # bounded: at most 200 requests, 50 ms apart
@@ -156,10 +156,6 @@ def test_port_scraped_during_a_run_then_sigterm_keeps_consistent_metrics(fixture
         assert tokens == sorted(tokens)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 143, proc.stderr.read().decode()
     proc.stderr.close()
     assert scrape(port) is None  # the endpoint lives as long as the job
@@ -176,7 +172,7 @@ def test_sigkill_leaves_readable_metrics_and_the_resume_continues_them(fixture, 
     out, prom = tmp_path / "out", tmp_path / "job.prom"
     # long rows, so the job still runs after its first commits while the report of it is drawn
     proc = start(fixture, out, "--metrics-textfile", str(prom), "--batch-size", "4", max_new_tokens=160)
-    try:
+    with reaped(proc):
         assert wait_until_locked(proc, out)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -187,12 +183,7 @@ def test_sigkill_leaves_readable_metrics_and_the_resume_continues_them(fixture, 
         # the report of a running job: it reads files only, so it works while the job writes them
         report = render_job_report(out, dest=tmp_path / "report-running").html_path.read_text()
         assert f"running (pid {proc.pid}" in report and report.count("data:image/png;base64,") == 6
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        sigkill(proc)
     proc.stderr.close()
     files = sorted(metrics_dir(out).glob("*.parquet"))
     assert files

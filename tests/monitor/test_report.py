@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from batchgen.config import build_config
 from batchgen.io.manifest import load_manifest
 from batchgen.jobs.run import run_job
 from batchgen.monitor.report import error_reasons, render_job_report
-from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, wait_until_locked
+from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, reaped, sigkill, wait_until_locked
 
 FIGURES = ["tokens_per_s", "batch_kv", "step_times", "lengths", "rows_per_shard", "errors"]
 
@@ -90,7 +89,7 @@ def test_report_of_a_job_killed_mid_run(fixture, tmp_path):
     args = [*job_args(fixture, out), "--max-new-tokens", "48", "--metrics-every-seconds", "0.2", "--batch-size", "4"]
     proc = subprocess.Popen([sys.executable, "-m", "batchgen", "run", *args], env={**os.environ, **JOB_ENV},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with reaped(proc):
         assert wait_until_locked(proc, out)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -98,12 +97,7 @@ def test_report_of_a_job_killed_mid_run(fixture, tmp_path):
                 break
             time.sleep(0.02)
         assert proc.poll() is None, "the job ended before the kill"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        sigkill(proc)
     files = render_job_report(out, dest=tmp_path / "r", png=True)
     html = check_report(files, png=True)
     assert "stopped before the end" in html

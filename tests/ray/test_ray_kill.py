@@ -10,7 +10,6 @@ their driver; its agents follow within a minute or two).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from tests.jobs.kill_harness import (
     job_args,
     make_fixture,
     read_output,
+    reaped,
+    sigkill,
 )
 from tests.jobs.test_kill import resume_config
 
@@ -62,14 +63,10 @@ def test_kill_9_of_the_driver_then_resume_writes_every_row_once(tmp_path, loaded
         proc = subprocess.Popen([sys.executable, "-m", "batchgen", "run", *job_args(fixture, out), "--executor",
                                  "ray", "--ray-actors", "2"], env={**os.environ, **JOB_ENV},
                                 stdout=subprocess.DEVNULL, stderr=stderr)
-    try:
+    with reaped(proc):
         wait_for_first_commit(proc, out, log)
         ray_processes = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        sigkill(proc)
     committed = check_committed(out)
     assert 0 < len(committed) < NUM_ROWS and not (out / "_SUCCESS").exists()
 

@@ -1,0 +1,112 @@
+"""The batch id lookup (IdIndex.locate, gather): exactly the answers of one lookup at a time.
+
+Collisions are forced by replacing the index's hash() with one that maps many ids to one value,
+so every hash match has to be confirmed against the real id (and the wrong ones looked up again)."""
+
+from __future__ import annotations
+
+import builtins
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from batchgen.io import id_index
+from batchgen.io.compact_lists import hash_list, id_list
+from batchgen.io.id_index import IdIndex
+
+
+@dataclass
+class Part:
+    name: str
+    ids: object
+    hashes: object = None
+
+
+def lookups_agree(index: IdIndex, probes: list) -> None:
+    locs = index.locate(probes)
+    assert locs.dtype == np.int64 and locs.shape == (len(probes),)
+    assert (locs >= 0).tolist() == [p in index for p in probes]
+    for probe, loc in zip(probes, locs.tolist(), strict=True):
+        if loc >= 0:
+            part, position = index.position(probe)
+            assert loc == ((loc >> 32) << 32 | position) and part.ids[position] == probe
+
+
+@pytest.fixture(params=["python", "mod 7", "constant"])
+def colliding(request, monkeypatch):
+    """The index's hash(): Python's, or one under which most ids (or all) share their hash."""
+    if request.param == "mod 7":
+        monkeypatch.setattr(id_index, "hash", lambda x: builtins.hash(x) % 7, raising=False)
+    elif request.param == "constant":
+        monkeypatch.setattr(id_index, "hash", lambda x: (builtins.hash(x), 3)[1], raising=False)
+    return request.param
+
+
+@pytest.mark.parametrize("kind", ["str", "int"])
+def test_a_batch_lookup_answers_as_one_at_a_time_through_adds_and_drops(colliding, kind):
+    rng = random.Random(1)
+    make = (lambda n: f"in.parquet:{n}") if kind == "str" else (lambda n: n * 3 - 500)
+    index, model, parts = IdIndex(), set(), {}
+    universe = [make(n) for n in range(400)]
+    for step in range(60):
+        if parts and rng.random() < 0.3:  # dropped parts leave deleted slots along probe sequences
+            name = rng.choice(sorted(parts))
+            ids = parts.pop(name)
+            index.drop_part(name, list(range(len(ids))))
+            model.difference_update(ids)
+        else:
+            ids = [i for i in dict.fromkeys(rng.sample(universe, rng.randrange(1, 60))) if i not in model]
+            parts[f"p{step}"] = ids
+            assert index.add_part(Part(f"p{step}", id_list(ids)), list(range(len(ids)))) is None
+            model.update(ids)
+        probes = [type(p)(p) if kind == "int" else "".join(p) for p in rng.sample(universe, 100)]  # fresh objects
+        assert (index.locate(probes) >= 0).tolist() == [p in model for p in probes]
+    lookups_agree(index, universe)
+    assert (index.locate(universe) >= 0).sum() == len(model)
+
+
+def test_equal_hashes_of_different_ids_are_told_apart():
+    # CPython's own collisions: hash(-1) == hash(-2), hash(0) == hash(2**61 - 1)
+    index = IdIndex()
+    index.add_part(Part("a", id_list([-1, 0])), [0, 1])
+    assert index.locate([-2, 2**61 - 1, -1, 0]).tolist()[:2] == [-1, -1]
+    index.add_part(Part("b", id_list([-2])), [0])  # behind -1 in the same probe sequence
+    lookups_agree(index, [-2, -1, 0, 2**61 - 1])
+    assert index.locate([-2]).tolist() == [1 << 32]
+
+
+def test_empty_batches_and_empty_indexes():
+    assert IdIndex().locate([]).shape == (0,) and IdIndex().locate(["a", 1]).tolist() == [-1, -1]
+    index = IdIndex()
+    index.add_part(Part("a", id_list(["x"])), [0])
+    assert index.locate([]).shape == (0,)
+    index.drop_part("a", [0])
+    assert index.locate(["x"]).tolist() == [-1]
+
+
+def test_values_of_other_types_match_as_in_a_set_and_unhashable_ones_never():
+    ints = IdIndex()
+    ints.add_part(Part("a", id_list([1, 2, 2**62])), [0, 1, 2])
+    probes = [1.0, True, "1", 2, 2.5, 2**62, 2**62 + 0.0, 2**64, [1], None, (1, 2), (1,)]
+    lookups_agree(ints, probes)
+    assert (ints.locate(probes) >= 0).tolist() == [p in {1, 2, 2**62} if p != [1] else False for p in probes]
+    strs = IdIndex()
+    values = [f"r{n}" for n in range(100)] + ["\ud800", "é", ""]  # a lone surrogate: no Arrow string
+    strs.add_part(Part("s", id_list(values)), list(range(len(values))))
+    many = [*values, "r100", b"r1", 1, "\udc00"]  # more than StrList compares in Python: the Arrow path
+    lookups_agree(strs, many)
+    lookups_agree(strs, ["r5", "\ud800"])
+    lookups_agree(strs, [v for v in values if v != "\ud800"])
+
+
+def test_gather_gives_each_found_row_its_value_and_none_elsewhere():
+    index = IdIndex()
+    index.add_part(Part("a", id_list(["x", "y"]), hash_list(["00000000000000aa", None])), [0, 1])
+    index.add_part(Part("b", id_list(["z"]), None), [0])  # a part written before prompt hashes
+    index.add_part(Part("c", id_list(["w"]), hash_list(["00000000000000ff"])), [0])
+    locs = index.locate(["w", "x", "y", "z", "v"])
+    assert index.gather(locs, lambda p: p.hashes) == ["00000000000000ff", "00000000000000aa", None, None, None]
+    assert index.gather(locs, lambda p: p.ids) == ["w", "x", "y", "z", None]
+    assert index.gather(index.locate([]), lambda p: p.ids) == []
