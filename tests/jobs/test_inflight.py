@@ -110,8 +110,9 @@ def test_sigterm_at_random_moments_then_resume_equals_uninterrupted(src, tiny_mo
         cfg = config(src, out, tiny_model_dir, **SAMPLING[mode])
         tokens = in_flight_at_signals = 0
         for _ in range(SIGNALS_PER_SEED):
+            summary_file = out / "_summary.json"  # absent after the run: the signal landed before the job
+            summary_file.unlink(missing_ok=True)  # began generating (a previous attempt's must not count twice)
             interrupted = interrupted_run(cfg, loaded, rng.uniform(0.05, 0.7) * reference_s)
-            summary_file = out / "_summary.json"  # absent: the signal landed before the job began generating
             attempt = json.loads(summary_file.read_text()) if summary_file.exists() else {
                 "num_sampled_tokens": 0, "num_rows_continued": 0}
             tokens += attempt["num_sampled_tokens"]  # the attempt's, whether the signal or the end came first
