@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from batchgen.io.compact_lists import HashList, IntList, StrList, TupleList, hash_list, id_list
+from batchgen.io.compact_lists import HashList, IntList, NumberedStrList, StrList, TupleList, hash_list, id_list
 from batchgen.io.id_index import IdIndex
 
 
@@ -26,6 +26,10 @@ def index_of(*parts: list) -> IdIndex:
 
 @pytest.mark.parametrize("values, kind", [
     (["a", "", "é", "in.parquet:7", "\ud800"], StrList),  # a lone surrogate round-trips too
+    (["in.parquet:0", "in.parquet:7", "in.parquet:12345678901"], NumberedStrList),  # derived ids
+    (["a/x.parquet:3", "b/x.parquet:0", "a/x.parquet:4", "c:d:9", ":5"], NumberedStrList),  # a part spanning files
+    (["in.parquet:07"], StrList), (["in.parquet:"], StrList), (["in.parquet:\u0663"], StrList),  # not canonical
+    (["in.parquet:1", "doc-2"], StrList), (["p:" + "9" * 19], StrList),
     ([0, -1, 2**63 - 1, -(2**63)], IntList),
     ([2**63, 1], TupleList),  # beyond int64
     ([True, 1], TupleList),  # bool stays bool
