@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,10 @@ class RayJob:
     def _stream(self, dataset) -> None:
         guard = self.guard
         try:
-            with guard.deferred():  # a signal stops the job between two output batches
+            with guard.deferred(), warnings.catch_warnings():  # a signal stops the job between two output batches
+                # Ray Data counts the read's input blocks (one per file) and warns that the pool
+                # cannot use every actor: _split_blocks gives it one block per batch, so it can
+                warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
                 for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
                     guard.raise_if_interrupted()
                     self._take(batch)
