@@ -19,6 +19,11 @@ The job: a tiny random Llama (tests/tiny.py), --rows prompts of 20-80 characters
   times `batchgen.ray.run` of the job alone: what a job costs on a cluster that is already up (the
   actors are created and load the model in it; Ray's worker processes are reused).
 
+`--baseline-tree DIR` also runs every mode but local with DIR's batchgen (run from DIR, DIR first
+on PYTHONPATH; another git worktree, or `git archive COMMIT | tar -x -C DIR`), named
+`<mode>@baseline`, in the same rounds: a before/after of an executor change side by side under the
+same load.
+
 Per run: `wall_s` (the command, or the timed call), `job_s` (_summary.json's wall_seconds: the
 local executor's streaming and commits, the model loaded before; the Ray driver's whole run),
 rows/s = rows / wall_s, `other_cores` the mean cores the rest of the machine kept busy meanwhile
@@ -139,6 +144,26 @@ def mode_ray_warm(settings: dict) -> dict:
 
 MODES: dict[str, Callable[[dict], dict]] = {"local": mode_local, "shards": mode_shards, "ray": mode_ray,
                                             "ray-warm": mode_ray_warm}
+BASELINE = "@baseline"
+
+
+def run_mode(mode: str, settings: dict, baseline_tree: Path | None) -> dict:
+    """One run of `mode`; a `<mode>@baseline` one with baseline_tree's batchgen: run from that
+    directory (`python -m` and `-c` put the working directory first on the path) and first on
+    PYTHONPATH (Ray's workers)."""
+    if not mode.endswith(BASELINE):
+        return MODES[mode](settings)
+    saved, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(baseline_tree.resolve()), *([saved] if saved else [])])
+    os.chdir(baseline_tree)
+    try:
+        return MODES[mode.removesuffix(BASELINE)](settings)
+    finally:
+        os.chdir(cwd)
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def main() -> None:
@@ -148,6 +173,8 @@ def main() -> None:
     parser.add_argument("--modes", default="local,shards,ray,ray-warm", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="also run each mode but local with this tree's batchgen, as <mode>@baseline")
     args = parser.parse_args()
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
@@ -155,15 +182,17 @@ def main() -> None:
         parser.error(f"unknown mode(s) {unknown}; known: {', '.join(MODES)}")
     if "local" not in modes:
         modes.insert(0, "local")  # the baseline
+    if args.baseline_tree:
+        modes += [m + BASELINE for m in modes if m != "local"]
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="scale_out-") as tmp:
         directory = Path(tmp)
         model_dir, src = make_job(directory, args.rows)
         for r in range(args.rounds):
             for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # alternate who goes first
-                out = directory / f"{mode}-{r}"
+                out = directory / f"{mode.replace('@', '-')}-{r}"
                 with measure() as load:
-                    record = MODES[mode](job_settings(model_dir, src, out, args.max_new_tokens))
+                    record = run_mode(mode, job_settings(model_dir, src, out, args.max_new_tokens), args.baseline_tree)
                 record["other_cores"] = load.to_dict()["other_cores"]
                 record["rows_per_s"] = args.rows / record["wall_s"]
                 runs[mode].append(record)

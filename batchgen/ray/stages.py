@@ -90,7 +90,8 @@ def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> I
         keep = [i for i, row_id in enumerate(ids) if row_id not in skip]
         if keep:
             table = _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
-            # Ray Data hands an actor whole blocks: a read batch as one block would go to one actor
+            # slices of one actor batch; Ray Data merges a task's output into big blocks again, so
+            # the driver splits them once more after the read (batchgen.ray.driver._split_blocks)
             for start in range(0, table.num_rows, spec.block_rows):
                 yield table.slice(start, spec.block_rows)
         num_read += batch.num_rows
