@@ -30,7 +30,6 @@ import torch
 from batchgen.engine import fused
 from batchgen.engine.quantize_embedding import quantize_rows
 
-
 ZERO_POINT = 128  # of the uint8 activations: q + 128 for symmetric q in -127..127
 
 
