@@ -97,6 +97,10 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
         return None
     if backend == "auto":
         backend = AUTO_BACKEND.get((device.type, scheme), "torchao")
+        if (device.type, scheme) == ("cpu", "int8") and cpu_has_int8_matmul():
+            from batchgen.engine import quantize_int8
+
+            backend = "onednn" if quantize_int8.supported("cpu") else backend
     if backend == "onednn" and (scheme != "int8" or device.type != "cpu"):
         raise ConfigError(f"quantize_backend onednn runs --quantize int8 on CPU only (its int8 x int8 matmul); "
                           f"got --quantize {scheme} on {device.type}")
@@ -116,6 +120,13 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
         raise ConfigError(f"quantize {scheme} with {backend} needs the {_PIP_NAMES[backend]} package: "
                           f"pip install 'batchgen[quant]'")
     return backend
+
+
+def cpu_has_int8_matmul() -> bool:
+    """Whether this CPU has int8 dot-product instructions oneDNN's int8 matmul runs on (AVX-512 VNNI
+    or AMX): where `--quantize int8 --quantize-backend auto` picks onednn over torchao."""
+    cpu = getattr(torch, "cpu", None)
+    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_vnni_supported", "_is_amx_tile_supported"))
 
 
 def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
