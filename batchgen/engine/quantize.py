@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 SCHEMES = ("none", "int8", "int8-weight", "int4")
 BACKENDS = ("auto", "torchao", "quanto", "onednn")
 # (device type, scheme) -> backend, from benchmarks/quantization.py on this project's CPU (see
-# benchmarks/README.md): torchao's int8 path is the only one with dynamic int8 activations;
+# benchmarks/README.md): for int8 (dynamic int8 activations), oneDNN where the CPU has VNNI or AMX
+# (resolve_backend; its int8 matmul beat bf16 there while torchao's eager _int_mm lost), else torchao;
 # for int8 weights quanto's CPU kernel (aten's int8-weight GEMM) beats torchao's per-call upcast;
 # for int4 torchao's packed CPU kernel beats quanto's unpack-and-matmul.
 AUTO_BACKEND = {
