@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pressure-kv", default="256MiB", help="KV budget of the preemption comparison")
     ap.add_argument("--weights", default=",".join(w[0] for w in WEIGHTS))
     ap.add_argument("--skip-e2e", action="store_true", help="only the micro measurements and KV capacity")
+    ap.add_argument("--skip-kv-pressure", action="store_true",
+                    help="no bf16-vs-int8 KV runs under --pressure-kv (the weights' runs only)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -145,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                            "bf16_tokens": budget // spec.bytes_per_block * 16,
                            "int8_tokens": budget // spec8.bytes_per_block * 16, "mean_context": mean_ctx},
                     "rounds": []}
-    systems = [(f"w:{k}", k) for k in variants] + [("kv:bf16@budget", "auto"), ("kv:int8@budget", "int8")]
+    systems = [(f"w:{k}", k) for k in variants]
+    if not args.skip_kv_pressure:
+        systems += [("kv:bf16@budget", "auto"), ("kv:int8@budget", "int8")]
     if args.skip_e2e:
         systems = []
     for rnd in range(args.repeats):
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     kv["attention_ms_bf16"] = med([x for r in record["rounds"] for x in r["attention_ms"]["bf16"]])
     kv["attention_ms_int8"] = med([x for r in record["rounds"] for x in r["attention_ms"]["int8"]])
     kv["attention_ratio_int8_vs_bf16"] = kv["attention_ms_int8"] / kv["attention_ms_bf16"]
-    if systems:
+    if systems and not args.skip_kv_pressure:
         for name in ("kv:bf16@budget", "kv:int8@budget"):
             kv[name] = {"tok_s": med([r["e2e"][name]["tok_s"] for r in record["rounds"]]),
                         "num_preemptions": [r["e2e"][name]["num_preemptions"] for r in record["rounds"]]}

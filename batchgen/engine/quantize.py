@@ -11,9 +11,11 @@ Schemes (`--quantize`):
   int8         int8 weights per output row + int8 activations per token, quantized on the fly
                (torchao's dynamic-activation path; quanto quantizes activations only statically,
                with calibration, so it is not offered), or oneDNN's int8 x int8 matmul with
-               --quantize-backend onednn (engine/quantize_int8.py)
+               --quantize-backend onednn (engine/quantize_int8.py; auto's choice on a CPU with
+               AVX-512 VNNI or AMX)
   int8-weight  int8 weights per output row, activations stay in the model dtype
-  int4         int4 weights in groups of 32 input channels, asymmetric (engine/quantize_recipe.py)
+  int4         int4 weights in groups of 32 input channels (the MLP gate projections: 64), asymmetric
+               (engine/quantize_recipe.py)
 
 The embedding and LM head (`--quantize-embedding`): int8 per row, one shared matrix when tied
 (engine/quantize_embedding.py, the same for both backends); `auto` does that for int4 (measured in
