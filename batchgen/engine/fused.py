@@ -56,8 +56,10 @@ class PointwiseKernels:
         self._rope.argtypes = [_P, _P, _P, _P, _P, _P, _I, _L, _L, _L, _L, _I]
         self._rope.restype = None
         self._quant = lib.quantize_rows_s8  # engine/quantize_int8.py's activations
-        self._quant.argtypes = [_P, _I, _P, _P, _L, _L, _I]
-        self._quant.restype = None
+        self._quant_u8 = lib.quantize_rows_u8
+        for fn in (self._quant, self._quant_u8):
+            fn.argtypes = [_P, _I, _P, _P, _L, _L, _I]
+            fn.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == x.dtype
@@ -76,14 +78,20 @@ class PointwiseKernels:
 
     def quantize_rows_s8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Symmetric int8 per row of a 2-D float32/bf16 tensor: (q [rows, cols] int8, scale [rows, 1] float32)."""
+        return self._quantize_rows(x, self._quant, torch.int8)
+
+    def quantize_rows_u8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """quantize_rows_s8's values + 128 as uint8 (zero point 128): the operand VNNI multiplies."""
+        return self._quantize_rows(x, self._quant_u8, torch.uint8)
+
+    def _quantize_rows(self, x: torch.Tensor, fn, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         assert x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)
         rows, cols = x.shape
-        q = torch.empty(rows, cols, dtype=torch.int8)
+        q = torch.empty(rows, cols, dtype=dtype)
         scale = torch.empty(rows, 1, dtype=torch.float32)
-        self._quant(x.data_ptr(), 1 if x.dtype == torch.bfloat16 else 0, q.data_ptr(), scale.data_ptr(), rows, cols,
-                    torch.get_num_threads())
+        fn(x.data_ptr(), 1 if x.dtype == torch.bfloat16 else 0, q.data_ptr(), scale.data_ptr(), rows, cols,
+           torch.get_num_threads())
         return q, scale
-
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q [B, H, T, D], k [B, KVH, T, D] (token-major memory), cos/sin [B, T, D] -> rotated q, k."""

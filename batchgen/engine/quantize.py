@@ -11,9 +11,11 @@ Schemes (`--quantize`):
   int8         int8 weights per output row + int8 activations per token, quantized on the fly
                (torchao's dynamic-activation path; quanto quantizes activations only statically,
                with calibration, so it is not offered), or oneDNN's int8 x int8 matmul with
-               --quantize-backend onednn (engine/quantize_int8.py)
+               --quantize-backend onednn (engine/quantize_int8.py; auto's choice on a CPU with
+               AVX-512 VNNI or AMX)
   int8-weight  int8 weights per output row, activations stay in the model dtype
-  int4         int4 weights in groups of 32 input channels, asymmetric (engine/quantize_recipe.py)
+  int4         int4 weights in groups of 32 input channels (the MLP gate projections: 64), asymmetric
+               (engine/quantize_recipe.py)
 
 The embedding and LM head (`--quantize-embedding`): int8 per row, one shared matrix when tied
 (engine/quantize_embedding.py, the same for both backends); `auto` does that for int4 (measured in
@@ -49,7 +51,8 @@ log = logging.getLogger(__name__)
 SCHEMES = ("none", "int8", "int8-weight", "int4")
 BACKENDS = ("auto", "torchao", "quanto", "onednn")
 # (device type, scheme) -> backend, from benchmarks/quantization.py on this project's CPU (see
-# benchmarks/README.md): torchao's int8 path is the only one with dynamic int8 activations;
+# benchmarks/README.md): for int8 (dynamic int8 activations), oneDNN where the CPU has VNNI or AMX
+# (resolve_backend; its int8 matmul beat bf16 there while torchao's eager _int_mm lost), else torchao;
 # for int8 weights quanto's CPU kernel (aten's int8-weight GEMM) beats torchao's per-call upcast;
 # for int4 torchao's packed CPU kernel beats quanto's unpack-and-matmul.
 AUTO_BACKEND = {
@@ -97,6 +100,10 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
         return None
     if backend == "auto":
         backend = AUTO_BACKEND.get((device.type, scheme), "torchao")
+        if (device.type, scheme) == ("cpu", "int8") and cpu_has_int8_matmul():
+            from batchgen.engine import quantize_int8
+
+            backend = "onednn" if quantize_int8.supported("cpu") else backend
     if backend == "onednn" and (scheme != "int8" or device.type != "cpu"):
         raise ConfigError(f"quantize_backend onednn runs --quantize int8 on CPU only (its int8 x int8 matmul); "
                           f"got --quantize {scheme} on {device.type}")
@@ -116,6 +123,13 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
         raise ConfigError(f"quantize {scheme} with {backend} needs the {_PIP_NAMES[backend]} package: "
                           f"pip install 'batchgen[quant]'")
     return backend
+
+
+def cpu_has_int8_matmul() -> bool:
+    """Whether this CPU has int8 dot-product instructions oneDNN's int8 matmul runs on (AVX-512 VNNI
+    or AMX): where `--quantize int8 --quantize-backend auto` picks onednn over torchao."""
+    cpu = getattr(torch, "cpu", None)
+    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_vnni_supported", "_is_amx_tile_supported"))
 
 
 def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",

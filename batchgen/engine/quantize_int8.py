@@ -3,14 +3,19 @@
 torchao's dynamic-activation int8 path runs eagerly on aten's `_int_mm`, which on CPU is not a
 VNNI/AMX kernel: measured on SmolLM2's shapes it is slower than the bf16 matmul (5-50x at 128-512
 rows). oneDNN's quantized matmul (`torch.ops.onednn.qlinear_pointwise`, the op inductor's x86
-int8 lowering emits) is: on this CPU it runs `brg_matmul:avx10_1_512_amx` on s8 x s8 (ONEDNN_VERBOSE=1
-shows it), about twice the bf16 matmul's rate. So each decoder linear layer is swapped for
+int8 lowering emits) is: on an AMX Xeon it runs `brg_matmul:avx10_1_512_amx`, on an AVX-512 VNNI
+CPU `brg_matmul:avx512_core_vnni` (ONEDNN_VERBOSE=1 shows which). So each decoder linear layer is swapped for
 Int8DynamicLinear (a module swap; the HF forward is unchanged):
 
     weight   int8 [out, in], symmetric per output channel, float32 scales; reordered once into
              oneDNN's blocked layout (`qlinear_prepack`), the only copy kept
     input    symmetric int8 per token (row), quantized on each call by one fused C pass
-             (csrc/pointwise.c: quantize_rows_s8; eagerly it is six passes, as slow as the matmul)
+             (csrc/pointwise.c: quantize_rows_u8; eagerly it is six passes, as slow as the matmul),
+             stored as uint8 with zero point 128 (q + 128): VNNI's instruction multiplies u8 by s8,
+             and without AMX oneDNN has no fast kernel for s8 x s8. On an AMD EPYC with
+             avx512_vnni (no AMX) s8 activations ran oneDNN's `ref_int8` matmul, ~100x slower than
+             bf16; u8 ones run `brg_matmul:avx512_core_vnni`. oneDNN folds the zero point into a
+             per-column compensation computed when the weight is reordered (`zpm2` in its verbose)
     output   oneDNN computes (q_x @ q_w^T) * w_scale in int32 -> bf16; the per-token scale is applied
              after (oneDNN's op takes one activation scale per tensor), then the bias
 
@@ -24,6 +29,8 @@ import torch
 
 from batchgen.engine import fused
 from batchgen.engine.quantize_embedding import quantize_rows
+
+ZERO_POINT = 128  # of the uint8 activations: q + 128 for symmetric q in -127..127
 
 
 def supported(device_type: str) -> bool:
@@ -53,8 +60,8 @@ class Int8DynamicLinear(torch.nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.dtype != self.out_dtype or not flat.is_contiguous():
             flat = flat.to(self.out_dtype).contiguous()
-        q, x_scale = _kernels().quantize_rows_s8(flat)
-        out = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed_weight, self.weight_scale,
+        q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
+        out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
                                                  self.weight_zero_point, None, 1.0, 0, self.out_dtype,
                                                  "none", [], "")
         out.mul_(x_scale.to(self.out_dtype))  # the per-token scale, [rows, 1]
@@ -64,8 +71,8 @@ class Int8DynamicLinear(torch.nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """[out, in] float32: the weight this layer multiplies by (for tests and references)."""
-        eye = torch.eye(self.in_features, dtype=torch.int8)
-        ones = torch.ops.onednn.qlinear_pointwise(eye, 1.0, 0, self.packed_weight, self.weight_scale,
+        eye = torch.eye(self.in_features, dtype=torch.uint8).add_(ZERO_POINT)
+        ones = torch.ops.onednn.qlinear_pointwise(eye, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
                                                   self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
         return ones.t().contiguous()
 

@@ -80,10 +80,18 @@ def test_engine_greedy_equals_generate_of_the_same_quantized_model(tokenizer, sc
         assert [g[:2] for g in got] == [r[:2] for r in refs]
 
 
-def test_auto_backend_and_refusals():
+def test_auto_backend_and_refusals(monkeypatch):
+    from batchgen.engine import quantize_int8
+
     cpu = torch.device("cpu")
     assert quantize.resolve_backend("none", "auto", cpu) is None
+    # int8: oneDNN's matmul where the CPU has VNNI or AMX (and torch has the ops), else torchao
+    monkeypatch.setattr(quantize, "cpu_has_int8_matmul", lambda: False)
     assert quantize.resolve_backend("int8", "auto", cpu) == "torchao"
+    monkeypatch.setattr(quantize, "cpu_has_int8_matmul", lambda: True)
+    want = "onednn" if quantize_int8.supported("cpu") else "torchao"
+    assert quantize.resolve_backend("int8", "auto", cpu) == want
+    assert quantize.resolve_backend("int8", "auto", torch.device("cuda")) == "torchao"
     assert quantize.resolve_backend("int8-weight", "auto", cpu) == quantize.AUTO_BACKEND[("cpu", "int8-weight")]
     with pytest.raises(ConfigError, match="torchao only"):
         quantize.resolve_backend("int8", "quanto", cpu)
@@ -116,8 +124,8 @@ def test_auto_quantizes_a_quantized_gguf_and_leaves_other_models_alone():
 
 
 @pytest.mark.parametrize("backend", ["torchao", "quanto"])
-def test_int4_recipe_group_sizes(backend, monkeypatch):
-    monkeypatch.setattr(quantize, "INT4_COARSE_LAYERS", ("gate_proj",))  # the mechanism; the default has none
+def test_int4_recipe_group_sizes(backend):
+    assert quantize.INT4_COARSE_LAYERS == ("gate_proj",)  # the default recipe (engine/quantize_recipe.py)
     model = make_tiny_model("llama", seed=3).to(torch.bfloat16)
     quantize.quantize_model(model, "int4", backend, embedding="none")
     layer = model.model.layers[1]

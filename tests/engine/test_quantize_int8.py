@@ -26,6 +26,10 @@ def test_activation_quantizer_matches_the_eager_formula(dtype):
     assert (q.float() - want).abs().max() <= 1  # x * (127 / amax) may round the other way at a .5 tie
     assert (q.float() - want).abs().gt(0).float().mean() < 0.01
     assert q[3].eq(0).all() and scale[3].item() == 1.0
+    # the uint8 form oneDNN's VNNI kernel takes: the same values + 128 (zero point 128)
+    q_u8, scale_u8 = load_cached().quantize_rows_u8(x)
+    assert q_u8.dtype == torch.uint8 and torch.equal(scale_u8, scale)
+    assert torch.equal(q_u8.int() - quantize_int8.ZERO_POINT, q.int())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -197,8 +197,12 @@ void rope(const void* q, const void* k, const void* cos, const void* sin, void* 
  * scales[r] = max|x[r]| / 127 and q[r][j] = round-half-even(x[r][j] * 127 / max|x[r]|), in -127..127.
  * Eagerly that is six passes (abs, amax, divide, round, clamp, cast) costing as much as the int8
  * matmul itself at SmolLM2's widths; here it is two reads of the row and one write. A zero row gets
- * scale 1 and zeros. */
-ALWAYS_INLINE void quantize_row_s8(const void* x, int bf16, int8_t* q, float* scales, int64_t row, int64_t cols) {
+ * scale 1 and zeros.
+ * With offset 128 (quantize_rows_u8) each byte is q + 128, in 1..255: the same values as uint8 with
+ * zero point 128. VNNI's vpdpbusd multiplies u8 by s8, so without AMX oneDNN's brgemm takes only
+ * u8 activations (s8 ones fall to its reference kernel, measured ~100x slower). */
+ALWAYS_INLINE void quantize_row_x8(const void* x, int bf16, uint8_t* q, float* scales, int64_t row, int64_t cols,
+                                   int offset) {
     const int64_t base = row * cols;
 #ifdef __AVX512F__
     __m512 mx = _mm512_setzero_ps();
@@ -209,6 +213,7 @@ ALWAYS_INLINE void quantize_row_s8(const void* x, int bf16, int8_t* q, float* sc
         const __mmask16 k = tail(cols - j);
         __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(load16(x, bf16, base + j, k), inv));  /* nearest even */
         v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        v = _mm512_add_epi32(v, _mm512_set1_epi32(offset));  /* -127..255: its low byte is the stored value */
         _mm_mask_storeu_epi8(q + base + j, k, _mm512_cvtepi32_epi8(v));
     }
 #else
@@ -221,14 +226,23 @@ ALWAYS_INLINE void quantize_row_s8(const void* x, int bf16, int8_t* q, float* sc
     for (int64_t j = 0; j < cols; j++) {
         const float v = bf16 ? bf16_to_f32(((const uint16_t*)x)[base + j]) : ((const float*)x)[base + j];
         float r = nearbyintf(v * inv);
-        q[base + j] = (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+        q[base + j] = (uint8_t)((int)(r > 127.f ? 127.f : r < -127.f ? -127.f : r) + offset);
     }
 #endif
     scales[row] = amax > 0.f ? amax / 127.f : 1.f;
 }
 
-void quantize_rows_s8(const void* x, int dtype, int8_t* q, float* scales, int64_t rows, int64_t cols, int num_threads) {
+static void quantize_rows_x8(const void* x, int dtype, uint8_t* q, float* scales, int64_t rows, int64_t cols,
+                             int num_threads, int offset) {
     const int bf16 = dtype == 1;
     #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
-    for (int64_t row = 0; row < rows; row++) quantize_row_s8(x, bf16, q, scales, row, cols);
+    for (int64_t row = 0; row < rows; row++) quantize_row_x8(x, bf16, q, scales, row, cols, offset);
+}
+
+void quantize_rows_s8(const void* x, int dtype, int8_t* q, float* scales, int64_t rows, int64_t cols, int num_threads) {
+    quantize_rows_x8(x, dtype, (uint8_t*)q, scales, rows, cols, num_threads, 0);
+}
+
+void quantize_rows_u8(const void* x, int dtype, uint8_t* q, float* scales, int64_t rows, int64_t cols, int num_threads) {
+    quantize_rows_x8(x, dtype, q, scales, rows, cols, num_threads, 128);
 }
