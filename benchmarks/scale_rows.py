@@ -18,6 +18,10 @@ the manifest), not the model, is what is measured. Each size runs `python -m bat
 - status: `python -m batchgen status --output DIR --json` on the killed directory, wall seconds
   of the whole command (interpreter start included), and job_status() alone in this process.
 
+Each size but the largest runs --repeat times (median rows/s, largest peak RSS): a 10k-row job
+lasts a few seconds, so one run of it swings with the machine. second_half_rows_per_s is the rate
+over each job's second half, from its progress lines (start-up left out).
+
 Targets (issue 11): RSS at 1M within +15% of 10k, rows/s at 1M within 15% of 10k, resume start
 under 5 s, status under 2 s. Figures go to stdout as one JSON object (and --json FILE).
 """
@@ -28,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,11 +158,39 @@ def status_times(out: Path) -> dict:
             "status_parts": status["num_parts"], "manifest_entries_on_disk": len(list((out / "_manifest").iterdir()))}
 
 
+_PROGRESS_RE = re.compile(r" rows (\d+)/(\d+) ")
+
+
+def second_half_rows_per_s(log_file: Path) -> float | None:
+    """Rows/s over the job's second half, from its progress lines: what the rate is once the
+    manifest holds half the rows, apart from start-up (which weighs on a short job's mean)."""
+    points = [(t, int(m.group(1))) for line in log_file.read_text().splitlines()
+              if (m := _PROGRESS_RE.search(line)) and (t := _stamp(line)) is not None]
+    if len(points) < 3:
+        return None
+    half = points[-1][1] / 2
+    t0, n0 = next(p for p in points if p[1] >= half)
+    t1, n1 = points[-1]
+    return round((n1 - n0) / (t1 - t0), 1) if t1 > t0 else None
+
+
+def repeated(runs: list[dict]) -> dict:
+    """One size run several times: the median run's figures, every run's rows/s, the largest peak."""
+    ordered = sorted(runs, key=lambda r: r["rows_per_s"])
+    out = dict(ordered[len(ordered) // 2])
+    out["rows_per_s_runs"] = [r["rows_per_s"] for r in runs]
+    out["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--id-column", action="store_true", help="ids from a column instead of derived")
     parser.add_argument("--no-kill", action="store_true", help="skip the kill and resume of the largest size")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each size but the largest (median rows/s): a 10k job lasts seconds")
+    parser.add_argument("--keep-logs", type=Path, help="copy every job's log into this directory")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results: dict = {"id_column": args.id_column, "sizes": {}}
@@ -166,7 +199,14 @@ def main() -> None:
         model = make_model(tmp)
         for num_rows in sorted(args.rows):
             src = make_input(tmp / f"in-{num_rows}.parquet", num_rows, args.id_column)
-            figures = run_job(job_argv(model, src, tmp / f"out-{num_rows}", args.id_column), tmp, f"run-{num_rows}")
+            runs = []
+            for k in range(1 if num_rows == max(args.rows) else max(1, args.repeat)):
+                out = tmp / f"out-{num_rows}-{k}"
+                runs.append(run_job(job_argv(model, src, out, args.id_column), tmp, f"run-{num_rows}-{k}"))
+                runs[-1]["second_half_rows_per_s"] = second_half_rows_per_s(Path(runs[-1]["log"]))
+                if num_rows != max(args.rows):
+                    shutil.rmtree(out)
+            figures = repeated(runs)
             results["sizes"][num_rows] = figures
             print(json.dumps({num_rows: figures}), flush=True)
         if not args.no_kill:
@@ -179,6 +219,10 @@ def main() -> None:
             results["kill"] = {"rows": num_rows, "committed_at_kill": committed, **status,
                                "resume_start_s": resume_start_s(Path(resumed["log"])), "resumed": resumed}
             print(json.dumps({"kill": results["kill"]}), flush=True)
+        if args.keep_logs:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in tmp.glob("*.log"):
+                shutil.copy(log, args.keep_logs / log.name)
     print(json.dumps(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
