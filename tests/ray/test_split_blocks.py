@@ -24,7 +24,7 @@ def test_one_file_is_spread_over_both_actors_in_batches(ray_cluster):
 
     class WhichActor:
         def __call__(self, table: pa.Table) -> pa.Table:
-            time.sleep(0.05)  # a batch takes a while, as generating does: the other actor has to help
+            time.sleep(0.5)  # a batch takes a while, as generating does: a late second actor still gets work
             return table.append_column("pid", pa.array([os.getpid()] * table.num_rows, pa.int64()))
 
     rows = ray.data.from_items([{"file": 0}]).map_batches(read_all, batch_size=1, batch_format="pyarrow", num_cpus=0)
