@@ -35,6 +35,13 @@ class RowList(Sequence):
         """Element `i`, 0 <= i < len: the fast path of a lookup."""
         raise NotImplementedError
 
+    def __getitem__(self, i):  # type: ignore[override]  # through at(); IntList/TupleList/HashList index directly
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        return self.at(i)
+
     def take(self, positions: np.ndarray) -> list[Any]:
         """The elements at `positions` (int64, each in range), as a list."""
         return [self.at(i) for i in positions.tolist()]
@@ -65,13 +72,6 @@ class StrList(RowList):
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        return self.at(i)
 
     def at(self, i: int) -> str:
         """Element `i` (0 <= i): the id index's lookup, without __getitem__'s checks."""
@@ -137,13 +137,6 @@ class NumberedStrList(RowList):
 
     def __len__(self) -> int:
         return len(self._numbers)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        return self.at(i)
 
     def at(self, i: int) -> str:
         number = self._numbers[i]  # IndexError past the end
