@@ -65,9 +65,6 @@ class ResumeRule:
         """A committed ok row whose prompt must be built to tell whether it changed."""
         return self.check_prompts and row_id in self.state.prompt_hashes
 
-    def unchanged(self, row_id: Any, digest: str) -> bool:
-        return self.state.prompt_hashes.get(row_id) == digest
-
     def settle(self, ids: list[Any]) -> tuple[np.ndarray, list[str | None] | None]:
         """`skips` for a batch of ids at once (batchgen.io.id_index.IdIndex.locate), and under
         --id-column the committed prompt hash of each row whose prompt must be compared (None for
