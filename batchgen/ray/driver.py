@@ -138,7 +138,7 @@ class RayJob:
         spec = ReadSpec(shards=source.shards, labels=source._shard_labels,
                         num_rows=[n for _, n in scan.shard_rows], columns=columns, schema=read_schema,
                         id_column=config.id_column, id_type=source.id_field.type,
-                        read_batch_size=config.read_batch_size, block_rows=batch_rows, skip=ray.put(self.skip),
+                        read_batch_size=config.read_batch_size, skip=ray.put(self.skip),
                         hashes=None if self.hashes is None else ray.put(self.hashes))
         files = ray.data.from_items([{"shard": i} for i in range(len(source.shards))],
                                     override_num_blocks=max(1, len(source.shards)))

@@ -44,7 +44,6 @@ class ReadSpec:
     id_column: str | None
     id_type: pa.DataType  # the id column's type, or string for derived ids
     read_batch_size: int
-    block_rows: int  # rows per output block: one actor batch, so that each batch can go to another actor
     skip: Any  # ObjectRef of the set of ids to leave out (settled), resolved once per worker
     hashes: Any  # ObjectRef of {id: committed prompt hash} to compare (--id-column), or None
 
@@ -89,11 +88,9 @@ def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> I
             ids = [f"{label}:{row_index + i}" for i in range(batch.num_rows)]
         keep = [i for i, row_id in enumerate(ids) if row_id not in skip]
         if keep:
-            table = _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
-            # slices of one actor batch; Ray Data merges a task's output into big blocks again, so
-            # the driver splits them once more after the read (batchgen.ray.driver._split_blocks)
-            for start in range(0, table.num_rows, spec.block_rows):
-                yield table.slice(start, spec.block_rows)
+            # whole: Ray Data merges a task's output into big blocks anyway, and the driver splits
+            # them into actor batches after the read (batchgen.ray.driver._split_blocks)
+            yield _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
         num_read += batch.num_rows
         if num_read >= limit:
             return
