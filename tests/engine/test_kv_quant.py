@@ -22,6 +22,7 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.kv_cache import KVCacheSpec
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.errors import ConfigError
+from tests.engine.greedy_pair import generate_tokens
 from tests.tiny import make_tiny_model
 
 FAKE_QUANT_ATTENTION = "batchgen_test_int8_kv_sdpa"
@@ -107,12 +108,7 @@ def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, token
     max_new = 16
     ref_model = copy.deepcopy(model)
     ref_model.set_attn_implementation(FAKE_QUANT_ATTENTION)
-    refs = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = ref_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
-                                 eos_token_id=None, pad_token_id=0)
-        refs.append(out[0, len(p):].tolist())
+    refs = generate_tokens(ref_model, prompts, max_new)
     # chunked prefill (budget 24) makes later chunks gather int8 pages with a cached past
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=24, block_size=8, num_kv_blocks=64,
                           attention_backend=backend, kv_cache_dtype="int8")
