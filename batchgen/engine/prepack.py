@@ -1,4 +1,4 @@
-"""CPU bf16/fp16 linear layers on oneDNN weights reordered once, for the small-batch steps.
+"""CPU linear layers on oneDNN weights reordered once: bf16/fp16 for small-batch steps, float32 always.
 
 `F.linear` on a bf16 CPU tensor runs oneDNN's matmul (AMX or AVX-512 BF16 kernels), which first
 reorders the weight into the kernel's blocked layout, on every call. For a prefill chunk of
@@ -13,9 +13,15 @@ short prefill tails. (`benchmarks/README.md`, issue 10, has the per-shape table.
 The layers stay the model's own `nn.Linear` modules (names, parameters, state dict, tied weights
 untouched); only their `forward` is replaced, per instance. The copy costs the linear weights'
 bytes once more, so it is made only when that fits in MAX_EXTRA_MEMORY_SHARE of the memory
-available; a larger model keeps the plain path (a log line says so). float32 keeps the plain path:
-MKL's packed sgemm gained 5-20% but rounds differently on some shapes, and float32 is where the
-engine's greedy output equals `model.generate` token for token.
+available; a larger model keeps the plain path (a log line says so).
+
+float32 is different: `F.linear` runs MKL's sgemm there, and on AMD CPUs MKL takes its AVX2 path.
+Measured on an AMD EPYC (AVX-512, 2 threads, `benchmarks/README.md`): oneDNN's fp32 kernels on a
+reordered weight run 2.0-3.0x MKL at every row count of the model's shapes (K = 576 / 1536, 32-2048
+rows; 125-180 GFLOP/s -> 290-430), so float32 layers use the reordered weight for calls of any size
+(FP32_ALL_ROWS). The two round differently (sums in another order, about 1e-6 relative), as the
+engine's packed forward already does against `model.generate`'s padded one; the greedy-equivalence
+tests hold on it.
 """
 
 from __future__ import annotations
@@ -36,16 +42,20 @@ SMALL_M_MAX = 256
 PACK_ROWS_HINT = 64
 # the copies may take at most this share of MemAvailable (the KV cache is sized after them)
 MAX_EXTRA_MEMORY_SHARE = 0.25
-_DTYPES = (torch.bfloat16, torch.float16)
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# float32 calls of any size take the reordered weight (oneDNN beats MKL at every measured size)
+FP32_ALL_ROWS = True
 
 
 def supported(model: torch.nn.Module) -> bool:
-    """CPU, bf16/fp16 weights, and a oneDNN build with native kernels for that dtype."""
+    """CPU, bf16/fp16/fp32 weights, and a oneDNN build with native kernels for that dtype."""
     param = next(model.parameters(), None)
     if param is None or param.device.type != "cpu" or param.dtype not in _DTYPES:
         return False
     if not torch.backends.mkldnn.is_available():
         return False
+    if param.dtype == torch.float32:
+        return True
     if param.dtype == torch.bfloat16:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
@@ -84,13 +94,19 @@ def pack_linear_layers(model: torch.nn.Module, available_bytes: int | None = Non
             module._batchgen_packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS_HINT)
             module.forward = types.MethodType(_packed_forward, module)
     if layers:
-        log.info("linear weights: %d layers reordered once for calls of <= %d rows (%.0f MiB)", len(layers),
-                 SMALL_M_MAX, extra / 2**20)
+        rows = "any number of" if _all_rows(layers[0].weight.dtype) else f"<= {SMALL_M_MAX}"
+        log.info("linear weights: %d layers reordered once for calls of %s rows (%.0f MiB)", len(layers),
+                 rows, extra / 2**20)
     return len(layers)
 
 
+def _all_rows(dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and FP32_ALL_ROWS
+
+
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.numel() <= SMALL_M_MAX * self.in_features and x.dtype == self.weight.dtype:
+    dtype = self.weight.dtype
+    if x.dtype == dtype and (_all_rows(dtype) or x.numel() <= SMALL_M_MAX * self.in_features):
         return torch.ops.mkldnn._linear_pointwise(x, self._batchgen_packed, self.bias, "none", [], "")
     return F.linear(x, self.weight, self.bias)
 

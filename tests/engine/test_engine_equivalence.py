@@ -242,13 +242,15 @@ def sampled(seed: int | None, max_new_tokens: int = 24) -> SamplingParams:
 
 
 def batch_mates(rng: random.Random, n: int) -> list[Request]:
+    """Greedy, seeded and unseeded rows that run to their length (EOS ignored), so the schedule, and
+    with it the preemptions the test relies on, does not depend on the kernels' rounding."""
     mates = []
     for i in range(n):
         prompt = [rng.randrange(5, 261) for _ in range(rng.randint(1, 60))]
         kind = i % 3
-        params = (SamplingParams(max_new_tokens=rng.randint(1, 30)) if kind == 0
+        params = (SamplingParams(max_new_tokens=rng.randint(1, 30), ignore_eos=True) if kind == 0
                   else sampled(seed=rng.randrange(2**31), max_new_tokens=rng.randint(1, 30)) if kind == 1
-                  else SamplingParams(max_new_tokens=rng.randint(1, 30), temperature=1.3))  # unseeded
+                  else SamplingParams(max_new_tokens=rng.randint(1, 30), temperature=1.3, ignore_eos=True))  # unseeded
         mates.append(Request(f"mate{i}", prompt, params))
     return mates
 

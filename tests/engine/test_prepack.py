@@ -62,11 +62,21 @@ def test_packed_model_logits_match_the_plain_model():
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
 
 
-def test_float32_models_keep_the_plain_path():
-    model = make_tiny_model("llama", seed=0)  # float32: the dtype of exact greedy equivalence
-    assert not prepack.supported(model)
-    assert prepack.pack_linear_layers(model, available_bytes=1 << 40) == 0
-    assert not any(hasattr(m, "_batchgen_packed") for m in model.modules())
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+@pytest.mark.parametrize("num_rows", [1, prepack.SMALL_M_MAX + 1, 700])
+def test_float32_layers_use_the_reordered_weight_at_every_size(num_rows, monkeypatch):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(96, 80)
+    x = torch.randn(2, num_rows, 96)
+    expected = F.linear(x, layer.weight, layer.bias)
+    assert prepack.pack_linear_layers(torch.nn.Sequential(layer), available_bytes=1 << 40) == 1
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(prepack.torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a))
+    got = layer(x)
+    assert calls, "a float32 call of any size takes oneDNN's reordered weight"
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)  # float32 sums in another order
 
 
 @needs_onednn_bf16
