@@ -1,5 +1,6 @@
 """The CPU default: decode through the C kernel that reads K/V in place from the pages
-(engine/native.py), prefill chunks through the SDPA backend's path."""
+(engine/native.py), prefill chunks through the C prefill kernel (engine/native_prefill.py) where
+it has one for the dtype and head size, else through the SDPA backend's path."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchgen.engine import native
+from batchgen.engine import native, native_prefill
 from batchgen.engine.backends.base import LayerKV, PackedSeq, cdiv
 from batchgen.engine.backends.sdpa import PrefillSeq, build_prefills, prefill_forward
 
@@ -24,7 +25,18 @@ class NativeDecode:
 @dataclass(slots=True)
 class NativeMetadata:
     decode: NativeDecode | None
-    prefills: list[PrefillSeq] = field(default_factory=list)
+    prefill: native_prefill.PrefillBatch | None  # the step's prefill sequences for the C kernel
+    seqs: list[PackedSeq] = field(default_factory=list)
+    block_size: int = 0
+    device: torch.device | None = None
+    _sdpa_prefills: list[PrefillSeq] | None = None
+
+    def sdpa_prefills(self) -> list[PrefillSeq]:
+        """The SDPA path's prefill metadata, built at the first layer that needs it (int8 pages, or
+        a dtype or head size the C kernel lacks) and shared by the others."""
+        if self._sdpa_prefills is None:
+            self._sdpa_prefills = build_prefills(self.seqs, self.block_size, self.device)
+        return self._sdpa_prefills
 
 
 class NativeCpuBackend:
@@ -37,7 +49,7 @@ class NativeCpuBackend:
     def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> NativeMetadata:
         decode = [s for s in seqs if s.num_new_tokens == 1]
         return NativeMetadata(_native_decode(decode, block_size, device) if decode else None,
-                              build_prefills(seqs, block_size, device))
+                              native_prefill.PrefillBatch.build(seqs, block_size), seqs, block_size, device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: NativeMetadata,
                 scale: float) -> torch.Tensor:
@@ -48,7 +60,13 @@ class NativeCpuBackend:
             od = native.load()(q.index_select(0, nd.token_idx), layer.k_cache, layer.v_cache, nd.block_tables,
                                nd.context_lens, layer.block_size, scale, scales)
             out.index_copy_(0, nd.token_idx, od)
-        prefill_forward(q, k, v, layer, metadata.prefills, scale, out)
+        if metadata.prefill is not None:
+            kernel = native_prefill.load()
+            if (kernel is not None and layer.k_scale is None
+                    and kernel.supports(q.dtype, layer.k_cache.dtype, q.shape[2])):
+                kernel(q.contiguous(), out, layer.k_cache, layer.v_cache, metadata.prefill, layer.block_size, scale)
+            else:
+                prefill_forward(q, k, v, layer, metadata.sdpa_prefills(), scale, out)
         return out
 
 

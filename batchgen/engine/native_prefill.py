@@ -1,0 +1,102 @@
+"""The CPU prefill-attention kernel (csrc/prefill_attention.c), built and cached like the decode
+kernel (engine/native.py) and called through ctypes.
+
+A step's prefill sequences go to the kernel together: it packs each one's context out of the
+pages once and attends causally from there, so a chunk with a cached past needs no gather. The
+kernel exists on AVX-512 CPUs for float32 and, with AVX512-BF16, bfloat16, head sizes 16, 32, 64, 96
+and 128 (`supports`); anything else keeps torch's SDPA path (backends/sdpa.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from batchgen.engine import native
+from batchgen.engine.backends.base import PackedSeq, cdiv
+
+SOURCE = Path(__file__).parent / "csrc" / "prefill_attention.c"
+_P, _I = ctypes.c_void_p, ctypes.c_int
+# paged_prefill_attention's parameters, in the C signature's order
+KERNEL_ARGS = (
+    ("q", _P), ("out", _P), ("dtype", _I), ("k_cache", _P), ("v_cache", _P), ("block_tables", _P),
+    ("max_blocks", _I), ("q_starts", _P), ("num_new", _P), ("context_lens", _P), ("num_seqs", _I),
+    ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I), ("scale", ctypes.c_float),
+    ("num_threads", _I),
+)
+
+
+@dataclass(slots=True)
+class PrefillBatch:
+    """The step's prefill sequences (more than one new token) as the kernel reads them."""
+
+    q_starts: torch.Tensor  # [P] int32: each one's first new token in the packed row
+    num_new: torch.Tensor  # [P] int32
+    context_lens: torch.Tensor  # [P] int32: cached past + new tokens
+    block_tables: torch.Tensor  # [P, max_blocks] int32, padded with block 0 (never read)
+
+    @staticmethod
+    def build(seqs: list[PackedSeq], block_size: int) -> PrefillBatch | None:
+        prefills = [s for s in seqs if s.num_new_tokens > 1]
+        if not prefills:
+            return None
+        max_blocks = max(cdiv(s.context_len, block_size) for s in prefills)
+        tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
+                  for s in prefills]
+        return PrefillBatch(
+            q_starts=torch.tensor([s.start for s in prefills], dtype=torch.int32),
+            num_new=torch.tensor([s.num_new_tokens for s in prefills], dtype=torch.int32),
+            context_lens=torch.tensor([s.context_len for s in prefills], dtype=torch.int32),
+            block_tables=torch.tensor(tables, dtype=torch.int32),
+        )
+
+
+class PagedPrefillKernel:
+    """ctypes binding of `paged_prefill_attention`; see the C file for the contract."""
+
+    DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._supports = lib.prefill_attention_supports
+        self._supports.argtypes = [_I, _I]
+        self._supports.restype = _I
+        self._fn = lib.paged_prefill_attention
+        self._fn.argtypes = [ctype for _, ctype in KERNEL_ARGS]
+        self._fn.restype = _I
+
+    @functools.cache  # noqa: B019 - one kernel object per process, a handful of keys
+    def supports(self, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
+        code = self.DTYPE_CODES.get(dtype)
+        return dtype == kv_dtype and code is not None and bool(self._supports(code, head_dim))
+
+    def __call__(self, q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 batch: PrefillBatch, block_size: int, scale: float) -> None:
+        """Writes the prefill rows of out [T, heads, head_dim] from q (same shape, contiguous) and the
+        caches [num_slots, kv_heads, head_dim], which already hold this step's K/V."""
+        _, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[1]
+        assert q.is_contiguous() and out.is_contiguous() and q.dtype == out.dtype == k_cache.dtype
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[2] == head_dim
+        assert q.device.type == "cpu" and num_heads % num_kv_heads == 0
+        args = dict(
+            q=q.data_ptr(), out=out.data_ptr(), dtype=self.DTYPE_CODES[q.dtype], k_cache=k_cache.data_ptr(),
+            v_cache=v_cache.data_ptr(), block_tables=batch.block_tables.data_ptr(),
+            max_blocks=batch.block_tables.shape[1], q_starts=batch.q_starts.data_ptr(),
+            num_new=batch.num_new.data_ptr(), context_lens=batch.context_lens.data_ptr(),
+            num_seqs=batch.q_starts.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            block_size=block_size, scale=float(scale), num_threads=torch.get_num_threads())
+        failed = self._fn(*(args[name] for name, _ in KERNEL_ARGS))
+        if failed == 1:
+            raise MemoryError("paged prefill attention: out of memory for its scratch buffers")
+        assert failed == 0, f"paged prefill attention refused its arguments ({failed})"
+
+
+@functools.cache
+def load() -> PagedPrefillKernel | None:
+    """The kernel, built on first use; None where it cannot be built (native.load_library logs why)."""
+    lib = native.load_library(SOURCE)
+    return None if lib is None else PagedPrefillKernel(lib)
