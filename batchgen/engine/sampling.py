@@ -12,6 +12,7 @@ import random
 
 import torch
 
+from batchgen.engine.argmax import argmax_rows
 from batchgen.engine.penalties import Penalties
 from batchgen.engine.sequence import Sequence
 
@@ -32,9 +33,7 @@ class Sampler:
             return []
         if self.penalties:  # a dict check: nothing per row when no row asked for a penalty
             logits = self.penalties.apply(logits, seqs)
-        # max(dim).indices is argmax (the first maximal index, as HF's greedy picks) but ~4x faster
-        # than argmax on bf16 logits on the CPU: 3 ms instead of 11 ms for 128 rows of 49k
-        greedy = logits.max(dim=-1).indices.tolist()
+        greedy = argmax_rows(logits)  # the first maximal index, as HF's greedy picks
         if all(s.request.sampling.greedy for s in seqs):
             return greedy
         out = []

@@ -1,0 +1,77 @@
+/* Greedy sampling's argmax over the step's logits rows on the CPU.
+ *
+ * Why C: torch's max(dim=-1) on bf16 logits takes ~3 ms for 128 rows of SmolLM2's 49,152-token
+ * vocabulary (2 threads, AMD EPYC), ~2% of a bf16 decode step, for 12 MB of reads; two vector
+ * passes over each row (its max, then the first index holding it) run at memory speed.
+ *
+ * Same result as torch.argmax / max(dim).indices: the first index of the maximum, and a NaN
+ * counts as the maximum (the first NaN's index), so greedy output equals model.generate's.
+ * Built at first use by batchgen/engine/native.py like the other csrc/ files.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE float load_one(const void* x, int bf16, int64_t i) {
+    if (!bf16) return ((const float*)x)[i];
+    const uint32_t bits = (uint32_t)((const uint16_t*)x)[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+ALWAYS_INLINE __m512 load16(const void* x, int bf16, int64_t i, __mmask16 k) {
+    if (!bf16) return _mm512_maskz_loadu_ps(k, (const float*)x + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t*)x + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static int64_t argmax_row(const void* x, int bf16, int64_t n) {
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    __mmask16 any_nan = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = load16(x, bf16, i, k);
+        any_nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
+        vm = _mm512_mask_max_ps(vm, k, vm, v);
+    }
+    if (any_nan) {
+        for (int64_t i = 0; i < n; i++)
+            if (isnan(load_one(x, bf16, i))) return i;
+    }
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, load16(x, bf16, i, k), m, _CMP_EQ_OQ);
+        if (hit) return i + __builtin_ctz(hit);
+    }
+    return 0;  /* n == 0, or every value -inf: index 0 is torch's answer too */
+}
+#else
+static int64_t argmax_row(const void* x, int bf16, int64_t n) {
+    int64_t best = 0;
+    float m = n ? load_one(x, bf16, 0) : 0.f;
+    if (isnan(m)) return 0;
+    for (int64_t i = 1; i < n; i++) {
+        const float v = load_one(x, bf16, i);
+        if (isnan(v)) return i;
+        if (v > m) { m = v; best = i; }
+    }
+    return best;
+}
+#endif
+
+/* x: [rows] rows of cols logits, row_stride elements apart; dtype 0 float32, 1 bfloat16.
+ * out[r] = the first index of row r's maximum (of its first NaN, if any). */
+void argmax_rows(const void* x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t* out,
+                 int num_threads) {
+    const int elem = dtype == 1 ? 2 : 4;
+    #pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = argmax_row((const char*)x + r * row_stride * elem, dtype == 1, cols);
+}
