@@ -179,6 +179,7 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
 }
 
 #include "paged_decode_bf16.h"  /* the AVX512-BF16 path: HAVE_BF16_PATH, attend_bf16_d64/_d128 */
+#include "paged_decode_f32.h"  /* the AVX-512 float32 path: HAVE_F32_PATH, attend_f32_d64/_d128 */
 
 #define ATTEND(QB, KB, DIM) attend_one(q, out, QB, k, v, KB, ks, vs, table, ctx, b, H, KVH, DIM, bs, scale, buf)
 #define SPECIALISE(DIM) \
@@ -223,6 +224,16 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
             uint16_t* ob = (uint16_t*)out + (int64_t)b * num_heads * head_dim;
             if (head_dim == 64) attend_bf16_d64(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
             else attend_bf16_d128(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
+            free(buf);
+            continue;
+        }
+#endif
+#ifdef HAVE_F32_PATH
+        if (q_dtype == 0 && kv_dtype == 0 && (head_dim == 64 || head_dim == 128)) {
+            const float *qf = (const float*)q + (int64_t)b * num_heads * head_dim;
+            float* of = (float*)out + (int64_t)b * num_heads * head_dim;
+            if (head_dim == 64) attend_f32_d64(qf, of, k_cache, v_cache, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
+            else attend_f32_d128(qf, of, k_cache, v_cache, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
             free(buf);
             continue;
         }
