@@ -10,15 +10,20 @@ The model stays the Hugging Face model: only the `forward` of matching module in
 replaced, and only where the replacement computes what the original does. A module matches when
 its class's forward is, bytecode for bytecode, transformers' Llama RMSNorm or Llama MLP forward
 (the classes transformers copies into Mistral, Qwen2, Qwen3, SmolLM and others), with a SiLU
-activation for the MLP. Anything else keeps its own forward. bf16 only, as for the reordered
-weights (engine/prepack.py): float32 is where greedy output must equal `model.generate` token for
-token, and a different summation order in the norm could flip a near tie.
+activation for the MLP. Anything else keeps its own forward. bf16 and float32: in float32 the
+only difference from the eager ops is the norm's summation order and the SiLU's exp (about 1 ulp),
+the kind of difference oneDNN's float32 linears (engine/prepack.py) already make; greedy output
+still equals `model.generate` in the engine's tests. The eager float32 chains were ~10% of a
+float32 ShareGPT run's profile (mul, silu, add, pow, mean, cat, neg as separate passes). A float32
+model with quantized linear layers keeps the eager ops: their activations are quantized per token,
+which turns a 1-ulp difference in a norm's output into another int8 value, and then into another
+greedy token than the eager model's (measured on a torchao int8 checkpoint of the tiny test model).
 
 The rotary embedding is a module-level function (`apply_rotary_pos_emb`) that the attention
 forward looks up in its modeling module, not a module of its own, so it is replaced there, in
 that modeling module, once it matches Llama's bytecode for bytecode. The replacement takes the
 fused path only inside a batchgen engine's forward (a `model.generate` beside it runs the original)
-and only for bf16 CPU tensors without autograd laid out as those forwards lay them out; it rounds
+and only for bf16/float32 CPU tensors without autograd laid out as those forwards lay them out; it rounds
 as the eager ops round (the same bits). Being module-level, it stays for the process once an
 engine fused, also for a later engine built with `fuse_pointwise=False`, with the same results.
 """
@@ -38,7 +43,7 @@ from batchgen.engine import attention, native
 
 log = logging.getLogger(__name__)
 
-_DTYPE_CODES = {torch.bfloat16: 1}
+_DTYPE_CODES = {torch.bfloat16: 1, torch.float32: 0}
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 
 
@@ -161,10 +166,26 @@ def _fast_path(x: torch.Tensor) -> bool:
     return x.dtype in _DTYPE_CODES and x.device.type == "cpu" and x.is_contiguous() and not torch.is_grad_enabled()
 
 
+def _has_quantized_layers(model: torch.nn.Module) -> bool:
+    """Any layer whose weight is not a plain float tensor: a torchao tensor subclass, quanto's
+    QLinear, batchgen's oneDNN int8 layer (its packed int8 weight), an integer dtype."""
+    for module in model.modules():
+        if type(module).__module__.startswith(("optimum.quanto", "torchao", "batchgen.engine.quantize")):
+            return True
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            data = weight.data if isinstance(weight, torch.nn.Parameter) else weight
+            if type(data) is not torch.Tensor or not data.is_floating_point():
+                return True
+    return False
+
+
 def fuse_pointwise(model: torch.nn.Module) -> int:
     """Give matching RMSNorm and MLP modules the fused forwards; returns how many. Idempotent."""
     param = next(model.parameters(), None)
     if param is None or param.device.type != "cpu" or param.dtype not in _DTYPE_CODES:
+        return 0
+    if param.dtype == torch.float32 and _has_quantized_layers(model):
         return 0
     kernels = load()
     if kernels is None:

@@ -74,8 +74,9 @@ def test_copies_of_the_llama_modules_are_fused_too(arch):
     assert fused.fuse_pointwise(model) == 3 * model.config.num_hidden_layers + 1
 
 
-def test_float32_models_and_other_forwards_are_left_alone():
-    assert fused.fuse_pointwise(make_tiny_model("llama")) == 0  # float32: token-for-token with generate
+def test_float32_models_are_fused_and_other_forwards_left_alone():
+    model = make_tiny_model("llama")  # float32
+    assert fused.fuse_pointwise(model) == 3 * model.config.num_hidden_layers + 1
 
     class ShiftedNorm(LlamaRMSNorm):  # same attributes, another computation (Gemma's 1 + weight, say)
         def forward(self, hidden_states):
@@ -128,7 +129,8 @@ def test_rope_gives_the_eager_bits(kernels, shape):
         got_q, got_k = kernels.rope(q, k, cos, sin)
     # transformers' eager apply_rotary_pos_emb, spelled out
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    assert torch.equal(got_q, q * c + rotate_half(q) * s) and torch.equal(got_k, k * c + rotate_half(k) * s)
+    torch.testing.assert_close(got_q, q * c + rotate_half(q) * s, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_k, k * c + rotate_half(k) * s, rtol=1e-6, atol=1e-6)
 
 
 def test_rope_is_replaced_in_the_modeling_module_and_runs_only_inside_an_engine_forward(kernels, tokenizer,
@@ -177,3 +179,27 @@ def test_other_rotary_functions_are_left_alone(kernels):
         assert not hasattr(fake.apply_rotary_pos_emb, "_batchgen_original")
     finally:
         del sys.modules["fake_modeling"]
+
+
+def test_float32_kernels_match_the_eager_ops(kernels):
+    """float32: the norm sums in another order, the SiLU's exp is a polynomial and the compiler may
+    contract rope's products and sums into FMAs: ~1 ulp each."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    gen = torch.Generator().manual_seed(32)
+    x = torch.randn(1, 300, 576, generator=gen) * 4
+    weight = torch.rand(576, generator=gen) + 0.5
+    torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-5), eager_rms_norm(x, weight, 1e-5),
+                               rtol=1e-6, atol=1e-6)
+    gate, up = torch.randn(70_000, generator=gen) * 6, torch.randn(70_000, generator=gen)
+    gate[:1] = -200.0
+    torch.testing.assert_close(kernels.silu_mul(gate, up), F.silu(gate) * up, rtol=1e-6, atol=1e-30)
+    q = (torch.randn(1, 7, 9 * 64, generator=gen) * 3).view(1, 7, 9, 64).transpose(1, 2)
+    k = (torch.randn(1, 7, 3 * 64, generator=gen) * 3).view(1, 7, 3, 64).transpose(1, 2)
+    angles = torch.randn(1, 7, 64, generator=gen) * 10
+    cos, sin = angles.cos(), angles.sin()
+    with torch.inference_mode():
+        got_q, got_k = kernels.rope(q, k, cos, sin)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    torch.testing.assert_close(got_q, q * c + rotate_half(q) * s, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_k, k * c + rotate_half(k) * s, rtol=1e-6, atol=1e-6)
