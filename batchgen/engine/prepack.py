@@ -1,27 +1,25 @@
-"""CPU linear layers on oneDNN weights reordered once: bf16/fp16 for small-batch steps, float32 always.
+"""CPU linear layers on oneDNN weights reordered once.
 
 `F.linear` on a bf16 CPU tensor runs oneDNN's matmul (AMX or AVX-512 BF16 kernels), which first
-reorders the weight into the kernel's blocked layout, on every call. For a prefill chunk of
-thousands of tokens that reorder is lost in the matmul; for a decode step of a few dozen tokens it
-is a large share of the call: measured on SmolLM2-135M's shapes (K = 576 / 1536, 2 threads, AMX),
-a weight reordered once runs 1.2-1.75x faster at 16-256 rows and the 49152-wide LM head 1.9x at 64
-rows, while at 512-2048 rows the two are within noise of each other, sometimes the plain call
-ahead. So each linear layer keeps its own weight for large calls and gains a reordered copy for
-calls of at most SMALL_M_MAX rows: decode steps, the LM head (one row per sampling sequence) and
-short prefill tails. (`benchmarks/README.md`, issue 10, has the per-shape table.)
+reorders the weight into the kernel's blocked layout, on every call. For a decode step of a few
+dozen tokens that reorder is a large share of the call: measured on SmolLM2-135M's shapes (K = 576
+/ 1536, 2 threads, AMX), a weight reordered once runs 1.2-1.75x faster at 16-256 rows and the
+49152-wide LM head 1.9x at 64 rows; at 512-2048 rows the two were within noise of each other on
+that Xeon and 3-11% apart in the reordered weight's favour on an AMD EPYC (one shape 0.95x). So
+each linear layer gains a reordered copy, used for calls of every size in float32 and bfloat16
+(ALL_ROWS_DTYPES) and of at most SMALL_M_MAX rows in float16 (not measured at prefill sizes).
+(`benchmarks/README.md`, issue 10, has the per-shape tables; `python -m benchmarks.linear_kernels`.)
+
+float32 gains the most: `F.linear` runs MKL's sgemm there, which takes its AVX2 path on AMD CPUs;
+oneDNN on the reordered weight ran 2.0-3.2x MKL at every row count of the model's shapes on an AMD
+EPYC (125-180 GFLOP/s -> 290-430), as vLLM-CPU also runs its float32 linears on oneDNN. The two
+sum in another order (about 1e-6 relative), as the engine's packed forward already did against
+`model.generate`'s padded one; the greedy-equivalence tests hold on it.
 
 The layers stay the model's own `nn.Linear` modules (names, parameters, state dict, tied weights
 untouched); only their `forward` is replaced, per instance. The copy costs the linear weights'
 bytes once more, so it is made only when that fits in MAX_EXTRA_MEMORY_SHARE of the memory
 available; a larger model keeps the plain path (a log line says so).
-
-float32 is different: `F.linear` runs MKL's sgemm there, and on AMD CPUs MKL takes its AVX2 path.
-Measured on an AMD EPYC (AVX-512, 2 threads, `benchmarks/README.md`): oneDNN's fp32 kernels on a
-reordered weight run 2.0-3.0x MKL at every row count of the model's shapes (K = 576 / 1536, 32-2048
-rows; 125-180 GFLOP/s -> 290-430), so float32 layers use the reordered weight for calls of any size
-(FP32_ALL_ROWS). The two round differently (sums in another order, about 1e-6 relative), as the
-engine's packed forward already does against `model.generate`'s padded one; the greedy-equivalence
-tests hold on it.
 """
 
 from __future__ import annotations
@@ -43,8 +41,10 @@ PACK_ROWS_HINT = 64
 # the copies may take at most this share of MemAvailable (the KV cache is sized after them)
 MAX_EXTRA_MEMORY_SHARE = 0.25
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# float32 calls of any size take the reordered weight (oneDNN beats MKL at every measured size)
-FP32_ALL_ROWS = True
+# dtypes whose calls of any size take the reordered weight: float32 (oneDNN beats MKL at every
+# measured size) and bfloat16 (on an AMD EPYC 0.95-1.27x at 512-2048 rows, mostly 1.03-1.11x;
+# within noise on an AMX Xeon); float16 keeps the plain path above SMALL_M_MAX rows (unmeasured)
+ALL_ROWS_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def supported(model: torch.nn.Module) -> bool:
@@ -101,7 +101,7 @@ def pack_linear_layers(model: torch.nn.Module, available_bytes: int | None = Non
 
 
 def _all_rows(dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 and FP32_ALL_ROWS
+    return dtype in ALL_ROWS_DTYPES
 
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
