@@ -48,7 +48,9 @@ from batchgen.engine.quantize_recipe import (
     INT4_COARSE_GROUP_SIZE,
     INT4_COARSE_LAYERS,
     INT4_GROUP_SIZE,
+    INT8_FULL_PRECISION_LAYERS,
     INT8_SMOOTH_ALPHA,
+    INT8_STACK_SIBLINGS,
 )
 from batchgen.errors import ConfigError
 
@@ -159,6 +161,8 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
             quantize_embeddings(model)
         return plan
     names = quantizable_linear_names(model, linear_group_size(plan))
+    if plan.backend == "onednn" and INT8_FULL_PRECISION_LAYERS:
+        names = {n for n in names if n.rpartition(".")[2] not in INT8_FULL_PRECISION_LAYERS}
     parents = dict(model.named_modules())
     ranges = None
     if plan.calibrated and calibration:
@@ -166,6 +170,8 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
 
         ranges = quantize_smooth.input_ranges(model, names, calibration)
         plan = dataclasses.replace(plan, smooth=True)
+    if plan.backend == "onednn" and INT8_STACK_SIBLINGS:  # q/k/v and gate/up as one matmul each
+        names = _stack_siblings(parents, names, ranges)
     for name in sorted(names):
         parent, _, child = name.rpartition(".")
         smooth = None
@@ -179,6 +185,24 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
     log.info("quantized %d linear layers to %s with %s%s", len(names), plan.scheme, plan.backend,
              "" if plan.embedding == "none" else f", the embedding/LM head to {plan.embedding}")
     return plan
+
+
+def _stack_siblings(parents: dict[str, torch.nn.Module], names: set[str],
+                    ranges: dict[str, torch.Tensor] | None) -> set[str]:
+    """Swap each q/k/v and gate/up set among `names` for one stacked oneDNN int8 matmul
+    (engine/quantize_int8_siblings.py); returns the names left to quantize one by one."""
+    from batchgen.engine import quantize_int8_siblings as siblings
+    from batchgen.engine.quantize_smooth import smoothing_factors
+
+    left = set(names)
+    for parent, children in siblings.sibling_sets(names):
+        smooth = None
+        if ranges is not None:  # one input, so one range; the factors see every sibling's weight
+            weight = torch.cat([getattr(parents[parent], c).weight.detach() for c in children])
+            smooth = smoothing_factors(ranges[f"{parent}.{children[0]}"], weight, INT8_SMOOTH_ALPHA)
+        siblings.stack(parents[parent], children, smooth)
+        left -= {f"{parent}.{c}" for c in children}
+    return left
 
 
 def plan_quantization(config, scheme: str, backend: str, embedding: str, device: torch.device) -> Quantization:

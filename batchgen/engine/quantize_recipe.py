@@ -28,5 +28,14 @@ INT4_RECIPE = ",".join([f"g{INT4_GROUP_SIZE}", *(f"{n}:g{INT4_COARSE_GROUP_SIZE}
 # Measured on SmolLM2-135M (benchmarks/README.md, issue 13): teacher-forced top-1 agreement with
 # bf16's greedy tokens rose from ~93% unsmoothed; alpha 0.5 gave the lowest KL of 0.4-0.8.
 INT8_SMOOTH_ALPHA: float | None = 0.5
+# linear layers (child names) --quantize int8 on oneDNN leaves in full precision: none by default.
+# ("down_proj",) was measured (benchmarks/README.md, issue 13): its inputs, SiLU(gate) * up, lose
+# the most to per-token int8 (~3% relative output error in every layer, against ~2% elsewhere)
+INT8_FULL_PRECISION_LAYERS: tuple[str, ...] = ()
+# q/k/v and gate/up of a layer as one stacked int8 matmul each (engine/quantize_int8_siblings.py);
+# with smoothing, a stacked set shares one factor per input channel
+INT8_STACK_SIBLINGS = True
 # what the job fingerprint records for int8: a job begun under another recipe refuses to resume
-INT8_RECIPE = "per-token" if INT8_SMOOTH_ALPHA is None else f"per-token,smooth-a{INT8_SMOOTH_ALPHA}"
+INT8_RECIPE = ",".join(["per-token", *([f"smooth-a{INT8_SMOOTH_ALPHA}"] if INT8_SMOOTH_ALPHA is not None else []),
+                        *(["stacked"] if INT8_STACK_SIBLINGS else []),
+                        *(f"{name}:full" for name in INT8_FULL_PRECISION_LAYERS)])
