@@ -30,10 +30,12 @@ from benchmarks.throughput import kv_blocks_for
 #   int8/onednn-plain       no smoothing, no stacking (the recipe before issue 13's fifth stop)
 #   int8/onednn-unstacked   smoothed, every layer its own matmul
 #   int8/onednn+bf16-down   the default with the MLP down projections left in bf16
+#   int8/onednn+int8-head   the default with the LM head as one more int8 x int8 layer
 SYSTEMS = {"bf16": ("none", "auto"), "int8/onednn": ("int8", "onednn"), "int8/torchao": ("int8", "torchao")}
 VARIANTS = {"int8/onednn-plain": {"INT8_STACK_SIBLINGS": False, "calibrate": False},
             "int8/onednn-unstacked": {"INT8_STACK_SIBLINGS": False},
-            "int8/onednn+bf16-down": {"INT8_FULL_PRECISION_LAYERS": ("down_proj",)}}
+            "int8/onednn+bf16-down": {"INT8_FULL_PRECISION_LAYERS": ("down_proj",)},
+            "int8/onednn+int8-head": {"INT8_LM_HEAD": True}}
 
 
 def load_variant(name: str):

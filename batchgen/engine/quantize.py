@@ -49,6 +49,7 @@ from batchgen.engine.quantize_recipe import (
     INT4_COARSE_LAYERS,
     INT4_GROUP_SIZE,
     INT8_FULL_PRECISION_LAYERS,
+    INT8_LM_HEAD,
     INT8_SMOOTH_ALPHA,
     INT8_STACK_SIBLINGS,
 )
@@ -163,6 +164,10 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
     names = quantizable_linear_names(model, linear_group_size(plan))
     if plan.backend == "onednn" and INT8_FULL_PRECISION_LAYERS:
         names = {n for n in names if n.rpartition(".")[2] not in INT8_FULL_PRECISION_LAYERS}
+    head = model.get_output_embeddings()
+    if plan.backend == "onednn" and INT8_LM_HEAD and plan.embedding == "none" and type(head) is torch.nn.Linear:
+        # the LM head as one more int8 x int8 layer (a tied embedding keeps its own full-precision matrix)
+        names = names | {next(n for n, m in model.named_modules() if m is head)}
     parents = dict(model.named_modules())
     ranges = None
     if plan.calibrated and calibration:

@@ -1,8 +1,9 @@
 """SmoothQuant-style per-input-channel smoothing for the dynamic int8 linear layers (engine/quantize_int8.py).
 
-Why: per-token int8 activations lose most on a few input channels whose values run far above the
-rest (SmolLM2-135M's decoder inputs have channels ~50-100x the median). One outlier sets the row's
-scale, and every other channel of that token is left a handful of int8 levels. SmoothQuant
+Why: per-token int8 activations lose most where a few input channels run far above the rest (on
+SmolLM2-135M the widest channel of a down_proj input spans 6-41x the median channel's range, over
+16 ShareGPT prompts). The outlier sets the token's scale, and every other channel of that token is
+left a handful of int8 levels. SmoothQuant
 (Xiao et al., 2023) moves part of that range into the weight, which is quantized per output row
 and has room to spare: for an input channel j with activation range a_j and weight range w_j,
 

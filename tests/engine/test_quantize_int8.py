@@ -99,3 +99,16 @@ def test_the_recipe_can_leave_named_layers_in_full_precision(monkeypatch):
     layer = model.model.layers[0]
     assert type(layer.mlp.down_proj) is torch.nn.Linear
     assert isinstance(layer.self_attn.o_proj, quantize_int8.Int8DynamicLinear)
+
+
+def test_the_recipe_can_run_the_lm_head_in_int8(monkeypatch):
+    monkeypatch.setattr(quantize, "INT8_LM_HEAD", True)
+    model = make_tiny_model("llama", seed=5)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    embedding = model.get_input_embeddings().weight.detach().clone()
+    quantize.quantize_model(model, "int8", "onednn", embedding="none")
+    head = model.get_output_embeddings()
+    assert isinstance(head, quantize_int8.Int8DynamicLinear)
+    torch.testing.assert_close(head.dequantized_weight(), embedding, atol=embedding.abs().max().item() / 127, rtol=0)
+    assert torch.equal(model.get_input_embeddings().weight, embedding)  # the lookup keeps its own matrix
