@@ -12,7 +12,9 @@ Schemes (`--quantize`):
                (torchao's dynamic-activation path; quanto quantizes activations only statically,
                with calibration, so it is not offered), or oneDNN's int8 x int8 matmul with
                --quantize-backend onednn (engine/quantize_int8.py; auto's choice on a CPU with
-               AVX-512 VNNI or AMX)
+               AVX-512 VNNI or AMX), whose recipe (quantize_recipe.INT8_RECIPE) adds SmoothQuant-style
+               smoothing from a calibration pass (engine/quantize_smooth.py) and runs q/k/v and
+               gate/up as one stacked matmul each (engine/quantize_int8_siblings.py)
   int8-weight  int8 weights per output row, activations stay in the model dtype
   int4         int4 weights in groups of 32 input channels (the MLP gate projections: 64), asymmetric
                (engine/quantize_recipe.py)

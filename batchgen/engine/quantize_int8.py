@@ -18,6 +18,8 @@ Int8DynamicLinear (a module swap; the HF forward is unchanged):
              per-column compensation computed when the weight is reordered (`zpm2` in its verbose)
     output   oneDNN computes (q_x @ q_w^T) * w_scale in int32 -> bf16; the per-token scale is applied
              after (oneDNN's op takes one activation scale per tensor), then the bias
+    smooth   optional per-input-channel factors s (engine/quantize_smooth.py): the weight quantized
+             is W * s, and the quantizer reads x * (1/s) in the same pass
 
 CPU only, float32 or bf16 activations; without oneDNN's ops or a C compiler for the quantizer,
 `supported()` is False and --quantize-backend onednn is refused.

@@ -98,3 +98,11 @@ def test_the_streaming_loader_leaves_a_calibrated_scheme_to_the_full_model(tmp_p
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     assert stream_load.load_quantized("tiny", str(tmp_path), torch.bfloat16, "int8", "onednn", "none") is None
+
+
+def test_load_model_calibrates_on_the_whole_full_precision_model(tiny_model_dir):
+    from batchgen.engine.loader import load_model
+
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16", quantize="int8", quantize_backend="onednn")
+    assert lm.quantization == "int8/onednn+smooth"
+    assert lm.model.model.layers[0].mlp.down_proj.inv_smooth is not None
