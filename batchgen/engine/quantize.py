@@ -171,6 +171,7 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
         # the LM head as one more int8 x int8 layer (a tied embedding keeps its own full-precision matrix)
         names = names | {next(n for n, m in model.named_modules() if m is head)}
     parents = dict(model.named_modules())
+    count = len(names)
     ranges = None
     if plan.calibrated and calibration:
         from batchgen.engine import quantize_smooth
@@ -189,7 +190,7 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
         quantize_linear(parents[parent], child, plan, device.type, smooth)
     if plan.embedding != "none":
         quantize_embeddings(model)
-    log.info("quantized %d linear layers to %s with %s%s", len(names), plan.scheme, plan.backend,
+    log.info("quantized %d linear layers to %s with %s%s", count, plan.scheme, plan.backend,
              "" if plan.embedding == "none" else f", the embedding/LM head to {plan.embedding}")
     return plan
 
