@@ -25,7 +25,38 @@ from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt
 from benchmarks.throughput import kv_blocks_for
 
+# int8/onednn: the default recipe (quantize_recipe.INT8_RECIPE: smoothed, q/k/v and gate/up stacked);
+# the variants below are quantized here from a bf16 load with the recipe's switches set for them:
+#   int8/onednn-plain       no smoothing, no stacking (the recipe before issue 13's fifth stop)
+#   int8/onednn-unstacked   smoothed, every layer its own matmul
+#   int8/onednn+bf16-down   the default with the MLP down projections left in bf16
+#   int8/onednn+int8-head   the default with the LM head as one more int8 x int8 layer
 SYSTEMS = {"bf16": ("none", "auto"), "int8/onednn": ("int8", "onednn"), "int8/torchao": ("int8", "torchao")}
+VARIANTS = {"int8/onednn-plain": {"INT8_STACK_SIBLINGS": False, "calibrate": False},
+            "int8/onednn-unstacked": {"INT8_STACK_SIBLINGS": False},
+            "int8/onednn+bf16-down": {"INT8_FULL_PRECISION_LAYERS": ("down_proj",)},
+            "int8/onednn+int8-head": {"INT8_LM_HEAD": True}}
+
+
+def load_variant(name: str):
+    """A bf16 load quantized with `name`'s recipe switches (VARIANTS), restored afterwards."""
+    from batchgen.engine import quantize
+    from batchgen.engine.quantize_smooth import calibration_ids
+
+    switches = dict(VARIANTS[name])
+    calibrate = switches.pop("calibrate", True)
+    lm = load_model(None, device="cpu", dtype="bfloat16")
+    saved = {k: getattr(quantize, k) for k in switches}
+    try:
+        for k, v in switches.items():
+            setattr(quantize, k, v)
+        label = quantize.quantize_model(lm.model, "int8", "onednn", "none",
+                                        calibration_ids(lm.tokenizer) if calibrate else None).label
+    finally:
+        for k, v in saved.items():
+            setattr(quantize, k, v)
+    print(f"{name}: {label} {switches}", flush=True)
+    return lm
 SHAPES = [(576, 576), (576, 1536), (1536, 576), (576, 192)]  # q/o, gate/up, down, k/v of SmolLM2-135M
 
 
@@ -56,8 +87,9 @@ def layers(rows: list[int], reps: int) -> None:
 
 def end_to_end(args) -> None:
     systems = args.systems.split(",")
-    lms = {k: load_model(None, device="cpu", dtype="bfloat16", quantize=SYSTEMS[k][0],
-                         quantize_backend=SYSTEMS[k][1]) for k in systems}
+    lms = {k: load_variant(k) if k in VARIANTS else load_model(None, device="cpu", dtype="bfloat16",
+                                                               quantize=SYSTEMS[k][0], quantize_backend=SYSTEMS[k][1])
+           for k in systems}
     workload = sharegpt.build_workload(lms[systems[0]].tokenizer, args.n, seed=0, max_prompt_len=args.max_prompt_len,
                                        max_output_len=args.max_output_len)
     blocks = kv_blocks_for(workload, args.max_num_seqs, 16)
@@ -88,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-output-len", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--systems", default="bf16,int8/onednn", help=f"first is the base; of {', '.join(SYSTEMS)}")
+    ap.add_argument("--systems", default="bf16,int8/onednn",
+                    help=f"first is the base; of {', '.join([*SYSTEMS, *VARIANTS])}")
     ap.add_argument("--layer-rows", default="128,2048", help="T of the layer part; empty: skip it")
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)

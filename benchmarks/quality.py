@@ -34,7 +34,7 @@ from batchgen.engine import kv_quant
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.loader import load_model
 from batchgen.engine.request import Request, SamplingParams
-from benchmarks import sharegpt
+from benchmarks import int8_one_thread, sharegpt
 from benchmarks.throughput import write_record
 
 DOCS = Path(__file__).parent.parent / "examples" / "docs.parquet"
@@ -46,6 +46,11 @@ TEMPLATE = "Summarize the following Python documentation in two sentences.\n\n{t
 SCHEMES = [("bf16", "none", "auto", "auto", "none"),
            ("int8/torchao", "int8", "torchao", "auto", "none"),
            ("int8/onednn", "int8", "onednn", "auto", "none"),
+           # int8/onednn recipe variants (benchmarks/int8_one_thread.py's VARIANTS): the default's parts priced
+           ("int8/onednn-plain", "int8", "onednn", "auto", "none"),
+           ("int8/onednn-unstacked", "int8", "onednn", "auto", "none"),
+           ("int8/onednn+bf16-down", "int8", "onednn", "auto", "none"),
+           ("int8/onednn+int8-head", "int8", "onednn", "auto", "none"),
            ("int8-weight/torchao", "int8-weight", "torchao", "auto", "none"),
            ("int8-weight/quanto", "int8-weight", "quanto", "auto", "none"),
            ("int8-weight/quanto+int8-embedding", "int8-weight", "quanto", "auto", "int8"),
@@ -134,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     for label, scheme, backend, kv, embedding in SCHEMES:
         if label not in wanted:
             continue
-        lm = load_model(None, device="cpu", dtype="bfloat16", quantize=scheme, quantize_backend=backend,
-                        quantize_embedding=embedding)
+        if label in int8_one_thread.VARIANTS:
+            lm = int8_one_thread.load_variant(label)
+        else:
+            lm = load_model(None, device="cpu", dtype="bfloat16", quantize=scheme, quantize_backend=backend,
+                            quantize_embedding=embedding)
         row = {}
         for name, s in seqs.items():
             if kv == "int8":

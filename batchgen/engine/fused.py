@@ -65,6 +65,9 @@ class PointwiseKernels:
         for fn in (self._quant, self._quant_u8):
             fn.argtypes = [_P, _I, _P, _P, _L, _L, _I]
             fn.restype = None
+        self._quant_u8_scaled = lib.quantize_rows_u8_scaled  # with a per-column factor (engine/quantize_smooth.py)
+        self._quant_u8_scaled.argtypes = [_P, _I, _P, _P, _P, _L, _L, _I]
+        self._quant_u8_scaled.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == x.dtype
@@ -88,6 +91,17 @@ class PointwiseKernels:
     def quantize_rows_u8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """quantize_rows_s8's values + 128 as uint8 (zero point 128): the operand VNNI multiplies."""
         return self._quantize_rows(x, self._quant_u8, torch.uint8)
+
+    def quantize_rows_u8_scaled(self, x: torch.Tensor, colscale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """quantize_rows_u8 of `x * colscale` (colscale: [cols] float32), the product taken in float32."""
+        assert x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)
+        assert colscale.dtype == torch.float32 and colscale.is_contiguous() and colscale.shape == (x.shape[1],)
+        rows, cols = x.shape
+        q = torch.empty(rows, cols, dtype=torch.uint8)
+        scale = torch.empty(rows, 1, dtype=torch.float32)
+        self._quant_u8_scaled(x.data_ptr(), 1 if x.dtype == torch.bfloat16 else 0, colscale.data_ptr(), q.data_ptr(),
+                              scale.data_ptr(), rows, cols, torch.get_num_threads())
+        return q, scale
 
     def _quantize_rows(self, x: torch.Tensor, fn, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         assert x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)

@@ -145,7 +145,7 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
             revision = _hash_dir(_hub_snapshot_dir(name))
         model = model.to(torch_device).eval()
         from batchgen.engine.quantize import apply_at_load  # imports torchao/quanto only when asked
-        quantization = apply_at_load(model, name, quantize, quantize_backend, gguf, quantize_embedding)
+        quantization = apply_at_load(model, name, quantize, quantize_backend, gguf, quantize_embedding, tokenizer)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         log.info("tokenizer of %s has no pad token; using eos %r as pad", name, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token

@@ -12,7 +12,9 @@ Schemes (`--quantize`):
                (torchao's dynamic-activation path; quanto quantizes activations only statically,
                with calibration, so it is not offered), or oneDNN's int8 x int8 matmul with
                --quantize-backend onednn (engine/quantize_int8.py; auto's choice on a CPU with
-               AVX-512 VNNI or AMX)
+               AVX-512 VNNI or AMX), whose recipe (quantize_recipe.INT8_RECIPE) adds SmoothQuant-style
+               smoothing from a calibration pass (engine/quantize_smooth.py) and runs q/k/v and
+               gate/up as one stacked matmul each (engine/quantize_int8_siblings.py)
   int8-weight  int8 weights per output row, activations stay in the model dtype
   int4         int4 weights in groups of 32 input channels (the MLP gate projections: 64), asymmetric
                (engine/quantize_recipe.py)
@@ -29,6 +31,7 @@ README table); `auto` encodes that table in AUTO_BACKEND.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 from dataclasses import dataclass
@@ -43,7 +46,15 @@ from batchgen.engine.quantize_checkpoint import (  # noqa: F401  (re-exported: l
     gguf_scheme,
 )
 from batchgen.engine.quantize_embedding import EMBEDDING_SCHEMES, quantize_embeddings
-from batchgen.engine.quantize_recipe import INT4_COARSE_GROUP_SIZE, INT4_COARSE_LAYERS, INT4_GROUP_SIZE
+from batchgen.engine.quantize_recipe import (
+    INT4_COARSE_GROUP_SIZE,
+    INT4_COARSE_LAYERS,
+    INT4_GROUP_SIZE,
+    INT8_FULL_PRECISION_LAYERS,
+    INT8_LM_HEAD,
+    INT8_SMOOTH_ALPHA,
+    INT8_STACK_SIBLINGS,
+)
 from batchgen.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -74,11 +85,19 @@ class Quantization:
     scheme: str  # one of SCHEMES
     backend: str | None  # torchao | quanto; None for "none" or a pre-quantized checkpoint's own method
     embedding: str = "none"  # none | int8: the embedding/LM head (engine/quantize_embedding.py)
+    smooth: bool = False  # int8/onednn: per-input-channel smoothing from a calibration pass (quantize_smooth.py)
 
     @property
     def label(self) -> str:
         label = self.scheme if self.backend is None else f"{self.scheme}/{self.backend}"
+        label += "+smooth" if self.smooth else ""
         return label if self.embedding == "none" else f"{label}+{self.embedding}-embedding"
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether this scheme smooths its activations, so needs the full-precision model to run
+        calibration text before its linear layers are swapped (not the streaming loader)."""
+        return self.scheme == "int8" and self.backend == "onednn" and INT8_SMOOTH_ALPHA is not None
 
 
 def resolve_embedding(embedding: str, scheme: str) -> str:
@@ -133,9 +152,11 @@ def cpu_has_int8_matmul() -> bool:
 
 
 def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
-                   embedding: str = "auto") -> Quantization:
+                   embedding: str = "auto", calibration: list[list[int]] | None = None) -> Quantization:
     """Quantize `model`'s decoder linear layers (and, per `embedding`, its embedding/LM head) in
-    place; return what was applied."""
+    place; return what was applied. `calibration`: token ids the full-precision model runs first
+    where the scheme smooths its activations (Quantization.calibrated; the loader passes
+    quantize_smooth.calibration_ids); without them such a scheme runs unsmoothed (the label says so)."""
     device = next(model.parameters()).device
     plan = plan_quantization(model.config, scheme, backend, embedding, device)
     if plan.scheme == "none":
@@ -143,15 +164,53 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
             quantize_embeddings(model)
         return plan
     names = quantizable_linear_names(model, linear_group_size(plan))
+    if plan.backend == "onednn" and INT8_FULL_PRECISION_LAYERS:
+        names = {n for n in names if n.rpartition(".")[2] not in INT8_FULL_PRECISION_LAYERS}
+    head = model.get_output_embeddings()
+    if plan.backend == "onednn" and INT8_LM_HEAD and plan.embedding == "none" and type(head) is torch.nn.Linear:
+        # the LM head as one more int8 x int8 layer (a tied embedding keeps its own full-precision matrix)
+        names = names | {next(n for n, m in model.named_modules() if m is head)}
     parents = dict(model.named_modules())
+    count = len(names)
+    ranges = None
+    if plan.calibrated and calibration:
+        from batchgen.engine import quantize_smooth
+
+        ranges = quantize_smooth.input_ranges(model, names, calibration)
+        plan = dataclasses.replace(plan, smooth=True)
+    if plan.backend == "onednn" and INT8_STACK_SIBLINGS:  # q/k/v and gate/up as one matmul each
+        names = _stack_siblings(parents, names, ranges)
     for name in sorted(names):
         parent, _, child = name.rpartition(".")
-        quantize_linear(parents[parent], child, plan, device.type)
+        smooth = None
+        if ranges is not None:
+            from batchgen.engine.quantize_smooth import smoothing_factors
+
+            smooth = smoothing_factors(ranges[name], getattr(parents[parent], child).weight, INT8_SMOOTH_ALPHA)
+        quantize_linear(parents[parent], child, plan, device.type, smooth)
     if plan.embedding != "none":
         quantize_embeddings(model)
-    log.info("quantized %d linear layers to %s with %s%s", len(names), plan.scheme, plan.backend,
+    log.info("quantized %d linear layers to %s with %s%s", count, plan.scheme, plan.backend,
              "" if plan.embedding == "none" else f", the embedding/LM head to {plan.embedding}")
     return plan
+
+
+def _stack_siblings(parents: dict[str, torch.nn.Module], names: set[str],
+                    ranges: dict[str, torch.Tensor] | None) -> set[str]:
+    """Swap each q/k/v and gate/up set among `names` for one stacked oneDNN int8 matmul
+    (engine/quantize_int8_siblings.py); returns the names left to quantize one by one."""
+    from batchgen.engine import quantize_int8_siblings as siblings
+    from batchgen.engine.quantize_smooth import smoothing_factors
+
+    left = set(names)
+    for parent, children in siblings.sibling_sets(names):
+        smooth = None
+        if ranges is not None:  # one input, so one range; the factors see every sibling's weight
+            weight = torch.cat([getattr(parents[parent], c).weight.detach() for c in children])
+            smooth = smoothing_factors(ranges[f"{parent}.{children[0]}"], weight, INT8_SMOOTH_ALPHA)
+        siblings.stack(parents[parent], children, smooth)
+        left -= {f"{parent}.{c}" for c in children}
+    return left
 
 
 def plan_quantization(config, scheme: str, backend: str, embedding: str, device: torch.device) -> Quantization:
@@ -176,15 +235,17 @@ def int4_group_size(child: str, in_features: int) -> int:
     return INT4_GROUP_SIZE
 
 
-def quantize_linear(parent: torch.nn.Module, child: str, plan: Quantization, device_type: str) -> None:
+def quantize_linear(parent: torch.nn.Module, child: str, plan: Quantization, device_type: str,
+                    smooth: torch.Tensor | None = None) -> None:
     """Quantize the linear layer `parent.<child>` alone: the unit both the after-load pass and the
-    streaming loader (engine/stream_load.py) apply, so the two give the same weights."""
+    streaming loader (engine/stream_load.py) apply, so the two give the same weights. `smooth`:
+    int8/onednn's per-input-channel factors (engine/quantize_smooth.py)."""
     if plan.backend == "torchao":
         _quantize_torchao(parent, plan.scheme, child, device_type)
     elif plan.backend == "onednn":
         from batchgen.engine import quantize_int8
 
-        quantize_int8.quantize_linear(parent, child)
+        quantize_int8.quantize_linear(parent, child, smooth)
     else:
         _quantize_quanto(parent, plan.scheme, child)
 
@@ -297,7 +358,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 # ---------------------------------------------------------------- at load time (engine/loader.py)
 
 def apply_at_load(model: torch.nn.Module, name: str, scheme: str, backend: str, gguf_path=None,
-                  embedding: str = "auto") -> str:
+                  embedding: str = "auto", tokenizer=None) -> str:
     """What loader.load_model calls after moving the model: returns the label the job fingerprint
     records ("none", "int4/torchao+int8-embedding", "prequantized:torchao", ...)."""
     method = checkpoint_quantization(model)
@@ -306,7 +367,12 @@ def apply_at_load(model: torch.nn.Module, name: str, scheme: str, backend: str, 
         if scheme not in ("none", "auto"):
             raise ConfigError(f"model {name!r} is already quantized ({method}); drop --quantize {scheme}")
         return f"prequantized:{method}"
-    return quantize_model(model, requested_scheme(scheme, name, gguf_path), backend, embedding).label
+    calibration = None
+    if tokenizer is not None:
+        from batchgen.engine.quantize_smooth import calibration_ids
+
+        calibration = calibration_ids(tokenizer)
+    return quantize_model(model, requested_scheme(scheme, name, gguf_path), backend, embedding, calibration).label
 
 
 def requested_scheme(scheme: str, name: str, gguf_path=None) -> str:

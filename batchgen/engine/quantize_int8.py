@@ -18,6 +18,8 @@ Int8DynamicLinear (a module swap; the HF forward is unchanged):
              per-column compensation computed when the weight is reordered (`zpm2` in its verbose)
     output   oneDNN computes (q_x @ q_w^T) * w_scale in int32 -> bf16; the per-token scale is applied
              after (oneDNN's op takes one activation scale per tensor), then the bias
+    smooth   optional per-input-channel factors s (engine/quantize_smooth.py): the weight quantized
+             is W * s, and the quantizer reads x * (1/s) in the same pass
 
 CPU only, float32 or bf16 activations; without oneDNN's ops or a C compiler for the quantizer,
 `supported()` is False and --quantize-backend onednn is refused.
@@ -46,11 +48,18 @@ def _kernels():
 class Int8DynamicLinear(torch.nn.Module):
     """`nn.Linear` with int8 weights and per-token int8 activations (see the module docstring)."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, smooth: torch.Tensor | None = None):
+        """`smooth`: [in] float32 per-input-channel factors s (engine/quantize_smooth.py): the layer
+        multiplies x / s by W * s, the same product, with the activations' outlier range moved into W."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
-        qweight, scale = quantize_rows(linear.weight.detach(), torch.float32)
+        weight = linear.weight.detach()
+        if smooth is not None:
+            weight = weight.float() * smooth.float()[None, :]
+        # 1/s, applied by the activation quantizer; None: no smoothing
+        self.register_buffer("inv_smooth", None if smooth is None else (1.0 / smooth.float()).contiguous())
+        qweight, scale = quantize_rows(weight, torch.float32)
         self.packed_weight = torch.ops.onednn.qlinear_prepack(qweight, None)  # opaque oneDNN tensor
         self.register_buffer("weight_scale", scale)  # [out] float32
         self.register_buffer("weight_zero_point", torch.zeros(self.out_features, dtype=torch.int64))
@@ -60,7 +69,10 @@ class Int8DynamicLinear(torch.nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.dtype != self.out_dtype or not flat.is_contiguous():
             flat = flat.to(self.out_dtype).contiguous()
-        q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
+        if self.inv_smooth is None:
+            q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
+        else:
+            q, x_scale = _kernels().quantize_rows_u8_scaled(flat, self.inv_smooth)
         out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
                                                  self.weight_zero_point, None, 1.0, 0, self.out_dtype,
                                                  "none", [], "")
@@ -74,11 +86,13 @@ class Int8DynamicLinear(torch.nn.Module):
         eye = torch.eye(self.in_features, dtype=torch.uint8).add_(ZERO_POINT)
         ones = torch.ops.onednn.qlinear_pointwise(eye, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
                                                   self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
+        if self.inv_smooth is not None:  # (W * s) / s per input column: exact, s is a power of two
+            ones.mul_(self.inv_smooth[:, None])
         return ones.t().contiguous()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 x int8 (oneDNN)"
 
 
-def quantize_linear(parent: torch.nn.Module, child: str) -> None:
-    setattr(parent, child, Int8DynamicLinear(getattr(parent, child)))
+def quantize_linear(parent: torch.nn.Module, child: str, smooth: torch.Tensor | None = None) -> None:
+    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), smooth))

@@ -22,3 +22,24 @@ INT4_COARSE_GROUP_SIZE = 64
 INT4_COARSE_LAYERS: tuple[str, ...] = ("gate_proj",)  # child names of nn.Linear modules
 # what the job fingerprint records for int4: a job begun under another recipe refuses to resume
 INT4_RECIPE = ",".join([f"g{INT4_GROUP_SIZE}", *(f"{n}:g{INT4_COARSE_GROUP_SIZE}" for n in INT4_COARSE_LAYERS)])
+
+# --quantize int8 on oneDNN (engine/quantize_int8.py): SmoothQuant's migration strength for the
+# per-input-channel smoothing (engine/quantize_smooth.py), from a calibration pass on fixed text.
+# Measured on SmolLM2-135M (benchmarks/README.md, issue 13): teacher-forced top-1 agreement with
+# bf16's greedy tokens rose from ~93% unsmoothed; alpha 0.5 gave the lowest KL of 0.4-0.8.
+INT8_SMOOTH_ALPHA: float | None = 0.5
+# linear layers (child names) --quantize int8 on oneDNN leaves in full precision: none by default.
+# ("down_proj",) was measured (benchmarks/README.md, issue 13): its inputs, SiLU(gate) * up, lose
+# the most to per-token int8 (~3% relative output error in every layer, against ~2% elsewhere)
+INT8_FULL_PRECISION_LAYERS: tuple[str, ...] = ()
+# the LM head through the same oneDNN int8 x int8 matmul (when the embedding/LM head is not
+# --quantize-embedding int8): off until its quality is measured; see benchmarks/README.md, issue 13
+INT8_LM_HEAD = False
+# q/k/v and gate/up of a layer as one stacked int8 matmul each (engine/quantize_int8_siblings.py);
+# with smoothing, a stacked set shares one factor per input channel
+INT8_STACK_SIBLINGS = True
+# what the job fingerprint records for int8: a job begun under another recipe refuses to resume
+INT8_RECIPE = ",".join(["per-token", *([f"smooth-a{INT8_SMOOTH_ALPHA}"] if INT8_SMOOTH_ALPHA is not None else []),
+                        *(["stacked"] if INT8_STACK_SIBLINGS else []),
+                        *(f"{name}:full" for name in INT8_FULL_PRECISION_LAYERS),
+                        *(["lm_head"] if INT8_LM_HEAD else [])])

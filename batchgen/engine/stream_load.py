@@ -220,6 +220,8 @@ def load_quantized(name: str, model_dir: str, dtype: torch.dtype, scheme: str, b
                                torch.device("cpu"))
     if plan.scheme == "none" and plan.embedding == "none":
         return None
+    if plan.calibrated:  # its smoothing factors come from running the whole full-precision model first
+        return None
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     names = q.quantizable_linear_names(model, q.linear_group_size(plan)) if plan.scheme != "none" else set()

@@ -68,6 +68,12 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
 
         # the int4 group sizes: an int4 job begun under another recipe has other weights, so it is refused
         fingerprint["int4_recipe"] = INT4_RECIPE
+    if config.quantize == "int8" and config.quantize_backend in ("auto", "onednn"):
+        from batchgen.engine.quantize_recipe import INT8_RECIPE
+
+        # oneDNN's int8 smooths its activations (engine/quantize_smooth.py): a job begun unsmoothed
+        # has other weights, so it is refused
+        fingerprint["int8_recipe"] = INT8_RECIPE
     sampling = {"repetition_penalty": config.repetition_penalty, "presence_penalty": config.presence_penalty,
                 "frequency_penalty": config.frequency_penalty, "min_tokens": config.min_tokens,
                 "sampling_column": config.sampling_column}

@@ -66,8 +66,10 @@ def test_quantize_model_swaps_every_decoder_linear_and_counts_the_packed_bytes()
     applied = quantize.quantize_model(model, "int8", "onednn", embedding="none")
     assert applied.label == "int8/onednn"
     layer = model.model.layers[0]
-    assert all(isinstance(m, quantize_int8.Int8DynamicLinear)
-               for m in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj))
+    assert all(isinstance(m, quantize_int8.Int8DynamicLinear) for m in (layer.self_attn.o_proj, layer.mlp.down_proj))
+    # q/k/v: one stacked matmul (engine/quantize_int8_siblings.py)
+    assert layer.self_attn.q_proj.group.linear.out_features == sum(
+        getattr(layer.self_attn, n).out_features for n in ("q_proj", "k_proj", "v_proj"))
     assert isinstance(model.lm_head, torch.nn.Linear)
     assert quantize.weight_bytes(model) < before
 
@@ -88,3 +90,25 @@ def test_engine_greedy_equals_generate_of_the_same_model(tokenizer):
     refs, got = generate_and_engine_tokens(model, tokenizer)
     assert got == refs
 
+
+
+def test_the_recipe_can_leave_named_layers_in_full_precision(monkeypatch):
+    monkeypatch.setattr(quantize, "INT8_FULL_PRECISION_LAYERS", ("down_proj",))
+    model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
+    quantize.quantize_model(model, "int8", "onednn", embedding="none")
+    layer = model.model.layers[0]
+    assert type(layer.mlp.down_proj) is torch.nn.Linear
+    assert isinstance(layer.self_attn.o_proj, quantize_int8.Int8DynamicLinear)
+
+
+def test_the_recipe_can_run_the_lm_head_in_int8(monkeypatch):
+    monkeypatch.setattr(quantize, "INT8_LM_HEAD", True)
+    model = make_tiny_model("llama", seed=5)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    embedding = model.get_input_embeddings().weight.detach().clone()
+    quantize.quantize_model(model, "int8", "onednn", embedding="none")
+    head = model.get_output_embeddings()
+    assert isinstance(head, quantize_int8.Int8DynamicLinear)
+    torch.testing.assert_close(head.dequantized_weight(), embedding, atol=embedding.abs().max().item() / 127, rtol=0)
+    assert torch.equal(model.get_input_embeddings().weight, embedding)  # the lookup keeps its own matrix

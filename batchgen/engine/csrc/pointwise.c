@@ -201,17 +201,33 @@ void rope(const void* q, const void* k, const void* cos, const void* sin, void* 
  * With offset 128 (quantize_rows_u8) each byte is q + 128, in 1..255: the same values as uint8 with
  * zero point 128. VNNI's vpdpbusd multiplies u8 by s8, so without AMX oneDNN's brgemm takes only
  * u8 activations (s8 ones fall to its reference kernel, measured ~100x slower). */
-ALWAYS_INLINE void quantize_row_x8(const void* x, int bf16, uint8_t* q, float* scales, int64_t row, int64_t cols,
-                                   int offset) {
+/* x[base + j], times colscale[j] when there is one (a SmoothQuant-style per-input-channel factor,
+ * see engine/quantize_smooth.py): the product is taken in f32 before the row's max, so the scaled
+ * activation is never rounded to bf16. */
+ALWAYS_INLINE float load_scaled1(const void* x, int bf16, const float* colscale, int64_t base, int64_t j) {
+    const float v = bf16 ? bf16_to_f32(((const uint16_t*)x)[base + j]) : ((const float*)x)[base + j];
+    return colscale ? v * colscale[j] : v;
+}
+
+#ifdef __AVX512F__
+ALWAYS_INLINE __m512 load_scaled16(const void* x, int bf16, const float* colscale, int64_t base, int64_t j,
+                                   __mmask16 k) {
+    const __m512 v = load16(x, bf16, base + j, k);
+    return colscale ? _mm512_mul_ps(v, _mm512_maskz_loadu_ps(k, colscale + j)) : v;
+}
+#endif
+
+ALWAYS_INLINE void quantize_row_x8(const void* x, int bf16, const float* colscale, uint8_t* q, float* scales,
+                                   int64_t row, int64_t cols, int offset) {
     const int64_t base = row * cols;
 #ifdef __AVX512F__
     __m512 mx = _mm512_setzero_ps();
-    for (int64_t j = 0; j < cols; j += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(load16(x, bf16, base + j, tail(cols - j))));
+    for (int64_t j = 0; j < cols; j += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(load_scaled16(x, bf16, colscale, base, j, tail(cols - j))));
     const float amax = _mm512_reduce_max_ps(mx);
     const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
     for (int64_t j = 0; j < cols; j += 16) {
         const __mmask16 k = tail(cols - j);
-        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(load16(x, bf16, base + j, k), inv));  /* nearest even */
+        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(load_scaled16(x, bf16, colscale, base, j, k), inv));  /* nearest even */
         v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
         v = _mm512_add_epi32(v, _mm512_set1_epi32(offset));  /* -127..255: its low byte is the stored value */
         _mm_mask_storeu_epi8(q + base + j, k, _mm512_cvtepi32_epi8(v));
@@ -219,12 +235,12 @@ ALWAYS_INLINE void quantize_row_x8(const void* x, int bf16, uint8_t* q, float* s
 #else
     float amax = 0.f;
     for (int64_t j = 0; j < cols; j++) {
-        const float v = bf16 ? bf16_to_f32(((const uint16_t*)x)[base + j]) : ((const float*)x)[base + j];
+        const float v = load_scaled1(x, bf16, colscale, base, j);
         amax = fabsf(v) > amax ? fabsf(v) : amax;
     }
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
     for (int64_t j = 0; j < cols; j++) {
-        const float v = bf16 ? bf16_to_f32(((const uint16_t*)x)[base + j]) : ((const float*)x)[base + j];
+        const float v = load_scaled1(x, bf16, colscale, base, j);
         float r = nearbyintf(v * inv);
         q[base + j] = (uint8_t)((int)(r > 127.f ? 127.f : r < -127.f ? -127.f : r) + offset);
     }
@@ -232,17 +248,23 @@ ALWAYS_INLINE void quantize_row_x8(const void* x, int bf16, uint8_t* q, float* s
     scales[row] = amax > 0.f ? amax / 127.f : 1.f;
 }
 
-static void quantize_rows_x8(const void* x, int dtype, uint8_t* q, float* scales, int64_t rows, int64_t cols,
-                             int num_threads, int offset) {
+static void quantize_rows_x8(const void* x, int dtype, const float* colscale, uint8_t* q, float* scales,
+                             int64_t rows, int64_t cols, int num_threads, int offset) {
     const int bf16 = dtype == 1;
     #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
-    for (int64_t row = 0; row < rows; row++) quantize_row_x8(x, bf16, q, scales, row, cols, offset);
+    for (int64_t row = 0; row < rows; row++) quantize_row_x8(x, bf16, colscale, q, scales, row, cols, offset);
 }
 
 void quantize_rows_s8(const void* x, int dtype, int8_t* q, float* scales, int64_t rows, int64_t cols, int num_threads) {
-    quantize_rows_x8(x, dtype, (uint8_t*)q, scales, rows, cols, num_threads, 0);
+    quantize_rows_x8(x, dtype, NULL, (uint8_t*)q, scales, rows, cols, num_threads, 0);
 }
 
 void quantize_rows_u8(const void* x, int dtype, uint8_t* q, float* scales, int64_t rows, int64_t cols, int num_threads) {
-    quantize_rows_x8(x, dtype, q, scales, rows, cols, num_threads, 128);
+    quantize_rows_x8(x, dtype, NULL, q, scales, rows, cols, num_threads, 128);
+}
+
+/* quantize_rows_u8 of x[r][j] * colscale[j] (colscale: cols float32 factors) */
+void quantize_rows_u8_scaled(const void* x, int dtype, const float* colscale, uint8_t* q, float* scales, int64_t rows,
+                             int64_t cols, int num_threads) {
+    quantize_rows_x8(x, dtype, colscale, q, scales, rows, cols, num_threads, 128);
 }
