@@ -13,6 +13,7 @@ import operator
 import re
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
@@ -153,6 +154,34 @@ class NumberedStrList(RowList):
     def __iter__(self) -> Iterator[str]:
         for i in range(len(self._numbers)):
             yield self.at(i)
+
+    def runs(self, positions: np.ndarray, min_count: int) -> tuple[NumberRuns, np.ndarray]:
+        """The runs among the values at `positions` (ascending): stretches of consecutive positions
+        holding one prefix and consecutive numbers, at least `min_count` long; and the positions in
+        no such run (batchgen.io.id_index holds the two apart)."""
+        numbers = np.frombuffer(self._numbers, np.int64)[positions]
+        which = np.zeros(len(positions), np.int64) if self._which is None else \
+            np.frombuffer(self._which, np.uint16)[positions].astype(np.int64)
+        breaks = (np.diff(positions) != 1) | (np.diff(numbers) != 1) | (np.diff(which) != 0)
+        starts = np.concatenate(([0], np.flatnonzero(breaks) + 1))
+        counts = np.diff(np.append(starts, len(positions)))
+        long = counts >= min_count
+        in_run = np.repeat(long, counts)
+        starts = starts[long]
+        heads = tuple(prefix[:-1] for prefix in self._prefixes)  # "<head>:" -> "<head>"
+        return NumberRuns(heads, which[starts], numbers[starts], counts[long], positions[starts]), positions[~in_run]
+
+
+@dataclass(frozen=True, slots=True)
+class NumberRuns:
+    """Runs of a NumberedStrList: run k is `heads[which[k]]:<firsts[k] + j>` for j < counts[k], at
+    positions `starts[k] + j`."""
+
+    heads: tuple[str, ...]
+    which: np.ndarray
+    firsts: np.ndarray
+    counts: np.ndarray
+    starts: np.ndarray
 
 
 class IntList(RowList):

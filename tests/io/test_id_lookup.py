@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from batchgen.io import id_index
+from batchgen.io import id_table
 from batchgen.io.compact_lists import hash_list, id_list
 from batchgen.io.id_index import IdIndex
 
@@ -38,9 +38,9 @@ def lookups_agree(index: IdIndex, probes: list) -> None:
 def colliding(request, monkeypatch):
     """The index's hash(): Python's, or one under which most ids (or all) share their hash."""
     if request.param == "mod 7":
-        monkeypatch.setattr(id_index, "hash", lambda x: builtins.hash(x) % 7, raising=False)
+        monkeypatch.setattr(id_table, "hash", lambda x: builtins.hash(x) % 7, raising=False)
     elif request.param == "constant":
-        monkeypatch.setattr(id_index, "hash", lambda x: (builtins.hash(x), 3)[1], raising=False)
+        monkeypatch.setattr(id_table, "hash", lambda x: (builtins.hash(x), 3)[1], raising=False)
     return request.param
 
 
