@@ -110,3 +110,39 @@ def test_gather_gives_each_found_row_its_value_and_none_elsewhere():
     assert index.gather(locs, lambda p: p.hashes) == ["00000000000000ff", "00000000000000aa", None, None, None]
     assert index.gather(locs, lambda p: p.ids) == ["w", "x", "y", "z", None]
     assert index.gather(index.locate([]), lambda p: p.ids) == []
+
+
+def test_a_batch_lookup_over_runs_and_hashed_ids_answers_as_one_at_a_time(colliding):
+    rng = random.Random(3)
+    index, model, parts = IdIndex(), set(), {}
+    universe = [*(f"a.parquet:{n}" for n in range(660)), *(f"b/x.parquet:{n}" for n in range(100)), *range(100),
+                "a.parquet:05", "doc-7"]
+    for step in range(60):
+        if parts and rng.random() < 0.25:
+            name = rng.choice(sorted(parts))
+            ids, ok = parts.pop(name)
+            index.drop_part(name, ok)
+            model.difference_update(ids[i] for i in ok)
+        else:
+            start = rng.randrange(600)
+            ids = [f"a.parquet:{n}" for n in range(start, start + rng.randrange(1, 60))]
+            ids += rng.sample(universe, rng.choice([0, 0, 2, 6]))  # rows of another file, user ids, stray rows
+            ids = [i for i in dict.fromkeys(ids) if i not in model]
+            ok = [i for i in range(len(ids)) if rng.random() < 0.97]
+            parts[f"p{step}"] = (ids, ok)
+            assert index.add_part(Part(f"p{step}", id_list(ids)), ok) is None
+            model.update(ids[i] for i in ok)
+        probes = [p if isinstance(p, int) else "".join(p) for p in rng.sample(universe, 150)]  # fresh objects
+        assert (index.locate(probes) >= 0).tolist() == [p in model for p in probes]
+    lookups_agree(index, universe + [[1], None, "a.parquet:", ":3"])
+    assert (index.locate(universe) >= 0).sum() == len(model)
+
+
+def test_gather_reads_rows_found_in_runs():
+    index = IdIndex()
+    ids = [f"in.parquet:{n}" for n in range(10)]
+    index.add_part(Part("a", id_list(ids), hash_list([f"{n:016x}" for n in range(10)])), list(range(10)))
+    index.add_part(Part("b", id_list(["in.parquet:10", "k"]), hash_list(["00000000000000aa", None])), [0, 1])
+    locs = index.locate(["in.parquet:3", "in.parquet:10", "k", "in.parquet:11", "in.parquet:9"])
+    assert index.gather(locs, lambda p: p.hashes) == [f"{3:016x}", "00000000000000aa", None, None, f"{9:016x}"]
+    assert index.gather(locs, lambda p: p.ids) == ["in.parquet:3", "in.parquet:10", "k", None, "in.parquet:9"]
