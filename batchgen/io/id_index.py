@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from batchgen.io.compact_lists import NumberedStrList, NumberRuns, RowList
-from batchgen.io.id_runs import RunIndex, split_numbered
+from batchgen.io.compact_lists import RowList
+from batchgen.io.id_runs import RunIndex, split_numbered, split_numbered_many
 from batchgen.io.id_table import POSITION_BITS, POSITION_MASK, IdTable, Part, by_part, hashes_of
+from batchgen.io.numbered_ids import NumberedStrList, NumberRuns
 
 __all__ = ["IdIndex", "Part"]
 
@@ -80,15 +81,10 @@ class IdIndex(Set):
         for the ids it lacks that are shaped `<head>:<number>` a binary search of the runs."""
         found = self._table.locate(ids)
         if len(self._runs):
-            by_head: dict[str, tuple[list[int], list[int]]] = {}
-            for k in np.flatnonzero(found < 0).tolist():
-                numbered = split_numbered(ids[k])
-                if numbered is not None:
-                    at, numbers = by_head.setdefault(numbered[0], ([], []))
-                    at.append(k)
-                    numbers.append(numbered[1])
-            for head, (at, numbers) in by_head.items():
-                found[at] = self._runs.locate(head, np.array(numbers, np.int64))
+            lacking = np.flatnonzero(found < 0)
+            rest = ids if len(lacking) == len(ids) else [ids[k] for k in lacking.tolist()]
+            for head, (at, numbers) in split_numbered_many(rest).items():
+                found[lacking[at]] = self._runs.locate(head, numbers)
         return found
 
     def gather(self, locs: np.ndarray, column: Callable[[Part], RowList | None]) -> list[Any]:

@@ -8,7 +8,7 @@ not the ~32 MiB of a hash table slot pair per id; a lookup is a binary search (n
 searchsorted for a batch). Runs never overlap: the index refuses a duplicate before it adds one.
 
 An id is in a run only as the exact string `<head>:<number>` with a canonical number (ASCII
-digits, no leading zero, at most 18 digits), as batchgen.io.compact_lists.NumberedStrList holds
+digits, no leading zero, at most 18 digits), as batchgen.io.numbered_ids.NumberedStrList holds
 them; `split_numbered` tells whether a value is one, so any str looks itself up here exactly.
 """
 
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from batchgen.io.id_table import POSITION_BITS
-
-_MAX_DIGITS = 18  # as NumberedStrList: every number fits an int64, with room to add a count
+from batchgen.io.numbered_ids import MAX_DIGITS
 
 
 def split_numbered(value: Any) -> tuple[str, int] | None:
@@ -31,10 +30,43 @@ def split_numbered(value: Any) -> tuple[str, int] | None:
     if not isinstance(value, str):
         return None
     head, sep, digits = value.rpartition(":")
-    if not sep or not digits.isdigit() or not digits.isascii() or len(digits) > _MAX_DIGITS \
+    if not sep or not digits.isdigit() or not digits.isascii() or len(digits) > MAX_DIGITS \
             or (digits[0] == "0" and len(digits) > 1):
         return None
     return head, int(digits)
+
+
+def split_numbered_many(values: Sequence[Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """head -> (the indices into `values` of those shaped `<head>:<number>`, their numbers): what
+    split_numbered says of each, with the usual batch (strs of one input file's rows) checked in
+    bulk, a few C-level passes instead of a Python call per value."""
+    try:
+        parts = [v.rpartition(":") for v in values]
+        digits = [p[2] for p in parts]
+        joined = "".join(digits)
+        if joined.isdigit() and joined.isascii() and "".join(p[1] for p in parts) == ":" * len(parts):
+            numbers = np.fromiter(map(int, digits), np.int64, len(digits))  # OverflowError past int64
+            # canonical (no leading zero, at most 18 digits): the number written back is the digits
+            if (numbers < 10 ** MAX_DIGITS).all() and list(map(str, numbers.tolist())) == digits:
+                return _by_head([p[0] for p in parts], numbers)
+    except (AttributeError, TypeError, ValueError, OverflowError):  # a value that is no str; an empty number
+        pass
+    found = [(k, numbered) for k, numbered in enumerate(map(split_numbered, values)) if numbered is not None]
+    return _by_head([n[0] for _, n in found], np.array([n[1] for _, n in found], np.int64),
+                    np.array([k for k, _ in found], np.int64))
+
+
+def _by_head(heads: list[str], numbers: np.ndarray, where: np.ndarray | None = None
+             ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    where = np.arange(len(heads)) if where is None else where
+    if not heads:
+        return {}
+    if heads.count(heads[0]) == len(heads):  # one input file's rows: the usual batch
+        return {heads[0]: (where, numbers)}
+    groups: dict[str, list[int]] = {}
+    for k, head in enumerate(heads):
+        groups.setdefault(head, []).append(k)
+    return {head: (where[at], numbers[at]) for head, at in groups.items()}
 
 
 class _Runs:

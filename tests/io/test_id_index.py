@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
-from batchgen.io.compact_lists import HashList, IntList, NumberedStrList, StrList, TupleList, hash_list, id_list
+from batchgen.io.compact_lists import HashList, IntList, StrList, TupleList, hash_list, id_list
 from batchgen.io.id_index import IdIndex
+from batchgen.io.numbered_ids import NumberedStrList
 
 
 @dataclass
@@ -220,3 +222,24 @@ def test_the_index_agrees_with_a_set_through_runs_drops_and_rewrites():
             assert [p in index for p in universe] == [p in model for p in universe]
     for name, (ids, ok) in parts.items():
         assert all(index.position(ids[i])[1] == i and index.part_of(ids[i]) == name for i in ok)
+
+
+def test_numbered_lists_hold_runs_and_give_every_value_back():
+    values = [*derived("a", range(100)), *derived("b/x.parquet", range(50)), *derived("a", range(200, 300)), "a:5",
+              *derived("a", range(7, 12))]
+    ids = id_list(values)
+    assert type(ids) is NumberedStrList and ids == values and list(ids) == values
+    assert [ids[i] for i in range(len(values))] == values and ids[-1] == values[-1] and ids[-3:] == values[-3:]
+    with pytest.raises(IndexError):
+        ids[len(values)]
+    positions = np.array(sorted(random.Random(4).sample(range(len(values)), 60)), np.int64)
+    assert ids.take(positions) == [values[p] for p in positions.tolist()]
+    runs, rest = ids.runs(np.arange(len(values), dtype=np.int64), 4)
+    assert rest.tolist() == [250]  # "a:5" alone
+    assert [(runs.heads[w], f, c, s) for w, f, c, s in zip(runs.which.tolist(), runs.firsts.tolist(),
+                                                        runs.counts.tolist(), runs.starts.tolist(), strict=True)] == [
+        ("a", 0, 100, 0), ("b/x.parquet", 0, 50, 100), ("a", 200, 100, 150), ("a", 7, 5, 251)]
+    runs, rest = ids.runs(np.array([0, 1, 2, 4, 5, 6, 7, 99, 100], np.int64), 3)  # ok rows with gaps
+    assert (runs.firsts.tolist(), runs.counts.tolist(), rest.tolist()) == ([0, 4], [3, 4], [99, 100])
+    shuffled = derived("u", random.Random(5).sample(range(1000), 200))  # user ids that do not run
+    assert id_list(shuffled) == shuffled and list(id_list(shuffled)) == shuffled
