@@ -135,8 +135,9 @@ class IdIndex(Set):
             self._runs.drop(handle)
             _, hashed = _split(ids, ok_positions)
             if hashed:
-                self._table.remove(hashes_of(ids, hashed), np.asarray(hashed, np.int64) | (handle << POSITION_BITS))
-                for head, numbers in _numbered([ids.at(p) for p in hashed]).items():
+                values = [ids.at(p) for p in hashed]
+                self._table.remove(hashes_of(values), np.asarray(hashed, np.int64) | (handle << POSITION_BITS))
+                for head, numbers in _numbered(values).items():
                     loose = self._loose[head]
                     loose = loose[~np.isin(loose, numbers)]  # a head's numbers in the table are distinct
                     if loose.size:
@@ -181,7 +182,7 @@ class IdIndex(Set):
         for head, numbers in numbered.items():
             self._loose[head] = np.sort(np.concatenate((self._loose.get(head, numbers[:0]), numbers)))
         locs = np.asarray(positions, np.int64) | (handle << POSITION_BITS)
-        return self._table.add(hashes_of(values, positions), locs)
+        return self._table.add(hashes_of(values), locs)
 
     def _find(self, row_id: Any) -> int:
         if len(self._runs):

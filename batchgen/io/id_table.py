@@ -203,13 +203,10 @@ class IdTable:
         self._place(keys, locs)  # from the stored hashes: no id is hashed again
 
 
-def hashes_of(ids: Sequence[Any], positions: list[int]) -> np.ndarray:
-    """hash() of `ids[p]` for each of `positions`, or of each of `ids` when they are as many (every
-    id the table holds is hashed here, or in IdTable: the tests replace this module's hash())."""
-    at = ids.at if isinstance(ids, RowList) else ids.__getitem__
-    if len(positions) == len(ids):
-        return np.fromiter(map(hash, ids), np.int64, len(ids))
-    return np.fromiter((hash(at(p)) for p in positions), np.int64, len(positions))
+def hashes_of(values: Sequence[Any]) -> np.ndarray:
+    """hash() of each of `values` (every id the table holds is hashed here or in IdTable: the
+    tests replace this module's hash() to force collisions)."""
+    return np.fromiter(map(hash, values), np.int64, len(values))
 
 
 def _batch_hashes(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
