@@ -15,6 +15,7 @@ import pytest
 from batchgen.io import id_table
 from batchgen.io.compact_lists import hash_list, id_list
 from batchgen.io.id_index import IdIndex
+from batchgen.io.id_runs import split_numbered, split_numbered_many
 
 
 @dataclass
@@ -146,3 +147,24 @@ def test_gather_reads_rows_found_in_runs():
     locs = index.locate(["in.parquet:3", "in.parquet:10", "k", "in.parquet:11", "in.parquet:9"])
     assert index.gather(locs, lambda p: p.hashes) == [f"{3:016x}", "00000000000000aa", None, None, f"{9:016x}"]
     assert index.gather(locs, lambda p: p.ids) == ["in.parquet:3", "in.parquet:10", "k", None, "in.parquet:9"]
+
+
+@pytest.mark.parametrize("values", [
+    [f"in.parquet:{n}" for n in range(100, 140)],  # the usual batch: checked in bulk
+    [f"{h}:{n}" for n in range(20) for h in ("a.parquet", "b/a.parquet", "c:d", "")],  # several heads
+    ["a:1", "a:05", "a:0", "a:", ":", "a", "a:-1", "a:+1", "a: 1", "a:1 ", "a:\u0661", "a:1:2", "a:" + "9" * 18,
+     "a:" + "9" * 19, "a:" + "1" * 30, "\ud800:3", "a\n:4"],  # edge cases, each one as split_numbered says
+    ["a:1", "a:2", 3, None, b"a:4", ("a", 5), "a:6"],  # other types: never numbered
+    ["a:1", "a:2", "a:" + "9" * 19],  # a number past int64: the careful path
+    ["a:1", "a:2", "a:1" + "0" * 18],  # 19 digits within int64: no canonical number either
+])
+def test_a_batch_is_split_as_each_value_alone(values):
+    split = split_numbered_many(values)
+    alone: dict = {}
+    for k, value in enumerate(values):
+        numbered = split_numbered(value)
+        if numbered is not None:
+            alone.setdefault(numbered[0], []).append((k, numbered[1]))
+    assert {head: list(zip(at.tolist(), numbers.tolist(), strict=True)) for head, (at, numbers) in split.items()} \
+        == alone
+    assert split_numbered("a:7") == ("a", 7) and split_numbered("a:07") is None and split_numbered(7) is None
