@@ -17,12 +17,16 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from batchgen.io.id_table import POSITION_BITS
 from batchgen.io.numbered_ids import MAX_DIGITS
+
+_POWERS_OF_10 = np.array([10 ** k for k in range(1, MAX_DIGITS + 1)], np.int64)  # n has 1 + (those <= n) digits
 
 
 def split_numbered(value: Any) -> tuple[str, int] | None:
@@ -38,18 +42,20 @@ def split_numbered(value: Any) -> tuple[str, int] | None:
 
 def split_numbered_many(values: Sequence[Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """head -> (the indices into `values` of those shaped `<head>:<number>`, their numbers): what
-    split_numbered says of each, with the usual batch (strs of one input file's rows) checked in
-    bulk, a few C-level passes instead of a Python call per value."""
+    split_numbered says of each, with the usual batch (strs of one input file's rows, all numbered)
+    checked in bulk: a few C-level passes instead of a Python call per value."""
     try:
-        parts = [v.rpartition(":") for v in values]
-        digits = [p[2] for p in parts]
+        parts = list(map(str.rpartition, values, repeat(":")))  # TypeError: a value that is no str
+        digits = list(map(itemgetter(2), parts))
         joined = "".join(digits)
-        if joined.isdigit() and joined.isascii() and "".join(p[1] for p in parts) == ":" * len(parts):
-            numbers = np.fromiter(map(int, digits), np.int64, len(digits))  # OverflowError past int64
-            # canonical (no leading zero, at most 18 digits): the number written back is the digits
-            if (numbers < 10 ** MAX_DIGITS).all() and list(map(str, numbers.tolist())) == digits:
-                return _by_head([p[0] for p in parts], numbers)
-    except (AttributeError, TypeError, ValueError, OverflowError):  # a value that is no str; an empty number
+        if joined.isdigit() and joined.isascii() and list(map(itemgetter(1), parts)).count(":") == len(parts):
+            numbers = np.fromiter(map(int, digits), np.int64, len(digits))  # ValueError: "", OverflowError
+            lengths = np.fromiter(map(len, digits), np.int64, len(digits))
+            # canonical: as many digits as the number has (no leading zero), at most MAX_DIGITS
+            num_digits = np.searchsorted(_POWERS_OF_10, numbers, "right") + 1
+            if (lengths <= MAX_DIGITS).all() and (num_digits == lengths).all():
+                return _by_head(list(map(itemgetter(0), parts)), numbers)
+    except (TypeError, ValueError, OverflowError):
         pass
     found = [(k, numbered) for k, numbered in enumerate(map(split_numbered, values)) if numbered is not None]
     return _by_head([n[0] for _, n in found], np.array([n[1] for _, n in found], np.int64),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from batchgen.io import id_table
+from batchgen.io import id_runs, id_table
 from batchgen.io.compact_lists import hash_list, id_list
 from batchgen.io.id_index import IdIndex
 from batchgen.io.id_runs import split_numbered, split_numbered_many
@@ -168,3 +168,10 @@ def test_a_batch_is_split_as_each_value_alone(values):
     assert {head: list(zip(at.tolist(), numbers.tolist(), strict=True)) for head, (at, numbers) in split.items()} \
         == alone
     assert split_numbered("a:7") == ("a", 7) and split_numbered("a:07") is None and split_numbered(7) is None
+
+
+def test_the_usual_batch_is_split_in_bulk(monkeypatch):
+    values = [f"in.parquet:{n}" for n in range(95, 1005)]  # numbers of 2, 3 and 4 digits
+    monkeypatch.setattr(id_runs, "split_numbered", None)  # the value-by-value path would fail
+    assert {h: (at.tolist(), n.tolist()) for h, (at, n) in id_runs.split_numbered_many(values).items()} == {
+        "in.parquet": (list(range(910)), list(range(95, 1005)))}
