@@ -243,3 +243,17 @@ def test_numbered_lists_hold_runs_and_give_every_value_back():
     assert (runs.firsts.tolist(), runs.counts.tolist(), rest.tolist()) == ([0, 4], [3, 4], [99, 100])
     shuffled = derived("u", random.Random(5).sample(range(1000), 200))  # user ids that do not run
     assert id_list(shuffled) == shuffled and list(id_list(shuffled)) == shuffled
+
+
+def test_reserve_sizes_the_table_for_the_ids_it_will_hash_only():
+    derived_index, ints = IdIndex(), IdIndex()
+    derived_index.reserve(10_000)
+    ints.reserve(10_000)
+    sizes = []
+    for k in range(10):
+        assert derived_index.add_part(Part(f"d{k}", id_list(derived("in", range(k * 1000, k * 1000 + 1000)))),
+                                      list(range(1000))) is None
+        assert ints.add_part(Part(f"i{k}", id_list(range(k * 1000, k * 1000 + 1000))), list(range(1000))) is None
+        sizes.append(ints.nbytes())
+    assert derived_index.nbytes() < 1024 and len(derived_index) == len(ints) == 10_000
+    assert sizes == sizes[:1] * 10 and sizes[0] < 16 * 4 * 10_000  # one size from the first part on: no rehash
