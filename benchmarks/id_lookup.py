@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python -m benchmarks.id_lookup --ids 1000000
 
 A manifest state (batchgen.io.manifest_state) of N committed ok rows in parts of 1000 rows
-(`--commit-every 1000`), with derived ids ("<file>:<row>", StrList parts) and with integer ids
+(`--commit-every 1000`), with derived ids ("<file>:<row>", runs of row numbers) and with integer ids
 (IntList parts, as under --id-column, each row with its prompt hash). Then every committed id
 (hits: what a resume skips) and as many ids that are not committed (misses: new rows) are looked
 up, in input order, three ways:

@@ -2,9 +2,9 @@
 
 A manifest state holds every committed row's id for the whole job (batchgen.io.manifest_state):
 at a million rows a list of str objects costs ~80 bytes a row, these ~30. Each list gives its
-values back exactly (the same type and value as went in): derived ids (`<file>:<row>`) are their
-prefixes plus one int64 array, other ids that are all str one UTF-8 blob plus offsets, ids that are
-all int (in int64 range) one array; anything else stays a tuple.
+values back exactly (the same type and value as went in): derived ids (`<file>:<row>`) are runs of
+row numbers (batchgen.io.numbered_ids), other ids that are all str one UTF-8 blob plus offsets, ids
+that are all int (in int64 range) one array; anything else stays a tuple.
 """
 
 from __future__ import annotations
@@ -103,58 +103,6 @@ class StrList(RowList):
             yield blob[start:end].decode(*_TEXT)
 
 
-class NumberedStrList(RowList):
-    """Strs that are a few shared prefixes each followed by a row number, as derived ids are
-    (`<file>:<row>`, batchgen.jobs.shard_ids): the prefixes once, an int64 per row (and a prefix
-    index per row when a part spans files). ~8 bytes a row against StrList's ~30 at a million
-    rows. Only canonical numbers qualify (ASCII digits, no leading zero), so every value comes back
-    exactly as it went in."""
-
-    __slots__ = ("_prefixes", "_which", "_numbers")
-
-    @classmethod
-    def build(cls, values: list[str]) -> NumberedStrList | None:
-        """The list, or None when a value is no prefix + canonical number, or prefixes are many."""
-        if not values:
-            return None
-        index: dict[str, int] = {}
-        which, numbers = array("H"), array("q")
-        for v in values:
-            head, sep, digits = v.rpartition(":")
-            if not sep or not digits.isascii() or not digits.isdigit() or (digits[0] == "0" and len(digits) > 1) \
-                    or len(digits) > 18:
-                return None
-            k = index.setdefault(head, len(index))
-            if k > 0xFFFF:
-                return None
-            which.append(k)
-            numbers.append(int(digits))
-        out = cls.__new__(cls)
-        out._prefixes = tuple(f"{head}:" for head in index)
-        out._which = which if len(index) > 1 else None  # one prefix: no per-row index
-        out._numbers = numbers
-        return out
-
-    def __len__(self) -> int:
-        return len(self._numbers)
-
-    def at(self, i: int) -> str:
-        number = self._numbers[i]  # IndexError past the end
-        return f"{self._prefixes[0 if self._which is None else self._which[i]]}{number}"
-
-    def take(self, positions: np.ndarray) -> list[str]:
-        numbers = np.frombuffer(self._numbers, np.int64)[positions].tolist()
-        if self._which is None:
-            prefix = self._prefixes[0]
-            return [f"{prefix}{n}" for n in numbers]
-        which = np.frombuffer(self._which, np.uint16)[positions].tolist()
-        return [f"{self._prefixes[k]}{n}" for k, n in zip(which, numbers, strict=True)]
-
-    def __iter__(self) -> Iterator[str]:
-        for i in range(len(self._numbers)):
-            yield self.at(i)
-
-
 class IntList(RowList):
     __slots__ = ("_values",)
 
@@ -244,6 +192,8 @@ def id_list(values: Iterable[Any]) -> RowList:
         return values
     values = list(values)
     if all(type(v) is str for v in values):
+        from batchgen.io.numbered_ids import NumberedStrList  # a RowList too: imported here, not at the top
+
         return NumberedStrList.build(values) or StrList(values)
     if all(type(v) is int and _INT64[0] <= v <= _INT64[1] for v in values):  # not bool: True is no 1 here
         return IntList(values)

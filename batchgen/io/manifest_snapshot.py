@@ -182,7 +182,7 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
     state.last_commit_time = entry["last_commit_time"]
     state.partials = entry.get("partials")  # absent in snapshots written before partial checkpoints
     if with_ids:
-        state.ok_ids.reserve(entry["rows"]["num_rows"])  # one table size, not a rehash every doubling
+        state.ok_ids.reserve(entry["rows"]["num_rows"])  # hashed ids: one table size, not a rehash every doubling
     columns = ["part", "id", "error", *(["hash"] if state.keep_hashes else []),
                *(["shard", "row"] if keep_rows else [])]
     reader = _RowsReader(out_dir, entry, columns) if with_ids else None

@@ -9,7 +9,9 @@ disagree) is never made durable.
 Loading starts at the latest snapshot (batchgen.io.manifest_snapshot), so its cost follows the
 committed parts and the few entries after the snapshot, not the number of commits ever made.
 A part's per-row lists are compact (batchgen.io.compact_lists) and `ok_ids` is an exact index into
-them (batchgen.io.id_index), not a set of id objects: a million committed rows cost ~60 MiB, not ~300.
+them (batchgen.io.id_index), not a set of id objects: a million committed ids and their index cost
+~40 MiB as integer --id-column ids, under 1 MiB as derived ids (runs of row numbers), not ~300 MiB
+(benchmarks/id_index_memory.py).
 """
 
 from __future__ import annotations

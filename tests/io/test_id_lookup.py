@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from batchgen.io import id_index
+from batchgen.io import id_runs, id_table
 from batchgen.io.compact_lists import hash_list, id_list
 from batchgen.io.id_index import IdIndex
+from batchgen.io.id_runs import split_numbered, split_numbered_many
 
 
 @dataclass
@@ -38,9 +39,9 @@ def lookups_agree(index: IdIndex, probes: list) -> None:
 def colliding(request, monkeypatch):
     """The index's hash(): Python's, or one under which most ids (or all) share their hash."""
     if request.param == "mod 7":
-        monkeypatch.setattr(id_index, "hash", lambda x: builtins.hash(x) % 7, raising=False)
+        monkeypatch.setattr(id_table, "hash", lambda x: builtins.hash(x) % 7, raising=False)
     elif request.param == "constant":
-        monkeypatch.setattr(id_index, "hash", lambda x: (builtins.hash(x), 3)[1], raising=False)
+        monkeypatch.setattr(id_table, "hash", lambda x: (builtins.hash(x), 3)[1], raising=False)
     return request.param
 
 
@@ -110,3 +111,67 @@ def test_gather_gives_each_found_row_its_value_and_none_elsewhere():
     assert index.gather(locs, lambda p: p.hashes) == ["00000000000000ff", "00000000000000aa", None, None, None]
     assert index.gather(locs, lambda p: p.ids) == ["w", "x", "y", "z", None]
     assert index.gather(index.locate([]), lambda p: p.ids) == []
+
+
+def test_a_batch_lookup_over_runs_and_hashed_ids_answers_as_one_at_a_time(colliding):
+    rng = random.Random(3)
+    index, model, parts = IdIndex(), set(), {}
+    universe = [*(f"a.parquet:{n}" for n in range(660)), *(f"b/x.parquet:{n}" for n in range(100)), *range(100),
+                "a.parquet:05", "doc-7"]
+    for step in range(60):
+        if parts and rng.random() < 0.25:
+            name = rng.choice(sorted(parts))
+            ids, ok = parts.pop(name)
+            index.drop_part(name, ok)
+            model.difference_update(ids[i] for i in ok)
+        else:
+            start = rng.randrange(600)
+            ids = [f"a.parquet:{n}" for n in range(start, start + rng.randrange(1, 60))]
+            ids += rng.sample(universe, rng.choice([0, 0, 2, 6]))  # rows of another file, user ids, stray rows
+            ids = [i for i in dict.fromkeys(ids) if i not in model]
+            ok = [i for i in range(len(ids)) if rng.random() < 0.97]
+            parts[f"p{step}"] = (ids, ok)
+            assert index.add_part(Part(f"p{step}", id_list(ids)), ok) is None
+            model.update(ids[i] for i in ok)
+        probes = [p if isinstance(p, int) else "".join(p) for p in rng.sample(universe, 150)]  # fresh objects
+        assert (index.locate(probes) >= 0).tolist() == [p in model for p in probes]
+    lookups_agree(index, universe + [[1], None, "a.parquet:", ":3"])
+    assert (index.locate(universe) >= 0).sum() == len(model)
+
+
+def test_gather_reads_rows_found_in_runs():
+    index = IdIndex()
+    ids = [f"in.parquet:{n}" for n in range(10)]
+    index.add_part(Part("a", id_list(ids), hash_list([f"{n:016x}" for n in range(10)])), list(range(10)))
+    index.add_part(Part("b", id_list(["in.parquet:10", "k"]), hash_list(["00000000000000aa", None])), [0, 1])
+    locs = index.locate(["in.parquet:3", "in.parquet:10", "k", "in.parquet:11", "in.parquet:9"])
+    assert index.gather(locs, lambda p: p.hashes) == [f"{3:016x}", "00000000000000aa", None, None, f"{9:016x}"]
+    assert index.gather(locs, lambda p: p.ids) == ["in.parquet:3", "in.parquet:10", "k", None, "in.parquet:9"]
+
+
+@pytest.mark.parametrize("values", [
+    [f"in.parquet:{n}" for n in range(100, 140)],  # the usual batch: checked in bulk
+    [f"{h}:{n}" for n in range(20) for h in ("a.parquet", "b/a.parquet", "c:d", "")],  # several heads
+    ["a:1", "a:05", "a:0", "a:", ":", "a", "a:-1", "a:+1", "a: 1", "a:1 ", "a:\u0661", "a:1:2", "a:" + "9" * 18,
+     "a:" + "9" * 19, "a:" + "1" * 30, "\ud800:3", "a\n:4"],  # edge cases, each one as split_numbered says
+    ["a:1", "a:2", 3, None, b"a:4", ("a", 5), "a:6"],  # other types: never numbered
+    ["a:1", "a:2", "a:" + "9" * 19],  # a number past int64: the careful path
+    ["a:1", "a:2", "a:1" + "0" * 18],  # 19 digits within int64: no canonical number either
+])
+def test_a_batch_is_split_as_each_value_alone(values):
+    split = split_numbered_many(values)
+    alone: dict = {}
+    for k, value in enumerate(values):
+        numbered = split_numbered(value)
+        if numbered is not None:
+            alone.setdefault(numbered[0], []).append((k, numbered[1]))
+    assert {head: list(zip(at.tolist(), numbers.tolist(), strict=True)) for head, (at, numbers) in split.items()} \
+        == alone
+    assert split_numbered("a:7") == ("a", 7) and split_numbered("a:07") is None and split_numbered(7) is None
+
+
+def test_the_usual_batch_is_split_in_bulk(monkeypatch):
+    values = [f"in.parquet:{n}" for n in range(95, 1005)]  # numbers of 2, 3 and 4 digits
+    monkeypatch.setattr(id_runs, "split_numbered", None)  # the value-by-value path would fail
+    assert {h: (at.tolist(), n.tolist()) for h, (at, n) in id_runs.split_numbered_many(values).items()} == {
+        "in.parquet": (list(range(910)), list(range(95, 1005)))}
