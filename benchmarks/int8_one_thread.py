@@ -40,21 +40,21 @@ VARIANTS = {"int8/onednn-plain": {"INT8_STACK_SIBLINGS": False, "calibrate": Fal
 
 def load_variant(name: str):
     """A bf16 load quantized with `name`'s recipe switches (VARIANTS), restored afterwards."""
-    from batchgen.engine import quantize
+    from batchgen.engine import quantize, quantize_int8_model
     from batchgen.engine.quantize_smooth import calibration_ids
 
     switches = dict(VARIANTS[name])
     calibrate = switches.pop("calibrate", True)
     lm = load_model(None, device="cpu", dtype="bfloat16")
-    saved = {k: getattr(quantize, k) for k in switches}
+    saved = {k: getattr(quantize_int8_model, k) for k in switches}  # where the recipe's switches are read
     try:
         for k, v in switches.items():
-            setattr(quantize, k, v)
+            setattr(quantize_int8_model, k, v)
         label = quantize.quantize_model(lm.model, "int8", "onednn", "none",
                                         calibration_ids(lm.tokenizer) if calibrate else None).label
     finally:
         for k, v in saved.items():
-            setattr(quantize, k, v)
+            setattr(quantize_int8_model, k, v)
     print(f"{name}: {label} {switches}", flush=True)
     return lm
 SHAPES = [(576, 576), (576, 1536), (1536, 576), (576, 192)]  # q/o, gate/up, down, k/v of SmolLM2-135M

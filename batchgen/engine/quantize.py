@@ -14,7 +14,8 @@ Schemes (`--quantize`):
                --quantize-backend onednn (engine/quantize_int8.py; auto's choice on a CPU with
                AVX-512 VNNI or AMX), whose recipe (quantize_recipe.INT8_RECIPE) adds SmoothQuant-style
                smoothing from a calibration pass (engine/quantize_smooth.py) and runs q/k/v and
-               gate/up as one stacked matmul each (engine/quantize_int8_siblings.py)
+               gate/up as one stacked matmul each (engine/quantize_int8_siblings.py), applied to
+               the model by engine/quantize_int8_model.py
   int8-weight  int8 weights per output row, activations stay in the model dtype
   int4         int4 weights in groups of 32 input channels (the MLP gate projections: 64), asymmetric
                (engine/quantize_recipe.py)
@@ -50,10 +51,7 @@ from batchgen.engine.quantize_recipe import (
     INT4_COARSE_GROUP_SIZE,
     INT4_COARSE_LAYERS,
     INT4_GROUP_SIZE,
-    INT8_FULL_PRECISION_LAYERS,
-    INT8_LM_HEAD,
     INT8_SMOOTH_ALPHA,
-    INT8_STACK_SIBLINGS,
 )
 from batchgen.errors import ConfigError
 
@@ -119,10 +117,10 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
         return None
     if backend == "auto":
         backend = AUTO_BACKEND.get((device.type, scheme), "torchao")
-        if (device.type, scheme) == ("cpu", "int8") and cpu_has_int8_matmul():
+        if (device.type, scheme) == ("cpu", "int8"):
             from batchgen.engine import quantize_int8
 
-            backend = "onednn" if quantize_int8.supported("cpu") else backend
+            backend = "onednn" if quantize_int8.cpu_has_int8_matmul() and quantize_int8.supported("cpu") else backend
     if backend == "onednn" and (scheme != "int8" or device.type != "cpu"):
         raise ConfigError(f"quantize_backend onednn runs --quantize int8 on CPU only (its int8 x int8 matmul); "
                           f"got --quantize {scheme} on {device.type}")
@@ -144,13 +142,6 @@ def resolve_backend(scheme: str, backend: str, device: torch.device) -> str | No
     return backend
 
 
-def cpu_has_int8_matmul() -> bool:
-    """Whether this CPU has int8 dot-product instructions oneDNN's int8 matmul runs on (AVX-512 VNNI
-    or AMX): where `--quantize int8 --quantize-backend auto` picks onednn over torchao."""
-    cpu = getattr(torch, "cpu", None)
-    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_vnni_supported", "_is_amx_tile_supported"))
-
-
 def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
                    embedding: str = "auto", calibration: list[list[int]] | None = None) -> Quantization:
     """Quantize `model`'s decoder linear layers (and, per `embedding`, its embedding/LM head) in
@@ -164,53 +155,23 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
             quantize_embeddings(model)
         return plan
     names = quantizable_linear_names(model, linear_group_size(plan))
-    if plan.backend == "onednn" and INT8_FULL_PRECISION_LAYERS:
-        names = {n for n in names if n.rpartition(".")[2] not in INT8_FULL_PRECISION_LAYERS}
-    head = model.get_output_embeddings()
-    if plan.backend == "onednn" and INT8_LM_HEAD and plan.embedding == "none" and type(head) is torch.nn.Linear:
-        # the LM head as one more int8 x int8 layer (a tied embedding keeps its own full-precision matrix)
-        names = names | {next(n for n, m in model.named_modules() if m is head)}
-    parents = dict(model.named_modules())
-    count = len(names)
-    ranges = None
-    if plan.calibrated and calibration:
-        from batchgen.engine import quantize_smooth
+    if plan.backend == "onednn":  # its recipe: layers kept, the LM head, calibration, stacking
+        from batchgen.engine import quantize_int8_model
 
-        ranges = quantize_smooth.input_ranges(model, names, calibration)
-        plan = dataclasses.replace(plan, smooth=True)
-    if plan.backend == "onednn" and INT8_STACK_SIBLINGS:  # q/k/v and gate/up as one matmul each
-        names = _stack_siblings(parents, names, ranges)
-    for name in sorted(names):
-        parent, _, child = name.rpartition(".")
-        smooth = None
-        if ranges is not None:
-            from batchgen.engine.quantize_smooth import smoothing_factors
-
-            smooth = smoothing_factors(ranges[name], getattr(parents[parent], child).weight, INT8_SMOOTH_ALPHA)
-        quantize_linear(parents[parent], child, plan, device.type, smooth)
+        count, smoothed = quantize_int8_model.quantize_layers(model, names, calibration if plan.calibrated else None,
+                                                              with_head=plan.embedding == "none")
+        plan = dataclasses.replace(plan, smooth=smoothed)
+    else:
+        parents = dict(model.named_modules())
+        for name in sorted(names):
+            parent, _, child = name.rpartition(".")
+            quantize_linear(parents[parent], child, plan, device.type)
+        count = len(names)
     if plan.embedding != "none":
         quantize_embeddings(model)
     log.info("quantized %d linear layers to %s with %s%s", count, plan.scheme, plan.backend,
              "" if plan.embedding == "none" else f", the embedding/LM head to {plan.embedding}")
     return plan
-
-
-def _stack_siblings(parents: dict[str, torch.nn.Module], names: set[str],
-                    ranges: dict[str, torch.Tensor] | None) -> set[str]:
-    """Swap each q/k/v and gate/up set among `names` for one stacked oneDNN int8 matmul
-    (engine/quantize_int8_siblings.py); returns the names left to quantize one by one."""
-    from batchgen.engine import quantize_int8_siblings as siblings
-    from batchgen.engine.quantize_smooth import smoothing_factors
-
-    left = set(names)
-    for parent, children in siblings.sibling_sets(names):
-        smooth = None
-        if ranges is not None:  # one input, so one range; the factors see every sibling's weight
-            weight = torch.cat([getattr(parents[parent], c).weight.detach() for c in children])
-            smooth = smoothing_factors(ranges[f"{parent}.{children[0]}"], weight, INT8_SMOOTH_ALPHA)
-        siblings.stack(parents[parent], children, smooth)
-        left -= {f"{parent}.{c}" for c in children}
-    return left
 
 
 def plan_quantization(config, scheme: str, backend: str, embedding: str, device: torch.device) -> Quantization:
@@ -235,17 +196,16 @@ def int4_group_size(child: str, in_features: int) -> int:
     return INT4_GROUP_SIZE
 
 
-def quantize_linear(parent: torch.nn.Module, child: str, plan: Quantization, device_type: str,
-                    smooth: torch.Tensor | None = None) -> None:
+def quantize_linear(parent: torch.nn.Module, child: str, plan: Quantization, device_type: str) -> None:
     """Quantize the linear layer `parent.<child>` alone: the unit both the after-load pass and the
-    streaming loader (engine/stream_load.py) apply, so the two give the same weights. `smooth`:
-    int8/onednn's per-input-channel factors (engine/quantize_smooth.py)."""
+    streaming loader (engine/stream_load.py) apply, so the two give the same weights (an int8/onednn
+    model is quantized after load by engine/quantize_int8_model.py, which stacks and smooths)."""
     if plan.backend == "torchao":
         _quantize_torchao(parent, plan.scheme, child, device_type)
     elif plan.backend == "onednn":
         from batchgen.engine import quantize_int8
 
-        quantize_int8.quantize_linear(parent, child, smooth)
+        quantize_int8.quantize_linear(parent, child)
     else:
         _quantize_quanto(parent, plan.scheme, child)
 
@@ -367,12 +327,14 @@ def apply_at_load(model: torch.nn.Module, name: str, scheme: str, backend: str, 
         if scheme not in ("none", "auto"):
             raise ConfigError(f"model {name!r} is already quantized ({method}); drop --quantize {scheme}")
         return f"prequantized:{method}"
+    scheme = requested_scheme(scheme, name, gguf_path)
     calibration = None
-    if tokenizer is not None:
+    device = next(model.parameters()).device
+    if tokenizer is not None and plan_quantization(model.config, scheme, backend, embedding, device).calibrated:
         from batchgen.engine.quantize_smooth import calibration_ids
 
-        calibration = calibration_ids(tokenizer)
-    return quantize_model(model, requested_scheme(scheme, name, gguf_path), backend, embedding, calibration).label
+        calibration = calibration_ids(tokenizer)  # only where the scheme smooths: tokenizing costs start-up
+    return quantize_model(model, scheme, backend, embedding, calibration).label
 
 
 def requested_scheme(scheme: str, name: str, gguf_path=None) -> str:

@@ -35,6 +35,13 @@ from batchgen.engine.quantize_embedding import quantize_rows
 ZERO_POINT = 128  # of the uint8 activations: q + 128 for symmetric q in -127..127
 
 
+def cpu_has_int8_matmul() -> bool:
+    """Whether this CPU has int8 dot-product instructions oneDNN's int8 matmul runs on (AVX-512 VNNI
+    or AMX): where `--quantize int8 --quantize-backend auto` picks onednn over torchao."""
+    cpu = getattr(torch, "cpu", None)
+    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_vnni_supported", "_is_amx_tile_supported"))
+
+
 def supported(device_type: str) -> bool:
     return (device_type == "cpu" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")

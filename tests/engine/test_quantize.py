@@ -86,9 +86,9 @@ def test_auto_backend_and_refusals(monkeypatch):
     cpu = torch.device("cpu")
     assert quantize.resolve_backend("none", "auto", cpu) is None
     # int8: oneDNN's matmul where the CPU has VNNI or AMX (and torch has the ops), else torchao
-    monkeypatch.setattr(quantize, "cpu_has_int8_matmul", lambda: False)
+    monkeypatch.setattr(quantize_int8, "cpu_has_int8_matmul", lambda: False)
     assert quantize.resolve_backend("int8", "auto", cpu) == "torchao"
-    monkeypatch.setattr(quantize, "cpu_has_int8_matmul", lambda: True)
+    monkeypatch.setattr(quantize_int8, "cpu_has_int8_matmul", lambda: True)
     want = "onednn" if quantize_int8.supported("cpu") else "torchao"
     assert quantize.resolve_backend("int8", "auto", cpu) == want
     assert quantize.resolve_backend("int8", "auto", torch.device("cuda")) == "torchao"

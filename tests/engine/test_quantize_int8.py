@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.engine import quantize, quantize_int8
+from batchgen.engine import quantize, quantize_int8, quantize_int8_model
 from batchgen.engine.fused import load_cached
 from batchgen.errors import ConfigError
 from tests.engine.greedy_pair import generate_and_engine_tokens
@@ -93,7 +93,7 @@ def test_engine_greedy_equals_generate_of_the_same_model(tokenizer):
 
 
 def test_the_recipe_can_leave_named_layers_in_full_precision(monkeypatch):
-    monkeypatch.setattr(quantize, "INT8_FULL_PRECISION_LAYERS", ("down_proj",))
+    monkeypatch.setattr(quantize_int8_model, "INT8_FULL_PRECISION_LAYERS", ("down_proj",))
     model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
     quantize.quantize_model(model, "int8", "onednn", embedding="none")
     layer = model.model.layers[0]
@@ -102,7 +102,7 @@ def test_the_recipe_can_leave_named_layers_in_full_precision(monkeypatch):
 
 
 def test_the_recipe_can_run_the_lm_head_in_int8(monkeypatch):
-    monkeypatch.setattr(quantize, "INT8_LM_HEAD", True)
+    monkeypatch.setattr(quantize_int8_model, "INT8_LM_HEAD", True)
     model = make_tiny_model("llama", seed=5)
     model.config.tie_word_embeddings = True
     model.tie_weights()

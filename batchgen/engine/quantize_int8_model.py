@@ -1,0 +1,61 @@
+"""`--quantize int8` on oneDNN applied to a whole model: which linear layers, the calibration
+pass, the stacked siblings and each layer's smoothing factors. The switches are quantize_recipe's
+(INT8_FULL_PRECISION_LAYERS, INT8_LM_HEAD, INT8_SMOOTH_ALPHA, INT8_STACK_SIBLINGS); the layers are
+engine/quantize_int8.py's, the stacking engine/quantize_int8_siblings.py's, the smoothing
+engine/quantize_smooth.py's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchgen.engine import quantize_int8, quantize_int8_siblings, quantize_smooth
+from batchgen.engine.quantize_recipe import (
+    INT8_FULL_PRECISION_LAYERS,
+    INT8_LM_HEAD,
+    INT8_SMOOTH_ALPHA,
+    INT8_STACK_SIBLINGS,
+)
+
+
+def quantize_layers(model: torch.nn.Module, names: set[str], calibration: list[list[int]] | None,
+                    with_head: bool) -> tuple[int, bool]:
+    """Swap the decoder linear layers `names` (and the LM head when `with_head` and INT8_LM_HEAD)
+    for oneDNN int8 layers, smoothed from `calibration` token ids when given and INT8_SMOOTH_ALPHA
+    is set. Returns (how many linear layers were quantized, whether they were smoothed)."""
+    if INT8_FULL_PRECISION_LAYERS:
+        names = {n for n in names if n.rpartition(".")[2] not in INT8_FULL_PRECISION_LAYERS}
+    head = model.get_output_embeddings()
+    if INT8_LM_HEAD and with_head and type(head) is torch.nn.Linear:
+        # the LM head as one more int8 x int8 layer (a tied embedding keeps its own full-precision matrix)
+        names = names | {next(n for n, m in model.named_modules() if m is head)}
+    count = len(names)
+    ranges = None
+    if calibration and INT8_SMOOTH_ALPHA is not None:
+        ranges = quantize_smooth.input_ranges(model, names, calibration)
+    parents = dict(model.named_modules())
+    if INT8_STACK_SIBLINGS:  # q/k/v and gate/up as one matmul each
+        names = _stack_siblings(parents, names, ranges)
+    for name in sorted(names):
+        parent, _, child = name.rpartition(".")
+        smooth = None
+        if ranges is not None:
+            smooth = quantize_smooth.smoothing_factors(ranges[name], getattr(parents[parent], child).weight,
+                                                       INT8_SMOOTH_ALPHA)
+        quantize_int8.quantize_linear(parents[parent], child, smooth)
+    return count, ranges is not None
+
+
+def _stack_siblings(parents: dict[str, torch.nn.Module], names: set[str],
+                    ranges: dict[str, torch.Tensor] | None) -> set[str]:
+    """Swap each q/k/v and gate/up set among `names` for one stacked oneDNN int8 matmul; returns
+    the names left to quantize one by one."""
+    left = set(names)
+    for parent, children in quantize_int8_siblings.sibling_sets(names):
+        smooth = None
+        if ranges is not None:  # one input, so one range; the factors see every sibling's weight
+            weight = torch.cat([getattr(parents[parent], c).weight.detach() for c in children])
+            smooth = quantize_smooth.smoothing_factors(ranges[f"{parent}.{children[0]}"], weight, INT8_SMOOTH_ALPHA)
+        quantize_int8_siblings.stack(parents[parent], children, smooth)
+        left -= {f"{parent}.{c}" for c in children}
+    return left
