@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from batchgen.engine import native
-from batchgen.engine.backends.base import PackedSeq, cdiv
+from batchgen.engine.backends.base import PackedSeq, block_table_tensor
 
 SOURCE = Path(__file__).parent / "csrc" / "prefill_attention.c"
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -44,14 +44,11 @@ class PrefillBatch:
         prefills = [s for s in seqs if s.num_new_tokens > 1]
         if not prefills:
             return None
-        max_blocks = max(cdiv(s.context_len, block_size) for s in prefills)
-        tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks]))
-                  for s in prefills]
         return PrefillBatch(
             q_starts=torch.tensor([s.start for s in prefills], dtype=torch.int32),
             num_new=torch.tensor([s.num_new_tokens for s in prefills], dtype=torch.int32),
             context_lens=torch.tensor([s.context_len for s in prefills], dtype=torch.int32),
-            block_tables=torch.tensor(tables, dtype=torch.int32),
+            block_tables=block_table_tensor(prefills, block_size),
         )
 
 

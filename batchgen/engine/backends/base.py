@@ -56,3 +56,14 @@ class AttentionBackend(Protocol):
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def block_table_tensor(seqs: list[PackedSeq], block_size: int) -> torch.Tensor:
+    """[len(seqs), max blocks] int32: each sequence's blocks covering its context, padded with
+    block 0, which the C kernels never read (they stop at each context length)."""
+    max_num_blocks = max(cdiv(s.context_len, block_size) for s in seqs)
+    rows = []
+    for s in seqs:
+        row = s.block_table[:max_num_blocks]
+        rows.append(row + [0] * (max_num_blocks - len(row)))
+    return torch.tensor(rows, dtype=torch.int32)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batchgen.engine import native, native_prefill
-from batchgen.engine.backends.base import LayerKV, PackedSeq, cdiv
+from batchgen.engine.backends.base import LayerKV, PackedSeq, block_table_tensor
 from batchgen.engine.backends.sdpa import PrefillSeq, build_prefills, prefill_forward
 
 
@@ -71,13 +71,8 @@ class NativeCpuBackend:
 
 
 def _native_decode(decode: list[PackedSeq], block_size: int, device: torch.device) -> NativeDecode:
-    max_num_blocks = max(cdiv(s.context_len, block_size) for s in decode)
-    block_tables = []
-    for s in decode:
-        row = s.block_table[:max_num_blocks]
-        block_tables.append(row + [0] * (max_num_blocks - len(row)))
     return NativeDecode(
         token_idx=torch.tensor([s.start for s in decode]).to(device),
-        block_tables=torch.tensor(block_tables, dtype=torch.int32).to(device),
+        block_tables=block_table_tensor(decode, block_size).to(device),
         context_lens=torch.tensor([s.context_len for s in decode], dtype=torch.int32).to(device),
     )
