@@ -140,6 +140,10 @@ def test_parquet_input_and_output_schema(runner, tiny_model_dir, tmp_path):
         assert row["num_prompt_tokens"] > len(text.encode())  # chat template on by default
     summary = json.loads((out / "_summary.json").read_text())
     assert summary["num_rows"] == 5 and summary["num_rows_error"] == 0
+    # the model calls are timed apart from the host work around them, inside the job's wall time
+    engine = summary["engine"]
+    assert 0 < engine["forward_seconds"] <= engine["engine_seconds"] <= summary["wall_seconds"]
+    assert summary["forward_share"] == round(engine["forward_seconds"] / summary["wall_seconds"], 4)
 
 
 @pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz"])

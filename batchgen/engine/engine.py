@@ -275,7 +275,8 @@ class LLMEngine:
             num_waiting=self.scheduler.num_waiting, num_batched_tokens=out.num_batched_tokens,
             num_sampled_tokens=len(samplers), num_kv_blocks_used=bm.num_used_blocks,
             num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
-            num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens))
+            num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens,
+            forward_seconds=self.runner.last_forward_s if out.scheduled else 0.0))
         self._rows_whole = True
         return finished
 

@@ -28,6 +28,7 @@ class StepStats:
     num_preempted: int
     num_overruns: int = 0
     num_prefix_hit_tokens: int = 0  # prompt tokens this step found in the prefix cache
+    forward_seconds: float = 0.0  # the model call's share of step_seconds (ModelRunner.last_forward_s)
 
 
 class LogHistogram:
@@ -97,6 +98,7 @@ class LogHistogram:
 class EngineMetrics:
     num_steps: int = 0
     engine_seconds: float = 0.0
+    forward_seconds: float = 0.0  # the model calls alone; the rest of a step is host work around them
     step_seconds_hist: LogHistogram = field(default_factory=LogHistogram)
     sum_running: int = 0  # summed over steps: the mean is sum / num_steps
     running_max: int = 0
@@ -118,6 +120,7 @@ class EngineMetrics:
     def record(self, stats: StepStats) -> None:
         self.num_steps += 1
         self.engine_seconds += stats.step_seconds
+        self.forward_seconds += stats.forward_seconds
         self.step_seconds_hist.add(stats.step_seconds)
         self.sum_running += stats.num_running
         self.running_max = max(self.running_max, stats.num_running)
@@ -139,6 +142,7 @@ class EngineMetrics:
         for m in parts:
             out.num_steps += m.num_steps
             out.engine_seconds += m.engine_seconds
+            out.forward_seconds += m.forward_seconds
             out.step_seconds_hist.merge(m.step_seconds_hist)
             out.sum_running += m.sum_running
             out.running_max = max(out.running_max, m.running_max)
@@ -160,6 +164,7 @@ class EngineMetrics:
         return {
             "num_steps": n,
             "engine_seconds": round(total, 3),
+            "forward_seconds": round(self.forward_seconds, 3),
             "step_ms_mean": round(1000 * total / n, 2),
             "step_ms_p50": round(1000 * self.step_seconds_hist.quantile(0.5), 2),
             "step_ms_p99": round(1000 * self.step_seconds_hist.quantile(0.99), 2),

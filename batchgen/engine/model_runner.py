@@ -67,6 +67,9 @@ class ModelRunner:
         self.sampler = Sampler(eos_token_ids)  # EOS ids: what min_tokens masks
         self.graphs: DecodeGraphs | None = None  # set by the engine once captured
         self.timing = DeviceTiming()
+        # the latest step's model call in seconds: the GPU timeline on CUDA (events), the host's
+        # wall clock around the forward on the CPU (input packing and sampling excluded)
+        self.last_forward_s = 0.0
         self._last_sync_s: float | None = None  # host time the previous step's tokens came back
         self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                         if device.type == "cuda" else None)
@@ -87,7 +90,8 @@ class ModelRunner:
         if self._events is not None:  # sampling synchronized: both events have completed
             self._last_sync_s = time.perf_counter()
             self.timing.num_steps += 1
-            self.timing.forward_s += self._events[0].elapsed_time(self._events[1]) / 1000
+            self.last_forward_s = self._events[0].elapsed_time(self._events[1]) / 1000
+            self.timing.forward_s += self.last_forward_s
         return tokens
 
     def _run_eager(self, out: SchedulerOutput) -> torch.Tensor:
@@ -122,8 +126,12 @@ class ModelRunner:
             kv_scales=self.kv_cache.scales,
         )
         ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
+        t0 = time.perf_counter()
         with forward_context(meta):
-            return self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
+            logits = self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
+        if self._events is None:  # on CUDA the call only queued work: the events time it
+            self.last_forward_s = time.perf_counter() - t0
+        return logits
 
     @property
     def forward_fn(self):

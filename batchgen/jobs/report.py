@@ -38,6 +38,13 @@ class JobSummary:
     def generated_tokens_per_s(self) -> float:
         return self.num_generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
+    @property
+    def forward_share(self) -> float | None:
+        """The model calls' share of the job's wall time: what is left is host work on the critical
+        path (scheduling, input packing, sampling, detokenization, writes, commits)."""
+        forward_s = self.engine.get("forward_seconds")
+        return None if forward_s is None or not self.wall_seconds else forward_s / self.wall_seconds
+
     def count_row(self, out: dict) -> bool:
         """Count one finished output row (batchgen.jobs.batch_fn.output_row's columns); True for an error row."""
         is_error = out["finish_reason"] == "error"
@@ -51,6 +58,8 @@ class JobSummary:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["generated_tokens_per_s"] = round(self.generated_tokens_per_s, 2)
+        share = self.forward_share
+        d["forward_share"] = None if share is None else round(share, 4)
         return d
 
     def lines(self) -> list[str]:
@@ -66,7 +75,9 @@ class JobSummary:
                 f"engine: {e['num_steps']} steps, step p50 {e['step_ms_p50']} ms / p99 {e['step_ms_p99']} ms, "
                 f"{e['running_mean']} running on average (max {e['running_max']}), "
                 f"KV blocks used max {e['kv_blocks_used_max']}/{e['kv_blocks_total']}, "
-                f"{e['num_preemptions']} preemptions, {e['num_prefix_hit_tokens']} prefix-cache hit tokens")
+                f"{e['num_preemptions']} preemptions, {e['num_prefix_hit_tokens']} prefix-cache hit tokens"
+                + ("" if self.forward_share is None else f"; the model's forward {100 * self.forward_share:.1f}% "
+                                                          "of the job's wall time"))
         if self.num_shards_static or self.num_shards_continuous:
             mae = "n/a" if self.length_mae is None else f"{self.length_mae:.1f}"
             rho = "n/a" if self.length_spearman is None else f"{self.length_spearman:.2f}"

@@ -14,7 +14,8 @@ def random_steps(n: int, seed: int) -> list[StepStats]:
     return [StepStats(step_seconds=rng.lognormvariate(-4, 0.8), num_running=rng.randrange(0, 64),
                       num_waiting=rng.randrange(0, 200), num_batched_tokens=rng.randrange(1, 2048),
                       num_sampled_tokens=rng.randrange(0, 64), num_kv_blocks_used=rng.randrange(0, 500),
-                      num_kv_blocks_free=0, num_preempted=rng.randrange(0, 2), num_overruns=rng.randrange(0, 2))
+                      num_kv_blocks_free=0, num_preempted=rng.randrange(0, 2), num_overruns=rng.randrange(0, 2),
+                      forward_seconds=rng.random() * 0.01)
             for _ in range(n)]
 
 
@@ -34,6 +35,7 @@ def test_summary_matches_exact_figures_within_a_bucket():
     secs = [s.step_seconds for s in steps]
     assert summary["num_steps"] == 5000
     assert summary["engine_seconds"] == round(sum(secs), 3)
+    assert summary["forward_seconds"] == round(sum(s.forward_seconds for s in steps), 3)
     width = 2 ** (1 / LogHistogram.BUCKETS_PER_OCTAVE)  # one bucket: ~4.4%
     for key, q in (("step_ms_p50", 0.5), ("step_ms_p99", 0.99)):
         exact = 1000 * exact_quantile(secs, q)
