@@ -36,15 +36,16 @@ from benchmarks.peers import DEFAULT_VLLM_PYTHON, REPO, build_rows, vllm_env
 
 # first match wins, on the lower-cased op name
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
+    # before attention: vLLM's cache write is `_C::cpu_attn_reshape_and_cache`
+    ("KV writes, row gathers", ("index_copy", "reshape_and_cache", "index_put", "index_select", "kv_cache_update")),
     ("attention", ("attention", "attn", "_scaled_dot_product", "flash")),
-    ("KV cache writes", ("index_copy", "reshape_and_cache", "index_put")),
     ("linear layers", ("linear", "aten::mm", "addmm", "matmul", "gemm", "onednn_mm", "aten::bmm", "_mm")),
     ("sampling", ("argmax", "aten::max", "topk", "aten::sort", "sample", "log_softmax")),
     ("compiled graph", ("compiled", "torch-compiled region")),
     ("pointwise (norm, rope, act, residual)",
      ("rms_norm", "silu", "rope", "rotary", "aten::add", "aten::mul", "aten::pow", "aten::rsqrt", "aten::mean",
       "aten::cat", "aten::neg", "aten::sub", "aten::div", "aten::exp", "aten::where", "aten::copy_", "aten::fill_",
-      "aten::embedding", "aten::index_select", "aten::_to_copy", "aten::clone", "aten::sum", "gelu")),
+      "aten::embedding", "aten::_to_copy", "aten::clone", "aten::sum", "gelu")),
 ]
 
 
