@@ -157,6 +157,25 @@ def _forward(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torc
                  logits_to_keep=logits_to_keep).logits
 
 
+def inductor_cache_dir() -> str:
+    """Point inductor's on-disk cache into batchgen's cache unless the user chose a directory.
+
+    torch writes the directory it picks into TORCHINDUCTOR_CACHE_DIR the first time anything asks
+    for it (an import can), so a plain setdefault would keep torch's /tmp default: a value equal to
+    that default counts as torch's choice, not the user's."""
+    from batchgen.engine.loader import cache_root
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        torch_default = os.path.abspath(default_cache_dir())
+    except ImportError:  # another torch layout: only an unset variable is ours to set
+        torch_default = None
+    if current is None or os.path.abspath(current) == torch_default:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 def compile_forward(model: torch.nn.Module):
     """The forward through torch.compile (inductor), dynamic in the number of packed tokens.
 
@@ -165,9 +184,7 @@ def compile_forward(model: torch.nn.Module):
     Compiled kernels are cached on disk (TORCHINDUCTOR_CACHE_DIR, default: batchgen's cache), so
     only the first run on a machine pays the full compile; each later process still traces.
     """
-    from batchgen.engine.loader import cache_root
-
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    inductor_cache_dir()
     compiled = torch.compile(_forward, dynamic=True)
     first = True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
 import random
 from dataclasses import dataclass
 
@@ -282,13 +283,22 @@ def test_seeded_sampling_does_not_depend_on_the_batch(llama, tokenizer):
     assert again["target"].token_ids == alone
 
 
-def test_compiled_forward_matches_generate(tokenizer):
+def test_compiled_forward_matches_generate(tokenizer, tmp_path, monkeypatch):
     # torch.compile of the whole HF forward, attention as the opaque batchgen::paged_attention op:
     # same tokens as the eager reference, across prefill chunks, decode and a mixed step
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    cache_dir()  # torch picks its /tmp default and writes it into the environment, as an import can
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.abspath(default_cache_dir())
     case = build_case("llama")
     engine, _ = run(case, tokenizer, EngineConfig(num_kv_blocks=512, block_size=8, max_num_batched_tokens=64,
                                                   compile=True))
     assert engine.config.compile
+    # the compiled kernels went to batchgen's cache, where a later run finds them
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    assert any((tmp_path / "inductor").iterdir())
 
 
 def test_auto_limits_follow_the_cache_and_the_workload(case, tokenizer):
