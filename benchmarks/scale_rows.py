@@ -49,12 +49,20 @@ from benchmarks.sysload import measure
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "BATCHGEN_LOG_LEVEL": "INFO"}
 # runs the CLI in-process and writes ru_maxrss (KiB on Linux) when it exits, whatever the exit code
-CHILD = ("import atexit, resource, sys\n"
+# with BATCHGEN_RSS_TRACE set, it also traces its memory over time into that file (benchmarks/rss_trace.py)
+CHILD = ("import atexit, os, resource, sys\n"
          "out = sys.argv.pop(1)\n"
          "atexit.register(lambda: open(out, 'w').write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))\n"
+         "if os.environ.get('BATCHGEN_RSS_TRACE'):\n"
+         "    from benchmarks.rss_trace import start\n"
+         "    start(os.environ['BATCHGEN_RSS_TRACE'], sys.argv[sys.argv.index('--output') + 1])\n"
          "from batchgen.cli import main\n"
          "sys.argv[0] = 'batchgen'\n"
          "main()\n")
+# what changes how the process' allocators keep memory: recorded with the figures
+ALLOCATOR_ENV = ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "ARROW_DEFAULT_MEMORY_POOL",
+                 "PYTHONMALLOC")
+TRACE = False  # --trace-rss: each job writes DIRECTORY/NAME.trace.jsonl
 _STAMP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -85,7 +93,10 @@ def job_argv(model: Path, src: Path, out: Path, id_column: bool) -> list[str]:
 
 def start(argv: list[str], rss_file: Path, log_file: Path) -> subprocess.Popen:
     log = open(log_file, "w")  # noqa: SIM115 - closed by the caller through proc.stderr
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(rss_file), *argv], env={**os.environ, **ENV},
+    env = {**os.environ, **ENV}
+    if TRACE:
+        env["BATCHGEN_RSS_TRACE"] = str(log_file.with_suffix(".trace.jsonl"))
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(rss_file), *argv], env=env,
                             stdout=subprocess.DEVNULL, stderr=log)
 
 
@@ -191,9 +202,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each size but the largest (median rows/s): a 10k job lasts seconds")
     parser.add_argument("--keep-logs", type=Path, help="copy every job's log into this directory")
+    parser.add_argument("--trace-rss", action="store_true",
+                        help="trace each job's memory every 0.2 s into NAME.trace.jsonl beside its log "
+                             "(benchmarks/rss_trace.py; --keep-logs keeps them)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    results: dict = {"id_column": args.id_column, "sizes": {}}
+    global TRACE
+    TRACE = args.trace_rss
+    results: dict = {"id_column": args.id_column, "sizes": {},
+                     "allocator_env": {k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ}}
     with tempfile.TemporaryDirectory(prefix="batchgen-scale-") as tmp:
         tmp = Path(tmp)
         model = make_model(tmp)
@@ -221,7 +238,7 @@ def main() -> None:
             print(json.dumps({"kill": results["kill"]}), flush=True)
         if args.keep_logs:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
-            for log in tmp.glob("*.log"):
+            for log in [*tmp.glob("*.log"), *tmp.glob("*.trace.jsonl")]:
                 shutil.copy(log, args.keep_logs / log.name)
     print(json.dumps(results))
     if args.json:
