@@ -57,6 +57,9 @@ class PointwiseKernels:
         self._silu = lib.silu_mul
         self._silu.argtypes = [_P, _P, _P, _I, _L, _I]
         self._silu.restype = None
+        self._silu_rows = lib.silu_mul_rows  # row-strided gate/up: halves of a stacked matmul's output
+        self._silu_rows.argtypes = [_P, _P, _P, _I, _L, _L, _L, _L, _I]
+        self._silu_rows.restype = None
         self._rope = lib.rope
         self._rope.argtypes = [_P, _P, _P, _P, _P, _P, _I, _L, _L, _L, _L, _I]
         self._rope.restype = None
@@ -78,10 +81,17 @@ class PointwiseKernels:
         return out
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape and gate.dtype == up.dtype
-        out = torch.empty_like(gate)
-        self._silu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], gate.numel(),
-                   torch.get_num_threads())
+        """silu(gate) * up, contiguous; gate and up contiguous, or row-strided (rows_view)."""
+        assert gate.shape == up.shape and gate.dtype == up.dtype
+        out = torch.empty(gate.shape, dtype=gate.dtype)
+        if gate.is_contiguous() and up.is_contiguous():
+            self._silu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], gate.numel(),
+                       torch.get_num_threads())
+            return out
+        g, u = rows_view(gate), rows_view(up)
+        assert g is not None and u is not None
+        self._silu_rows(g.data_ptr(), u.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], g.shape[0], g.shape[1],
+                        g.stride(0), u.stride(0), torch.get_num_threads())
         return out
 
     def quantize_rows_s8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,6 +131,17 @@ class PointwiseKernels:
         self._rope(q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(), k_out.data_ptr(),
                    _DTYPE_CODES[q.dtype], B * T, H, k.shape[1], D, torch.get_num_threads())
         return q_out, k_out
+
+
+def rows_view(x: torch.Tensor) -> torch.Tensor | None:
+    """x as [rows, cols] with unit column stride and one row stride (a column slice of a wider
+    contiguous tensor), or None when its memory is not laid out so."""
+    if x.dim() == 0 or x.stride(-1) != 1:
+        return None
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:  # rows not evenly strided
+        return None
 
 
 def _token_major(x: torch.Tensor) -> bool:
@@ -270,7 +291,7 @@ def _make_mlp_forward(kernels: PointwiseKernels, original):
         if not _fast_path(x):
             return original(self, x)
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if not (gate.is_contiguous() and up.is_contiguous()):
+        if not (gate.is_contiguous() and up.is_contiguous()) and (rows_view(gate) is None or rows_view(up) is None):
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(kernels.silu_mul(gate, up))
 

@@ -20,6 +20,9 @@ Int8DynamicLinear (a module swap; the HF forward is unchanged):
              after (oneDNN's op takes one activation scale per tensor), then the bias
     smooth   optional per-input-channel factors s (engine/quantize_smooth.py): the weight quantized
              is W * s, and the quantizer reads x * (1/s) in the same pass
+    outliers optional input channels O kept out of the int8 matmul (engine/quantize_outliers.py):
+             the quantizer reads them as 0, their int8 weight columns are 0, and x[:, O] @ W[:, O]^T
+             is added in the model dtype (one index_select and one small matmul per call)
 
 CPU only, float32 or bf16 activations; without oneDNN's ops or a C compiler for the quantizer,
 `supported()` is False and --quantize-backend onednn is refused.
@@ -55,9 +58,12 @@ def _kernels():
 class Int8DynamicLinear(torch.nn.Module):
     """`nn.Linear` with int8 weights and per-token int8 activations (see the module docstring)."""
 
-    def __init__(self, linear: torch.nn.Linear, smooth: torch.Tensor | None = None):
+    def __init__(self, linear: torch.nn.Linear, smooth: torch.Tensor | None = None,
+                 outliers: torch.Tensor | None = None):
         """`smooth`: [in] float32 per-input-channel factors s (engine/quantize_smooth.py): the layer
-        multiplies x / s by W * s, the same product, with the activations' outlier range moved into W."""
+        multiplies x / s by W * s, the same product, with the activations' outlier range moved into W.
+        `outliers`: int64 indices of input channels computed in the model dtype, outside the int8
+        matmul (engine/quantize_outliers.py)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
@@ -66,6 +72,18 @@ class Int8DynamicLinear(torch.nn.Module):
             weight = weight.float() * smooth.float()[None, :]
         # 1/s, applied by the activation quantizer; None: no smoothing
         self.register_buffer("inv_smooth", None if smooth is None else (1.0 / smooth.float()).contiguous())
+        # the activation quantizer's per-column factor: 1/s, with 0 at the outlier channels; None: 1
+        colscale = self.inv_smooth
+        self.register_buffer("outliers", None)  # [k] int64
+        self.register_buffer("outlier_weight", None)  # [k, out] model dtype: W[:, outliers]^T, unsmoothed
+        if outliers is not None and outliers.numel():
+            self.outliers = outliers.to(torch.int64).contiguous()
+            self.outlier_weight = linear.weight.detach()[:, self.outliers].t().contiguous()
+            weight = weight.float().clone()
+            weight[:, self.outliers] = 0  # their share of the product is the full-precision matmul's
+            colscale = torch.ones(self.in_features) if colscale is None else colscale.clone()
+            colscale[self.outliers] = 0  # read as 0: they neither set a token's scale nor add to the int8 sum
+        self.register_buffer("colscale", colscale)
         qweight, scale = quantize_rows(weight, torch.float32)
         self.packed_weight = torch.ops.onednn.qlinear_prepack(qweight, None)  # opaque oneDNN tensor
         self.register_buffer("weight_scale", scale)  # [out] float32
@@ -76,14 +94,16 @@ class Int8DynamicLinear(torch.nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.dtype != self.out_dtype or not flat.is_contiguous():
             flat = flat.to(self.out_dtype).contiguous()
-        if self.inv_smooth is None:
+        if self.colscale is None:
             q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
         else:
-            q, x_scale = _kernels().quantize_rows_u8_scaled(flat, self.inv_smooth)
+            q, x_scale = _kernels().quantize_rows_u8_scaled(flat, self.colscale)
         out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
                                                  self.weight_zero_point, None, 1.0, 0, self.out_dtype,
                                                  "none", [], "")
         out.mul_(x_scale.to(self.out_dtype))  # the per-token scale, [rows, 1]
+        if self.outliers is not None:  # + x[:, O] @ W[:, O]^T in the model dtype
+            out.addmm_(flat.index_select(1, self.outliers), self.outlier_weight)
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -95,11 +115,15 @@ class Int8DynamicLinear(torch.nn.Module):
                                                   self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
         if self.inv_smooth is not None:  # (W * s) / s per input column: exact, s is a power of two
             ones.mul_(self.inv_smooth[:, None])
+        if self.outliers is not None:  # their rows are 0 in the int8 weight
+            ones[self.outliers] = self.outlier_weight.float()
         return ones.t().contiguous()
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 x int8 (oneDNN)"
+        kept = "" if self.outliers is None else f", {self.outliers.numel()} outlier channels in {self.out_dtype}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 x int8 (oneDNN){kept}"
 
 
-def quantize_linear(parent: torch.nn.Module, child: str, smooth: torch.Tensor | None = None) -> None:
-    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), smooth))
+def quantize_linear(parent: torch.nn.Module, child: str, smooth: torch.Tensor | None = None,
+                    outliers: torch.Tensor | None = None) -> None:
+    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), smooth, outliers))

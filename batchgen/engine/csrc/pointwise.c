@@ -112,35 +112,54 @@ void rms_norm(const void* x, const void* weight, void* out, int dtype, int64_t r
     for (int64_t row = 0; row < rows; row++) rms_norm_row(x, weight, out, bf16, row, cols, eps);
 }
 
-/* out = silu(gate) * up elementwise, n elements: silu in f32 rounded to the dtype, then the product
+/* out[i] = silu(gate[i]) * up[i] for i in [0, n): silu in f32 rounded to the dtype, then the product
  * rounded to the dtype, as the eager `act_fn(gate) * up` rounds. */
+ALWAYS_INLINE void silu_mul_span(const void* gate, const void* up, void* out, int bf16, int64_t n) {
+#ifdef __AVX512F__
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail(n - i);
+        const __m512 g = load16(gate, bf16, i, k);
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        if (bf16) s = round_bf16x16(s);
+        store16(out, bf16, i, k, _mm512_mul_ps(s, load16(up, bf16, i, k)));
+    }
+#else
+    for (int64_t i = 0; i < n; i++) {
+        if (bf16) {
+            const float g = bf16_to_f32(((const uint16_t*)gate)[i]);
+            const float s = round_bf16(g / (1.f + expf(-g)));
+            ((uint16_t*)out)[i] = f32_to_bf16(s * bf16_to_f32(((const uint16_t*)up)[i]));
+        } else {
+            const float g = ((const float*)gate)[i];
+            ((float*)out)[i] = g / (1.f + expf(-g)) * ((const float*)up)[i];
+        }
+    }
+#endif
+}
+
+/* out = silu(gate) * up elementwise, n contiguous elements */
 void silu_mul(const void* gate, const void* up, void* out, int dtype, int64_t n, int num_threads) {
     const int bf16 = dtype == 1;
-    const int64_t chunk = 4096;
+    const int64_t esize = bf16 ? 2 : 4, chunk = 4096;
     #pragma omp parallel for num_threads(num_threads) if (n >= PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-        const int64_t c1 = c0 + chunk < n ? c0 + chunk : n;
-#ifdef __AVX512F__
-        for (int64_t i = c0; i < c1; i += 16) {
-            const __mmask16 k = tail(c1 - i);
-            const __m512 g = load16(gate, bf16, i, k);
-            __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-            if (bf16) s = round_bf16x16(s);
-            store16(out, bf16, i, k, _mm512_mul_ps(s, load16(up, bf16, i, k)));
-        }
-#else
-        for (int64_t i = c0; i < c1; i++) {
-            if (bf16) {
-                const float g = bf16_to_f32(((const uint16_t*)gate)[i]);
-                const float s = round_bf16(g / (1.f + expf(-g)));
-                ((uint16_t*)out)[i] = f32_to_bf16(s * bf16_to_f32(((const uint16_t*)up)[i]));
-            } else {
-                const float g = ((const float*)gate)[i];
-                ((float*)out)[i] = g / (1.f + expf(-g)) * ((const float*)up)[i];
-            }
-        }
-#endif
+        const int64_t len = c0 + chunk < n ? chunk : n - c0;
+        silu_mul_span((const char*)gate + c0 * esize, (const char*)up + c0 * esize, (char*)out + c0 * esize, bf16, len);
     }
+}
+
+/* The same over rows: gate and up [rows][cols] with row strides (in elements) gate_stride and
+ * up_stride, out [rows][cols] contiguous. Why: a stacked gate/up int8 matmul
+ * (engine/quantize_int8_siblings.py) writes [rows][gate | up]; reading the two halves in place
+ * saves copying each out first. */
+void silu_mul_rows(const void* gate, const void* up, void* out, int dtype, int64_t rows, int64_t cols,
+                   int64_t gate_stride, int64_t up_stride, int num_threads) {
+    const int bf16 = dtype == 1;
+    const int64_t esize = bf16 ? 2 : 4;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        silu_mul_span((const char*)gate + r * gate_stride * esize, (const char*)up + r * up_stride * esize,
+                      (char*)out + r * cols * esize, bf16, cols);
 }
 
 /* The rotary embedding of one head's row x [D] at one position (cos, sin [D]):
