@@ -71,6 +71,12 @@ class PointwiseKernels:
         self._quant_u8_scaled = lib.quantize_rows_u8_scaled  # with a per-column factor (engine/quantize_smooth.py)
         self._quant_u8_scaled.argtypes = [_P, _I, _P, _P, _P, _L, _L, _I]
         self._quant_u8_scaled.restype = None
+        self._quant_asym = lib.quantize_rows_u8_asym  # per-row zero points (quantize_int8.py's asymmetric layers)
+        self._quant_asym.argtypes = [_P, _I, _P, _P, _P, _P, _L, _L, _I]
+        self._quant_asym.restype = None
+        self._finish_asym = lib.finish_asym
+        self._finish_asym.argtypes = [_P, _P, _P, _P, _P, _I, _L, _L, _I]
+        self._finish_asym.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == x.dtype
@@ -112,6 +118,32 @@ class PointwiseKernels:
         self._quant_u8_scaled(x.data_ptr(), 1 if x.dtype == torch.bfloat16 else 0, colscale.data_ptr(), q.data_ptr(),
                               scale.data_ptr(), rows, cols, torch.get_num_threads())
         return q, scale
+
+    def quantize_rows_u8_asym(self, x: torch.Tensor, colscale: torch.Tensor | None
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Asymmetric uint8 per row of `x * colscale` (colscale: [cols] float32 or None):
+        (q [rows, cols] uint8, scale [rows] float32, zero point [rows] float32), x ~ (q - zp) * scale."""
+        assert x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)
+        assert colscale is None or (colscale.dtype == torch.float32 and colscale.is_contiguous()
+                                    and colscale.shape == (x.shape[1],))
+        rows, cols = x.shape
+        q = torch.empty(rows, cols, dtype=torch.uint8)
+        scale, zero_point = torch.empty(rows, dtype=torch.float32), torch.empty(rows, dtype=torch.float32)
+        self._quant_asym(x.data_ptr(), 1 if x.dtype == torch.bfloat16 else 0,
+                         None if colscale is None else colscale.data_ptr(), q.data_ptr(), scale.data_ptr(),
+                         zero_point.data_ptr(), rows, cols, torch.get_num_threads())
+        return q, scale, zero_point
+
+    def finish_asym(self, acc: torch.Tensor, colsum: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                    dtype: torch.dtype) -> torch.Tensor:
+        """(acc - zero_point[:, None] * colsum) * scale[:, None] in float32, rounded once to `dtype`."""
+        assert acc.dtype == torch.float32 and acc.is_contiguous() and acc.dim() == 2
+        rows, cols = acc.shape
+        assert colsum.shape == (cols,) and scale.shape == (rows,) and zero_point.shape == (rows,)
+        out = torch.empty(rows, cols, dtype=dtype)
+        self._finish_asym(acc.data_ptr(), colsum.data_ptr(), scale.data_ptr(), zero_point.data_ptr(), out.data_ptr(),
+                          _DTYPE_CODES[dtype], rows, cols, torch.get_num_threads())
+        return out
 
     def _quantize_rows(self, x: torch.Tensor, fn, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         assert x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)

@@ -59,11 +59,12 @@ class Int8DynamicLinear(torch.nn.Module):
     """`nn.Linear` with int8 weights and per-token int8 activations (see the module docstring)."""
 
     def __init__(self, linear: torch.nn.Linear, smooth: torch.Tensor | None = None,
-                 outliers: torch.Tensor | None = None):
+                 outliers: torch.Tensor | None = None, asymmetric: bool = False):
         """`smooth`: [in] float32 per-input-channel factors s (engine/quantize_smooth.py): the layer
         multiplies x / s by W * s, the same product, with the activations' outlier range moved into W.
         `outliers`: int64 indices of input channels computed in the model dtype, outside the int8
-        matmul (engine/quantize_outliers.py)."""
+        matmul (engine/quantize_outliers.py). `asymmetric`: per-token asymmetric activations (a zero
+        point per row, fused.quantize_rows_u8_asym) instead of symmetric ones."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
@@ -88,25 +89,39 @@ class Int8DynamicLinear(torch.nn.Module):
         self.packed_weight = torch.ops.onednn.qlinear_prepack(qweight, None)  # opaque oneDNN tensor
         self.register_buffer("weight_scale", scale)  # [out] float32
         self.register_buffer("weight_zero_point", torch.zeros(self.out_features, dtype=torch.int64))
+        # asymmetric: scale * sum_j qW[n][j] per output n, what a row's zero point takes off its product
+        self.register_buffer("weight_colsum", (qweight.float().sum(1) * scale).contiguous() if asymmetric else None)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         if flat.dtype != self.out_dtype or not flat.is_contiguous():
             flat = flat.to(self.out_dtype).contiguous()
-        if self.colscale is None:
-            q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
+        if self.weight_colsum is not None:
+            out = self._asymmetric(flat)
         else:
-            q, x_scale = _kernels().quantize_rows_u8_scaled(flat, self.colscale)
-        out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
-                                                 self.weight_zero_point, None, 1.0, 0, self.out_dtype,
-                                                 "none", [], "")
-        out.mul_(x_scale.to(self.out_dtype))  # the per-token scale, [rows, 1]
+            if self.colscale is None:
+                q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
+            else:
+                q, x_scale = _kernels().quantize_rows_u8_scaled(flat, self.colscale)
+            out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
+                                                     self.weight_zero_point, None, 1.0, 0, self.out_dtype,
+                                                     "none", [], "")
+            out.mul_(x_scale.to(self.out_dtype))  # the per-token scale, [rows, 1]
         if self.outliers is not None:  # + x[:, O] @ W[:, O]^T in the model dtype
             out.addmm_(flat.index_select(1, self.outliers), self.outlier_weight)
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _asymmetric(self, flat: torch.Tensor) -> torch.Tensor:
+        """The int8 product with per-row zero points: oneDNN multiplies q (zero point 0) in float32,
+        then (acc - zp * colsum) * scale per row, rounded once (see csrc/pointwise.c: finish_asym)."""
+        kernels = _kernels()
+        q, x_scale, x_zero = kernels.quantize_rows_u8_asym(flat, self.colscale)
+        acc = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed_weight, self.weight_scale,
+                                                 self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
+        return kernels.finish_asym(acc, self.weight_colsum, x_scale, x_zero, self.out_dtype)
 
     def dequantized_weight(self) -> torch.Tensor:
         """[out, in] float32: the weight this layer multiplies by (for tests and references)."""
@@ -121,9 +136,10 @@ class Int8DynamicLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         kept = "" if self.outliers is None else f", {self.outliers.numel()} outlier channels in {self.out_dtype}"
+        kept += ", asymmetric activations" if self.weight_colsum is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 x int8 (oneDNN){kept}"
 
 
 def quantize_linear(parent: torch.nn.Module, child: str, smooth: torch.Tensor | None = None,
-                    outliers: torch.Tensor | None = None) -> None:
-    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), smooth, outliers))
+                    outliers: torch.Tensor | None = None, asymmetric: bool = False) -> None:
+    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), smooth, outliers, asymmetric))

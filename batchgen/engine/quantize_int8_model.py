@@ -1,9 +1,10 @@
 """`--quantize int8` on oneDNN applied to a whole model: which linear layers, the calibration
-pass, the stacked siblings, each layer's smoothing factors and outlier channels. The switches are
-quantize_recipe's (INT8_FULL_PRECISION_LAYERS, INT8_LM_HEAD, INT8_SMOOTH_ALPHA(_BY_LAYER),
-INT8_OUTLIER_FRACTION/LAYERS, INT8_STACK_SIBLINGS); the layers are engine/quantize_int8.py's, the
-stacking engine/quantize_int8_siblings.py's, the smoothing engine/quantize_smooth.py's, the outlier
-channels engine/quantize_outliers.py's.
+pass, the stacked siblings, each layer's smoothing factors, outlier channels and activation form.
+The switches are quantize_recipe's (INT8_FULL_PRECISION_LAYERS, INT8_LM_HEAD,
+INT8_SMOOTH_ALPHA(_BY_LAYER), INT8_OUTLIER_FRACTION/LAYERS, INT8_ASYMMETRIC_LAYERS,
+INT8_STACK_SIBLINGS); the layers are engine/quantize_int8.py's, the stacking
+engine/quantize_int8_siblings.py's, the smoothing engine/quantize_smooth.py's, the outlier channels
+engine/quantize_outliers.py's.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from batchgen.engine import quantize_int8, quantize_int8_siblings, quantize_outliers, quantize_smooth
 from batchgen.engine.quantize_recipe import (
+    INT8_ASYMMETRIC_LAYERS,
     INT8_FULL_PRECISION_LAYERS,
     INT8_LM_HEAD,
     INT8_OUTLIER_FRACTION,
@@ -50,7 +52,7 @@ def quantize_layers(model: torch.nn.Module, names: set[str], calibration: list[l
         parent, _, child = name.rpartition(".")
         linear = getattr(parents[parent], child)
         smooth, outliers = _calibrated_parts(ranges, name, [child], linear.weight)
-        quantize_int8.quantize_linear(parents[parent], child, smooth, outliers)
+        quantize_int8.quantize_linear(parents[parent], child, smooth, outliers, child in INT8_ASYMMETRIC_LAYERS)
     return count, ranges is not None and INT8_SMOOTH_ALPHA is not None
 
 
@@ -79,6 +81,7 @@ def _stack_siblings(parents: dict[str, torch.nn.Module], names: set[str],
         # one input, so one range; the factors see every sibling's weight
         weight = torch.cat([getattr(parents[parent], c).weight.detach() for c in children])
         smooth, outliers = _calibrated_parts(ranges, f"{parent}.{children[0]}", children, weight)
-        quantize_int8_siblings.stack(parents[parent], children, smooth, outliers)
+        asymmetric = any(c in INT8_ASYMMETRIC_LAYERS for c in children)
+        quantize_int8_siblings.stack(parents[parent], children, smooth, outliers, asymmetric)
         left -= {f"{parent}.{c}" for c in children}
     return left

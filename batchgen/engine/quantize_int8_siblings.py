@@ -39,7 +39,7 @@ class SiblingGroup(torch.nn.Module):
     """One Int8DynamicLinear over the siblings' stacked weights, and the last output it gave."""
 
     def __init__(self, linears: list[torch.nn.Linear], smooth: torch.Tensor | None = None,
-                 outliers: torch.Tensor | None = None, views: bool = False):
+                 outliers: torch.Tensor | None = None, views: bool = False, asymmetric: bool = False):
         """`views`: each sibling's output is a view of the stacked output, else a contiguous copy."""
         super().__init__()
         biases = [lin.bias for lin in linears]
@@ -50,7 +50,7 @@ class SiblingGroup(torch.nn.Module):
         stacked.weight = torch.nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
         if biases[0] is not None:
             stacked.bias = torch.nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
-        self.linear = Int8DynamicLinear(stacked, smooth, outliers)
+        self.linear = Int8DynamicLinear(stacked, smooth, outliers, asymmetric)
         self.views = views
         ends = torch.tensor([lin.out_features for lin in linears]).cumsum(0).tolist()
         self.columns = [slice(start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
@@ -106,9 +106,9 @@ def sibling_sets(names: set[str]) -> list[tuple[str, list[str]]]:
 
 
 def stack(parent: torch.nn.Module, children: list[str], smooth: torch.Tensor | None = None,
-          outliers: torch.Tensor | None = None) -> None:
+          outliers: torch.Tensor | None = None, asymmetric: bool = False) -> None:
     """Swap `parent`'s `children` (nn.Linear, one input) for Int8SiblingLinear modules of one group."""
     group = SiblingGroup([getattr(parent, c) for c in children], smooth, outliers,
-                         views=tuple(children) in VIEW_SIBLINGS)
+                         views=tuple(children) in VIEW_SIBLINGS, asymmetric=asymmetric)
     for i, child in enumerate(children):
         setattr(parent, child, Int8SiblingLinear(group, i))

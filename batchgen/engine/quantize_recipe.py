@@ -46,6 +46,9 @@ INT8_LM_HEAD = False
 # q/k/v and gate/up of a layer as one stacked int8 matmul each (engine/quantize_int8_siblings.py);
 # with smoothing, a stacked set shares one factor per input channel
 INT8_STACK_SIBLINGS = True
+# layers (child names; a stacked set by any of its children) with per-token asymmetric activations
+# (a zero point per token, engine/quantize_int8.py) instead of symmetric ones
+INT8_ASYMMETRIC_LAYERS: tuple[str, ...] = ()
 # whether the recipe runs a calibration pass (smoothing factors, outlier channels)
 INT8_CALIBRATED = INT8_SMOOTH_ALPHA is not None or INT8_OUTLIER_FRACTION > 0
 # what the job fingerprint records for int8: a job begun under another recipe refuses to resume
@@ -53,6 +56,7 @@ INT8_RECIPE = ",".join(["per-token", *([f"smooth-a{INT8_SMOOTH_ALPHA}"] if INT8_
                         *(f"{name}:smooth-a{a}" for name, a in sorted(INT8_SMOOTH_ALPHA_BY_LAYER.items())),
                         *([f"outliers-{INT8_OUTLIER_FRACTION}"] if INT8_OUTLIER_FRACTION > 0 else []),
                         *(f"{name}:outliers" for name in INT8_OUTLIER_LAYERS if INT8_OUTLIER_FRACTION > 0),
+                        *(f"{name}:asym" for name in INT8_ASYMMETRIC_LAYERS),
                         *(["stacked"] if INT8_STACK_SIBLINGS else []),
                         *(f"{name}:full" for name in INT8_FULL_PRECISION_LAYERS),
                         *(["lm_head"] if INT8_LM_HEAD else [])])

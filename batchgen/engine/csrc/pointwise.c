@@ -287,3 +287,88 @@ void quantize_rows_u8_scaled(const void* x, int dtype, const float* colscale, ui
                              int64_t cols, int num_threads) {
     quantize_rows_x8(x, dtype, colscale, q, scales, rows, cols, num_threads, 128);
 }
+
+/* Asymmetric uint8 per row, for an int8 matmul whose activations lean to one side: v = x[r][j] *
+ * colscale[j] (colscale may be NULL: 1), the row's range [min(v, 0), max(v, 0)] split into 255 steps:
+ * scales[r] = range / 255, zero_points[r] = round(-min / scale) and q = clamp(round(v / scale) + zp,
+ * 0, 255). A row leaning to one side (SiLU(gate) * up, a norm output with one large positive
+ * channel) gets up to twice the levels of the symmetric form. The zero point varies per row, so the
+ * int8 matmul runs with zero point 0 and finish_asym takes zp * sum_j W[n][j] off afterwards. */
+ALWAYS_INLINE void quantize_row_asym(const void* x, int bf16, const float* colscale, uint8_t* q, float* scales,
+                                     float* zero_points, int64_t row, int64_t cols) {
+    const int64_t base = row * cols;
+    float mx = 0.f, mn = 0.f;
+#ifdef __AVX512F__
+    __m512 vmx = _mm512_setzero_ps(), vmn = _mm512_setzero_ps();
+    for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 k = tail(cols - j);
+        const __m512 v = load_scaled16(x, bf16, colscale, base, j, k);  /* masked lanes load 0: in range */
+        vmx = _mm512_max_ps(vmx, v);
+        vmn = _mm512_min_ps(vmn, v);
+    }
+    mx = _mm512_reduce_max_ps(vmx);
+    mn = _mm512_reduce_min_ps(vmn);
+#else
+    for (int64_t j = 0; j < cols; j++) {
+        const float v = load_scaled1(x, bf16, colscale, base, j);
+        mx = v > mx ? v : mx;
+        mn = v < mn ? v : mn;
+    }
+#endif
+    const float scale = mx > mn ? (mx - mn) / 255.f : 1.f;
+    const float inv = 1.f / scale;
+    float zp = nearbyintf(-mn * inv);
+    zp = zp < 0.f ? 0.f : zp > 255.f ? 255.f : zp;
+#ifdef __AVX512F__
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512i vzp = _mm512_set1_epi32((int)zp);
+    for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 k = tail(cols - j);
+        __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(load_scaled16(x, bf16, colscale, base, j, k), vinv)), vzp);
+        v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(255)), _mm512_setzero_si512());
+        _mm_mask_storeu_epi8(q + base + j, k, _mm512_cvtepi32_epi8(v));
+    }
+#else
+    for (int64_t j = 0; j < cols; j++) {
+        const float r = nearbyintf(load_scaled1(x, bf16, colscale, base, j) * inv) + zp;
+        q[base + j] = (uint8_t)(r > 255.f ? 255.f : r < 0.f ? 0.f : r);
+    }
+#endif
+    scales[row] = scale;
+    zero_points[row] = zp;
+}
+
+void quantize_rows_u8_asym(const void* x, int dtype, const float* colscale, uint8_t* q, float* scales,
+                           float* zero_points, int64_t rows, int64_t cols, int num_threads) {
+    const int bf16 = dtype == 1;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t row = 0; row < rows; row++) quantize_row_asym(x, bf16, colscale, q, scales, zero_points, row, cols);
+}
+
+/* out[r][n] = (acc[r][n] - zero_points[r] * colsum[n]) * scales[r], in f32, rounded once to out's
+ * dtype: the asymmetric activations' int8 product (acc: the matmul of q with zero point 0, float32,
+ * already times the weight's per-row scale; colsum[n] = that scale * sum_j qW[n][j]). In f32 because
+ * the two terms are each up to ~255x the result's step and cancel. */
+void finish_asym(const float* acc, const float* colsum, const float* scales, const float* zero_points, void* out,
+                 int dtype, int64_t rows, int64_t cols, int num_threads) {
+    const int bf16 = dtype == 1;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float s = scales[r], z = zero_points[r];
+#ifdef __AVX512F__
+        const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z);
+        for (int64_t j = 0; j < cols; j += 16) {
+            const __mmask16 k = tail(cols - j);
+            const __m512 a = _mm512_maskz_loadu_ps(k, acc + r * cols + j);
+            const __m512 y = _mm512_mul_ps(_mm512_fnmadd_ps(vz, _mm512_maskz_loadu_ps(k, colsum + j), a), vs);
+            store16(out, bf16, r * cols + j, k, y);
+        }
+#else
+        for (int64_t j = 0; j < cols; j++) {
+            const float y = (acc[r * cols + j] - z * colsum[j]) * s;
+            if (bf16) ((uint16_t*)out)[r * cols + j] = f32_to_bf16(y);
+            else ((float*)out)[r * cols + j] = y;
+        }
+#endif
+    }
+}
