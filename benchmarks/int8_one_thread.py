@@ -90,7 +90,7 @@ def best_ms(module, x: torch.Tensor, reps: int) -> float:
 
 
 @torch.inference_mode()
-def layers(rows: list[int], reps: int, outlier_fraction: float = 0.0) -> None:
+def layers(rows: list[int], reps: int, outlier_fraction: float = 0.0, asymmetric: bool = False) -> None:
     from batchgen.engine.quantize_int8 import Int8DynamicLinear
 
     torch.manual_seed(0)
@@ -99,6 +99,7 @@ def layers(rows: list[int], reps: int, outlier_fraction: float = 0.0) -> None:
         int8 = Int8DynamicLinear(linear)
         k = math.ceil(outlier_fraction * in_f)
         split = Int8DynamicLinear(linear, outliers=torch.arange(k) * (in_f // k)) if k else None
+        asym = Int8DynamicLinear(linear, asymmetric=True) if asymmetric else None
         for t in rows:
             x = torch.randn(t, in_f, dtype=torch.bfloat16)
             bf16_ms, int8_ms = best_ms(linear, x, reps), best_ms(int8, x, reps)
@@ -106,6 +107,9 @@ def layers(rows: list[int], reps: int, outlier_fraction: float = 0.0) -> None:
             if split is not None:
                 split_ms = best_ms(split, x, reps)
                 extra = f"  +{k} outlier channels {split_ms:.3f} ms {bf16_ms / split_ms:.2f}x"
+            if asym is not None:
+                asym_ms = best_ms(asym, x, reps)
+                extra += f"  asymmetric {asym_ms:.3f} ms {bf16_ms / asym_ms:.2f}x"
             print(f"layer {in_f}x{out_f} T={t}: bf16 {bf16_ms:.3f} ms  int8/onednn {int8_ms:.3f} ms  "
                   f"{bf16_ms / int8_ms:.2f}x{extra}", flush=True)
 
@@ -152,13 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--outlier-fraction", type=float, default=0.0,
                     help="layer part: also the int8 layer with this share of input channels as outliers")
+    ap.add_argument("--asymmetric", action="store_true", help="layer part: also the asymmetric-activation int8 layer")
     args = ap.parse_args(argv)
     add_variants(args.variants)
     warnings.filterwarnings("ignore")
     if torch.get_num_threads() != 1:
         print(f"note: {torch.get_num_threads()} threads (set OMP_NUM_THREADS=1 for the one-thread comparison)")
     if args.layer_rows:
-        layers([int(t) for t in args.layer_rows.split(",")], args.reps, args.outlier_fraction)
+        layers([int(t) for t in args.layer_rows.split(",")], args.reps, args.outlier_fraction, args.asymmetric)
     end_to_end(args)
     return 0
 

@@ -74,9 +74,9 @@ class PointwiseKernels:
         self._quant_asym = lib.quantize_rows_u8_asym  # per-row zero points (quantize_int8.py's asymmetric layers)
         self._quant_asym.argtypes = [_P, _I, _P, _P, _P, _P, _L, _L, _I]
         self._quant_asym.restype = None
-        self._finish_asym = lib.finish_asym
-        self._finish_asym.argtypes = [_P, _P, _P, _P, _P, _I, _L, _L, _I]
-        self._finish_asym.restype = None
+        self._finish = lib.finish_rows  # the per-token scale, zero points and outlier channels in one pass
+        self._finish.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L, _I]
+        self._finish.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == x.dtype
@@ -134,15 +134,31 @@ class PointwiseKernels:
                          zero_point.data_ptr(), rows, cols, torch.get_num_threads())
         return q, scale, zero_point
 
-    def finish_asym(self, acc: torch.Tensor, colsum: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
-                    dtype: torch.dtype) -> torch.Tensor:
-        """(acc - zero_point[:, None] * colsum) * scale[:, None] in float32, rounded once to `dtype`."""
-        assert acc.dtype == torch.float32 and acc.is_contiguous() and acc.dim() == 2
+    def finish_rows(self, acc: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
+                    zero_point: torch.Tensor | None = None, colsum: torch.Tensor | None = None,
+                    x: torch.Tensor | None = None, idx: torch.Tensor | None = None,
+                    outlier_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """(acc - zero_point[:, None] * colsum) * scale[:, None] + x[:, idx] @ outlier_weight in float32,
+        rounded once to `dtype` (csrc/pointwise.c: finish_rows). acc [rows, cols]: float32, or `dtype`
+        (then written in place); scale, zero_point [rows] float32; colsum [cols] float32; x [rows, in]
+        `dtype`; idx [k] int64; outlier_weight [k, cols] float32."""
+        assert acc.dim() == 2 and acc.is_contiguous() and acc.dtype in (torch.float32, dtype)
         rows, cols = acc.shape
-        assert colsum.shape == (cols,) and scale.shape == (rows,) and zero_point.shape == (rows,)
-        out = torch.empty(rows, cols, dtype=dtype)
-        self._finish_asym(acc.data_ptr(), colsum.data_ptr(), scale.data_ptr(), zero_point.data_ptr(), out.data_ptr(),
-                          _DTYPE_CODES[dtype], rows, cols, torch.get_num_threads())
+        assert scale.dtype == torch.float32 and scale.is_contiguous() and scale.numel() == rows
+        assert (zero_point is None) == (colsum is None) and (zero_point is None or acc.dtype == torch.float32)
+        if zero_point is not None:
+            assert zero_point.shape == (rows,) and colsum.shape == (cols,) and colsum.dtype == torch.float32
+        k = 0 if idx is None else idx.numel()
+        if k:
+            assert x is not None and x.dtype == dtype and x.is_contiguous() and x.shape[0] == rows
+            assert idx.dtype == torch.int64 and outlier_weight.dtype == torch.float32
+            assert outlier_weight.shape == (k, cols) and outlier_weight.is_contiguous()
+        out = acc if acc.dtype == dtype else torch.empty(rows, cols, dtype=dtype)
+        self._finish(acc.data_ptr(), _DTYPE_CODES[acc.dtype], out.data_ptr(), _DTYPE_CODES[dtype], scale.data_ptr(),
+                     None if zero_point is None else zero_point.data_ptr(),
+                     None if colsum is None else colsum.data_ptr(), None if not k else x.data_ptr(),
+                     0 if not k else x.shape[1], None if not k else idx.data_ptr(), k,
+                     None if not k else outlier_weight.data_ptr(), rows, cols, torch.get_num_threads())
         return out
 
     def _quantize_rows(self, x: torch.Tensor, fn, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

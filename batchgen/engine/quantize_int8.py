@@ -76,10 +76,10 @@ class Int8DynamicLinear(torch.nn.Module):
         # the activation quantizer's per-column factor: 1/s, with 0 at the outlier channels; None: 1
         colscale = self.inv_smooth
         self.register_buffer("outliers", None)  # [k] int64
-        self.register_buffer("outlier_weight", None)  # [k, out] model dtype: W[:, outliers]^T, unsmoothed
+        self.register_buffer("outlier_weight", None)  # [k, out] float32: W[:, outliers]^T, unsmoothed
         if outliers is not None and outliers.numel():
             self.outliers = outliers.to(torch.int64).contiguous()
-            self.outlier_weight = linear.weight.detach()[:, self.outliers].t().contiguous()
+            self.outlier_weight = linear.weight.detach()[:, self.outliers].t().float().contiguous()
             weight = weight.float().clone()
             weight[:, self.outliers] = 0  # their share of the product is the full-precision matmul's
             colscale = torch.ones(self.in_features) if colscale is None else colscale.clone()
@@ -97,9 +97,7 @@ class Int8DynamicLinear(torch.nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.dtype != self.out_dtype or not flat.is_contiguous():
             flat = flat.to(self.out_dtype).contiguous()
-        if self.weight_colsum is not None:
-            out = self._asymmetric(flat)
-        else:
+        if self.weight_colsum is None and self.outliers is None:
             if self.colscale is None:
                 q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
             else:
@@ -108,20 +106,29 @@ class Int8DynamicLinear(torch.nn.Module):
                                                      self.weight_zero_point, None, 1.0, 0, self.out_dtype,
                                                      "none", [], "")
             out.mul_(x_scale.to(self.out_dtype))  # the per-token scale, [rows, 1]
-        if self.outliers is not None:  # + x[:, O] @ W[:, O]^T in the model dtype
-            out.addmm_(flat.index_select(1, self.outliers), self.outlier_weight)
+        else:
+            out = self._finish_in_c(flat)
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
 
-    def _asymmetric(self, flat: torch.Tensor) -> torch.Tensor:
-        """The int8 product with per-row zero points: oneDNN multiplies q (zero point 0) in float32,
-        then (acc - zp * colsum) * scale per row, rounded once (see csrc/pointwise.c: finish_asym)."""
+    def _finish_in_c(self, flat: torch.Tensor) -> torch.Tensor:
+        """The int8 product with asymmetric activations and/or outlier channels: the per-token scale,
+        the zero points' correction and x[:, O] @ W[:, O]^T in one C pass (csrc/pointwise.c:
+        finish_rows), rounded once. With asymmetric activations oneDNN multiplies q at zero point 0
+        into float32; the correction zp * colsum(W) would cancel too much of a bf16 output."""
         kernels = _kernels()
-        q, x_scale, x_zero = kernels.quantize_rows_u8_asym(flat, self.colscale)
-        acc = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed_weight, self.weight_scale,
-                                                 self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
-        return kernels.finish_asym(acc, self.weight_colsum, x_scale, x_zero, self.out_dtype)
+        zero = None
+        if self.weight_colsum is not None:
+            q, x_scale, zero = kernels.quantize_rows_u8_asym(flat, self.colscale)
+        else:
+            q, x_scale = kernels.quantize_rows_u8_scaled(flat, self.colscale)
+        acc = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0 if zero is not None else ZERO_POINT, self.packed_weight,
+                                                 self.weight_scale, self.weight_zero_point, None, 1.0, 0,
+                                                 torch.float32 if zero is not None else self.out_dtype,
+                                                 "none", [], "")
+        return kernels.finish_rows(acc, self.out_dtype, x_scale.view(-1), zero, self.weight_colsum, flat,
+                                   self.outliers, self.outlier_weight)
 
     def dequantized_weight(self) -> torch.Tensor:
         """[out, in] float32: the weight this layer multiplies by (for tests and references)."""

@@ -345,29 +345,61 @@ void quantize_rows_u8_asym(const void* x, int dtype, const float* colscale, uint
     for (int64_t row = 0; row < rows; row++) quantize_row_asym(x, bf16, colscale, q, scales, zero_points, row, cols);
 }
 
-/* out[r][n] = (acc[r][n] - zero_points[r] * colsum[n]) * scales[r], in f32, rounded once to out's
- * dtype: the asymmetric activations' int8 product (acc: the matmul of q with zero point 0, float32,
- * already times the weight's per-row scale; colsum[n] = that scale * sum_j qW[n][j]). In f32 because
- * the two terms are each up to ~255x the result's step and cancel. */
-void finish_asym(const float* acc, const float* colsum, const float* scales, const float* zero_points, void* out,
-                 int dtype, int64_t rows, int64_t cols, int num_threads) {
-    const int bf16 = dtype == 1;
-    #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const float s = scales[r], z = zero_points[r];
+/* The end of an int8 layer's call (engine/quantize_int8.py), per row r and output n, in f32, rounded
+ * once to out's dtype:
+ *     y[r][n] = (acc[r][n] - zero_points[r] * colsum[n]) * scales[r] + sum_i x[r][idx[i]] * wo[i][n]
+ * acc: the int8 matmul's output, already times the weight's per-row scale: float32 (acc_dtype 0) or
+ * the out dtype (then out may be acc itself). zero_points and colsum: NULL for symmetric
+ * activations; with asymmetric ones acc must be float32, as the two terms are each up to ~255x the
+ * result's step and cancel. k outlier channels idx of x [rows][x_cols] (out's dtype) times their
+ * full-precision weight rows wo [k][cols] float32 (engine/quantize_outliers.py); k = 0: none.
+ * Why one pass: the per-token scale was a pass of its own, and the outlier channels as an
+ * index_select plus a small matmul cost ~40 us a call at 64 rows, a fifth of the int8 layer. Four
+ * rows at a time share each load of wo. */
+#define FINISH_ROWS 4
+void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const float* scales, const float* zero_points,
+                 const float* colsum, const void* x, int64_t x_cols, const int64_t* idx, int64_t k, const float* wo,
+                 int64_t rows, int64_t cols, int num_threads) {
+    const int bf16 = dtype == 1, acc_bf16 = acc_dtype == 1;
+    const int64_t blocks = (rows + FINISH_ROWS - 1) / FINISH_ROWS;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols * (k + 1) >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t r0 = b * FINISH_ROWS, nr = rows - r0 < FINISH_ROWS ? rows - r0 : FINISH_ROWS;
+        float xk[FINISH_ROWS][k > 0 ? k : 1];
+        float s[FINISH_ROWS], z[FINISH_ROWS];
+        for (int64_t t = 0; t < FINISH_ROWS; t++) {
+            const int64_t r = t < nr ? r0 + t : r0;  /* a short last block repeats its first row, stored once */
+            s[t] = scales[r];
+            z[t] = zero_points ? zero_points[r] : 0.f;
+            for (int64_t i = 0; i < k; i++)
+                xk[t][i] = bf16 ? bf16_to_f32(((const uint16_t*)x)[r * x_cols + idx[i]]) : ((const float*)x)[r * x_cols + idx[i]];
+        }
 #ifdef __AVX512F__
-        const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z);
         for (int64_t j = 0; j < cols; j += 16) {
-            const __mmask16 k = tail(cols - j);
-            const __m512 a = _mm512_maskz_loadu_ps(k, acc + r * cols + j);
-            const __m512 y = _mm512_mul_ps(_mm512_fnmadd_ps(vz, _mm512_maskz_loadu_ps(k, colsum + j), a), vs);
-            store16(out, bf16, r * cols + j, k, y);
+            const __mmask16 m = tail(cols - j);
+            const __m512 cs = colsum ? _mm512_maskz_loadu_ps(m, colsum + j) : _mm512_setzero_ps();
+            __m512 y[FINISH_ROWS];
+            for (int64_t t = 0; t < FINISH_ROWS; t++) {
+                const int64_t r = t < nr ? r0 + t : r0;
+                const __m512 a = load16(acc, acc_bf16, r * cols + j, m);
+                y[t] = _mm512_mul_ps(_mm512_fnmadd_ps(_mm512_set1_ps(z[t]), cs, a), _mm512_set1_ps(s[t]));
+            }
+            for (int64_t i = 0; i < k; i++) {
+                const __m512 w = _mm512_maskz_loadu_ps(m, wo + i * cols + j);
+                for (int64_t t = 0; t < FINISH_ROWS; t++) y[t] = _mm512_fmadd_ps(_mm512_set1_ps(xk[t][i]), w, y[t]);
+            }
+            for (int64_t t = 0; t < nr; t++) store16(out, bf16, (r0 + t) * cols + j, m, y[t]);
         }
 #else
-        for (int64_t j = 0; j < cols; j++) {
-            const float y = (acc[r * cols + j] - z * colsum[j]) * s;
-            if (bf16) ((uint16_t*)out)[r * cols + j] = f32_to_bf16(y);
-            else ((float*)out)[r * cols + j] = y;
+        for (int64_t t = 0; t < nr; t++) {
+            const int64_t r = r0 + t;
+            for (int64_t j = 0; j < cols; j++) {
+                const float a = acc_bf16 ? bf16_to_f32(((const uint16_t*)acc)[r * cols + j]) : ((const float*)acc)[r * cols + j];
+                float y = (a - z[t] * (colsum ? colsum[j] : 0.f)) * s[t];
+                for (int64_t i = 0; i < k; i++) y += xk[t][i] * wo[i * cols + j];
+                if (bf16) ((uint16_t*)out)[r * cols + j] = f32_to_bf16(y);
+                else ((float*)out)[r * cols + j] = y;
+            }
         }
 #endif
     }
