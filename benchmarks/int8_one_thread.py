@@ -13,6 +13,8 @@ take most of that out. Two parts, each alternating the systems round by round:
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
 import time
 import warnings
@@ -31,32 +33,49 @@ from benchmarks.throughput import kv_blocks_for
 #   int8/onednn-unstacked   smoothed, every layer its own matmul
 #   int8/onednn+bf16-down   the default with the MLP down projections left in bf16
 #   int8/onednn+int8-head   the default with the LM head as one more int8 x int8 layer
+#   int8/onednn+copies      the default with gate/up copied out of the stacked output (before views)
 SYSTEMS = {"bf16": ("none", "auto"), "int8/onednn": ("int8", "onednn"), "int8/torchao": ("int8", "torchao")}
 VARIANTS = {"int8/onednn-plain": {"INT8_STACK_SIBLINGS": False, "calibrate": False},
             "int8/onednn-unstacked": {"INT8_STACK_SIBLINGS": False},
             "int8/onednn+bf16-down": {"INT8_FULL_PRECISION_LAYERS": ("down_proj",)},
-            "int8/onednn+int8-head": {"INT8_LM_HEAD": True}}
+            "int8/onednn+int8-head": {"INT8_LM_HEAD": True},
+            "int8/onednn+copies": {"VIEW_SIBLINGS": ()}}
 
 
-def load_variant(name: str):
-    """A bf16 load quantized with `name`'s recipe switches (VARIANTS), restored afterwards."""
-    from batchgen.engine import quantize, quantize_int8_model
+def load_variant(name: str, switches: dict | None = None):
+    """A bf16 load quantized with `name`'s recipe switches (VARIANTS, or `switches`), restored
+    afterwards. A switch is a module constant of engine/quantize_int8_model.py (where the recipe's
+    switches are read) or of engine/quantize_int8_siblings.py (VIEW_SIBLINGS)."""
+    from batchgen.engine import quantize, quantize_int8_model, quantize_int8_siblings
     from batchgen.engine.quantize_smooth import calibration_ids
 
-    switches = dict(VARIANTS[name])
+    switches = dict(VARIANTS[name] if switches is None else switches)
     calibrate = switches.pop("calibrate", True)
     lm = load_model(None, device="cpu", dtype="bfloat16")
-    saved = {k: getattr(quantize_int8_model, k) for k in switches}  # where the recipe's switches are read
+    homes = {k: quantize_int8_model if hasattr(quantize_int8_model, k) else quantize_int8_siblings for k in switches}
+    for k, home in homes.items():
+        if not hasattr(home, k):
+            raise SystemExit(f"unknown recipe switch {k!r}")
+    saved = {k: getattr(homes[k], k) for k in switches}
     try:
         for k, v in switches.items():
-            setattr(quantize_int8_model, k, v)
+            setattr(homes[k], k, tuple(v) if isinstance(v, list) else v)
         label = quantize.quantize_model(lm.model, "int8", "onednn", "none",
                                         calibration_ids(lm.tokenizer) if calibrate else None).label
     finally:
         for k, v in saved.items():
-            setattr(quantize_int8_model, k, v)
+            setattr(homes[k], k, v)
     print(f"{name}: {label} {switches}", flush=True)
     return lm
+
+
+def add_variants(spec: str) -> list[str]:
+    """VARIANTS += the JSON object `spec` ({"name": {"SWITCH": value}}); returns the names."""
+    extra = json.loads(spec) if spec else {}
+    VARIANTS.update(extra)
+    return list(extra)
+
+
 SHAPES = [(576, 576), (576, 1536), (1536, 576), (576, 192)]  # q/o, gate/up, down, k/v of SmolLM2-135M
 
 
@@ -71,18 +90,28 @@ def best_ms(module, x: torch.Tensor, reps: int) -> float:
 
 
 @torch.inference_mode()
-def layers(rows: list[int], reps: int) -> None:
+def layers(rows: list[int], reps: int, outlier_fraction: float = 0.0, asymmetric: bool = False) -> None:
     from batchgen.engine.quantize_int8 import Int8DynamicLinear
 
     torch.manual_seed(0)
     for in_f, out_f in SHAPES:
         linear = torch.nn.Linear(in_f, out_f, bias=False).to(torch.bfloat16)
         int8 = Int8DynamicLinear(linear)
+        k = math.ceil(outlier_fraction * in_f)
+        split = Int8DynamicLinear(linear, outliers=torch.arange(k) * (in_f // k)) if k else None
+        asym = Int8DynamicLinear(linear, asymmetric=True) if asymmetric else None
         for t in rows:
             x = torch.randn(t, in_f, dtype=torch.bfloat16)
             bf16_ms, int8_ms = best_ms(linear, x, reps), best_ms(int8, x, reps)
+            extra = ""
+            if split is not None:
+                split_ms = best_ms(split, x, reps)
+                extra = f"  +{k} outlier channels {split_ms:.3f} ms {bf16_ms / split_ms:.2f}x"
+            if asym is not None:
+                asym_ms = best_ms(asym, x, reps)
+                extra += f"  asymmetric {asym_ms:.3f} ms {bf16_ms / asym_ms:.2f}x"
             print(f"layer {in_f}x{out_f} T={t}: bf16 {bf16_ms:.3f} ms  int8/onednn {int8_ms:.3f} ms  "
-                  f"{bf16_ms / int8_ms:.2f}x", flush=True)
+                  f"{bf16_ms / int8_ms:.2f}x{extra}", flush=True)
 
 
 def end_to_end(args) -> None:
@@ -122,14 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--systems", default="bf16,int8/onednn",
                     help=f"first is the base; of {', '.join([*SYSTEMS, *VARIANTS])}")
+    ap.add_argument("--variants", default="", help='more recipe variants, JSON: {"name": {"SWITCH": value}}')
     ap.add_argument("--layer-rows", default="128,2048", help="T of the layer part; empty: skip it")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--outlier-fraction", type=float, default=0.0,
+                    help="layer part: also the int8 layer with this share of input channels as outliers")
+    ap.add_argument("--asymmetric", action="store_true", help="layer part: also the asymmetric-activation int8 layer")
     args = ap.parse_args(argv)
+    add_variants(args.variants)
     warnings.filterwarnings("ignore")
     if torch.get_num_threads() != 1:
         print(f"note: {torch.get_num_threads()} threads (set OMP_NUM_THREADS=1 for the one-thread comparison)")
     if args.layer_rows:
-        layers([int(t) for t in args.layer_rows.split(",")], args.reps)
+        layers([int(t) for t in args.layer_rows.split(",")], args.reps, args.outlier_fraction, args.asymmetric)
     end_to_end(args)
     return 0
 

@@ -20,6 +20,7 @@ Targets (issue 13): int8 / int8-weight / int8 KV >= 97% top-1 agreement, int4 >=
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 import warnings
@@ -90,6 +91,19 @@ def greedy(lm, prompt_sets: dict[str, list[list[int]]], max_new_tokens: int, kv_
     return out
 
 
+def reference_tokens(base, sets: dict[str, list[list[int]]], args) -> dict:
+    """bf16's greedy tokens for `sets`: from --reference-cache when it holds these prompts, else generated."""
+    cache = args.reference_cache
+    if cache is not None and cache.exists():
+        kept = json.loads(cache.read_text())
+        if kept["prompts"] == sets and kept["max_new_tokens"] == args.max_new_tokens:
+            return kept["tokens"]
+    out = greedy(base, sets, args.max_new_tokens, "auto")
+    if cache is not None:
+        cache.write_text(json.dumps({"prompts": sets, "max_new_tokens": args.max_new_tokens, "tokens": out}))
+    return out
+
+
 @torch.inference_mode()
 def teacher_forced(model, seqs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
     """Next-token log-probs at each generated position: [num_generated, vocab] per sequence, float32."""
@@ -123,20 +137,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=32, help="ShareGPT prompts")
     ap.add_argument("--doc-chars", type=int, default=1500)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--schemes", default=",".join(s[0] for s in SCHEMES))
+    ap.add_argument("--schemes", default=",".join(s[0] for s in SCHEMES),
+                    help="labels of SCHEMES or of int8_one_thread.VARIANTS (int8/onednn recipe variants)")
+    ap.add_argument("--variants", default="",
+                    help='more int8/onednn recipe variants, JSON: {"name": {"SWITCH": value}} '
+                         '(int8_one_thread.load_variant); scored when named in --schemes')
+    ap.add_argument("--reference-cache", type=Path, default=None,
+                    help="a JSON file keeping bf16's greedy tokens between runs of the same prompts and lengths")
+    ap.add_argument("--no-free-running", action="store_true", help="teacher-forced top-1 and KL only (no ROUGE-L)")
     args = ap.parse_args(argv)
+    int8_one_thread.add_variants(args.variants)
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING)
     wanted = args.schemes.split(",")
     t0 = time.time()
     base = load_model(None, device="cpu", dtype="bfloat16")
     sets = prompts(base.tokenizer, args.docs, args.n, args.doc_chars)
-    ref_out = greedy(base, sets, args.max_new_tokens, "auto")
+    ref_out = reference_tokens(base, sets, args)
     seqs = {name: list(zip(sets[name], ref_out[name], strict=True)) for name in sets}
     ref_lp = {name: teacher_forced(base.model, s) for name, s in seqs.items()}
     AttentionInterface.register(FAKE_QUANT_SDPA, _fake_quant_sdpa)
     results = {}
-    for label, scheme, backend, kv, embedding in SCHEMES:
+    known = {s[0] for s in SCHEMES}
+    schemes = SCHEMES + [(v, "int8", "onednn", "auto", "none") for v in int8_one_thread.VARIANTS if v not in known]
+    for label, scheme, backend, kv, embedding in schemes:
         if label not in wanted:
             continue
         if label in int8_one_thread.VARIANTS:
@@ -154,10 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             total = sum(len(g) for _, g in s)
             kl = sum(float((r.exp() * (r - q)).sum()) for r, q in zip(ref_lp[name], lp, strict=True)) / total
             row[name] = {"top1_agreement": agree / total, "mean_kl": kl}
-        free = greedy(lm, sets, args.max_new_tokens, kv)
+        free = None if args.no_free_running else greedy(lm, sets, args.max_new_tokens, kv)
         for name in sets:
-            row[name]["rouge_l"] = sum(rouge_l(a, b) for a, b in zip(free[name], ref_out[name], strict=True)) / len(
-                sets[name])
+            row[name]["rouge_l"] = float("nan") if free is None else sum(
+                rouge_l(a, b) for a, b in zip(free[name], ref_out[name], strict=True)) / len(sets[name])
         target = TARGETS["kv-int8" if kv == "int8" else scheme]
         row["target_top1"] = target
         row["meets_target"] = all(row[name]["top1_agreement"] >= target for name in sets)

@@ -57,6 +57,9 @@ class PointwiseKernels:
         self._silu = lib.silu_mul
         self._silu.argtypes = [_P, _P, _P, _I, _L, _I]
         self._silu.restype = None
+        self._silu_rows = lib.silu_mul_rows  # row-strided gate/up: halves of a stacked matmul's output
+        self._silu_rows.argtypes = [_P, _P, _P, _I, _L, _L, _L, _L, _I]
+        self._silu_rows.restype = None
         self._rope = lib.rope
         self._rope.argtypes = [_P, _P, _P, _P, _P, _P, _I, _L, _L, _L, _L, _I]
         self._rope.restype = None
@@ -68,6 +71,12 @@ class PointwiseKernels:
         self._quant_u8_scaled = lib.quantize_rows_u8_scaled  # with a per-column factor (engine/quantize_smooth.py)
         self._quant_u8_scaled.argtypes = [_P, _I, _P, _P, _P, _L, _L, _I]
         self._quant_u8_scaled.restype = None
+        self._quant_asym = lib.quantize_rows_u8_asym  # per-row zero points (quantize_int8.py's asymmetric layers)
+        self._quant_asym.argtypes = [_P, _I, _P, _P, _P, _P, _L, _L, _I]
+        self._quant_asym.restype = None
+        self._finish = lib.finish_rows  # the per-token scale, zero points and outlier channels in one pass
+        self._finish.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L, _I]
+        self._finish.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == x.dtype
@@ -78,10 +87,17 @@ class PointwiseKernels:
         return out
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape and gate.dtype == up.dtype
-        out = torch.empty_like(gate)
-        self._silu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], gate.numel(),
-                   torch.get_num_threads())
+        """silu(gate) * up, contiguous; gate and up contiguous, or row-strided (rows_view)."""
+        assert gate.shape == up.shape and gate.dtype == up.dtype
+        out = torch.empty(gate.shape, dtype=gate.dtype)
+        if gate.is_contiguous() and up.is_contiguous():
+            self._silu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], gate.numel(),
+                       torch.get_num_threads())
+            return out
+        g, u = rows_view(gate), rows_view(up)
+        assert g is not None and u is not None
+        self._silu_rows(g.data_ptr(), u.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], g.shape[0], g.shape[1],
+                        g.stride(0), u.stride(0), torch.get_num_threads())
         return out
 
     def quantize_rows_s8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +119,48 @@ class PointwiseKernels:
                               scale.data_ptr(), rows, cols, torch.get_num_threads())
         return q, scale
 
+    def quantize_rows_u8_asym(self, x: torch.Tensor, colscale: torch.Tensor | None
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Asymmetric uint8 per row of `x * colscale` (colscale: [cols] float32 or None):
+        (q [rows, cols] uint8, scale [rows] float32, zero point [rows] float32), x ~ (q - zp) * scale."""
+        assert x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)
+        assert colscale is None or (colscale.dtype == torch.float32 and colscale.is_contiguous()
+                                    and colscale.shape == (x.shape[1],))
+        rows, cols = x.shape
+        q = torch.empty(rows, cols, dtype=torch.uint8)
+        scale, zero_point = torch.empty(rows, dtype=torch.float32), torch.empty(rows, dtype=torch.float32)
+        self._quant_asym(x.data_ptr(), 1 if x.dtype == torch.bfloat16 else 0,
+                         None if colscale is None else colscale.data_ptr(), q.data_ptr(), scale.data_ptr(),
+                         zero_point.data_ptr(), rows, cols, torch.get_num_threads())
+        return q, scale, zero_point
+
+    def finish_rows(self, acc: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
+                    zero_point: torch.Tensor | None = None, colsum: torch.Tensor | None = None,
+                    x: torch.Tensor | None = None, idx: torch.Tensor | None = None,
+                    outlier_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """(acc - zero_point[:, None] * colsum) * scale[:, None] + x[:, idx] @ outlier_weight in float32,
+        rounded once to `dtype` (csrc/pointwise.c: finish_rows). acc [rows, cols]: float32, or `dtype`
+        (then written in place); scale, zero_point [rows] float32; colsum [cols] float32; x [rows, in]
+        `dtype`; idx [k] int64; outlier_weight [k, cols] float32."""
+        assert acc.dim() == 2 and acc.is_contiguous() and acc.dtype in (torch.float32, dtype)
+        rows, cols = acc.shape
+        assert scale.dtype == torch.float32 and scale.is_contiguous() and scale.numel() == rows
+        assert (zero_point is None) == (colsum is None) and (zero_point is None or acc.dtype == torch.float32)
+        if zero_point is not None:
+            assert zero_point.shape == (rows,) and colsum.shape == (cols,) and colsum.dtype == torch.float32
+        k = 0 if idx is None else idx.numel()
+        if k:
+            assert x is not None and x.dtype == dtype and x.is_contiguous() and x.shape[0] == rows
+            assert idx.dtype == torch.int64 and outlier_weight.dtype == torch.float32
+            assert outlier_weight.shape == (k, cols) and outlier_weight.is_contiguous()
+        out = acc if acc.dtype == dtype else torch.empty(rows, cols, dtype=dtype)
+        self._finish(acc.data_ptr(), _DTYPE_CODES[acc.dtype], out.data_ptr(), _DTYPE_CODES[dtype], scale.data_ptr(),
+                     None if zero_point is None else zero_point.data_ptr(),
+                     None if colsum is None else colsum.data_ptr(), None if not k else x.data_ptr(),
+                     0 if not k else x.shape[1], None if not k else idx.data_ptr(), k,
+                     None if not k else outlier_weight.data_ptr(), rows, cols, torch.get_num_threads())
+        return out
+
     def _quantize_rows(self, x: torch.Tensor, fn, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         assert x.dim() == 2 and x.is_contiguous() and x.dtype in (torch.float32, torch.bfloat16)
         rows, cols = x.shape
@@ -121,6 +179,17 @@ class PointwiseKernels:
         self._rope(q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(), k_out.data_ptr(),
                    _DTYPE_CODES[q.dtype], B * T, H, k.shape[1], D, torch.get_num_threads())
         return q_out, k_out
+
+
+def rows_view(x: torch.Tensor) -> torch.Tensor | None:
+    """x as [rows, cols] with unit column stride and one row stride (a column slice of a wider
+    contiguous tensor), or None when its memory is not laid out so."""
+    if x.dim() == 0 or x.stride(-1) != 1:
+        return None
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:  # rows not evenly strided
+        return None
 
 
 def _token_major(x: torch.Tensor) -> bool:
@@ -270,7 +339,7 @@ def _make_mlp_forward(kernels: PointwiseKernels, original):
         if not _fast_path(x):
             return original(self, x)
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if not (gate.is_contiguous() and up.is_contiguous()):
+        if not (gate.is_contiguous() and up.is_contiguous()) and (rows_view(gate) is None or rows_view(up) is None):
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(kernels.silu_mul(gate, up))
 

@@ -51,7 +51,7 @@ from batchgen.engine.quantize_recipe import (
     INT4_COARSE_GROUP_SIZE,
     INT4_COARSE_LAYERS,
     INT4_GROUP_SIZE,
-    INT8_SMOOTH_ALPHA,
+    INT8_CALIBRATED,
 )
 from batchgen.errors import ConfigError
 
@@ -93,9 +93,10 @@ class Quantization:
 
     @property
     def calibrated(self) -> bool:
-        """Whether this scheme smooths its activations, so needs the full-precision model to run
-        calibration text before its linear layers are swapped (not the streaming loader)."""
-        return self.scheme == "int8" and self.backend == "onednn" and INT8_SMOOTH_ALPHA is not None
+        """Whether this scheme calibrates (smoothing factors, outlier channels), so needs the
+        full-precision model to run calibration text before its linear layers are swapped (not the
+        streaming loader)."""
+        return self.scheme == "int8" and self.backend == "onednn" and INT8_CALIBRATED
 
 
 def resolve_embedding(embedding: str, scheme: str) -> str:

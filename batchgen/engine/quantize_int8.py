@@ -20,6 +20,9 @@ Int8DynamicLinear (a module swap; the HF forward is unchanged):
              after (oneDNN's op takes one activation scale per tensor), then the bias
     smooth   optional per-input-channel factors s (engine/quantize_smooth.py): the weight quantized
              is W * s, and the quantizer reads x * (1/s) in the same pass
+    outliers optional input channels O kept out of the int8 matmul (engine/quantize_outliers.py):
+             the quantizer reads them as 0, their int8 weight columns are 0, and x[:, O] @ W[:, O]^T
+             is added in the model dtype (one index_select and one small matmul per call)
 
 CPU only, float32 or bf16 activations; without oneDNN's ops or a C compiler for the quantizer,
 `supported()` is False and --quantize-backend onednn is refused.
@@ -55,9 +58,13 @@ def _kernels():
 class Int8DynamicLinear(torch.nn.Module):
     """`nn.Linear` with int8 weights and per-token int8 activations (see the module docstring)."""
 
-    def __init__(self, linear: torch.nn.Linear, smooth: torch.Tensor | None = None):
+    def __init__(self, linear: torch.nn.Linear, smooth: torch.Tensor | None = None,
+                 outliers: torch.Tensor | None = None, asymmetric: bool = False):
         """`smooth`: [in] float32 per-input-channel factors s (engine/quantize_smooth.py): the layer
-        multiplies x / s by W * s, the same product, with the activations' outlier range moved into W."""
+        multiplies x / s by W * s, the same product, with the activations' outlier range moved into W.
+        `outliers`: int64 indices of input channels computed in the model dtype, outside the int8
+        matmul (engine/quantize_outliers.py). `asymmetric`: per-token asymmetric activations (a zero
+        point per row, fused.quantize_rows_u8_asym) instead of symmetric ones."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
@@ -66,27 +73,62 @@ class Int8DynamicLinear(torch.nn.Module):
             weight = weight.float() * smooth.float()[None, :]
         # 1/s, applied by the activation quantizer; None: no smoothing
         self.register_buffer("inv_smooth", None if smooth is None else (1.0 / smooth.float()).contiguous())
+        # the activation quantizer's per-column factor: 1/s, with 0 at the outlier channels; None: 1
+        colscale = self.inv_smooth
+        self.register_buffer("outliers", None)  # [k] int64
+        self.register_buffer("outlier_weight", None)  # [k, out] float32: W[:, outliers]^T, unsmoothed
+        if outliers is not None and outliers.numel():
+            self.outliers = outliers.to(torch.int64).contiguous()
+            self.outlier_weight = linear.weight.detach()[:, self.outliers].t().float().contiguous()
+            weight = weight.float().clone()
+            weight[:, self.outliers] = 0  # their share of the product is the full-precision matmul's
+            colscale = torch.ones(self.in_features) if colscale is None else colscale.clone()
+            colscale[self.outliers] = 0  # read as 0: they neither set a token's scale nor add to the int8 sum
+        self.register_buffer("colscale", colscale)
         qweight, scale = quantize_rows(weight, torch.float32)
         self.packed_weight = torch.ops.onednn.qlinear_prepack(qweight, None)  # opaque oneDNN tensor
         self.register_buffer("weight_scale", scale)  # [out] float32
         self.register_buffer("weight_zero_point", torch.zeros(self.out_features, dtype=torch.int64))
+        # asymmetric: scale * sum_j qW[n][j] per output n, what a row's zero point takes off its product
+        self.register_buffer("weight_colsum", (qweight.float().sum(1) * scale).contiguous() if asymmetric else None)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         if flat.dtype != self.out_dtype or not flat.is_contiguous():
             flat = flat.to(self.out_dtype).contiguous()
-        if self.inv_smooth is None:
-            q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
+        if self.weight_colsum is None and self.outliers is None:
+            if self.colscale is None:
+                q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
+            else:
+                q, x_scale = _kernels().quantize_rows_u8_scaled(flat, self.colscale)
+            out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
+                                                     self.weight_zero_point, None, 1.0, 0, self.out_dtype,
+                                                     "none", [], "")
+            out.mul_(x_scale.to(self.out_dtype))  # the per-token scale, [rows, 1]
         else:
-            q, x_scale = _kernels().quantize_rows_u8_scaled(flat, self.inv_smooth)
-        out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
-                                                 self.weight_zero_point, None, 1.0, 0, self.out_dtype,
-                                                 "none", [], "")
-        out.mul_(x_scale.to(self.out_dtype))  # the per-token scale, [rows, 1]
+            out = self._finish_in_c(flat)
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _finish_in_c(self, flat: torch.Tensor) -> torch.Tensor:
+        """The int8 product with asymmetric activations and/or outlier channels: the per-token scale,
+        the zero points' correction and x[:, O] @ W[:, O]^T in one C pass (csrc/pointwise.c:
+        finish_rows), rounded once. With asymmetric activations oneDNN multiplies q at zero point 0
+        into float32; the correction zp * colsum(W) would cancel too much of a bf16 output."""
+        kernels = _kernels()
+        zero = None
+        if self.weight_colsum is not None:
+            q, x_scale, zero = kernels.quantize_rows_u8_asym(flat, self.colscale)
+        else:
+            q, x_scale = kernels.quantize_rows_u8_scaled(flat, self.colscale)
+        acc = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0 if zero is not None else ZERO_POINT, self.packed_weight,
+                                                 self.weight_scale, self.weight_zero_point, None, 1.0, 0,
+                                                 torch.float32 if zero is not None else self.out_dtype,
+                                                 "none", [], "")
+        return kernels.finish_rows(acc, self.out_dtype, x_scale.view(-1), zero, self.weight_colsum, flat,
+                                   self.outliers, self.outlier_weight)
 
     def dequantized_weight(self) -> torch.Tensor:
         """[out, in] float32: the weight this layer multiplies by (for tests and references)."""
@@ -95,11 +137,16 @@ class Int8DynamicLinear(torch.nn.Module):
                                                   self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
         if self.inv_smooth is not None:  # (W * s) / s per input column: exact, s is a power of two
             ones.mul_(self.inv_smooth[:, None])
+        if self.outliers is not None:  # their rows are 0 in the int8 weight
+            ones[self.outliers] = self.outlier_weight.float()
         return ones.t().contiguous()
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 x int8 (oneDNN)"
+        kept = "" if self.outliers is None else f", {self.outliers.numel()} outlier channels in {self.out_dtype}"
+        kept += ", asymmetric activations" if self.weight_colsum is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 x int8 (oneDNN){kept}"
 
 
-def quantize_linear(parent: torch.nn.Module, child: str, smooth: torch.Tensor | None = None) -> None:
-    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), smooth))
+def quantize_linear(parent: torch.nn.Module, child: str, smooth: torch.Tensor | None = None,
+                    outliers: torch.Tensor | None = None, asymmetric: bool = False) -> None:
+    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), smooth, outliers, asymmetric))

@@ -1,28 +1,40 @@
 """`--quantize int8` on oneDNN applied to a whole model: which linear layers, the calibration
-pass, the stacked siblings and each layer's smoothing factors. The switches are quantize_recipe's
-(INT8_FULL_PRECISION_LAYERS, INT8_LM_HEAD, INT8_SMOOTH_ALPHA, INT8_STACK_SIBLINGS); the layers are
-engine/quantize_int8.py's, the stacking engine/quantize_int8_siblings.py's, the smoothing
-engine/quantize_smooth.py's.
+pass, the stacked siblings, each layer's smoothing factors, outlier channels and activation form.
+The switches are quantize_recipe's (INT8_FULL_PRECISION_LAYERS, INT8_LM_HEAD,
+INT8_SMOOTH_ALPHA(_BY_LAYER), INT8_OUTLIER_FRACTION/LAYERS, INT8_ASYMMETRIC_LAYERS,
+INT8_STACK_SIBLINGS); the layers are engine/quantize_int8.py's, the stacking
+engine/quantize_int8_siblings.py's, the smoothing engine/quantize_smooth.py's, the outlier channels
+engine/quantize_outliers.py's.
 """
 
 from __future__ import annotations
 
 import torch
 
-from batchgen.engine import quantize_int8, quantize_int8_siblings, quantize_smooth
+from batchgen.engine import quantize_int8, quantize_int8_siblings, quantize_outliers, quantize_smooth
 from batchgen.engine.quantize_recipe import (
+    INT8_ASYMMETRIC_LAYERS,
     INT8_FULL_PRECISION_LAYERS,
     INT8_LM_HEAD,
+    INT8_OUTLIER_FRACTION,
+    INT8_OUTLIER_LAYERS,
     INT8_SMOOTH_ALPHA,
+    INT8_SMOOTH_ALPHA_BY_LAYER,
     INT8_STACK_SIBLINGS,
 )
+
+
+def calibrated() -> bool:
+    """Whether the recipe needs a calibration pass (smoothing factors or outlier channels)."""
+    return INT8_SMOOTH_ALPHA is not None or INT8_OUTLIER_FRACTION > 0
 
 
 def quantize_layers(model: torch.nn.Module, names: set[str], calibration: list[list[int]] | None,
                     with_head: bool) -> tuple[int, bool]:
     """Swap the decoder linear layers `names` (and the LM head when `with_head` and INT8_LM_HEAD)
-    for oneDNN int8 layers, smoothed from `calibration` token ids when given and INT8_SMOOTH_ALPHA
-    is set. Returns (how many linear layers were quantized, whether they were smoothed)."""
+    for oneDNN int8 layers, smoothed and with outlier channels from `calibration` token ids when
+    given and the recipe asks for them. Returns (how many linear layers were quantized, whether they
+    were smoothed)."""
     if INT8_FULL_PRECISION_LAYERS:
         names = {n for n in names if n.rpartition(".")[2] not in INT8_FULL_PRECISION_LAYERS}
     head = model.get_output_embeddings()
@@ -31,19 +43,33 @@ def quantize_layers(model: torch.nn.Module, names: set[str], calibration: list[l
         names = names | {next(n for n, m in model.named_modules() if m is head)}
     count = len(names)
     ranges = None
-    if calibration and INT8_SMOOTH_ALPHA is not None:
+    if calibration and calibrated():
         ranges = quantize_smooth.input_ranges(model, names, calibration)
     parents = dict(model.named_modules())
     if INT8_STACK_SIBLINGS:  # q/k/v and gate/up as one matmul each
         names = _stack_siblings(parents, names, ranges)
     for name in sorted(names):
         parent, _, child = name.rpartition(".")
-        smooth = None
-        if ranges is not None:
-            smooth = quantize_smooth.smoothing_factors(ranges[name], getattr(parents[parent], child).weight,
-                                                       INT8_SMOOTH_ALPHA)
-        quantize_int8.quantize_linear(parents[parent], child, smooth)
-    return count, ranges is not None
+        linear = getattr(parents[parent], child)
+        smooth, outliers = _calibrated_parts(ranges, name, [child], linear.weight)
+        quantize_int8.quantize_linear(parents[parent], child, smooth, outliers, child in INT8_ASYMMETRIC_LAYERS)
+    return count, ranges is not None and INT8_SMOOTH_ALPHA is not None
+
+
+def _calibrated_parts(ranges: dict[str, torch.Tensor] | None, name: str, children: list[str],
+                      weight: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(smoothing factors, outlier channels) of the layer (or stacked set of `children`) whose
+    input is layer `name`'s, with `weight` [out, in]; (None, None) uncalibrated."""
+    if ranges is None:
+        return None, None
+    smooth = None
+    alpha = INT8_SMOOTH_ALPHA_BY_LAYER.get(children[0], INT8_SMOOTH_ALPHA)
+    if alpha is not None:
+        smooth = quantize_smooth.smoothing_factors(ranges[name], weight, alpha)
+    outliers = None
+    if not INT8_OUTLIER_LAYERS or any(c in INT8_OUTLIER_LAYERS for c in children):
+        outliers = quantize_outliers.outlier_channels(ranges[name], smooth, INT8_OUTLIER_FRACTION)
+    return smooth, outliers
 
 
 def _stack_siblings(parents: dict[str, torch.nn.Module], names: set[str],
@@ -52,10 +78,10 @@ def _stack_siblings(parents: dict[str, torch.nn.Module], names: set[str],
     the names left to quantize one by one."""
     left = set(names)
     for parent, children in quantize_int8_siblings.sibling_sets(names):
-        smooth = None
-        if ranges is not None:  # one input, so one range; the factors see every sibling's weight
-            weight = torch.cat([getattr(parents[parent], c).weight.detach() for c in children])
-            smooth = quantize_smooth.smoothing_factors(ranges[f"{parent}.{children[0]}"], weight, INT8_SMOOTH_ALPHA)
-        quantize_int8_siblings.stack(parents[parent], children, smooth)
+        # one input, so one range; the factors see every sibling's weight
+        weight = torch.cat([getattr(parents[parent], c).weight.detach() for c in children])
+        smooth, outliers = _calibrated_parts(ranges, f"{parent}.{children[0]}", children, weight)
+        asymmetric = any(c in INT8_ASYMMETRIC_LAYERS for c in children)
+        quantize_int8_siblings.stack(parents[parent], children, smooth, outliers, asymmetric)
         left -= {f"{parent}.{c}" for c in children}
     return left

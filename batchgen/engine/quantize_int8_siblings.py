@@ -14,7 +14,13 @@ states between the siblings' calls.) The forward stays the HF model's; only the 
 
 The stacked weight is what the siblings' weights were (rows concatenated), quantized per output
 row as before, and the siblings' shared input gets one smoothing factor per channel
-(engine/quantize_smooth.py) from the stacked weight's column maxima.
+(engine/quantize_smooth.py) from the stacked weight's column maxima, and one set of outlier channels
+(engine/quantize_outliers.py).
+
+Each sibling's output is its columns of the stacked output. q/k/v get a contiguous copy (the
+rotary kernel and attention read them token-major); gate/up get views with no copy (VIEW_SIBLINGS):
+their only reader is the MLP's SiLU(gate) * up, whose fused kernel (engine/fused.py) reads
+row-strided rows, and the eager ops take any view.
 """
 
 from __future__ import annotations
@@ -25,12 +31,16 @@ from batchgen.engine.quantize_int8 import Int8DynamicLinear
 
 # child names that a Llama-style decoder layer calls on one input tensor, in its call order
 SIBLINGS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# sibling sets whose outputs are returned as views of the stacked output (see the module docstring)
+VIEW_SIBLINGS: tuple[tuple[str, ...], ...] = (("gate_proj", "up_proj"),)
 
 
 class SiblingGroup(torch.nn.Module):
     """One Int8DynamicLinear over the siblings' stacked weights, and the last output it gave."""
 
-    def __init__(self, linears: list[torch.nn.Linear], smooth: torch.Tensor | None = None):
+    def __init__(self, linears: list[torch.nn.Linear], smooth: torch.Tensor | None = None,
+                 outliers: torch.Tensor | None = None, views: bool = False, asymmetric: bool = False):
+        """`views`: each sibling's output is a view of the stacked output, else a contiguous copy."""
         super().__init__()
         biases = [lin.bias for lin in linears]
         if any(b is not None for b in biases) and not all(b is not None for b in biases):
@@ -40,7 +50,8 @@ class SiblingGroup(torch.nn.Module):
         stacked.weight = torch.nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
         if biases[0] is not None:
             stacked.bias = torch.nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
-        self.linear = Int8DynamicLinear(stacked, smooth)
+        self.linear = Int8DynamicLinear(stacked, smooth, outliers, asymmetric)
+        self.views = views
         ends = torch.tensor([lin.out_features for lin in linears]).cumsum(0).tolist()
         self.columns = [slice(start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
         self._input: torch.Tensor | None = None  # the tensor the kept output was computed from
@@ -48,12 +59,14 @@ class SiblingGroup(torch.nn.Module):
         self._taken: set[int] = set()
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        """Sibling `index`'s output for `x`: its columns of the stacked output, contiguous."""
+        """Sibling `index`'s output for `x`: its columns of the stacked output (a view when self.views)."""
         if self._input is not x or index in self._taken:
             self._output = self.linear(x)
             self._input, self._taken = x, set()
         self._taken.add(index)
-        out = self._output[..., self.columns[index]].contiguous()
+        out = self._output[..., self.columns[index]]
+        if not self.views:
+            out = out.contiguous()
         if len(self._taken) == len(self.columns):  # every sibling served: drop the references
             self._input = self._output = None
         return out
@@ -92,8 +105,10 @@ def sibling_sets(names: set[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def stack(parent: torch.nn.Module, children: list[str], smooth: torch.Tensor | None = None) -> None:
+def stack(parent: torch.nn.Module, children: list[str], smooth: torch.Tensor | None = None,
+          outliers: torch.Tensor | None = None, asymmetric: bool = False) -> None:
     """Swap `parent`'s `children` (nn.Linear, one input) for Int8SiblingLinear modules of one group."""
-    group = SiblingGroup([getattr(parent, c) for c in children], smooth)
+    group = SiblingGroup([getattr(parent, c) for c in children], smooth, outliers,
+                         views=tuple(children) in VIEW_SIBLINGS, asymmetric=asymmetric)
     for i, child in enumerate(children):
         setattr(parent, child, Int8SiblingLinear(group, i))

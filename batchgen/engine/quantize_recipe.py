@@ -28,6 +28,14 @@ INT4_RECIPE = ",".join([f"g{INT4_GROUP_SIZE}", *(f"{n}:g{INT4_COARSE_GROUP_SIZE}
 # Measured on SmolLM2-135M (benchmarks/README.md, issue 13): teacher-forced top-1 agreement with
 # bf16's greedy tokens rose from ~93% unsmoothed; alpha 0.5 gave the lowest KL of 0.4-0.8.
 INT8_SMOOTH_ALPHA: float | None = 0.5
+# per layer type (child name; a stacked set goes by its first child, q_proj or gate_proj): another alpha
+INT8_SMOOTH_ALPHA_BY_LAYER: dict[str, float] = {}
+# LLM.int8()-style outlier decomposition (engine/quantize_outliers.py): this share of each layer's
+# input channels, the widest in the calibration pass, computed in the model dtype outside the int8
+# matmul; 0: none
+INT8_OUTLIER_FRACTION = 0.0
+# the layers (child names; a stacked set by any of its children) that take it; empty: every quantized layer
+INT8_OUTLIER_LAYERS: tuple[str, ...] = ()
 # linear layers (child names) --quantize int8 on oneDNN leaves in full precision: none by default.
 # ("down_proj",) was measured (benchmarks/README.md, issue 13): its inputs, SiLU(gate) * up, lose
 # the most to per-token int8 (~3% relative output error in every layer, against ~2% elsewhere)
@@ -38,8 +46,17 @@ INT8_LM_HEAD = False
 # q/k/v and gate/up of a layer as one stacked int8 matmul each (engine/quantize_int8_siblings.py);
 # with smoothing, a stacked set shares one factor per input channel
 INT8_STACK_SIBLINGS = True
+# layers (child names; a stacked set by any of its children) with per-token asymmetric activations
+# (a zero point per token, engine/quantize_int8.py) instead of symmetric ones
+INT8_ASYMMETRIC_LAYERS: tuple[str, ...] = ()
+# whether the recipe runs a calibration pass (smoothing factors, outlier channels)
+INT8_CALIBRATED = INT8_SMOOTH_ALPHA is not None or INT8_OUTLIER_FRACTION > 0
 # what the job fingerprint records for int8: a job begun under another recipe refuses to resume
 INT8_RECIPE = ",".join(["per-token", *([f"smooth-a{INT8_SMOOTH_ALPHA}"] if INT8_SMOOTH_ALPHA is not None else []),
+                        *(f"{name}:smooth-a{a}" for name, a in sorted(INT8_SMOOTH_ALPHA_BY_LAYER.items())),
+                        *([f"outliers-{INT8_OUTLIER_FRACTION}"] if INT8_OUTLIER_FRACTION > 0 else []),
+                        *(f"{name}:outliers" for name in INT8_OUTLIER_LAYERS if INT8_OUTLIER_FRACTION > 0),
+                        *(f"{name}:asym" for name in INT8_ASYMMETRIC_LAYERS),
                         *(["stacked"] if INT8_STACK_SIBLINGS else []),
                         *(f"{name}:full" for name in INT8_FULL_PRECISION_LAYERS),
                         *(["lm_head"] if INT8_LM_HEAD else [])])

@@ -54,6 +54,19 @@ def test_silu_mul_equals_the_eager_activation(kernels, numel):
     assert (got == expected).float().mean() > 0.99
 
 
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 7, 50])  # 50 x 1536: threaded
+def test_silu_mul_reads_the_halves_of_a_stacked_output_in_place(kernels, dtype, rows):
+    gen = torch.Generator().manual_seed(rows)
+    stacked = (torch.randn(1, rows, 2 * 1536, generator=gen) * 4).to(dtype)  # [gate | up] per row
+    gate, up = stacked[..., :1536], stacked[..., 1536:]
+    assert fused.rows_view(gate) is not None and (rows == 1 or not gate.is_contiguous())
+    got = kernels.silu_mul(gate, up)
+    assert got.is_contiguous() and got.shape == gate.shape
+    assert torch.equal(got, kernels.silu_mul(gate.contiguous(), up.contiguous()))  # the same bits as contiguous
+    assert fused.rows_view(stacked.transpose(1, 2)) is None  # columns not unit-strided: the eager ops take it
+
+
 def test_fuses_norms_and_mlps_of_a_bf16_llama_and_keeps_its_logits():
     model = make_tiny_model("llama", seed=3).to(BF16)
     ids = torch.randint(3, 200, (1, 37))

@@ -112,3 +112,58 @@ def test_the_recipe_can_run_the_lm_head_in_int8(monkeypatch):
     assert isinstance(head, quantize_int8.Int8DynamicLinear)
     torch.testing.assert_close(head.dequantized_weight(), embedding, atol=embedding.abs().max().item() / 127, rtol=0)
     assert torch.equal(model.get_input_embeddings().weight, embedding)  # the lookup keeps its own matrix
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_asymmetric_quantizer_matches_its_formula(dtype):
+    x = torch.randn(21, 100, dtype=dtype).abs() * 3 - 0.5  # leaning positive
+    x[4] = 0  # a zero row: scale 1, zero point 0
+    x[5] = -x[5].abs()  # all negative: zero point 255
+    colscale = torch.rand(100) + 0.5
+    q, scale, zero = load_cached().quantize_rows_u8_asym(x, colscale)
+    v = x.float() * colscale
+    hi, lo = v.amax(1).clamp(min=0), v.amin(1).clamp(max=0)
+    want_scale = torch.where(hi > lo, (hi - lo) / 255, torch.ones_like(hi))
+    torch.testing.assert_close(scale, want_scale)
+    want_zero = (-lo / want_scale).round().clamp(0, 255)
+    assert torch.equal(zero, want_zero)
+    want = ((v / want_scale[:, None]).round() + want_zero[:, None]).clamp(0, 255)
+    assert (q.float() - want).abs().max() <= 1 and (q.float() - want).abs().gt(0).float().mean() < 0.01
+    assert q[4].eq(0).all() and zero[4] == 0 and zero[5] == 255
+    # dequantized, each value is within half a step of its input
+    assert ((q.float() - zero[:, None]) * scale[:, None] - v).abs().max(1).values.le(scale * 0.51).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_asymmetric_linear_equals_its_reference_and_beats_symmetric_on_one_sided_inputs(dtype):
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(96, 80, bias=True).to(dtype)
+    x = (torch.randn(13, 96) * 0.3 + torch.rand(13, 96) * 2).to(dtype)  # mostly positive, as SiLU(gate) * up leans
+    layer = quantize_int8.Int8DynamicLinear(linear, asymmetric=True)
+    got = layer(x).double()
+    v = x.double()
+    hi, lo = v.amax(1, keepdim=True).clamp(min=0), v.amin(1, keepdim=True).clamp(max=0)
+    s = (hi - lo) / 255
+    zp = (-lo / s).round()
+    qx = ((v / s).round() + zp).clamp(0, 255) - zp
+    w = linear.weight.float()
+    w_scale = w.abs().amax(1, keepdim=True) / 127
+    qw = (w / w_scale).round().clamp(-127, 127).double() * w_scale.double()
+    want = (qx * s) @ qw.T + linear.bias.double()
+    tol = 2e-3 if dtype == torch.float32 else 1e-2
+    assert (got - want).abs().max() <= tol * want.abs().max()
+    # the activations' share of the error: against the same int8 weight in float64
+    exact = torch.nn.functional.linear(v, layer.dequantized_weight().double(), linear.bias.double())
+    symmetric = quantize_int8.Int8DynamicLinear(linear)(x).double()
+    assert (got - exact).norm() < 0.8 * (symmetric - exact).norm()
+
+
+def test_the_recipe_makes_named_layers_asymmetric(monkeypatch, tokenizer):
+    monkeypatch.setattr(quantize_int8_model, "INT8_ASYMMETRIC_LAYERS", ("down_proj", "up_proj"))
+    model = make_tiny_model("llama", seed=6)  # float32: the engine's tokens equal generate's exactly
+    quantize.quantize_model(model, "int8", "onednn")
+    layer = model.model.layers[0]
+    assert layer.mlp.down_proj.weight_colsum is not None and layer.mlp.up_proj.group.linear.weight_colsum is not None
+    assert layer.self_attn.o_proj.weight_colsum is None and layer.self_attn.q_proj.group.linear.weight_colsum is None
+    refs, got = generate_and_engine_tokens(model, tokenizer)
+    assert got == refs

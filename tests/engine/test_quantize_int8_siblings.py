@@ -61,3 +61,22 @@ def test_quantize_model_stacks_each_layers_siblings_and_counts_bytes_once():
     assert isinstance(layer.mlp.down_proj, quantize_int8.Int8DynamicLinear)
     packed = [m for m in model.modules() if isinstance(m, quantize_int8.Int8DynamicLinear)]
     assert len(packed) == 4 * len(model.model.layers)  # qkv, o, gate/up, down per layer
+
+
+def test_gate_and_up_are_views_of_one_output_and_the_fused_mlp_reads_them():
+    from batchgen.engine import fused
+
+    model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
+    quantize.quantize_model(model, "int8", "onednn", embedding="none")
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(1, 9, mlp.gate_proj.in_features, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        assert not gate.is_contiguous() and gate.untyped_storage().data_ptr() == up.untyped_storage().data_ptr()
+        eager = mlp(x)  # transformers' forward on the views
+        assert fused.fuse_pointwise(model) > 0 and getattr(mlp, "_batchgen_fused", False)
+        kernels = fused.load_cached()
+        copied = mlp.down_proj(kernels.silu_mul(gate.contiguous(), up.contiguous()))
+        got = mlp(x)  # the fused kernel reading the views in place
+        assert torch.equal(got, copied)
+        torch.testing.assert_close(got, eager, rtol=2e-2, atol=2e-2)  # eager silu's exp vs the kernel's: ~1 ulp

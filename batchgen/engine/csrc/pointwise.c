@@ -112,35 +112,54 @@ void rms_norm(const void* x, const void* weight, void* out, int dtype, int64_t r
     for (int64_t row = 0; row < rows; row++) rms_norm_row(x, weight, out, bf16, row, cols, eps);
 }
 
-/* out = silu(gate) * up elementwise, n elements: silu in f32 rounded to the dtype, then the product
+/* out[i] = silu(gate[i]) * up[i] for i in [0, n): silu in f32 rounded to the dtype, then the product
  * rounded to the dtype, as the eager `act_fn(gate) * up` rounds. */
+ALWAYS_INLINE void silu_mul_span(const void* gate, const void* up, void* out, int bf16, int64_t n) {
+#ifdef __AVX512F__
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail(n - i);
+        const __m512 g = load16(gate, bf16, i, k);
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        if (bf16) s = round_bf16x16(s);
+        store16(out, bf16, i, k, _mm512_mul_ps(s, load16(up, bf16, i, k)));
+    }
+#else
+    for (int64_t i = 0; i < n; i++) {
+        if (bf16) {
+            const float g = bf16_to_f32(((const uint16_t*)gate)[i]);
+            const float s = round_bf16(g / (1.f + expf(-g)));
+            ((uint16_t*)out)[i] = f32_to_bf16(s * bf16_to_f32(((const uint16_t*)up)[i]));
+        } else {
+            const float g = ((const float*)gate)[i];
+            ((float*)out)[i] = g / (1.f + expf(-g)) * ((const float*)up)[i];
+        }
+    }
+#endif
+}
+
+/* out = silu(gate) * up elementwise, n contiguous elements */
 void silu_mul(const void* gate, const void* up, void* out, int dtype, int64_t n, int num_threads) {
     const int bf16 = dtype == 1;
-    const int64_t chunk = 4096;
+    const int64_t esize = bf16 ? 2 : 4, chunk = 4096;
     #pragma omp parallel for num_threads(num_threads) if (n >= PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-        const int64_t c1 = c0 + chunk < n ? c0 + chunk : n;
-#ifdef __AVX512F__
-        for (int64_t i = c0; i < c1; i += 16) {
-            const __mmask16 k = tail(c1 - i);
-            const __m512 g = load16(gate, bf16, i, k);
-            __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-            if (bf16) s = round_bf16x16(s);
-            store16(out, bf16, i, k, _mm512_mul_ps(s, load16(up, bf16, i, k)));
-        }
-#else
-        for (int64_t i = c0; i < c1; i++) {
-            if (bf16) {
-                const float g = bf16_to_f32(((const uint16_t*)gate)[i]);
-                const float s = round_bf16(g / (1.f + expf(-g)));
-                ((uint16_t*)out)[i] = f32_to_bf16(s * bf16_to_f32(((const uint16_t*)up)[i]));
-            } else {
-                const float g = ((const float*)gate)[i];
-                ((float*)out)[i] = g / (1.f + expf(-g)) * ((const float*)up)[i];
-            }
-        }
-#endif
+        const int64_t len = c0 + chunk < n ? chunk : n - c0;
+        silu_mul_span((const char*)gate + c0 * esize, (const char*)up + c0 * esize, (char*)out + c0 * esize, bf16, len);
     }
+}
+
+/* The same over rows: gate and up [rows][cols] with row strides (in elements) gate_stride and
+ * up_stride, out [rows][cols] contiguous. Why: a stacked gate/up int8 matmul
+ * (engine/quantize_int8_siblings.py) writes [rows][gate | up]; reading the two halves in place
+ * saves copying each out first. */
+void silu_mul_rows(const void* gate, const void* up, void* out, int dtype, int64_t rows, int64_t cols,
+                   int64_t gate_stride, int64_t up_stride, int num_threads) {
+    const int bf16 = dtype == 1;
+    const int64_t esize = bf16 ? 2 : 4;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        silu_mul_span((const char*)gate + r * gate_stride * esize, (const char*)up + r * up_stride * esize,
+                      (char*)out + r * cols * esize, bf16, cols);
 }
 
 /* The rotary embedding of one head's row x [D] at one position (cos, sin [D]):
@@ -267,4 +286,121 @@ void quantize_rows_u8(const void* x, int dtype, uint8_t* q, float* scales, int64
 void quantize_rows_u8_scaled(const void* x, int dtype, const float* colscale, uint8_t* q, float* scales, int64_t rows,
                              int64_t cols, int num_threads) {
     quantize_rows_x8(x, dtype, colscale, q, scales, rows, cols, num_threads, 128);
+}
+
+/* Asymmetric uint8 per row, for an int8 matmul whose activations lean to one side: v = x[r][j] *
+ * colscale[j] (colscale may be NULL: 1), the row's range [min(v, 0), max(v, 0)] split into 255 steps:
+ * scales[r] = range / 255, zero_points[r] = round(-min / scale) and q = clamp(round(v / scale) + zp,
+ * 0, 255). A row leaning to one side (SiLU(gate) * up, a norm output with one large positive
+ * channel) gets up to twice the levels of the symmetric form. The zero point varies per row, so the
+ * int8 matmul runs with zero point 0 and finish_asym takes zp * sum_j W[n][j] off afterwards. */
+ALWAYS_INLINE void quantize_row_asym(const void* x, int bf16, const float* colscale, uint8_t* q, float* scales,
+                                     float* zero_points, int64_t row, int64_t cols) {
+    const int64_t base = row * cols;
+    float mx = 0.f, mn = 0.f;
+#ifdef __AVX512F__
+    __m512 vmx = _mm512_setzero_ps(), vmn = _mm512_setzero_ps();
+    for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 k = tail(cols - j);
+        const __m512 v = load_scaled16(x, bf16, colscale, base, j, k);  /* masked lanes load 0: in range */
+        vmx = _mm512_max_ps(vmx, v);
+        vmn = _mm512_min_ps(vmn, v);
+    }
+    mx = _mm512_reduce_max_ps(vmx);
+    mn = _mm512_reduce_min_ps(vmn);
+#else
+    for (int64_t j = 0; j < cols; j++) {
+        const float v = load_scaled1(x, bf16, colscale, base, j);
+        mx = v > mx ? v : mx;
+        mn = v < mn ? v : mn;
+    }
+#endif
+    const float scale = mx > mn ? (mx - mn) / 255.f : 1.f;
+    const float inv = 1.f / scale;
+    float zp = nearbyintf(-mn * inv);
+    zp = zp < 0.f ? 0.f : zp > 255.f ? 255.f : zp;
+#ifdef __AVX512F__
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512i vzp = _mm512_set1_epi32((int)zp);
+    for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 k = tail(cols - j);
+        __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(load_scaled16(x, bf16, colscale, base, j, k), vinv)), vzp);
+        v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(255)), _mm512_setzero_si512());
+        _mm_mask_storeu_epi8(q + base + j, k, _mm512_cvtepi32_epi8(v));
+    }
+#else
+    for (int64_t j = 0; j < cols; j++) {
+        const float r = nearbyintf(load_scaled1(x, bf16, colscale, base, j) * inv) + zp;
+        q[base + j] = (uint8_t)(r > 255.f ? 255.f : r < 0.f ? 0.f : r);
+    }
+#endif
+    scales[row] = scale;
+    zero_points[row] = zp;
+}
+
+void quantize_rows_u8_asym(const void* x, int dtype, const float* colscale, uint8_t* q, float* scales,
+                           float* zero_points, int64_t rows, int64_t cols, int num_threads) {
+    const int bf16 = dtype == 1;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t row = 0; row < rows; row++) quantize_row_asym(x, bf16, colscale, q, scales, zero_points, row, cols);
+}
+
+/* The end of an int8 layer's call (engine/quantize_int8.py), per row r and output n, in f32, rounded
+ * once to out's dtype:
+ *     y[r][n] = (acc[r][n] - zero_points[r] * colsum[n]) * scales[r] + sum_i x[r][idx[i]] * wo[i][n]
+ * acc: the int8 matmul's output, already times the weight's per-row scale: float32 (acc_dtype 0) or
+ * the out dtype (then out may be acc itself). zero_points and colsum: NULL for symmetric
+ * activations; with asymmetric ones acc must be float32, as the two terms are each up to ~255x the
+ * result's step and cancel. k outlier channels idx of x [rows][x_cols] (out's dtype) times their
+ * full-precision weight rows wo [k][cols] float32 (engine/quantize_outliers.py); k = 0: none.
+ * Why one pass: the per-token scale was a pass of its own, and the outlier channels as an
+ * index_select plus a small matmul cost ~40 us a call at 64 rows, a fifth of the int8 layer. Four
+ * rows at a time share each load of wo. */
+#define FINISH_ROWS 4
+void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const float* scales, const float* zero_points,
+                 const float* colsum, const void* x, int64_t x_cols, const int64_t* idx, int64_t k, const float* wo,
+                 int64_t rows, int64_t cols, int num_threads) {
+    const int bf16 = dtype == 1, acc_bf16 = acc_dtype == 1;
+    const int64_t blocks = (rows + FINISH_ROWS - 1) / FINISH_ROWS;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols * (k + 1) >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t r0 = b * FINISH_ROWS, nr = rows - r0 < FINISH_ROWS ? rows - r0 : FINISH_ROWS;
+        float xk[FINISH_ROWS][k > 0 ? k : 1];
+        float s[FINISH_ROWS], z[FINISH_ROWS];
+        for (int64_t t = 0; t < FINISH_ROWS; t++) {
+            const int64_t r = t < nr ? r0 + t : r0;  /* a short last block repeats its first row, stored once */
+            s[t] = scales[r];
+            z[t] = zero_points ? zero_points[r] : 0.f;
+            for (int64_t i = 0; i < k; i++)
+                xk[t][i] = bf16 ? bf16_to_f32(((const uint16_t*)x)[r * x_cols + idx[i]]) : ((const float*)x)[r * x_cols + idx[i]];
+        }
+#ifdef __AVX512F__
+        for (int64_t j = 0; j < cols; j += 16) {
+            const __mmask16 m = tail(cols - j);
+            const __m512 cs = colsum ? _mm512_maskz_loadu_ps(m, colsum + j) : _mm512_setzero_ps();
+            __m512 y[FINISH_ROWS];
+            for (int64_t t = 0; t < FINISH_ROWS; t++) {
+                const int64_t r = t < nr ? r0 + t : r0;
+                const __m512 a = load16(acc, acc_bf16, r * cols + j, m);
+                y[t] = _mm512_mul_ps(_mm512_fnmadd_ps(_mm512_set1_ps(z[t]), cs, a), _mm512_set1_ps(s[t]));
+            }
+            for (int64_t i = 0; i < k; i++) {
+                const __m512 w = _mm512_maskz_loadu_ps(m, wo + i * cols + j);
+                for (int64_t t = 0; t < FINISH_ROWS; t++) y[t] = _mm512_fmadd_ps(_mm512_set1_ps(xk[t][i]), w, y[t]);
+            }
+            for (int64_t t = 0; t < nr; t++) store16(out, bf16, (r0 + t) * cols + j, m, y[t]);
+        }
+#else
+        for (int64_t t = 0; t < nr; t++) {
+            const int64_t r = r0 + t;
+            for (int64_t j = 0; j < cols; j++) {
+                const float a = acc_bf16 ? bf16_to_f32(((const uint16_t*)acc)[r * cols + j]) : ((const float*)acc)[r * cols + j];
+                float y = (a - z[t] * (colsum ? colsum[j] : 0.f)) * s[t];
+                for (int64_t i = 0; i < k; i++) y += xk[t][i] * wo[i * cols + j];
+                if (bf16) ((uint16_t*)out)[r * cols + j] = f32_to_bf16(y);
+                else ((float*)out)[r * cols + j] = y;
+            }
+        }
+#endif
+    }
 }
