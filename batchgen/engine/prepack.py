@@ -16,18 +16,6 @@ EPYC (125-180 GFLOP/s -> 290-430), as vLLM-CPU also runs its float32 linears on 
 sum in another order (about 1e-6 relative), as the engine's packed forward already did against
 `model.generate`'s padded one; the greedy-equivalence tests hold on it.
 
-Row counts come in buckets. oneDNN builds (JIT-compiles) one kernel per shape it is called with,
-rows included, and torch keeps the last 1024 of them in two caches (ideep's and oneDNN's), ~0.5
-MiB a kernel even for a tiny layer. A job calls its linears with every row count from 1 to the
-step budget (decode steps run as many rows as are running, prefill chunks fill the budget), so a
-long job's memory grew until both caches were full (row counts 1-512 on 5 layer shapes: +420 MiB
-of heap, +700 MiB RSS), then it rebuilt evicted kernels over and over (benchmarks/README.md,
-issue 11). A call of n rows therefore runs padded with zero rows to `padded_rows(n)`: 1 and 2 as
-they are, powers of two up to 16, then 8 sizes per octave (at most 12.5% more rows): 45 row
-counts up to 512. A row's result does not depend on the rows beside it (checked bit for bit
-against a 512-row call at 2-64 rows and sampled sizes up to 511, float32 and bfloat16); a single
-row may take a GEMV kernel of its own, so 1 is never padded.
-
 The layers stay the model's own `nn.Linear` modules (names, parameters, state dict, tied weights
 untouched); only their `forward` is replaced, per instance. The copy costs the linear weights'
 bytes once more, so it is made only when that fits in MAX_EXTRA_MEMORY_SHARE of the memory
@@ -50,8 +38,6 @@ log = logging.getLogger(__name__)
 SMALL_M_MAX = 256
 # the reorder's kernel choice is tuned for this many rows; any row count runs on the result
 PACK_ROWS_HINT = 64
-# row counts a call runs at above 16 rows, per octave: each is one cached oneDNN kernel per layer shape
-PADDED_SIZES_PER_OCTAVE = 8
 # the copies may take at most this share of MemAvailable (the KV cache is sized after them)
 MAX_EXTRA_MEMORY_SHARE = 0.25
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -118,28 +104,9 @@ def _all_rows(dtype: torch.dtype) -> bool:
     return dtype in ALL_ROWS_DTYPES
 
 
-def padded_rows(num_rows: int) -> int:
-    """The row count a call of `num_rows` rows runs at (see the module docstring): 1 and 2 as they
-    are, powers of two up to 16, then PADDED_SIZES_PER_OCTAVE sizes per octave."""
-    if num_rows <= 2:
-        return num_rows
-    top = 1 << (num_rows - 1).bit_length()  # the power of two at or above num_rows
-    if top <= 16:
-        return top
-    step = top // (2 * PADDED_SIZES_PER_OCTAVE)
-    return -(-num_rows // step) * step
-
-
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     dtype = self.weight.dtype
     if x.dtype == dtype and (_all_rows(dtype) or x.numel() <= SMALL_M_MAX * self.in_features):
-        num_rows = x.numel() // self.in_features
-        padded = padded_rows(num_rows)
-        if padded == num_rows:
-            return torch.ops.mkldnn._linear_pointwise(x, self._batchgen_packed, self.bias, "none", [], "")
-        rows = x.reshape(num_rows, self.in_features)  # [num_rows, in_features]
-        rows = torch.cat((rows, rows.new_zeros(padded - num_rows, self.in_features)))
-        out = torch.ops.mkldnn._linear_pointwise(rows, self._batchgen_packed, self.bias, "none", [], "")
-        return out[:num_rows].reshape(*x.shape[:-1], out.shape[-1])
+        return torch.ops.mkldnn._linear_pointwise(x, self._batchgen_packed, self.bias, "none", [], "")
     return F.linear(x, self.weight, self.bias)
 

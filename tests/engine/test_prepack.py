@@ -102,31 +102,3 @@ def test_engine_packs_a_bf16_model_unless_told_not_to(tokenizer):
     assert all(len(t) == 6 for t in packed_tokens)
     # bf16 rounding may differ between the two kernels; the first token of most rows agrees
     assert sum(a[0] == b[0] for a, b in zip(packed_tokens, plain_tokens, strict=True)) >= 3
-
-
-def test_padded_row_counts_are_few_and_close_above_the_count():
-    padded = [prepack.padded_rows(n) for n in range(1, 4097)]
-    assert all(p >= n for n, p in enumerate(padded, 1))
-    assert all(prepack.padded_rows(p) == p for p in padded)  # a padded count is its own bucket
-    assert prepack.padded_rows(1) == 1  # a single row may run a kernel of its own: never padded
-    assert all(p <= n * 1.125 for n, p in enumerate(padded, 1) if n > 16)
-    assert len(set(padded[:512])) == 45  # kernels per layer shape for a step budget of 512 rows
-    assert len(set(padded)) == 45 + 3 * prepack.PADDED_SIZES_PER_OCTAVE  # each octave more: 8
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
-@pytest.mark.parametrize("num_rows", [1, 3, 17, 300])
-def test_calls_run_at_padded_row_counts_with_the_same_rows_out(num_rows, monkeypatch):
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(96, 80)
-    x = torch.randn(1, num_rows, 96)  # [1, num_tokens, hidden]: the engine's packed batch
-    assert prepack.pack_linear_layers(torch.nn.Sequential(layer), available_bytes=1 << 40) == 1
-    real = torch.ops.mkldnn._linear_pointwise
-    exact = real(x, layer._batchgen_packed, layer.bias, "none", [], "")
-    seen = []
-    monkeypatch.setattr(prepack.torch.ops.mkldnn, "_linear_pointwise",
-                        lambda x, *a: seen.append(x.numel() // 96) or real(x, *a))
-    got = layer(x)
-    assert seen == [prepack.padded_rows(num_rows)]
-    assert got.shape == (1, num_rows, 80)
-    torch.testing.assert_close(got, exact, rtol=1e-6, atol=1e-6)  # the padding rows change no real row
