@@ -51,7 +51,6 @@ from batchgen.engine.quantize_recipe import (
     INT4_COARSE_GROUP_SIZE,
     INT4_COARSE_LAYERS,
     INT4_GROUP_SIZE,
-    INT8_CALIBRATED,
 )
 from batchgen.errors import ConfigError
 
@@ -96,7 +95,11 @@ class Quantization:
         """Whether this scheme calibrates (smoothing factors, outlier channels), so needs the
         full-precision model to run calibration text before its linear layers are swapped (not the
         streaming loader)."""
-        return self.scheme == "int8" and self.backend == "onednn" and INT8_CALIBRATED
+        if self.scheme != "int8" or self.backend != "onednn":
+            return False
+        from batchgen.engine import quantize_int8_model  # lazily, as quantize_model does
+
+        return quantize_int8_model.calibrated()
 
 
 def resolve_embedding(embedding: str, scheme: str) -> str:

@@ -49,8 +49,6 @@ INT8_STACK_SIBLINGS = True
 # layers (child names; a stacked set by any of its children) with per-token asymmetric activations
 # (a zero point per token, engine/quantize_int8.py) instead of symmetric ones
 INT8_ASYMMETRIC_LAYERS: tuple[str, ...] = ()
-# whether the recipe runs a calibration pass (smoothing factors, outlier channels)
-INT8_CALIBRATED = INT8_SMOOTH_ALPHA is not None or INT8_OUTLIER_FRACTION > 0
 # what the job fingerprint records for int8: a job begun under another recipe refuses to resume
 INT8_RECIPE = ",".join(["per-token", *([f"smooth-a{INT8_SMOOTH_ALPHA}"] if INT8_SMOOTH_ALPHA is not None else []),
                         *(f"{name}:smooth-a{a}" for name, a in sorted(INT8_SMOOTH_ALPHA_BY_LAYER.items())),
