@@ -70,6 +70,12 @@ def build_rows(workload: str, tokenizer, args) -> pa.Table:
                      "max_new_tokens": pa.array(budgets, pa.int32())})
 
 
+def max_model_len(table: pa.Table, tokenizer) -> int:
+    """The longest prompt plus the largest budget, rounded up to 256: vLLM's max_model_len for the rows."""
+    longest = max(len(tokenizer(t)["input_ids"]) for t in table["text"].to_pylist())
+    return -(-(longest + int(max(table["max_new_tokens"].to_pylist()))) // 256) * 256
+
+
 def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str], env: dict | None = None) -> dict:
     out = tmp / f"out-{time.monotonic_ns()}"
     cmd = [str(Path(sys.executable).parent / "batchgen"), "run", "--input", str(rows), "--output", str(out),
@@ -175,9 +181,7 @@ def main() -> None:
                 table = build_rows(workload, lm.tokenizer, args)
                 rows = tmp / f"{workload}.parquet"
                 pq.write_table(table, rows)
-                max_len = max(len(lm.tokenizer(t)["input_ids"]) for t in table["text"].to_pylist()) + int(
-                    max(table["max_new_tokens"].to_pylist()))
-                max_len = -(-max_len // 256) * 256
+                max_len = max_model_len(table, lm.tokenizer)
                 for r in range(args.rounds):
                     order = systems[r % len(systems):] + systems[: r % len(systems)]
                     for system in order:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from benchmarks.peers import DEFAULT_VLLM_PYTHON, REPO, build_rows, vllm_env
+from benchmarks.peers import DEFAULT_VLLM_PYTHON, REPO, build_rows, max_model_len, vllm_env
 
 # first match wins, on the lower-cased op name
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
@@ -60,7 +60,8 @@ def categorize(name: str) -> str:
 def breakdown(ops: list[tuple[str, float, int]], wall_s: float) -> dict:
     by: dict[str, float] = {}
     for name, self_s, _count in ops:
-        by[categorize(name)] = by.get(categorize(name), 0.0) + self_s
+        category = categorize(name)
+        by[category] = by.get(category, 0.0) + self_s
     by["outside ops (Python, host work)"] = max(0.0, wall_s - sum(by.values()))
     top = sorted(ops, key=lambda o: -o[1])[:12]
     return {"wall_s": wall_s, "seconds": by, "top_ops": [(n, round(s, 3), c, categorize(n)) for n, s, c in top]}
@@ -168,9 +169,7 @@ def main() -> None:
     lm = load_model(None, dtype=args.dtype)
     model_dir = str(Path(lm.model.name_or_path))
     table = build_rows(args.workload, lm.tokenizer, args)
-    max_len = max(len(lm.tokenizer(t)["input_ids"]) for t in table["text"].to_pylist()) + int(
-        max(table["max_new_tokens"].to_pylist()))
-    max_len = -(-max_len // 256) * 256
+    max_len = max_model_len(table, lm.tokenizer)
     del lm
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="batchgen-profile-") as tmp_name:

@@ -19,7 +19,9 @@ import time
 T0 = time.perf_counter()
 
 
-def main() -> None:
+def load() -> tuple:
+    """(the LLM, the rows' prompts, their SamplingParams) from the command line's arguments; also
+    what benchmarks/vllm_profile.py runs."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--rows", required=True)
@@ -31,9 +33,14 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     table = pq.read_table(args.rows).to_pydict()
-    prompts, budgets = table["text"], table["max_new_tokens"]
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
-    params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0) for n in budgets]
+    params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0)
+              for n in table["max_new_tokens"]]
+    return llm, table["text"], params
+
+
+def main() -> None:
+    llm, prompts, params = load()
     startup_s = time.perf_counter() - T0
     t = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)

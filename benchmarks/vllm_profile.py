@@ -11,7 +11,6 @@ forward; start-up (import, compile, warm-up) is outside the profiled region. Row
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,24 +18,13 @@ import time
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--rows", required=True)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--max-model-len", type=int, required=True)
-    args = ap.parse_args()
-
-    import pyarrow.parquet as pq
     import torch
-    from vllm import LLM, SamplingParams
+    from vllm_peer import load  # this script's directory is on sys.path: run by path, like vllm_peer.py
 
-    table = pq.read_table(args.rows).to_pydict()
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
-    params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0)
-              for n in table["max_new_tokens"]]
+    llm, prompts, params = load()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         t = time.perf_counter()
-        outputs = llm.generate(table["text"], params, use_tqdm=False)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
         wall_s = time.perf_counter() - t
     ops = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()]
     print(json.dumps({"wall_s": wall_s, "generated_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
