@@ -1,32 +1,75 @@
 """OpenMP's wait policy, chosen before torch loads libgomp (which reads it once, at load).
 
-libgomp's default makes a thread that reaches the end of a parallel region spin for ~300k
-iterations before it sleeps. On cores of its own that saves a wake-up per region; on a machine
-shared with anything else (a cron box, an Airflow worker, a CI runner) the spinning threads take
-the time slices the working thread needs, and every barrier waits for a descheduled thread:
-`benchmarks/threads.py` measured batchgen's forward 4-5x slower with one busy neighbour. With
-OMP_WAIT_POLICY=PASSIVE idle threads sleep at once; see README ("Threads") for the measured cost
-on a quiet machine.
+Every op of the forward is a parallel region that ends at a barrier: some 600 a decode step.
+libgomp's default makes a thread that reaches a barrier spin (~300k iterations) before it sleeps,
+so the next region finds it awake; OMP_WAIT_POLICY=PASSIVE makes it sleep at once, and every
+region then pays a wake-up. Measured with `benchmarks/threads.py` on a 2-core AMD EPYC, bf16,
+128 ShareGPT rows, the two sides of that choice:
+  - on a quiet machine spin-wait generated 951 tok/s against passive's 718 (+32%);
+  - beside one busy process, spinning threads take the time slices the working thread needs and
+    every barrier waits for a descheduled thread: spin on both cores ran 5x slower than passive.
+So `apply_defaults` looks at the machine for SAMPLE_WINDOW_S before torch loads: when the other
+processes keep at least BUSY_CORES of a core busy (niced ones do not count, as in the thread
+governor), or a cgroup CPU limit (a container's `limits.cpu`) is below the cores torch would use,
+idle threads sleep (PASSIVE); otherwise libgomp's spin-wait stays. A neighbour that arrives later
+is the thread governor's (engine/threads.py): it drops the compute threads to the cores left, and
+one thread has no barrier to spin at.
 
 The `batchgen` command calls `apply_defaults()` before anything imports torch. A user's own
-OMP_WAIT_POLICY or GOMP_SPINCOUNT wins; BATCHGEN_OMP_DEFAULTS=0 leaves libgomp's default.
+OMP_WAIT_POLICY or GOMP_SPINCOUNT wins; BATCHGEN_OMP_DEFAULTS=0 leaves libgomp's default; the
+choice is inherited by the processes of `--workers`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
-DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+from batchgen import cpuload
+
+PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 _USER_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+SAMPLE_WINDOW_S = 0.15
+BUSY_CORES = 0.5  # a neighbour keeping half a core busy shares our cores
+
+# why the policy is what it is, for the job's log (jobs read it once torch is loaded)
+choice_reason: str | None = None
 
 
-def apply_defaults(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
-    """Set the defaults that the user has not set; return what was set."""
+def choose(num_cores: int, other_cores: float | None, cgroup_cores: float | None) -> tuple[dict[str, str], str]:
+    """The environment to set (empty: libgomp's spin-wait) and the reason, from the machine's state."""
+    if cgroup_cores is not None and cgroup_cores < num_cores:
+        return PASSIVE, (f"passive wait: the cgroup allows {cgroup_cores:g} of {num_cores} cores, "
+                         "and spinning threads would spend that quota")
+    if other_cores is None:
+        return PASSIVE, "passive wait: the machine's load cannot be read (no /proc/stat)"
+    if other_cores >= BUSY_CORES:
+        return PASSIVE, f"passive wait: other processes keep {other_cores:.1f} cores busy"
+    return {}, f"spin-wait: other processes keep {other_cores:.2f} cores busy"
+
+
+def apply_defaults(environ: MutableMapping[str, str] = os.environ, *,
+                   measure: Callable[[], float | None] | None = None,
+                   cgroup: Callable[[], float | None] = cpuload.cgroup_cpu_limit) -> dict[str, str]:
+    """Choose the wait policy unless the user has; set it in `environ`; return what was set."""
+    global choice_reason
     if environ.get("BATCHGEN_OMP_DEFAULTS", "1") == "0" or any(k in environ for k in _USER_KEYS):
+        choice_reason = "set by the user's environment"
         return {}
     if "torch" in sys.modules:  # libgomp is loaded and has read its settings: too late to matter
         return {}
-    environ.update(DEFAULTS)
-    return dict(DEFAULTS)
+    num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if "OMP_NUM_THREADS" in environ:
+        try:
+            num_cores = min(num_cores, max(1, int(environ["OMP_NUM_THREADS"].split(",")[0])))
+        except ValueError:
+            pass
+    if num_cores <= 1:  # one thread meets no other at a barrier: nothing to choose
+        choice_reason = "one compute thread"
+        return {}
+    if measure is None:
+        measure = lambda: cpuload.other_cores(SAMPLE_WINDOW_S)  # noqa: E731
+    chosen, choice_reason = choose(num_cores, measure(), cgroup())
+    environ.update(chosen)
+    return dict(chosen)

@@ -5,8 +5,11 @@
 
 Each variant is `batchgen run` at its default flags (a subprocess, as a user runs it) with one
 environment change:
-  default   batchgen's own choice: OMP_WAIT_POLICY=PASSIVE and compute threads that follow the
-            cores other processes leave (engine/threads.py)
+  default   batchgen's own choice (batchgen/omp.py): libgomp's spin-wait on a machine that is quiet
+            when the job starts, OMP_WAIT_POLICY=PASSIVE beside busy processes; compute threads
+            that follow the cores other processes leave (engine/threads.py)
+  passive-governor  OMP_WAIT_POLICY=PASSIVE always, with the governor (the default until the
+            eighth stop)
   spin      the old default: libgomp's wait policy (idle threads spin ~300k iterations at every
             barrier), all cores (OMP_NUM_THREADS pinned, so no governor)
   passive   OMP_WAIT_POLICY=PASSIVE on all cores, no governor
@@ -15,7 +18,8 @@ environment change:
   shortspin-governor  idle threads spin 10k iterations (GOMP_SPINCOUNT) then sleep, with the governor
 
 `--busy N` runs each round a second time with N single-threaded busy loops beside the job (nice 0),
-the situation of a shared cron box or a CI runner with a neighbour. Variants run round-robin,
+the situation of a shared cron box or a CI runner with a neighbour; with `--busy-after S` the
+loops start S seconds after the job, a neighbour that arrives mid-job. Variants run round-robin,
 start rotating; each run records the CPU the rest of the machine took. Reports generation tok/s
 (the job's own wall time) and whole-process tok/s, medians with min-max.
 """
@@ -43,6 +47,7 @@ VARIANTS = {
     "passive": {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": ALL_CORES},
     "1thread": {"OMP_NUM_THREADS": "1"},
     "spin-governor": {"BATCHGEN_OMP_DEFAULTS": "0"},
+    "passive-governor": {"OMP_WAIT_POLICY": "PASSIVE"},
     "shortspin-governor": {"GOMP_SPINCOUNT": "10000"},
 }
 # what the variants set, removed from the inherited environment so each runs exactly its own
@@ -50,8 +55,9 @@ _OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "BATCHGEN_O
 
 
 @contextlib.contextmanager
-def busy_loops(n: int):
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+def busy_loops(n: int, after_s: float = 0.0):
+    code = f"import time\ntime.sleep({after_s})\nwhile True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
     try:
         yield
     finally:
@@ -73,6 +79,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--busy", type=int, default=1, help="busy loops in the contended pass (0: quiet pass only)")
+    ap.add_argument("--busy-after", type=float, default=0.0,
+                    help="seconds after each job starts that the busy loops start (0: before it)")
+    ap.add_argument("--busy-only", action="store_true", help="skip the quiet pass")
     ap.add_argument("--n", type=int, default=64, help="ShareGPT rows")
     ap.add_argument("--max-output-len", type=int, default=128)
     ap.add_argument("--num-docs", type=int, default=16)
@@ -83,7 +92,7 @@ def main() -> None:
     from batchgen.engine.loader import load_model
 
     variants = args.variants.split(",")
-    passes = [0] + ([args.busy] if args.busy else [])
+    passes = ([] if args.busy_only else [0]) + ([args.busy] if args.busy else [])
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="batchgen-threads-") as tmp_name:
         tmp = Path(tmp_name)
@@ -95,7 +104,7 @@ def main() -> None:
                 for r in range(args.rounds):
                     order = variants[r % len(variants):] + variants[: r % len(variants)]
                     for name in order:
-                        with busy_loops(busy):
+                        with busy_loops(busy, args.busy_after if busy else 0.0):
                             rec = peers.run_batchgen(rows, args.dtype, tmp, [], env=variant_env(name))
                         rec["gen_tok_s"] = rec["generated_tokens"] / rec["gen_s"]
                         rec["process_tok_s"] = rec["generated_tokens"] / rec["process_s"]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from batchgen import omp
 from batchgen.engine import attention, fused, prepack, sizing
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
@@ -92,6 +93,8 @@ class LLMEngine:
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.metrics = EngineMetrics()
         self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
+        if self.device.type == "cpu" and omp.choice_reason is not None:
+            log.info("CPU: %d compute threads, OpenMP %s", torch.get_num_threads(), omp.choice_reason)
         self._seq_ids = itertools.count()
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
         # False while a step runs: a step that raised may have drawn some rows' random numbers

@@ -19,13 +19,10 @@ from collections.abc import Callable
 
 import torch
 
+from batchgen.cpuload import cpu_seconds
+
 log = logging.getLogger(__name__)
 
-# /proc/stat's cpu line: user nice system idle iowait irq softirq steal. Time of niced processes
-# (field 1) is left out while we run at normal priority: the kernel gives them only the slices we
-# leave, so they do not take a core from us (a `nice -n 19` test suite beside a job, say).
-_BUSY_FIELDS = (0, 2, 5, 6, 7)
-_NICE_FIELD = 1
 _base_threads: int | None = None  # the thread count before any governor changed it
 _last_set: int | None = None  # what a governor last set, so a later engine starts from the base
 
@@ -33,20 +30,6 @@ _last_set: int | None = None  # what a governor last set, so a later engine star
 def _remember(num_threads: int) -> None:
     global _last_set
     _last_set = num_threads
-
-
-def cpu_seconds() -> tuple[float, float] | None:
-    """(busy seconds of the whole machine, this process's CPU seconds), or None off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()[1:]
-    except OSError:
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    counted = _BUSY_FIELDS if os.getpriority(os.PRIO_PROCESS, 0) <= 0 else (*_BUSY_FIELDS, _NICE_FIELD)
-    busy = sum(int(fields[i]) for i in counted if i < len(fields)) / ticks
-    t = os.times()
-    return busy, t.user + t.system
 
 
 class ThreadGovernor:

@@ -1,0 +1,68 @@
+"""How much CPU the machine's *other* processes take, from /proc/stat (Linux; no torch import).
+
+Shared by the OpenMP wait-policy choice the CLI makes before torch loads (batchgen/omp.py) and
+the engine's thread governor (engine/threads.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+# /proc/stat's cpu line: user nice system idle iowait irq softirq steal. Time of niced processes
+# (field 1) is left out while we run at normal priority: the kernel gives them only the slices we
+# leave, so they do not take a core from us (a `nice -n 19` test suite beside a job, say).
+_BUSY_FIELDS = (0, 2, 5, 6, 7)
+_NICE_FIELD = 1
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(busy seconds of the whole machine, this process's CPU seconds), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    counted = _BUSY_FIELDS if os.getpriority(os.PRIO_PROCESS, 0) <= 0 else (*_BUSY_FIELDS, _NICE_FIELD)
+    busy = sum(int(fields[i]) for i in counted if i < len(fields)) / ticks
+    t = os.times()
+    return busy, t.user + t.system
+
+
+def other_cores(window_s: float, read: Callable[[], tuple[float, float] | None] = cpu_seconds,
+                sleep: Callable[[float], None] = time.sleep) -> float | None:
+    """Cores the other processes kept busy over the next `window_s` seconds, or None off Linux."""
+    first = read()
+    if first is None:
+        return None
+    sleep(window_s)
+    second = read()
+    if second is None:
+        return None
+    return max(0.0, (second[0] - first[0]) - (second[1] - first[1])) / window_s
+
+
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
+    """Cores this process's cgroup may use (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`), or None
+    when unlimited or unknown. A container's CPU limit (Kubernetes' `limits.cpu`) shows up here,
+    not in the affinity mask, which still lists every core of the node."""
+    for quota_file, period_file in ((f"{root}/cpu.max", None),
+                                    (f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu/cpu.cfs_period_us")):
+        try:
+            with open(quota_file) as f:
+                parts = f.read().split()
+            if period_file is not None:
+                with open(period_file) as f:
+                    parts = [parts[0], f.read().strip()]
+        except (OSError, IndexError):
+            continue
+        if len(parts) < 2 or parts[0] in ("max", "-1"):
+            return None
+        try:
+            quota, period = int(parts[0]), int(parts[1])
+        except ValueError:
+            return None
+        return quota / period if quota > 0 and period > 0 else None
+    return None
