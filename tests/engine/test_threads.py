@@ -50,6 +50,28 @@ def test_rechecks_only_every_interval():
     assert g.num_threads == 1
 
 
+def test_gives_cores_up_at_once_and_takes_them_back_after_a_quiet_spell():
+    m = FakeMachine()
+    g = ThreadGovernor(2, interval_s=1.0, raise_after_s=5.0, read=lambda: (m.busy, m.own), clock=lambda: m.now,
+                       set_threads=m.threads.append)
+    m.run(1, ours=2, others=0.0)
+    g.tick()
+    assert g.num_threads == 2
+    m.run(1, ours=1.3, others=0.7)  # a neighbour arrives: one second is enough to give a core up
+    g.tick()
+    assert g.num_threads == 1 and m.threads == [1]
+    for _ in range(4):  # it leaves; the busy check is still within the last 5 s
+        m.run(1, ours=1, others=0.0)
+        g.tick()
+        assert g.num_threads == 1
+    m.run(1.5, ours=1, others=0.0)  # every check of the last 5 s left room
+    g.tick()
+    assert g.num_threads == 2 and m.threads == [1, 2]
+    m.run(1, ours=1.5, others=0.6)  # a short burst still costs a core at once
+    g.tick()
+    assert g.num_threads == 1
+
+
 def test_a_later_engine_starts_from_the_full_count(monkeypatch):
     import torch
 
