@@ -49,10 +49,12 @@ def choose(num_cores: int, other_cores: float | None, cgroup_cores: float | None
     return {}, f"spin-wait: other processes keep {other_cores:.2f} cores busy"
 
 
-def apply_defaults(environ: MutableMapping[str, str] = os.environ, *,
+def apply_defaults(environ: MutableMapping[str, str] = os.environ, *, sample: bool = True,
                    measure: Callable[[], float | None] | None = None,
                    cgroup: Callable[[], float | None] = cpuload.cgroup_cpu_limit) -> dict[str, str]:
-    """Choose the wait policy unless the user has; set it in `environ`; return what was set."""
+    """Choose the wait policy unless the user has; set it in `environ`; return what was set.
+    `sample=False` (a command that generates nothing: status, compact, --help) sets PASSIVE without
+    spending the sampling window."""
     global choice_reason
     if environ.get("BATCHGEN_OMP_DEFAULTS", "1") == "0" or any(k in environ for k in _USER_KEYS):
         choice_reason = "set by the user's environment"
@@ -68,6 +70,10 @@ def apply_defaults(environ: MutableMapping[str, str] = os.environ, *,
     if num_cores <= 1:  # one thread meets no other at a barrier: nothing to choose
         choice_reason = "one compute thread"
         return {}
+    if not sample:
+        choice_reason = "passive wait: a command that generates nothing"
+        environ.update(PASSIVE)
+        return dict(PASSIVE)
     if measure is None:
         measure = lambda: cpuload.other_cores(SAMPLE_WINDOW_S)  # noqa: E731
     chosen, choice_reason = choose(num_cores, measure(), cgroup())

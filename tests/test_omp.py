@@ -56,6 +56,16 @@ def test_one_thread_is_not_measured(no_torch, monkeypatch):
     assert omp.apply_defaults({}, measure=measure, cgroup=lambda: None) == {}
 
 
+def test_commands_that_generate_nothing_are_not_sampled(no_torch, monkeypatch):
+    monkeypatch.setattr(omp.os, "sched_getaffinity", lambda pid: {0, 1})
+
+    def measure():
+        raise AssertionError("status or --help does not pay for the look at the machine")
+
+    env: dict[str, str] = {}
+    assert omp.apply_defaults(env, sample=False, measure=measure, cgroup=lambda: None) == omp.PASSIVE
+
+
 def test_the_users_choice_wins(no_torch):
     def measure():
         raise AssertionError("not sampled when the user chose")
