@@ -94,9 +94,13 @@ def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str], env: dict 
         tokens = sum(s["num_generated_tokens"] for s in summaries)
         gen_s = max(s["wall_seconds"] for s in summaries)
     else:
-        summary = json.loads((out / "_summary.json").read_text())
-        tokens, gen_s = summary["num_generated_tokens"], summary["wall_seconds"]
-    return {"generated_tokens": tokens, "gen_s": gen_s, "process_s": load.wall_s, "load": load.to_dict()}
+        summaries = [json.loads((out / "_summary.json").read_text())]
+        tokens, gen_s = summaries[0]["num_generated_tokens"], summaries[0]["wall_seconds"]
+    shares = [s.get("forward_share") for s in summaries]
+    rec = {"generated_tokens": tokens, "gen_s": gen_s, "process_s": load.wall_s, "load": load.to_dict()}
+    if all(share is not None for share in shares):  # the model calls' share of the job's wall time
+        rec["forward_share"] = min(shares)
+    return rec
 
 
 def system_flags(system: str) -> list[str]:
@@ -208,6 +212,7 @@ def main() -> None:
                         results.setdefault(f"{dtype}/{workload}/{system}", []).append(rec)
                         print(f"round {r} {dtype} {workload} {system}: {rec['gen_tok_s']:.1f} gen tok/s"
                               + (f", {rec['process_tok_s']:.1f} whole-process" if "process_tok_s" in rec else "")
+                              + (f", forward {100 * rec['forward_share']:.1f}%" if "forward_share" in rec else "")
                               + f" (other cores {rec['load'].get('other_cores')})", flush=True)
             del lm
     report(results)
