@@ -17,15 +17,20 @@ _BUSY_FIELDS = (0, 2, 5, 6, 7)
 _NICE_FIELD = 1
 
 
-def cpu_seconds() -> tuple[float, float] | None:
-    """(busy seconds of the whole machine, this process's CPU seconds), or None off Linux."""
+def cpu_seconds(count_niced: bool | None = None) -> tuple[float, float] | None:
+    """(busy seconds of the whole machine, this process's CPU seconds), or None off Linux.
+
+    count_niced: whether niced processes' time counts as busy; None: only when we run niced
+    ourselves. Spinning OpenMP threads need True: every slice a niced process gets stalls a barrier."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()[1:]
     except OSError:
         return None
     ticks = os.sysconf("SC_CLK_TCK")
-    counted = _BUSY_FIELDS if os.getpriority(os.PRIO_PROCESS, 0) <= 0 else (*_BUSY_FIELDS, _NICE_FIELD)
+    if count_niced is None:
+        count_niced = os.getpriority(os.PRIO_PROCESS, 0) > 0
+    counted = (*_BUSY_FIELDS, _NICE_FIELD) if count_niced else _BUSY_FIELDS
     busy = sum(int(fields[i]) for i in counted if i < len(fields)) / ticks
     t = os.times()
     return busy, t.user + t.system

@@ -9,11 +9,14 @@ region then pays a wake-up. Measured with `benchmarks/threads.py` on a 2-core AM
   - beside one busy process, spinning threads take the time slices the working thread needs and
     every barrier waits for a descheduled thread: spin on both cores ran 5x slower than passive.
 So `apply_defaults` looks at the machine for SAMPLE_WINDOW_S before torch loads: when the other
-processes keep at least BUSY_CORES of a core busy (niced ones do not count, as in the thread
-governor), or a cgroup CPU limit (a container's `limits.cpu`) is below the cores torch would use,
-idle threads sleep (PASSIVE); otherwise libgomp's spin-wait stays. A neighbour that arrives later
-is the thread governor's (engine/threads.py): it drops the compute threads to the cores left, and
-one thread has no barrier to spin at.
+processes keep at least BUSY_CORES of a core busy, or a cgroup CPU limit (a container's
+`limits.cpu`) is below the cores torch would use, idle threads sleep (PASSIVE); otherwise
+libgomp's spin-wait stays. Niced processes count here: the time slices the scheduler still gives
+them stall a spinning barrier (measured beside helpers' niced test suites and benchmarks, load
+8-15: a 4-row job's median step took 320-1330 ms spinning against 70 ms passive). A neighbour that
+arrives later is the thread governor's (engine/threads.py): it drops the compute threads to the
+cores left, counting niced processes too while threads spin, and one thread has no barrier to
+spin at.
 
 The `batchgen` command calls `apply_defaults()` before anything imports torch. A user's own
 OMP_WAIT_POLICY or GOMP_SPINCOUNT wins; BATCHGEN_OMP_DEFAULTS=0 leaves libgomp's default; the
@@ -35,6 +38,11 @@ BUSY_CORES = 0.5  # a neighbour keeping half a core busy shares our cores
 
 # why the policy is what it is, for the job's log (jobs read it once torch is loaded)
 choice_reason: str | None = None
+
+
+def threads_spin(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Whether libgomp's idle threads spin in this process (it read the environment at load)."""
+    return environ.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE" and environ.get("GOMP_SPINCOUNT") != "0"
 
 
 def choose(num_cores: int, other_cores: float | None, cgroup_cores: float | None) -> tuple[dict[str, str], str]:
@@ -75,7 +83,8 @@ def apply_defaults(environ: MutableMapping[str, str] = os.environ, *, sample: bo
         environ.update(PASSIVE)
         return dict(PASSIVE)
     if measure is None:
-        measure = lambda: cpuload.other_cores(SAMPLE_WINDOW_S)  # noqa: E731
+        def measure():
+            return cpuload.other_cores(SAMPLE_WINDOW_S, read=lambda: cpuload.cpu_seconds(count_niced=True))
     chosen, choice_reason = choose(num_cores, measure(), cgroup())
     environ.update(chosen)
     return dict(chosen)

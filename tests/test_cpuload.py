@@ -38,3 +38,9 @@ def test_cgroup_v2_and_v1_limits(tmp_path):
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")
     assert cpuload.cgroup_cpu_limit(str(v1)) == 2.0
     assert cpuload.cgroup_cpu_limit(str(tmp_path / "none")) is None
+
+
+def test_niced_time_counts_when_asked():
+    with_niced, without = cpuload.cpu_seconds(count_niced=True), cpuload.cpu_seconds(count_niced=False)
+    if with_niced is not None:  # Linux: the nice field only adds
+        assert with_niced[0] >= without[0] - 0.02

@@ -87,3 +87,10 @@ def test_the_command_imports_no_torch_before_main_sets_it():
     code = "import sys, batchgen.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_threads_spin_unless_passive():
+    assert omp.threads_spin({})
+    assert omp.threads_spin({"OMP_WAIT_POLICY": "active"})
+    assert not omp.threads_spin({"OMP_WAIT_POLICY": "passive"})
+    assert not omp.threads_spin({"GOMP_SPINCOUNT": "0"})

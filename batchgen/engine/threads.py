@@ -13,12 +13,16 @@ Where the job started on a quiet machine its idle threads spin at barriers (batc
 two spinning threads beside a busy neighbour run several times slower than one: measured with a
 neighbour arriving mid-job, a 5 s check cost 6% of the whole run against passive waiting.
 
+While idle threads spin (batchgen/omp.py), niced processes count as neighbours too: a time slice
+the scheduler gives one stalls every barrier our threads meet.
+
 It is on when the user did not pin threads (OMP_NUM_THREADS unset); an explicit thread count wins.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import time
@@ -26,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 
+from batchgen import omp
 from batchgen.cpuload import cpu_seconds
 
 log = logging.getLogger(__name__)
@@ -64,7 +69,11 @@ class ThreadGovernor:
         if _base_threads is None or current != _last_set:
             # the count the process runs with, unless an earlier engine's governor lowered it
             _base_threads = current
-        return cls(_base_threads) if _base_threads > 1 else None
+        if _base_threads <= 1:
+            return None
+        if omp.threads_spin():  # a niced neighbour's slices stall spinning barriers: count its time
+            return cls(_base_threads, read=functools.partial(cpu_seconds, count_niced=True))
+        return cls(_base_threads, read=cpu_seconds)
 
     def tick(self) -> None:
         """Call once per step; re-checks the machine every `interval_s`."""

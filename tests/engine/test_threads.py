@@ -72,6 +72,34 @@ def test_gives_cores_up_at_once_and_takes_them_back_after_a_quiet_spell():
     assert g.num_threads == 1
 
 
+def test_spinning_threads_count_niced_neighbours(monkeypatch):
+    import torch
+
+    from batchgen.engine import threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_base_threads", None)
+    monkeypatch.setattr(threads, "_last_set", None)
+    previous = torch.get_num_threads()
+    calls = []
+    monkeypatch.setattr(threads, "cpu_seconds", lambda count_niced=None: calls.append(count_niced) or (1.0, 1.0))
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        g = ThreadGovernor.for_device(torch.device("cpu"))
+        calls.clear()
+        g._read()
+        assert calls == [True]  # spinning: a niced process's slices stall our barriers
+        monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+        g = ThreadGovernor.for_device(torch.device("cpu"))
+        calls.clear()
+        g._read()
+        assert calls == [None]  # sleeping threads: niced processes only take what we leave
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_a_later_engine_starts_from_the_full_count(monkeypatch):
     import torch
 
