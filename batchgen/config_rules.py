@@ -105,6 +105,9 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("executor", config.executor, EXECUTORS)
     if config.ray_actors is not None:
         _positive("ray_actors", config.ray_actors)
+    if (isinstance(config.ray_keep_warm_s, bool) or not isinstance(config.ray_keep_warm_s, (int, float))
+            or config.ray_keep_warm_s < 0):
+        raise ConfigError(f"ray_keep_warm_s must be a number of seconds >= 0, got {config.ray_keep_warm_s!r}")
     if any(s == "" for s in config.stop):
         raise ConfigError("stop strings must not be empty")
     if config.kv_cache_memory is not None:

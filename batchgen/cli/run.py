@@ -83,6 +83,7 @@ def run(
     metrics_every_seconds: o.MetricsEverySeconds = None,
     executor: o.Executor = None,
     ray_actors: o.RayActors = None,
+    ray_keep_warm_s: o.RayKeepWarm = None,
     workers: o.Workers = None,
 ) -> None:
     """Generate a completion for every input row and write Parquet parts to --output."""

@@ -1,20 +1,26 @@
-"""The Ray executor's driver: a Ray Data pipeline feeds batchgen's own committer on this process.
+"""The Ray executor's driver: Ray Data reads, engine actors generate, batchgen's committer commits here.
 
-    ray.data.from_items(files) -> map_batches(read_file)            # settled rows dropped here
-                               -> map_batches(GenerateActor, concurrency=N actors)
-                               -> iter_batches on the driver -> Committer -> manifest
+    ray.data.from_items(files) -> map_batches(read_file)      # settled rows dropped here
+                               -> iter_batches on the driver  # batches of batch_rows
+    EnginePool: each batch to an engine actor (one model loaded each) -> the driver -> Committer -> manifest
 
 Everything that makes the output exactly once stays where `batchgen run` has it: the driver holds
 the output's lock (an object store's lease), writes every part and manifest entry, and commits every
---commit-every rows / --commit-every-seconds, so a killed driver (or a lost actor, which Ray
-retries) leaves only committed rows, and a rerun skips them. batchgen.jobs.run checks the config,
-inputs and output directory exactly as for the local executor before this starts. The job begins
-("begin" manifest entry) when the first output batch arrives, because the model's part of the
-fingerprint (resolved dtype, tokenizer, EOS ids) is known only to the actors; a batch from an actor
-whose model fingerprint differs from the first one's fails the job (exit 2) before it is committed.
+--commit-every rows / --commit-every-seconds, so a killed driver (or a lost engine, whose batches
+go out again) leaves only committed rows, and a rerun skips them. batchgen.jobs.run checks the
+config, inputs and output directory exactly as for the local executor before this starts. The job
+begins ("begin" manifest entry) when the first output batch arrives, because the model's part of
+the fingerprint (resolved dtype, tokenizer, EOS ids) is known only to the engines; a batch from an
+engine whose model fingerprint differs from the first one's fails the job (exit 2) before it is
+committed.
+
+The engines are plain Ray actors (batchgen.ray.engines), not a Ray Data actor pool: a pool's actors
+live and die with one dataset's execution, so every job on a running cluster paid the actors'
+imports (torch, transformers) and model loads again; with --ray-keep-warm the engines outlive the
+job and the next one with the same model starts generating at once (batchgen.ray.dispatch).
 
 Not carried over from the local executor: in-flight checkpoints (a killed job regenerates the rows
-that were in the actors) and the learned output lengths (each actor learns its own; none are saved).
+that were in the engines) and the learned output lengths (each engine learns its own; none are saved).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import json
 import logging
 import math
 import time
-import warnings
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +55,13 @@ from batchgen.jobs.session import OutputSession
 from batchgen.jobs.signals import Interrupt, SignalGuard
 from batchgen.monitor.job import JobMonitor
 from batchgen.ray.cluster import connect, plan_actors
-from batchgen.ray.stages import MODEL_FINGERPRINT, GenerateActor, ReadSpec, read_file
+from batchgen.ray.dispatch import EnginePool
+from batchgen.ray.engines import MODEL_FINGERPRINT, JobSpec
+from batchgen.ray.stages import ReadSpec, read_file
 
 log = logging.getLogger("batchgen")
 
-BATCHES_PER_ACTOR = 4  # each actor gets at least this many batches: a slow batch cannot idle the others
+BATCHES_PER_ACTOR = 4  # each engine gets at least this many batches: a slow batch cannot idle the others
 
 
 class RayJob:
@@ -96,13 +104,15 @@ class RayJob:
         config, scan = self.config, self.inputs.scan
         started_ray = connect(config.quiet)
         started = time.monotonic()
+        pool = None
         try:
             actors = plan_actors(config.ray_actors)
             self.summary.num_actors = actors.num_actors
             todo = max(scan.num_rows - len(self.skip), 0)
             batch_rows = max(1, min(config.window_rows, math.ceil(todo / (actors.num_actors * BATCHES_PER_ACTOR))))
             log.info("ray: %s; %d rows to generate in batches of %d", actors.reason, todo, batch_rows)
-            dataset = self._dataset(ray, actors, batch_rows)
+            batches = self._batches(ray, batch_rows)
+            pool = EnginePool(ray, config, actors.resources, actors.num_actors)
             state = self.session.state
             metrics_config, metrics_at = config, self.session.out_dir
             if not isinstance(self.session.store, LocalStore):
@@ -115,8 +125,11 @@ class RayJob:
                 output_rows_error=len(state.error_ids), last_commit_s=state.last_commit_time)
             self.commits.monitor = self.monitor
             self.progress = Progress(todo, quiet=config.quiet, log_every_s=config.log_every_s, work=self.work)
-            self._stream(dataset)
+            job = ray.put(JobSpec(uuid.uuid4().hex, config, self.schema))
+            self._stream(pool.generate(job, batches, self.guard.raise_if_interrupted))
         finally:
+            if pool is not None:
+                pool.close()
             if self.progress is not None:
                 self.progress.close()
             self._fill_summary(time.monotonic() - started)
@@ -127,7 +140,8 @@ class RayJob:
                 ray.shutdown()
         return self.summary
 
-    def _dataset(self, ray, actors, batch_rows: int):
+    def _batches(self, ray, batch_rows: int):
+        """The unsettled input rows, read by Ray Data's tasks, in tables of at most batch_rows rows."""
         source, scan, config = self.inputs.source, self.inputs.scan, self.config
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = not config.quiet
@@ -142,22 +156,16 @@ class RayJob:
                         hashes=None if self.hashes is None else ray.put(self.hashes))
         files = ray.data.from_items([{"shard": i} for i in range(len(source.shards))],
                                     override_num_blocks=max(1, len(source.shards)))
+        # no CPU of their own: the engines hold the CPUs, and reading Parquet is light
         rows = files.map_batches(read_file, fn_kwargs={"spec": spec}, batch_size=1, batch_format="pyarrow",
                                  num_cpus=0)
-        rows = _split_blocks(rows, batch_rows)
-        # two in flight per actor: one generating, the next one queued, so no actor takes the backlog
-        pool = ray.data.ActorPoolStrategy(size=actors.num_actors, max_tasks_in_flight_per_actor=2)
-        return rows.map_batches(GenerateActor, fn_constructor_kwargs={"config": config, "schema": self.schema},
-                                batch_size=batch_rows, batch_format="pyarrow", compute=pool, **actors.resources)
+        return iter(rows.iter_batches(batch_size=batch_rows, batch_format="pyarrow"))
 
-    def _stream(self, dataset) -> None:
+    def _stream(self, outputs) -> None:
         guard = self.guard
         try:
-            with guard.deferred(), warnings.catch_warnings():  # a signal stops the job between two output batches
-                # Ray Data counts the read's input blocks (one per file) and warns that the pool
-                # cannot use every actor: _split_blocks gives it one block per batch, so it can
-                warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
-                for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+            with guard.deferred():  # a signal stops the job between two output batches
+                for batch in outputs:
                     guard.raise_if_interrupted()
                     self._take(batch)
             with guard.critical():
@@ -234,23 +242,3 @@ class RayJob:
         # settled rows never reach the driver: a complete run skipped whatever it did not generate
         s.num_rows_skipped = self.inputs.scan.num_rows - s.num_rows if self.completed else len(self.skip)
         s.wall_seconds = wall_seconds
-
-
-def _split_blocks(rows, batch_rows: int):
-    """`rows` in blocks of at most batch_rows rows, one actor batch each.
-
-    A Ray Data map task merges what it yields into blocks of up to 128 MiB, and the actor pool hands
-    out whole blocks: unsplit, a file's rows would be one block, generated by one actor while the
-    others idle, and would reach the driver (and its commits) only when all of it is done. The split
-    asks for no CPU, like the read tasks it then fuses into: a task of its own asking for one would
-    wait for a CPU the actors hold. repartition() takes no resources argument, so they are set on
-    its logical operator; a Ray without either falls back to unsplit blocks (slower, still correct).
-    """
-    try:
-        split = rows.repartition(target_num_rows_per_block=batch_rows)
-        remote_args = split._logical_plan.dag.ray_remote_args
-    except (TypeError, AttributeError):
-        log.warning("ray: this Ray Data cannot split the input into batches: each file goes to one actor")
-        return rows
-    remote_args["num_cpus"] = 0
-    return split

@@ -1,10 +1,12 @@
 """The Ray executor on a real local Ray (2 CPUs, 2 actors), tiny model, greedy float32: the same
 committed rows as the local executor, row for row; a resume skips committed rows (by derived id,
-and by prompt hash under --id-column); the CLI flag and its summary."""
+and by prompt hash under --id-column); the CLI flag and its summary; engines kept warm serve the
+next job and then end themselves."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,6 +16,7 @@ from typer.testing import CliRunner
 import batchgen.ray
 from batchgen.cli import app
 from batchgen.jobs.run import run_job
+from batchgen.ray.engines import NAMESPACE
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 MAX_NEW = 8
@@ -86,3 +89,31 @@ def test_id_column_resume_regenerates_only_changed_prompts(ray_cluster, tiny_mod
     after = committed_rows(out, "doc")
     assert after[5]["prompt_hash"] != before[5]["prompt_hash"]
     assert {i: r for i, r in after.items() if i != 5} == {i: r for i, r in before.items() if i != 5}
+
+
+def warm_engines(ray) -> dict[str, int]:
+    """The kept-warm engines alive on the cluster: name -> process id."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
+    pids = {}
+    for name in names:
+        try:
+            pids[name] = ray.get(ray.get_actor(name, namespace=NAMESPACE).ready.remote())
+        except (ValueError, ray.exceptions.RayActorError):  # ended meanwhile
+            pass
+    return pids
+
+
+# last in the module: until they end, the warm engines hold both CPUs
+def test_kept_warm_engines_serve_the_next_job_then_end(ray_cluster, inputs, tiny_model_dir, local_rows, tmp_path):
+    ray = ray_cluster
+    keep = {"ray_keep_warm_s": 10.0}
+    batchgen.ray.run(config(inputs, tmp_path / "first", tiny_model_dir, **keep), num_actors=2)
+    engines = warm_engines(ray)
+    assert len(engines) == 2
+    summary = batchgen.ray.run(config(inputs, tmp_path / "second", tiny_model_dir, **keep), num_actors=2)
+    assert warm_engines(ray) == engines  # the same processes: imports and model loads paid once
+    assert summary.complete and committed_rows(tmp_path / "second", "row_id") == local_rows
+    deadline = time.monotonic() + 120  # idle for 10 s, each ends itself (checked every 5 s)
+    while warm_engines(ray) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not warm_engines(ray)
