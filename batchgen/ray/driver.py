@@ -111,8 +111,9 @@ class RayJob:
             todo = max(scan.num_rows - len(self.skip), 0)
             batch_rows = max(1, min(config.window_rows, math.ceil(todo / (actors.num_actors * BATCHES_PER_ACTOR))))
             log.info("ray: %s; %d rows to generate in batches of %d", actors.reason, todo, batch_rows)
-            batches = self._batches(ray, batch_rows)
+            # the engines first: they start (imports, model load) while this process imports Ray Data
             pool = EnginePool(ray, config, actors.resources, actors.num_actors)
+            batches = self._batches(ray, batch_rows)
             state = self.session.state
             metrics_config, metrics_at = config, self.session.out_dir
             if not isinstance(self.session.store, LocalStore):
