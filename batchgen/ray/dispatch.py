@@ -1,9 +1,13 @@
-"""The driver's side of the engines: create or find them, hand them batches, take back their outputs.
+"""The driver's side of the kept-warm engines: create or find them, hand them batches, take back their outputs.
 
     pool = EnginePool(ray, config, resources, n)        # warm engines found, missing ones created
     for out in pool.generate(job_ref, batches, check):  # outputs in the order they finish
         ...
     pool.close()                                        # kills them unless they are kept warm
+
+A batch is whatever the engine's `generate` takes with a `num_rows`: references to Ray Data's blocks
+(batchgen.ray.block_refs.BlockSlices, so input rows go from the object store to the engine, not
+through the driver), or a pyarrow.Table (tests, and a Ray Data without block references).
 
 Batches go to engines that have answered `ready` (model loaded) first, at most PER_ENGINE at a time
 each (one generating, one queued: no engine takes a backlog another could have started), to the
@@ -61,13 +65,13 @@ class EnginePool:
         return self.actor_class.options(**self.options, name=engine_name(self.key, index), namespace=NAMESPACE,
                                         lifetime="detached", get_if_exists=True).remote(self.config, self.keep_warm_s)
 
-    def generate(self, job_ref, batches: Iterator[pa.Table], check: Callable[[], None]) -> Iterator[pa.Table]:
+    def generate(self, job_ref, batches: Iterator[Any], check: Callable[[], None]) -> Iterator[pa.Table]:
         ray = self.ray
         waiting = {slot.handle.ready.remote(): (i, slot.epoch) for i, slot in enumerate(self.slots)}
-        running: dict[Any, tuple[int, int, pa.Table]] = {}
+        running: dict[Any, tuple[int, int, Any]] = {}
         # batches to send before new ones: those of engines that died, and the first one, taken now
         # so that Ray Data starts reading while the engines load their models
-        again: collections.deque[pa.Table] = collections.deque()
+        again: collections.deque[Any] = collections.deque()
         first = next(batches, None)
         exhausted = first is None
         if first is not None:
@@ -78,19 +82,17 @@ class EnginePool:
                 if not free or (exhausted and not again):
                     break
                 if again:
-                    table = again.popleft()
-                    if table.num_rows == 0:
-                        continue
+                    batch = again.popleft()
                 else:
-                    table = next(batches, None)
-                    if table is None:
+                    batch = next(batches, None)
+                    if batch is None:
                         exhausted = True
                         continue
-                    if table.num_rows == 0:
-                        continue
+                if batch.num_rows == 0:
+                    continue
                 i = min(free, key=lambda j: self.slots[j].in_flight)
                 slot = self.slots[i]
-                running[slot.handle.generate.remote(job_ref, table)] = (i, slot.epoch, table)
+                running[slot.handle.generate.remote(job_ref, batch)] = (i, slot.epoch, batch)
                 slot.in_flight += 1
             if not running and not waiting and exhausted and not again:
                 return
@@ -107,13 +109,13 @@ class EnginePool:
                     if epoch == self.slots[i].epoch:
                         self.slots[i].ready = True
                     continue
-                i, epoch, table = running.pop(ref)
+                i, epoch, batch = running.pop(ref)
                 if epoch == self.slots[i].epoch:
                     self.slots[i].in_flight -= 1
                 try:
                     out = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
-                    again.append(table)
+                    again.append(batch)
                     waiting.update(self._died(i, epoch, e))
                     continue
                 yield out

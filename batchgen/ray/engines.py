@@ -1,12 +1,17 @@
-"""The Ray executor's engines: actors that each hold one loaded model and generate any job's batches.
+"""The kept-warm engines (`--ray-keep-warm`): actors that each hold one loaded model and generate any job's batches.
+
+`--executor ray` generates in a Ray Data actor pool (batchgen.ray.stages.GenerateActor), whose actors
+live and die with one dataset execution: every job on a running cluster pays the actors' imports
+(torch, transformers) and model loads again. With `ray_keep_warm_s` the driver uses these instead:
+named, detached actors (namespace "batchgen", named by `engine_key` and their index) that outlive
+the job, so the next job with the same model on the same cluster finds them with their model loaded
+and its imports done. An engine idle for `ray_keep_warm_s` seconds ends itself, giving its CPUs or
+GPU back.
 
 An EngineActor loads the model once (`__init__`) and then generates batches of every job whose
 model load settings match, building the job's BatchGenerator (batchgen.jobs.batch_fn: prompt side,
-engine, KV cache) on its first batch. Without `ray_keep_warm_s` the job's driver creates them and
-kills them when it ends, as Ray Data's actor pool did. With it they are named, detached actors
-(namespace "batchgen", named by `engine_key` and their index): the next job with the same model on
-the same cluster finds them with their model loaded and its imports done, and pays neither again.
-An engine idle for `ray_keep_warm_s` seconds ends itself, giving its CPUs or GPU back.
+engine, KV cache) on its first batch. A batch arrives as references to the blocks Ray Data read
+(batchgen.ray.block_refs), which the engine fetches itself: the driver does not carry input rows.
 
 The key covers what the loaded model depends on: the load settings (model, device, dtype,
 quantization, trust_remote_code), the actor's resources, the model files' sizes and modification
@@ -29,8 +34,9 @@ from typing import Any
 import pyarrow as pa
 
 from batchgen.config import JobConfig
+from batchgen.ray.block_refs import BlockSlices, fetch
+from batchgen.ray.stages import MODEL_FINGERPRINT  # the actor pool's column, so the driver reads both alike
 
-MODEL_FINGERPRINT = "__batchgen_model_fingerprint"  # JSON of the engine's model fingerprint, every row
 NAMESPACE = "batchgen"
 LOAD_SETTINGS = ("model", "device", "dtype", "trust_remote_code", "quantize", "quantize_backend",
                  "quantize_embedding")
@@ -114,12 +120,12 @@ class EngineActor:
         """Answers once the model is loaded: the driver sends batches to ready engines first."""
         return os.getpid()
 
-    def generate(self, job: JobSpec, table: pa.Table) -> pa.Table:
+    def generate(self, job: JobSpec, rows: BlockSlices | pa.Table) -> pa.Table:
         with self.lock:
             self.busy = True
         try:
             generator, fingerprint = self._job(job)
-            out = generator(table)
+            out = generator(fetch(rows))
             return out.append_column(pa.field(MODEL_FINGERPRINT, pa.string()),
                                      pa.array([fingerprint] * out.num_rows, pa.string()))
         finally:

@@ -1,4 +1,4 @@
-"""The Ray Data stage of the Ray executor: reading input files into rows (batchgen.ray.engines generates).
+"""The two stages of the Ray Data pipeline: reading input files, and generating in an actor pool.
 
 Reading is a map over the input files (one item per file), not ray.data.read_parquet: batchgen's
 own readers give the rows the ids, types and error rows `batchgen run` gives them (derived ids
@@ -7,21 +7,29 @@ executor reads them, a cell that is not valid text becomes an error row), and an
 filesystem the local executor reads, the workers read. Rows an earlier run settled are dropped
 here, before they reach an actor (ResumeRule.skips, decided on the driver and shipped as one set).
 
+Generating is BatchGenerator (batchgen.jobs.batch_fn) held by an actor: one model per actor, loaded
+once. Each output table carries the actor's model fingerprint in one more column, so the driver can
+begin the job with the full fingerprint and refuse actors that disagree (another dtype on another node).
+
 Nothing here imports ray: these run inside Ray's workers, which import it themselves.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from batchgen.config import JobConfig
 from batchgen.io.cells import invalid_cells
 from batchgen.io.discovery import InputShard
 from batchgen.io.readers import iter_batches, read_schema
 from batchgen.jobs.batch_columns import COMMITTED_HASH, INVALID, ROW_ID, SOURCE_PATH, SOURCE_ROW
+
+MODEL_FINGERPRINT = "__batchgen_model_fingerprint"  # JSON of the actor's model fingerprint, every row
 
 
 @dataclass(slots=True)
@@ -80,7 +88,8 @@ def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> I
             ids = [f"{label}:{row_index + i}" for i in range(batch.num_rows)]
         keep = [i for i, row_id in enumerate(ids) if row_id not in skip]
         if keep:
-            # whole: the driver's iter_batches cuts the rows into engine batches
+            # whole: Ray Data merges a task's output into big blocks anyway, and the driver splits
+            # them into actor batches after the read (batchgen.ray.driver._split_blocks)
             yield _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
         num_read += batch.num_rows
         if num_read >= limit:
@@ -111,3 +120,20 @@ def _table(spec: ReadSpec, batch: pa.RecordBatch, ids: list, keep: list[int], fi
         arrays.append(array)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
+
+class GenerateActor:
+    """map_batches actor class: one BatchGenerator (one loaded model) per actor."""
+
+    def __init__(self, config: JobConfig, schema: pa.Schema):
+        import logging
+
+        from batchgen.jobs.batch_fn import BatchGenerator
+
+        logging.getLogger("batchgen").setLevel(logging.WARNING)  # the driver logs the job
+        self.generate = BatchGenerator(config, schema=schema)
+        self.fingerprint = json.dumps(self.generate.model_fingerprint, sort_keys=True)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        out = self.generate(table)
+        return out.append_column(pa.field(MODEL_FINGERPRINT, pa.string()),
+                                 pa.array([self.fingerprint] * out.num_rows, pa.string()))
