@@ -107,7 +107,7 @@ class JobConfig:
     metrics_host: str = "127.0.0.1"  # localhost unless asked: the endpoint has no authentication
     executor: str = "local"  # local: this process; ray: a Ray Data actor pool (batchgen.ray), RAY_ADDRESS's cluster
     ray_actors: int | None = None  # ray: actors (models loaded); None = one per GPU, else one per node
-    ray_keep_warm_s: float = 0.0  # ray: keep the actors (models loaded) this long after the job for the next one
+    ray_keep_warm_s: float = 0.0  # ray: > 0: kept-warm engines (batchgen.ray.engines) instead of the actor pool
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -178,6 +178,6 @@ Executor = Annotated[str | None, _opt("--executor", metavar="NAME", help=(
 RayActors = Annotated[int | None, _opt("--ray-actors", metavar="N", help=(
     "--executor ray: actors, each with its own model [one per GPU; on CPUs one per node]."))]
 RayKeepWarm = Annotated[float | None, _opt("--ray-keep-warm", metavar="SECONDS", help=(
-    "--executor ray on a running cluster: keep the actors and their loaded models this long after the job, "
-    "so the next job with the same model starts at once (they hold their CPUs/GPUs meanwhile) [0: end with "
-    "the job]."))]
+    "--executor ray on a running cluster: generate in engine actors kept (models loaded) until idle this long, "
+    "instead of Ray Data's actor pool, so the next job with the same model starts at once (they hold their "
+    "CPUs/GPUs meanwhile) [0: off, the actor pool]."))]

@@ -1,26 +1,29 @@
-"""The Ray executor's driver: Ray Data reads, engine actors generate, batchgen's committer commits here.
+"""The Ray executor's driver: a Ray Data pipeline feeds batchgen's own committer on this process.
 
-    ray.data.from_items(files) -> map_batches(read_file)      # settled rows dropped here
-                               -> iter_batches on the driver  # batches of batch_rows
-    EnginePool: each batch to an engine actor (one model loaded each) -> the driver -> Committer -> manifest
+    ray.data.from_items(files) -> map_batches(read_file)            # settled rows dropped here
+                               -> map_batches(GenerateActor, concurrency=N actors)
+                               -> iter_batches on the driver -> Committer -> manifest
+
+With --ray-keep-warm SECONDS the generating stage is instead kept-warm engine actors that outlive
+the job (batchgen.ray.engines), which a Ray Data actor pool cannot have (its actors end with the
+dataset's execution):
+
+    ray.data.from_items(files) -> map_batches(read_file)            # the same read
+                               -> iter_internal_ref_bundles          # block references, not rows
+    EnginePool: each bundle's references to an engine, which fetches the rows itself
+                               -> the outputs on the driver -> Committer -> manifest
 
 Everything that makes the output exactly once stays where `batchgen run` has it: the driver holds
 the output's lock (an object store's lease), writes every part and manifest entry, and commits every
---commit-every rows / --commit-every-seconds, so a killed driver (or a lost engine, whose batches
-go out again) leaves only committed rows, and a rerun skips them. batchgen.jobs.run checks the
-config, inputs and output directory exactly as for the local executor before this starts. The job
-begins ("begin" manifest entry) when the first output batch arrives, because the model's part of
-the fingerprint (resolved dtype, tokenizer, EOS ids) is known only to the engines; a batch from an
-engine whose model fingerprint differs from the first one's fails the job (exit 2) before it is
-committed.
-
-The engines are plain Ray actors (batchgen.ray.engines), not a Ray Data actor pool: a pool's actors
-live and die with one dataset's execution, so every job on a running cluster paid the actors'
-imports (torch, transformers) and model loads again; with --ray-keep-warm the engines outlive the
-job and the next one with the same model starts generating at once (batchgen.ray.dispatch).
+--commit-every rows / --commit-every-seconds, so a killed driver (or a lost actor, which Ray
+retries) leaves only committed rows, and a rerun skips them. batchgen.jobs.run checks the config,
+inputs and output directory exactly as for the local executor before this starts. The job begins
+("begin" manifest entry) when the first output batch arrives, because the model's part of the
+fingerprint (resolved dtype, tokenizer, EOS ids) is known only to the actors; a batch from an actor
+whose model fingerprint differs from the first one's fails the job (exit 2) before it is committed.
 
 Not carried over from the local executor: in-flight checkpoints (a killed job regenerates the rows
-that were in the engines) and the learned output lengths (each engine learns its own; none are saved).
+that were in the actors) and the learned output lengths (each actor learns its own; none are saved).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import logging
 import math
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +58,15 @@ from batchgen.jobs.rows import unify_schemas
 from batchgen.jobs.session import OutputSession
 from batchgen.jobs.signals import Interrupt, SignalGuard
 from batchgen.monitor.job import JobMonitor
+from batchgen.ray.block_refs import iter_block_slices, references_available
 from batchgen.ray.cluster import connect, plan_actors
 from batchgen.ray.dispatch import EnginePool
-from batchgen.ray.engines import MODEL_FINGERPRINT, JobSpec
-from batchgen.ray.stages import ReadSpec, read_file
+from batchgen.ray.engines import JobSpec
+from batchgen.ray.stages import MODEL_FINGERPRINT, GenerateActor, ReadSpec, read_file
 
 log = logging.getLogger("batchgen")
 
-BATCHES_PER_ACTOR = 4  # each engine gets at least this many batches: a slow batch cannot idle the others
+BATCHES_PER_ACTOR = 4  # each actor gets at least this many batches: a slow batch cannot idle the others
 
 
 class RayJob:
@@ -111,9 +116,10 @@ class RayJob:
             todo = max(scan.num_rows - len(self.skip), 0)
             batch_rows = max(1, min(config.window_rows, math.ceil(todo / (actors.num_actors * BATCHES_PER_ACTOR))))
             log.info("ray: %s; %d rows to generate in batches of %d", actors.reason, todo, batch_rows)
-            # the engines first: they start (imports, model load) while this process imports Ray Data
-            pool = EnginePool(ray, config, actors.resources, actors.num_actors)
-            batches = self._batches(ray, batch_rows)
+            if config.ray_keep_warm_s:
+                # the engines first: they start (imports, model load) while this process imports Ray Data
+                pool = EnginePool(ray, config, actors.resources, actors.num_actors)
+            rows = self._rows(ray, batch_rows)
             state = self.session.state
             metrics_config, metrics_at = config, self.session.out_dir
             if not isinstance(self.session.store, LocalStore):
@@ -126,8 +132,12 @@ class RayJob:
                 output_rows_error=len(state.error_ids), last_commit_s=state.last_commit_time)
             self.commits.monitor = self.monitor
             self.progress = Progress(todo, quiet=config.quiet, log_every_s=config.log_every_s, work=self.work)
-            job = ray.put(JobSpec(uuid.uuid4().hex, config, self.schema))
-            self._stream(pool.generate(job, batches, self.guard.raise_if_interrupted))
+            if pool is None:
+                outputs = self._generate(rows, actors, batch_rows).iter_batches(batch_size=None, batch_format="pyarrow")
+            else:
+                outputs = pool.generate(ray.put(JobSpec(uuid.uuid4().hex, config, self.schema)),
+                                        _warm_batches(rows, batch_rows), self.guard.raise_if_interrupted)
+            self._stream(outputs)
         finally:
             if pool is not None:
                 pool.close()
@@ -141,8 +151,8 @@ class RayJob:
                 ray.shutdown()
         return self.summary
 
-    def _batches(self, ray, batch_rows: int):
-        """The unsettled input rows, read by Ray Data's tasks, in tables of at most batch_rows rows."""
+    def _rows(self, ray, batch_rows: int):
+        """The unsettled input rows, read by Ray Data's tasks, in blocks of at most batch_rows rows."""
         source, scan, config = self.inputs.source, self.inputs.scan, self.config
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = not config.quiet
@@ -157,15 +167,26 @@ class RayJob:
                         hashes=None if self.hashes is None else ray.put(self.hashes))
         files = ray.data.from_items([{"shard": i} for i in range(len(source.shards))],
                                     override_num_blocks=max(1, len(source.shards)))
-        # no CPU of their own: the engines hold the CPUs, and reading Parquet is light
         rows = files.map_batches(read_file, fn_kwargs={"spec": spec}, batch_size=1, batch_format="pyarrow",
                                  num_cpus=0)
-        return iter(rows.iter_batches(batch_size=batch_rows, batch_format="pyarrow"))
+        return _split_blocks(rows, batch_rows)
+
+    def _generate(self, rows, actors, batch_rows: int):
+        """The default generating stage: a Ray Data actor pool of GenerateActor, one model each."""
+        import ray
+
+        # two in flight per actor: one generating, the next one queued, so no actor takes the backlog
+        pool = ray.data.ActorPoolStrategy(size=actors.num_actors, max_tasks_in_flight_per_actor=2)
+        return rows.map_batches(GenerateActor, fn_constructor_kwargs={"config": self.config, "schema": self.schema},
+                                batch_size=batch_rows, batch_format="pyarrow", compute=pool, **actors.resources)
 
     def _stream(self, outputs) -> None:
         guard = self.guard
         try:
-            with guard.deferred():  # a signal stops the job between two output batches
+            with guard.deferred(), warnings.catch_warnings():  # a signal stops the job between two output batches
+                # Ray Data counts the read's input blocks (one per file) and warns that the pool
+                # cannot use every actor: _split_blocks gives it one block per batch, so it can
+                warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
                 for batch in outputs:
                     guard.raise_if_interrupted()
                     self._take(batch)
@@ -243,3 +264,33 @@ class RayJob:
         # settled rows never reach the driver: a complete run skipped whatever it did not generate
         s.num_rows_skipped = self.inputs.scan.num_rows - s.num_rows if self.completed else len(self.skip)
         s.wall_seconds = wall_seconds
+
+
+def _warm_batches(rows, batch_rows: int):
+    """The kept-warm engines' batches: references to the read's blocks (batchgen.ray.block_refs), so
+    the rows go from the object store to the engines; the rows themselves where this Ray Data cannot
+    hand out references."""
+    if references_available(rows):
+        return iter_block_slices(rows)
+    log.warning("ray: this Ray Data gives no block references: the input rows pass through the driver")
+    return iter(rows.iter_batches(batch_size=batch_rows, batch_format="pyarrow"))
+
+
+def _split_blocks(rows, batch_rows: int):
+    """`rows` in blocks of at most batch_rows rows, one actor batch each.
+
+    A Ray Data map task merges what it yields into blocks of up to 128 MiB, and the actor pool hands
+    out whole blocks: unsplit, a file's rows would be one block, generated by one actor while the
+    others idle, and would reach the driver (and its commits) only when all of it is done. The split
+    asks for no CPU, like the read tasks it then fuses into: a task of its own asking for one would
+    wait for a CPU the actors hold. repartition() takes no resources argument, so they are set on
+    its logical operator; a Ray without either falls back to unsplit blocks (slower, still correct).
+    """
+    try:
+        split = rows.repartition(target_num_rows_per_block=batch_rows)
+        remote_args = split._logical_plan.dag.ray_remote_args
+    except (TypeError, AttributeError):
+        log.warning("ray: this Ray Data cannot split the input into batches: each file goes to one actor")
+        return rows
+    remote_args["num_cpus"] = 0
+    return split
