@@ -4,7 +4,8 @@
 committed some rows and before it finishes. Then: what it committed is intact (checksums, no
 duplicate ids), a resumed Ray run skips exactly the committed rows and ends with the uninterrupted
 run's rows, and the Ray processes the killed driver started have ended (Ray's reaper ends them with
-their driver; its agents follow within a minute or two).
+their driver; its agents follow within a minute or two). Both generating stages: the default Ray Data
+actor pool, and the kept-warm engines (--ray-keep-warm: detached actors, which end with that Ray too).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 import batchgen.ray
 from batchgen.io.manifest import load_manifest
@@ -51,7 +53,8 @@ def tail(log) -> str:
     return log.read_text(errors="replace")[-3000:]
 
 
-def test_kill_9_of_the_driver_then_resume_writes_every_row_once(tmp_path, loaded):
+@pytest.mark.parametrize("keep_warm_s", [0.0, 30.0], ids=["actor-pool", "keep-warm"])
+def test_kill_9_of_the_driver_then_resume_writes_every_row_once(tmp_path, loaded, keep_warm_s):
     fixture = make_fixture(tmp_path, NUM_ROWS)
     from batchgen.jobs.run import run_job
 
@@ -61,8 +64,8 @@ def test_kill_9_of_the_driver_then_resume_writes_every_row_once(tmp_path, loaded
     log = tmp_path / "job.log"
     with open(log, "wb") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "batchgen", "run", *job_args(fixture, out), "--executor",
-                                 "ray", "--ray-actors", "2"], env={**os.environ, **JOB_ENV},
-                                stdout=subprocess.DEVNULL, stderr=stderr)
+                                 "ray", "--ray-actors", "2", "--ray-keep-warm", str(keep_warm_s)],
+                                env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=stderr)
     with reaped(proc):
         wait_for_first_commit(proc, out, log)
         ray_processes = psutil.Process(proc.pid).children(recursive=True)
@@ -74,7 +77,7 @@ def test_kill_9_of_the_driver_then_resume_writes_every_row_once(tmp_path, loaded
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        summary = batchgen.ray.run(resume_config(fixture, out), num_actors=2)
+        summary = batchgen.ray.run(resume_config(fixture, out).replace(ray_keep_warm_s=keep_warm_s), num_actors=2)
     finally:
         ray.shutdown()
     assert summary.num_rows_skipped == len(committed)
