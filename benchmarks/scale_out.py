@@ -16,11 +16,12 @@ The job: a tiny random Llama (tests/tiny.py), --rows prompts of 20-80 characters
   the cores without spinning against each other, then `batchgen finalize`. End to end: both
   processes' start-up and model load, and the finalize.
 - `ray-warm`: one process that starts Ray (ray.init(num_cpus=2)) and runs an 8-row job first, then
-  times `batchgen.ray.run` of the job alone: what a job costs on a cluster that is already up and ran
-  a job with the same model before. Both jobs pass `ray_keep_warm_s` (60 s) where the tree has it, so
-  the timed job finds the engines of the first one, model loaded; a tree without it creates its
-  actors (imports, model load) in the timed job.
-- `ray-up`: `ray-warm` without `ray_keep_warm_s`: Ray is up, the engines are created by the timed job.
+  times `batchgen.ray.run` of the job alone: what a job costs on a cluster that is already up (Ray's
+  worker processes are reused; the default executor's Ray Data actor pool is made by the timed job,
+  so its actors import and load the model in it).
+- `ray-kept`: `ray-warm` with `ray_keep_warm_s` (60 s, `--ray-keep-warm 60`) for both jobs: the
+  timed job finds the kept-warm engines of the 8-row one, model loaded, and they fetch the input
+  blocks Ray Data read by reference (batchgen.ray.engines, batchgen.ray.block_refs).
 
 `--baseline-tree DIR` also runs every mode but local with DIR's batchgen (run from DIR, DIR first
 on PYTHONPATH; another git worktree, or `git archive COMMIT | tar -x -C DIR`), named
@@ -58,7 +59,7 @@ from benchmarks.sysload import measure
 ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "BATCHGEN_LOG_LEVEL": "WARNING"}
 WARM_ROWS = 8
 KEEP_WARM_S = 60.0
-# the ray-warm child: start Ray, run a short job (workers up), then time the job itself
+# the ray-warm/ray-kept child: start Ray, run a short job (workers up), then time the job itself
 WARM_CHILD = """
 import json, sys, time
 import ray
@@ -66,7 +67,9 @@ import batchgen.ray
 from batchgen.config import JobConfig, build_config
 args = json.loads(sys.argv[1])
 config = args["config"]
-if args["keep_warm_s"] and "ray_keep_warm_s" in JobConfig.field_names():
+if args["keep_warm_s"]:
+    if "ray_keep_warm_s" not in JobConfig.field_names():
+        sys.exit("this tree's batchgen has no ray_keep_warm_s (--ray-keep-warm)")
     config["ray_keep_warm_s"] = args["keep_warm_s"]
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 batchgen.ray.run(build_config(None, **{**config, "output": args["warm_output"], "max_rows": args["warm_rows"]}),
@@ -140,7 +143,7 @@ def mode_shards(settings: dict, num_shards: int = 2) -> dict:
     return {"wall_s": wall_s, "job_s": job_s}
 
 
-def mode_ray_warm(settings: dict, keep_warm_s: float = KEEP_WARM_S) -> dict:
+def mode_ray_warm(settings: dict, keep_warm_s: float = 0.0) -> dict:
     args = {"config": settings, "warm_output": settings["output"] + "-warmup", "warm_rows": WARM_ROWS,
             "keep_warm_s": keep_warm_s}
     proc = subprocess.run([sys.executable, "-c", WARM_CHILD, json.dumps(args)], env={**os.environ, **ENV},
@@ -150,12 +153,12 @@ def mode_ray_warm(settings: dict, keep_warm_s: float = KEEP_WARM_S) -> dict:
     return {"wall_s": record["wall_s"], "job_s": _job_seconds(Path(settings["output"]))}
 
 
-def mode_ray_up(settings: dict) -> dict:
-    return mode_ray_warm(settings, keep_warm_s=0.0)
+def mode_ray_kept(settings: dict) -> dict:
+    return mode_ray_warm(settings, keep_warm_s=KEEP_WARM_S)
 
 
 MODES: dict[str, Callable[[dict], dict]] = {"local": mode_local, "shards": mode_shards, "ray": mode_ray,
-                                            "ray-warm": mode_ray_warm, "ray-up": mode_ray_up}
+                                            "ray-warm": mode_ray_warm, "ray-kept": mode_ray_kept}
 BASELINE = "@baseline"
 
 
