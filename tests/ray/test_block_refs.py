@@ -43,3 +43,33 @@ def test_references_to_split_blocks_fetch_every_row_once(ray_cluster):
 def test_a_table_passes_through():
     table = pa.table({"i": [1, 2]})
     assert fetch(table) is table
+
+
+def fake_dataset(bundles):
+    class Dataset:
+        def iter_internal_ref_bundles(self):
+            return iter(bundles)
+
+    return Dataset()
+
+
+def test_bundle_shapes_of_other_ray_releases():
+    """Ray 2.60's repartition hands out whole blocks, so the slices and the older (ref, metadata)
+    pairs are read from stand-in bundles: a slice's rows, a whole block's, empty ones left out."""
+    from types import SimpleNamespace as NS
+
+    meta = NS(num_rows=10)
+    sliced = NS(blocks=[NS(ref="a", metadata=meta), NS(ref="b", metadata=meta)],
+                slices=[NS(start_offset=2, end_offset=5), None])
+    empty = NS(blocks=[NS(ref="c", metadata=meta)], slices=[NS(start_offset=4, end_offset=4)])
+    legacy = NS(blocks=[("d", meta), ("e", NS(num_rows=0))])  # no slices attribute
+    out = list(iter_block_slices(fake_dataset([sliced, empty, legacy])))
+    assert [(s.refs, s.ranges, s.num_rows) for s in out] == [(["a", "b"], [(2, 5), None], 13), (["d"], [None], 10)]
+
+
+def test_a_slice_fetches_only_its_rows(ray_cluster):
+    ray = ray_cluster
+    block = ray.put(pa.table({"i": list(range(10))}))
+    other = ray.put(pa.table({"i": [100, 101]}))
+    rows = BlockSlices([block, other], [(2, 5), None], 5)
+    assert ray.get(ray.remote(num_cpus=1)(fetch).remote(rows)).column("i").to_pylist() == [2, 3, 4, 100, 101]
