@@ -11,7 +11,7 @@ command's flags and inputs run without importing torch.
 
 from __future__ import annotations
 
-from batchgen import omp
+from batchgen import omp, onednn_cache
 from batchgen.cli import bench, finalize, plan, report, run, status  # noqa: F401  (each registers its command on `app`)
 from batchgen.cli.app import app
 
@@ -20,4 +20,5 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     omp.apply_defaults()  # before any command imports torch
+    onednn_cache.apply_defaults()  # before the first forward builds a kernel
     app()
