@@ -13,7 +13,9 @@ in a fresh process, since oneDNN and ideep read their capacity once:
     onednn=N      oneDNN's primitive cache only; ideep=N: ideep's descriptor cache only
 
 Printed per cap: glibc heap in use (mallinfo2) and VmRSS after one warm call per layer ("base")
-and after the first pass; both passes' seconds. A pass over calls all cached costs only the
+and after the first pass; both passes' seconds; after the second pass, the free bytes glibc keeps
+(evicted kernels' memory) and VmRSS, then VmRSS after batchgen.heap.trim_heap (malloc_trim) and
+how long that took. A pass over calls all cached costs only the
 matmuls; the first pass's extra over that is kernel building (/ calls: the cost of a miss).
 """
 
@@ -35,6 +37,7 @@ CHILD = """
 import json, sys, time
 import torch
 from batchgen.engine.prepack import pack_linear_layers
+from batchgen.heap import trim_heap
 from benchmarks.rss_trace import _mallinfo2, _status
 
 shapes, dtype, max_rows = json.loads(sys.argv[1]), getattr(torch, sys.argv[2]), int(sys.argv[3])
@@ -46,7 +49,8 @@ mallinfo = _mallinfo2()
 
 def memory():
     m = mallinfo()
-    return {"heap_used_mib": round((m.uordblks + m.hblkhd) / 2**20, 1), "rss_mib": round(_status()["rss"] / 1024, 1)}
+    return {"heap_used_mib": round((m.uordblks + m.hblkhd) / 2**20, 1), "heap_free_mib": round(m.fordblks / 2**20, 1),
+            "rss_mib": round(_status()["rss"] / 1024, 1)}
 
 def one_pass():
     t0 = time.perf_counter()
@@ -63,7 +67,12 @@ base = memory()
 first = one_pass()
 after = memory()
 second = one_pass()
+after_second = memory()
+t0 = time.perf_counter()
+trimmed = trim_heap()
+trim_s = round(time.perf_counter() - t0, 4)
 print(json.dumps({"base": base, "after_first_pass": after, "first_pass_s": first, "second_pass_s": second,
+                  "after_second_pass": after_second, "after_trim": memory(), "trim_s": trim_s, "trimmed": trimmed,
                   "calls_per_pass": max_rows * len(shapes)}))
 """
 
@@ -95,14 +104,16 @@ def main() -> None:
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--max-rows", type=int, default=512)
     args = ap.parse_args()
-    print("| dtype | cap | heap in use, base -> after pass 1 (MiB) | RSS (MiB) | pass 1 s | pass 2 s |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| dtype | cap | heap in use, base -> after pass 1 (MiB) | RSS (MiB) | pass 1 s | pass 2 s "
+          "| after pass 2: heap free, RSS (MiB) | after malloc_trim: RSS (MiB), s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for dtype in args.dtype.split(","):
         for spec in args.caps.split(","):
             r = run_cap(spec, SHAPES[args.shapes], dtype, args.max_rows)
-            b, a = r["base"], r["after_first_pass"]
+            b, a, a2 = r["base"], r["after_first_pass"], r["after_second_pass"]
             print(f"| {dtype} | {spec} | {b['heap_used_mib']} -> {a['heap_used_mib']} | {b['rss_mib']} -> "
-                  f"{a['rss_mib']} | {r['first_pass_s']} | {r['second_pass_s']} |", flush=True)
+                  f"{a['rss_mib']} | {r['first_pass_s']} | {r['second_pass_s']} | {a2['heap_free_mib']}, "
+                  f"{a2['rss_mib']} | {r['after_trim']['rss_mib']}, {r['trim_s']} |", flush=True)
             print(json.dumps({"dtype": dtype, "cap": spec, "shapes": args.shapes, **r}), file=sys.stderr)
 
 
