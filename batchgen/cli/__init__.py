@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from batchgen import omp
+from batchgen import omp, onednn_cache
 from batchgen.cli import bench, finalize, plan, report, run, status  # noqa: F401  (each registers its command on `app`)
 from batchgen.cli.app import app
 
@@ -27,4 +27,5 @@ GENERATING_COMMANDS = ("run", "bench", "plan")
 def main() -> None:
     command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     omp.apply_defaults(sample=command in GENERATING_COMMANDS)  # before any command imports torch
+    onednn_cache.apply_defaults()  # before the first forward builds a kernel
     app()

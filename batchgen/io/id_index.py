@@ -5,12 +5,16 @@ live once, compactly, in their parts (batchgen.io.compact_lists), and the index 
 is (the part's handle and the row's position in it, `handle << 32 | position`), two ways:
 
 - runs of derived ids (batchgen.io.id_runs): a part's `<file>:<row>` ids at consecutive positions
-  with consecutive row numbers, as nearly every committed part's are, cost three numbers a run;
-- every other id (--id-column ids, the odd retried row, short runs) is hashed (batchgen.io.id_table).
+  with consecutive row numbers, as a part's are when its rows finished in input order, cost three
+  numbers a run;
+- other `<head>:<number>` ids (derived ids of rows that finished in predicted-length order: every
+  fourth row, say) by number, in pages per head (batchgen.io.id_map): 8 bytes an id once dense;
+- every other id (--id-column ids, numbered ids too sparse for pages) is hashed (batchgen.io.id_table).
 
-An id is held by one of the two only: adding one that either holds already is a duplicate, so a
-lookup asks the runs (for a str shaped `<head>:<number>`) and then the table, and the answer is
-exactly a set's. A million derived ids in a thousand parts cost some KiB, not a ~32 MiB table.
+An id is held by one of the three only: adding one that any holds already is a duplicate, so a
+lookup asks the runs and the pages (for a str shaped `<head>:<number>`) and then the table, and the
+answer is exactly a set's. A million derived ids in a thousand parts cost some KiB as runs, ~8 MiB
+as pages, not a ~32 MiB table (with a ~100 MiB peak while it grew).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from batchgen.io.compact_lists import RowList
+from batchgen.io.id_map import NumberMap
 from batchgen.io.id_runs import RunIndex, split_numbered, split_numbered_many
 from batchgen.io.id_table import POSITION_BITS, POSITION_MASK, IdTable, Part, by_part, hashes_of
 from batchgen.io.numbered_ids import NumberedStrList, NumberRuns
@@ -41,6 +46,7 @@ class IdIndex(Set):
         self._next_handle = 0
         self._table = IdTable(self._parts)
         self._runs = RunIndex()
+        self._map = NumberMap()
         self._loose: dict[str, np.ndarray] = {}  # head -> the numbers of `<head>:<number>` ids hashed, sorted
         self._expected = 0  # ids announced by reserve() and not added yet
 
@@ -49,7 +55,7 @@ class IdIndex(Set):
         return set(values)
 
     def __len__(self) -> int:
-        return len(self._table) + len(self._runs)
+        return len(self._table) + len(self._runs) + len(self._map)
 
     def __contains__(self, row_id: object) -> bool:
         return self._find(row_id) >= 0
@@ -60,10 +66,13 @@ class IdIndex(Set):
         for head, first, count, _ in self._runs:
             for number in range(first, first + count):
                 yield f"{head}:{number}"
+        for head, number, _ in self._map:
+            yield f"{head}:{number}"
 
     def nbytes(self) -> int:
         """Bytes of the index's own arrays (the parts' id lists are not the index's)."""
-        return self._table.nbytes() + self._runs.nbytes() + sum(a.nbytes for a in self._loose.values())
+        return (self._table.nbytes() + self._runs.nbytes() + self._map.nbytes()
+                + sum(a.nbytes for a in self._loose.values()))
 
     def part_of(self, row_id: Any) -> str | None:
         """The name of the part that holds committed ok id `row_id`; None when it is not one."""
@@ -78,13 +87,18 @@ class IdIndex(Set):
     def locate(self, ids: Sequence[Any]) -> np.ndarray:
         """Where each of `ids` is indexed (handle << 32 | row position; -1: not a committed ok id),
         exactly `[x in self for x in ids]`'s answer, all at once: the table's batch lookup, then
-        for the ids it lacks that are shaped `<head>:<number>` a binary search of the runs."""
+        for the ids it lacks that are shaped `<head>:<number>` a binary search of the runs and a
+        look into the pages."""
         found = self._table.locate(ids)
-        if len(self._runs):
+        if len(self._runs) or len(self._map):
             lacking = np.flatnonzero(found < 0)
             rest = ids if len(lacking) == len(ids) else [ids[k] for k in lacking.tolist()]
             for head, (at, numbers) in split_numbered_many(rest).items():
-                found[lacking[at]] = self._runs.locate(head, numbers)
+                locs = self._runs.locate(head, numbers)
+                missing = np.flatnonzero(locs < 0)
+                if len(self._map) and missing.size:
+                    locs[missing] = self._map.locate(head, numbers[missing])
+                found[lacking[at]] = locs
         return found
 
     def gather(self, locs: np.ndarray, column: Callable[[Part], RowList | None]) -> list[Any]:
@@ -117,15 +131,22 @@ class IdIndex(Set):
         self._handles[part.name] = handle
         if not ok_positions:
             return None
-        runs, hashed = _split(part.ids, ok_positions)
+        runs, rest = _split(part.ids, ok_positions)
         expected, self._expected = self._expected, max(0, self._expected - len(ok_positions))
-        if hashed and expected > len(ok_positions):
-            self._table.reserve(len(hashed) * expected // len(ok_positions))
         if runs is not None:
             twice = self._add_runs(handle, runs)
             if twice is not None:
                 return twice
-        return self._add_hashed(handle, part.ids if ids is None else ids, hashed)
+        if not rest:
+            return None
+        ids = part.ids if ids is None else ids
+        at = ids.at if isinstance(ids, RowList) else ids.__getitem__
+        values = list(ids) if len(rest) == len(ids) else [at(p) for p in rest]
+        locs = np.asarray(rest, np.int64) | (handle << POSITION_BITS)
+        paged, hashed = self._split_paged(values)
+        if hashed.size and expected > len(ok_positions):
+            self._table.reserve(hashed.size * expected // len(ok_positions))
+        return self._add_unrun(values, locs, paged, hashed)
 
     def drop_part(self, name: str, ok_positions: list[int]) -> None:
         """Remove part `name`'s ids at `ok_positions` (as given to add_part) from the index."""
@@ -133,10 +154,22 @@ class IdIndex(Set):
         if ok_positions:
             ids = self._parts[handle].ids
             self._runs.drop(handle)
-            _, hashed = _split(ids, ok_positions)
-            if hashed:
-                values = [ids.at(p) for p in hashed]
-                self._table.remove(hashes_of(values), np.asarray(hashed, np.int64) | (handle << POSITION_BITS))
+            _, rest = _split(ids, ok_positions)
+            if rest:
+                values = [ids.at(p) for p in rest]
+                locs = np.asarray(rest, np.int64) | (handle << POSITION_BITS)
+                hashed = np.ones(len(values), bool)  # where add_part put each: the pages hold it at its loc, or not
+                for head, (at, numbers) in split_numbered_many(values).items() if len(self._map) else ():
+                    mine = self._map.locate(head, numbers) == locs[at]
+                    if mine.any():
+                        self._map.remove(head, numbers[mine])
+                        hashed[at[mine]] = False
+                if not hashed.all():
+                    values, locs = [values[k] for k in np.flatnonzero(hashed).tolist()], locs[hashed]
+                if not values:
+                    del self._handles[name], self._parts[handle]
+                    return
+                self._table.remove(hashes_of(values), locs)
                 for head, numbers in _numbered(values).items():
                     loose = self._loose[head]
                     loose = loose[~np.isin(loose, numbers)]  # a head's numbers in the table are distinct
@@ -157,6 +190,8 @@ class IdIndex(Set):
             mine = mine[np.argsort(runs.firsts[mine], kind="stable")]
             firsts, counts = runs.firsts[mine], runs.counts[mine]
             twice = self._runs.first_overlap(head, firsts, counts)
+            if twice is None:  # a paged `<head>:<number>` inside a new run
+                twice = self._map.first_in(head, firsts, counts)
             if twice is None and head in self._loose:  # a hashed `<head>:<number>` inside a new run
                 loose = self._loose[head]
                 lo, hi = np.searchsorted(loose, firsts), np.searchsorted(loose, firsts + counts)
@@ -169,26 +204,53 @@ class IdIndex(Set):
             self._runs.add(handle, head, firsts, counts, starts)
         return None
 
-    def _add_hashed(self, handle: int, ids: Sequence[Any], positions: list[int]) -> Any:
-        if not positions:
-            return None
-        at = ids.at if isinstance(ids, RowList) else ids.__getitem__
-        values = list(ids) if len(positions) == len(ids) else [at(p) for p in positions]
-        numbered = _numbered(values)
-        for head, numbers in numbered.items():  # a `<head>:<number>` id a run holds already
+    def _split_paged(self, values: list[Any]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+        """The ids the pages take (head -> (indices into `values`, numbers)), and the indices of the
+        ids to hash: not numbered, or under a head whose pages would be too sparse for them."""
+        paged = {}
+        to_hash = np.ones(len(values), bool)
+        for head, (at, numbers) in split_numbered_many(values).items():
+            if self._map.accepts(head, numbers):
+                paged[head] = (at, numbers)
+                to_hash[at] = False
+        return paged, np.flatnonzero(to_hash)
+
+    def _add_unrun(self, values: list[Any], locs: np.ndarray, paged: dict[str, tuple[np.ndarray, np.ndarray]],
+                   hashed: np.ndarray) -> Any:
+        """Page or hash the ids not in runs (`values` at `locs`), each checked against the runs and
+        the other store first; returns a duplicate id or None."""
+        hashed_values = values if hashed.size == len(values) else [values[k] for k in hashed.tolist()]
+        numbered = _numbered(hashed_values)
+        for head, (_, numbers) in paged.items():  # a `<head>:<number>` id a run holds already
             held = self._runs.locate(head, numbers)
             if (held >= 0).any():
                 return f"{head}:{numbers[np.flatnonzero(held >= 0)[0]]}"
+        for head, numbers in numbered.items():  # the same, and one the pages hold
+            held = np.flatnonzero((self._runs.locate(head, numbers) >= 0) | (self._map.locate(head, numbers) >= 0))
+            if held.size:
+                return f"{head}:{numbers[held[0]]}"
+        if len(self._table):  # a paged id that was hashed before (its head's pages were too sparse then)
+            for head, (at, numbers) in paged.items():
+                held = np.flatnonzero(self._table.locate([values[k] for k in at.tolist()]) >= 0)
+                if held.size:
+                    return f"{head}:{numbers[held[0]]}"
+        for head, (at, numbers) in paged.items():
+            twice = self._map.add(head, numbers, locs[at])
+            if twice is not None:
+                return f"{head}:{twice}"
+        if not hashed.size:
+            return None
         for head, numbers in numbered.items():
             self._loose[head] = np.sort(np.concatenate((self._loose.get(head, numbers[:0]), numbers)))
-        locs = np.asarray(positions, np.int64) | (handle << POSITION_BITS)
-        return self._table.add(hashes_of(values), locs)
+        return self._table.add(hashes_of(hashed_values), locs[hashed])
 
     def _find(self, row_id: Any) -> int:
-        if len(self._runs):
+        if len(self._runs) or len(self._map):
             numbered = split_numbered(row_id)
             if numbered is not None:
                 loc = self._runs.find(*numbered)
+                if loc < 0:
+                    loc = self._map.find(*numbered)
                 if loc >= 0:
                     return loc
         return self._table.find(row_id)

@@ -5,7 +5,9 @@ CommitSchedule: it buffers the row in the Committer (batchgen.jobs.commit) and c
 --commit-every rows are buffered (default --rows-per-part) or --commit-every-seconds have passed
 since the last commit, checked as each row arrives. A commit writes the parts and the manifest
 entry, then whatever the executor saves with it (the local one: the learned output lengths), and
-records it in the job's metrics, all inside the guard's critical section.
+records it in the job's metrics, all inside the guard's critical section. After it, at most once
+per few seconds, the C heap's free pages go back to the system (batchgen.heap): the engine's
+evicted kernels leave them behind all job long.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from batchgen.config import JobConfig
+from batchgen.heap import HeapTrimmer
 from batchgen.jobs.commit import Committer
 from batchgen.jobs.signals import SignalGuard
 
@@ -34,6 +37,7 @@ class CommitSchedule:
         self.save_with_commit = save_with_commit  # called inside each commit's critical section, after it
         self.monitor: JobMonitor | None = None  # the run's metrics, once it opened them
         self.last_commit = time.monotonic()
+        self.trimmer = HeapTrimmer()
 
     def __len__(self) -> int:
         return len(self.committer)
@@ -61,4 +65,5 @@ class CommitSchedule:
                 state = self.committer.manifest.state
                 self.monitor.recorder.on_commit(seconds=time.monotonic() - t0, output_rows=state.num_committed_rows,
                                                 output_rows_error=len(state.error_ids))
+        self.trimmer.maybe_trim()
         self.last_commit = time.monotonic()
