@@ -36,6 +36,8 @@ INT8_SMOOTH_ALPHA_BY_LAYER: dict[str, float] = {}
 INT8_OUTLIER_FRACTION = 0.0
 # the layers (child names; a stacked set by any of its children) that take it; empty: every quantized layer
 INT8_OUTLIER_LAYERS: tuple[str, ...] = ()
+# per layer type (child name; a stacked set by the first of its children named here): another share
+INT8_OUTLIER_FRACTION_BY_LAYER: dict[str, float] = {}
 # linear layers (child names) --quantize int8 on oneDNN leaves in full precision: none by default.
 # ("down_proj",) was measured (benchmarks/README.md, issue 13): its inputs, SiLU(gate) * up, lose
 # the most to per-token int8 (~3% relative output error in every layer, against ~2% elsewhere)
@@ -54,6 +56,7 @@ INT8_RECIPE = ",".join(["per-token", *([f"smooth-a{INT8_SMOOTH_ALPHA}"] if INT8_
                         *(f"{name}:smooth-a{a}" for name, a in sorted(INT8_SMOOTH_ALPHA_BY_LAYER.items())),
                         *([f"outliers-{INT8_OUTLIER_FRACTION}"] if INT8_OUTLIER_FRACTION > 0 else []),
                         *(f"{name}:outliers" for name in INT8_OUTLIER_LAYERS if INT8_OUTLIER_FRACTION > 0),
+                        *(f"{name}:outliers-{f}" for name, f in sorted(INT8_OUTLIER_FRACTION_BY_LAYER.items())),
                         *(f"{name}:asym" for name in INT8_ASYMMETRIC_LAYERS),
                         *(["stacked"] if INT8_STACK_SIBLINGS else []),
                         *(f"{name}:full" for name in INT8_FULL_PRECISION_LAYERS),
