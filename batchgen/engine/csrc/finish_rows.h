@@ -16,8 +16,10 @@
  * Why the bf16 layout: as 16-lane f32 FMAs (four rows a load) the outlier products of 5% of the
  * channels cost +35-43% of the int8 layer at 64-512 rows and the whole gain of int8 over bf16 end to
  * end (issue 13); vdpbf16ps does 32 products an instruction (exact in f32, as the FMAs' were) from
- * half the bytes, eight rows a load: +8-13%. (An int8 form, vpdpbusd on the outlier inputs quantized
+ * half the bytes, eight rows a load, each 16 columns' weights loaded once for all rows: +8-13%. (An int8 form, vpdpbusd on the outlier inputs quantized
  * at a scale of their own, measured no faster at k = 1-77 and rounds them: not kept.) */
+#include <stdlib.h>
+
 #define FINISH_ROWS 8
 enum { OUTLIER_F32 = 0, OUTLIER_BF16 = 1 };
 
@@ -44,69 +46,76 @@ void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const flo
                  int wo_form, int64_t rows, int64_t cols, int num_threads) {
     const int bf16 = dtype == 1, acc_bf16 = acc_dtype == 1;
     const int form = k > 0 ? wo_form : OUTLIER_F32;
-    const int64_t blocks = (rows + FINISH_ROWS - 1) / FINISH_ROWS;
     const int64_t kw = form == OUTLIER_BF16 ? (k + 1) / 2 : 0;  /* input pairs */
     const float* wf = (const float*)wo;
-    #pragma omp parallel for num_threads(num_threads) if (rows * cols * (k + 1) >= PARALLEL_MIN_ELEMS) schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int64_t r0 = b * FINISH_ROWS, nr = rows - r0 < FINISH_ROWS ? rows - r0 : FINISH_ROWS;
-        float xk[FINISH_ROWS][form == OUTLIER_F32 && k > 0 ? k : 1];
-        uint32_t xw[FINISH_ROWS][kw > 0 ? kw : 1];  /* the outlier inputs as bf16 pairs */
-        float s[FINISH_ROWS], z[FINISH_ROWS];
-        for (int64_t t = 0; t < FINISH_ROWS; t++) {
-            const int64_t r = t < nr ? r0 + t : r0;  /* a short last block repeats its first row, stored once */
-            s[t] = scales[r];
-            z[t] = zero_points ? zero_points[r] : 0.f;
-            if (form == OUTLIER_F32) {
-                for (int64_t i = 0; i < k; i++) xk[t][i] = x_at(x, bf16, r * x_cols + idx[i]);
-            } else if (form == OUTLIER_BF16) {
-                const uint16_t* xr = (const uint16_t*)x + r * x_cols;
-                for (int64_t p = 0; p < kw; p++)
-                    xw[t][p] = (uint32_t)xr[idx[2 * p]] | (2 * p + 1 < k ? (uint32_t)xr[idx[2 * p + 1]] << 16 : 0u);
-            }
+    /* the outlier inputs of every row, gathered once: bf16 pairs (xw) or floats (xk) */
+    float* xk = form == OUTLIER_F32 && k > 0 ? (float*)malloc(sizeof(float) * rows * k) : NULL;
+    uint32_t* xw = kw > 0 ? (uint32_t*)malloc(sizeof(uint32_t) * rows * kw) : NULL;
+    if ((form == OUTLIER_F32 && k > 0 && !xk) || (kw > 0 && !xw)) abort();
+    for (int64_t r = 0; r < rows; r++) {
+        if (xk) {
+            for (int64_t i = 0; i < k; i++) xk[r * k + i] = x_at(x, bf16, r * x_cols + idx[i]);
+        } else if (xw) {
+            const uint16_t* xr = (const uint16_t*)x + r * x_cols;
+            for (int64_t p = 0; p < kw; p++)
+                xw[r * kw + p] = (uint32_t)xr[idx[2 * p]] | (2 * p + 1 < k ? (uint32_t)xr[idx[2 * p + 1]] << 16 : 0u);
         }
+    }
+    /* Columns outer, rows inner: one block of 16 columns' outlier weights (kw x 64 bytes) stays in L1
+     * for every row; rows outer re-read all of wo per FINISH_ROWS rows, from L3 for the LM head's
+     * 49,152 columns. */
+    const int64_t col_blocks = (cols + 15) / 16;
+    #pragma omp parallel for num_threads(num_threads) if (rows * cols * (k + 1) >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t jb = 0; jb < col_blocks; jb++) {
+        const int64_t j = jb * 16;
+        for (int64_t r0 = 0; r0 < rows; r0 += FINISH_ROWS) {
+            const int64_t nr = rows - r0 < FINISH_ROWS ? rows - r0 : FINISH_ROWS;
+            int64_t rr[FINISH_ROWS];  /* a short last block repeats its first row, stored once */
+            for (int64_t t = 0; t < FINISH_ROWS; t++) rr[t] = t < nr ? r0 + t : r0;
 #ifdef __AVX512F__
-        for (int64_t j = 0; j < cols; j += 16) {
             const __mmask16 m = tail(cols - j);
             const __m512 cs = colsum ? _mm512_maskz_loadu_ps(m, colsum + j) : _mm512_setzero_ps();
             __m512 y[FINISH_ROWS];
             for (int64_t t = 0; t < FINISH_ROWS; t++) {
-                const int64_t r = t < nr ? r0 + t : r0;
+                const int64_t r = rr[t];
                 const __m512 a = load16(acc, acc_bf16, r * cols + j, m);
-                y[t] = _mm512_mul_ps(_mm512_fnmadd_ps(_mm512_set1_ps(z[t]), cs, a), _mm512_set1_ps(s[t]));
+                y[t] = _mm512_mul_ps(_mm512_fnmadd_ps(_mm512_set1_ps(zero_points ? zero_points[r] : 0.f), cs, a),
+                                     _mm512_set1_ps(scales[r]));
             }
-            if (form == OUTLIER_BF16) {
-                const uint16_t* wj = (const uint16_t*)wo + (j / 16) * kw * 32;
+            if (xw) {
+                const uint16_t* wj = (const uint16_t*)wo + jb * kw * 32;
                 for (int64_t p = 0; p < kw; p++) {
                     const __m512i w = _mm512_loadu_si512(wj + p * 32);
-                    for (int64_t t = 0; t < FINISH_ROWS; t++) y[t] = dot_pair(y[t], xw[t][p], w);
+                    for (int64_t t = 0; t < FINISH_ROWS; t++) y[t] = dot_pair(y[t], xw[rr[t] * kw + p], w);
                 }
             } else {
                 for (int64_t i = 0; i < k; i++) {
                     const __m512 w = _mm512_maskz_loadu_ps(m, wf + i * cols + j);
-                    for (int64_t t = 0; t < FINISH_ROWS; t++) y[t] = _mm512_fmadd_ps(_mm512_set1_ps(xk[t][i]), w, y[t]);
+                    for (int64_t t = 0; t < FINISH_ROWS; t++) y[t] = _mm512_fmadd_ps(_mm512_set1_ps(xk[rr[t] * k + i]), w, y[t]);
                 }
             }
             for (int64_t t = 0; t < nr; t++) store16(out, bf16, (r0 + t) * cols + j, m, y[t]);
-        }
 #else
-        for (int64_t t = 0; t < nr; t++) {
-            const int64_t r = r0 + t;
-            for (int64_t j = 0; j < cols; j++) {
-                float y = (x_at(acc, acc_bf16, r * cols + j) - z[t] * (colsum ? colsum[j] : 0.f)) * s[t];
-                if (form == OUTLIER_BF16) {
-                    const uint16_t* wj = (const uint16_t*)wo + (j / 16) * kw * 32 + (j % 16) * 2;
-                    for (int64_t p = 0; p < kw; p++) {
-                        y += bf16_to_f32((uint16_t)(xw[t][p] & 0xFFFF)) * bf16_to_f32(wj[p * 32]);
-                        y += bf16_to_f32((uint16_t)(xw[t][p] >> 16)) * bf16_to_f32(wj[p * 32 + 1]);
+            for (int64_t t = 0; t < nr; t++) {
+                const int64_t r = r0 + t;
+                for (int64_t jj = j; jj < j + 16 && jj < cols; jj++) {
+                    float y = (x_at(acc, acc_bf16, r * cols + jj) - (zero_points ? zero_points[r] * colsum[jj] : 0.f)) * scales[r];
+                    if (xw) {
+                        const uint16_t* wj = (const uint16_t*)wo + jb * kw * 32 + (jj - j) * 2;
+                        for (int64_t p = 0; p < kw; p++) {
+                            y += bf16_to_f32((uint16_t)(xw[r * kw + p] & 0xFFFF)) * bf16_to_f32(wj[p * 32]);
+                            y += bf16_to_f32((uint16_t)(xw[r * kw + p] >> 16)) * bf16_to_f32(wj[p * 32 + 1]);
+                        }
+                    } else {
+                        for (int64_t i = 0; i < k; i++) y += xk[r * k + i] * wf[i * cols + jj];
                     }
-                } else {
-                    for (int64_t i = 0; i < k; i++) y += xk[t][i] * wf[i * cols + j];
+                    if (bf16) ((uint16_t*)out)[r * cols + jj] = f32_to_bf16(y);
+                    else ((float*)out)[r * cols + jj] = y;
                 }
-                if (bf16) ((uint16_t*)out)[r * cols + j] = f32_to_bf16(y);
-                else ((float*)out)[r * cols + j] = y;
             }
-        }
 #endif
+        }
     }
+    free(xk);
+    free(xw);
 }
