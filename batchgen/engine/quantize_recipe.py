@@ -32,9 +32,9 @@ INT8_SMOOTH_ALPHA: float | None = 0.5
 INT8_SMOOTH_ALPHA_BY_LAYER: dict[str, float] = {}
 # LLM.int8()-style outlier decomposition (engine/quantize_outliers.py): this share of each layer's
 # input channels, the widest in the calibration pass, computed in the model dtype outside the int8
-# matmul; 0: none. 0.05 with INT8_SMOOTH_ALPHA None and INT8_ASYMMETRIC_LAYERS ("down_proj",) met 97% top-1
-# at full size (97.3 / 97.7%) but ran 1.10x bf16 end to end against this default's 1.22x
-# (benchmarks/README.md, issue 13's eighth stop), so it is not the default
+# matmul; 0: none. 0.03 with INT8_SMOOTH_ALPHA None and INT8_ASYMMETRIC_LAYERS ("down_proj",) met 97%
+# top-1 at full size (97.3 / 97.3%; 0.05: 97.3 / 97.7%; 0.02: 96.1 / 96.8%) but ran 1.12x bf16 end to
+# end against this default's 1.22x (benchmarks/README.md, issue 13's eighth stop): not the default
 INT8_OUTLIER_FRACTION = 0.0
 # the layers (child names; a stacked set by any of its children) that take it; empty: every quantized layer
 INT8_OUTLIER_LAYERS: tuple[str, ...] = ()
