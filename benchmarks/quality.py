@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             f"ROUGE-L {row[name]['rouge_l']:.3f}" for name in sets)
             + f"  target {target:.2f} {'PASS' if row['meets_target'] else 'MISS'}", flush=True)
         del lm
-    record = {"benchmark": "quality", "args": vars(args), "num_prompts": {k: len(v) for k, v in sets.items()},
+    args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}  # --reference-cache
+    record = {"benchmark": "quality", "args": args_json, "num_prompts": {k: len(v) for k, v in sets.items()},
               "results": results, "wall_s": round(time.time() - t0, 1)}
     write_record(record, None)
     return 0

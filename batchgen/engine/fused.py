@@ -75,7 +75,7 @@ class PointwiseKernels:
         self._quant_asym.argtypes = [_P, _I, _P, _P, _P, _P, _L, _L, _I]
         self._quant_asym.restype = None
         self._finish = lib.finish_rows  # the per-token scale, zero points and outlier channels in one pass
-        self._finish.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L, _I]
+        self._finish.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _P, _L, _P, _I, _L, _L, _I]
         self._finish.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -139,9 +139,10 @@ class PointwiseKernels:
                     x: torch.Tensor | None = None, idx: torch.Tensor | None = None,
                     outlier_weight: torch.Tensor | None = None) -> torch.Tensor:
         """(acc - zero_point[:, None] * colsum) * scale[:, None] + x[:, idx] @ outlier_weight in float32,
-        rounded once to `dtype` (csrc/pointwise.c: finish_rows). acc [rows, cols]: float32, or `dtype`
+        rounded once to `dtype` (csrc/finish_rows.h). acc [rows, cols]: float32, or `dtype`
         (then written in place); scale, zero_point [rows] float32; colsum [cols] float32; x [rows, in]
-        `dtype`; idx [k] int64; outlier_weight [k, cols] float32."""
+        `dtype`; idx [k] int64; outlier_weight [k, cols] float32, or for a bf16 `dtype` bf16 in the
+        dot-product layout of quantize_outliers.pack_bf16_pairs."""
         assert acc.dim() == 2 and acc.is_contiguous() and acc.dtype in (torch.float32, dtype)
         rows, cols = acc.shape
         assert scale.dtype == torch.float32 and scale.is_contiguous() and scale.numel() == rows
@@ -151,14 +152,18 @@ class PointwiseKernels:
         k = 0 if idx is None else idx.numel()
         if k:
             assert x is not None and x.dtype == dtype and x.is_contiguous() and x.shape[0] == rows
-            assert idx.dtype == torch.int64 and outlier_weight.dtype == torch.float32
-            assert outlier_weight.shape == (k, cols) and outlier_weight.is_contiguous()
+            assert idx.dtype == torch.int64 and outlier_weight.is_contiguous()
+            if outlier_weight.dtype == torch.bfloat16:
+                assert dtype == torch.bfloat16 and outlier_weight.shape == ((cols + 15) // 16, (k + 1) // 2, 16, 2)
+            else:
+                assert outlier_weight.dtype == torch.float32 and outlier_weight.shape == (k, cols)
+        form = int(bool(k) and outlier_weight.dtype == torch.bfloat16)  # 1: the bf16 pairs layout
         out = acc if acc.dtype == dtype else torch.empty(rows, cols, dtype=dtype)
         self._finish(acc.data_ptr(), _DTYPE_CODES[acc.dtype], out.data_ptr(), _DTYPE_CODES[dtype], scale.data_ptr(),
                      None if zero_point is None else zero_point.data_ptr(),
                      None if colsum is None else colsum.data_ptr(), None if not k else x.data_ptr(),
                      0 if not k else x.shape[1], None if not k else idx.data_ptr(), k,
-                     None if not k else outlier_weight.data_ptr(), rows, cols, torch.get_num_threads())
+                     None if not k else outlier_weight.data_ptr(), form, rows, cols, torch.get_num_threads())
         return out
 
     def _quantize_rows(self, x: torch.Tensor, fn, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

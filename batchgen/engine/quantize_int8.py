@@ -22,7 +22,8 @@ Int8DynamicLinear (a module swap; the HF forward is unchanged):
              is W * s, and the quantizer reads x * (1/s) in the same pass
     outliers optional input channels O kept out of the int8 matmul (engine/quantize_outliers.py):
              the quantizer reads them as 0, their int8 weight columns are 0, and x[:, O] @ W[:, O]^T
-             is added in the model dtype (one index_select and one small matmul per call)
+             is added in float32 from the model dtype's values, in the C pass that applies the per-token
+             scale (csrc/finish_rows.h; bf16 dot products for a bf16 model)
 
 CPU only, float32 or bf16 activations; without oneDNN's ops or a C compiler for the quantizer,
 `supported()` is False and --quantize-backend onednn is refused.
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from batchgen.engine import fused
+from batchgen.engine import fused, quantize_outliers
 from batchgen.engine.quantize_embedding import quantize_rows
 
 ZERO_POINT = 128  # of the uint8 activations: q + 128 for symmetric q in -127..127
@@ -76,10 +77,14 @@ class Int8DynamicLinear(torch.nn.Module):
         # the activation quantizer's per-column factor: 1/s, with 0 at the outlier channels; None: 1
         colscale = self.inv_smooth
         self.register_buffer("outliers", None)  # [k] int64
-        self.register_buffer("outlier_weight", None)  # [k, out] float32: W[:, outliers]^T, unsmoothed
+        # W[:, outliers]^T, unsmoothed: a bf16 model's in finish_rows' bf16 dot-product layout
+        # (quantize_outliers.pack_bf16_pairs: the bf16 weights as they are), else [k, out] float32
+        self.register_buffer("outlier_weight", None)
         if outliers is not None and outliers.numel():
             self.outliers = outliers.to(torch.int64).contiguous()
-            self.outlier_weight = linear.weight.detach()[:, self.outliers].t().float().contiguous()
+            rows = linear.weight.detach()[:, self.outliers].t()
+            self.outlier_weight = (quantize_outliers.pack_bf16_pairs(rows) if self.out_dtype == torch.bfloat16
+                                   else rows.float().contiguous())
             weight = weight.float().clone()
             weight[:, self.outliers] = 0  # their share of the product is the full-precision matmul's
             colscale = torch.ones(self.in_features) if colscale is None else colscale.clone()
@@ -138,8 +143,15 @@ class Int8DynamicLinear(torch.nn.Module):
         if self.inv_smooth is not None:  # (W * s) / s per input column: exact, s is a power of two
             ones.mul_(self.inv_smooth[:, None])
         if self.outliers is not None:  # their rows are 0 in the int8 weight
-            ones[self.outliers] = self.outlier_weight.float()
+            ones[self.outliers] = self.outlier_rows()
         return ones.t().contiguous()
+
+    def outlier_rows(self) -> torch.Tensor:
+        """[k, out] float32: the outlier channels' weight rows, W[:, outliers]^T."""
+        if self.outlier_weight.dtype == torch.bfloat16:
+            return quantize_outliers.unpack_bf16_pairs(self.outlier_weight, self.outliers.numel(),
+                                                       self.out_features).float()
+        return self.outlier_weight
 
     def extra_repr(self) -> str:
         kept = "" if self.outliers is None else f", {self.outliers.numel()} outlier channels in {self.out_dtype}"

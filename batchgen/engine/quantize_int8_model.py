@@ -1,7 +1,7 @@
 """`--quantize int8` on oneDNN applied to a whole model: which linear layers, the calibration
 pass, the stacked siblings, each layer's smoothing factors, outlier channels and activation form.
 The switches are quantize_recipe's (INT8_FULL_PRECISION_LAYERS, INT8_LM_HEAD,
-INT8_SMOOTH_ALPHA(_BY_LAYER), INT8_OUTLIER_FRACTION/LAYERS, INT8_ASYMMETRIC_LAYERS,
+INT8_SMOOTH_ALPHA(_BY_LAYER), INT8_OUTLIER_FRACTION(_BY_LAYER)/LAYERS, INT8_ASYMMETRIC_LAYERS,
 INT8_STACK_SIBLINGS); the layers are engine/quantize_int8.py's, the stacking
 engine/quantize_int8_siblings.py's, the smoothing engine/quantize_smooth.py's, the outlier channels
 engine/quantize_outliers.py's.
@@ -17,6 +17,7 @@ from batchgen.engine.quantize_recipe import (
     INT8_FULL_PRECISION_LAYERS,
     INT8_LM_HEAD,
     INT8_OUTLIER_FRACTION,
+    INT8_OUTLIER_FRACTION_BY_LAYER,
     INT8_OUTLIER_LAYERS,
     INT8_SMOOTH_ALPHA,
     INT8_SMOOTH_ALPHA_BY_LAYER,
@@ -26,7 +27,8 @@ from batchgen.engine.quantize_recipe import (
 
 def calibrated() -> bool:
     """Whether the recipe needs a calibration pass (smoothing factors or outlier channels)."""
-    return INT8_SMOOTH_ALPHA is not None or INT8_OUTLIER_FRACTION > 0
+    return INT8_SMOOTH_ALPHA is not None or INT8_OUTLIER_FRACTION > 0 or any(
+        f > 0 for f in INT8_OUTLIER_FRACTION_BY_LAYER.values())
 
 
 def quantize_layers(model: torch.nn.Module, names: set[str], calibration: list[list[int]] | None,
@@ -68,7 +70,9 @@ def _calibrated_parts(ranges: dict[str, torch.Tensor] | None, name: str, childre
         smooth = quantize_smooth.smoothing_factors(ranges[name], weight, alpha)
     outliers = None
     if not INT8_OUTLIER_LAYERS or any(c in INT8_OUTLIER_LAYERS for c in children):
-        outliers = quantize_outliers.outlier_channels(ranges[name], smooth, INT8_OUTLIER_FRACTION)
+        fraction = next((INT8_OUTLIER_FRACTION_BY_LAYER[c] for c in children if c in INT8_OUTLIER_FRACTION_BY_LAYER),
+                        INT8_OUTLIER_FRACTION)
+        outliers = quantize_outliers.outlier_channels(ranges[name], smooth, fraction)
     return smooth, outliers
 
 

@@ -33,3 +33,28 @@ def outlier_channels(input_range: torch.Tensor, smooth: torch.Tensor | None, fra
     seen = input_range.float() if smooth is None else input_range.float() / smooth.float()
     k = min(seen.numel(), max(1, math.ceil(round(fraction * seen.numel(), 6))))  # 0.05 * 120 is 6.000000000000001
     return torch.topk(seen, k).indices.sort().values.to(torch.int64)
+
+
+# output columns per block of the bf16 dot-product layout (one AVX-512 register of float32 sums)
+PAIR_LANES = 16
+
+
+def pack_bf16_pairs(weight_t: torch.Tensor) -> torch.Tensor:
+    """[k, cols] outlier weight rows -> csrc/finish_rows.h's bf16 dot-product layout:
+    [ceil(cols / 16), ceil(k / 2), 16, 2] bf16, block b's pair p, lane c holding rows 2p and 2p + 1
+    of column 16b + c (zeros pad an odd k and the last block). vdpbf16ps multiplies a pair of bf16
+    inputs by such a register in one instruction, 32 products, from half the bytes of float32 rows;
+    for a bf16 model the weight is bf16 already, so nothing is rounded."""
+    k, cols = weight_t.shape
+    kp, blocks = (k + 1) // 2, -(-cols // PAIR_LANES)
+    padded = torch.zeros(2 * kp, blocks * PAIR_LANES, dtype=torch.bfloat16)
+    padded[:k, :cols] = weight_t
+    # [pair, 2, block, lane] -> [block, pair, lane, 2]
+    return padded.view(kp, 2, blocks, PAIR_LANES).permute(2, 0, 3, 1).contiguous()
+
+
+def unpack_bf16_pairs(packed: torch.Tensor, k: int, cols: int) -> torch.Tensor:
+    """pack_bf16_pairs' inverse: [k, cols] bf16."""
+    blocks, kp = packed.shape[:2]
+    return packed.permute(1, 3, 0, 2).reshape(2 * kp, blocks * PAIR_LANES)[:k, :cols]
+

@@ -32,16 +32,22 @@ INT8_SMOOTH_ALPHA: float | None = 0.5
 INT8_SMOOTH_ALPHA_BY_LAYER: dict[str, float] = {}
 # LLM.int8()-style outlier decomposition (engine/quantize_outliers.py): this share of each layer's
 # input channels, the widest in the calibration pass, computed in the model dtype outside the int8
-# matmul; 0: none
+# matmul; 0: none. 0.03 with INT8_SMOOTH_ALPHA None and INT8_ASYMMETRIC_LAYERS ("down_proj",) met 97%
+# top-1 at full size (97.3 / 97.3%; 0.05: 97.3 / 97.7%; 0.02: 96.1 / 96.8%) but ran 1.12x bf16 end to
+# end against this default's 1.22x (benchmarks/README.md, issue 13's eighth stop): not the default
 INT8_OUTLIER_FRACTION = 0.0
 # the layers (child names; a stacked set by any of its children) that take it; empty: every quantized layer
 INT8_OUTLIER_LAYERS: tuple[str, ...] = ()
+# per layer type (child name; a stacked set by the first of its children named here): another share
+INT8_OUTLIER_FRACTION_BY_LAYER: dict[str, float] = {}
 # linear layers (child names) --quantize int8 on oneDNN leaves in full precision: none by default.
 # ("down_proj",) was measured (benchmarks/README.md, issue 13): its inputs, SiLU(gate) * up, lose
 # the most to per-token int8 (~3% relative output error in every layer, against ~2% elsewhere)
 INT8_FULL_PRECISION_LAYERS: tuple[str, ...] = ()
 # the LM head through the same oneDNN int8 x int8 matmul (when the embedding/LM head is not
-# --quantize-embedding int8): off until its quality is measured; see benchmarks/README.md, issue 13
+# --quantize-embedding int8): off. Measured (benchmarks/README.md, issue 13): +4-9% end to end on
+# the default, at ~0.5-1 point of top-1; with 5% outlier channels (its own too) it keeps 97.1 / 97.5%
+# but the head's outliers cost more than the int8 head saves (1.08x bf16 against 1.10x without it)
 INT8_LM_HEAD = False
 # q/k/v and gate/up of a layer as one stacked int8 matmul each (engine/quantize_int8_siblings.py);
 # with smoothing, a stacked set shares one factor per input channel
@@ -54,6 +60,7 @@ INT8_RECIPE = ",".join(["per-token", *([f"smooth-a{INT8_SMOOTH_ALPHA}"] if INT8_
                         *(f"{name}:smooth-a{a}" for name, a in sorted(INT8_SMOOTH_ALPHA_BY_LAYER.items())),
                         *([f"outliers-{INT8_OUTLIER_FRACTION}"] if INT8_OUTLIER_FRACTION > 0 else []),
                         *(f"{name}:outliers" for name in INT8_OUTLIER_LAYERS if INT8_OUTLIER_FRACTION > 0),
+                        *(f"{name}:outliers-{f}" for name, f in sorted(INT8_OUTLIER_FRACTION_BY_LAYER.items())),
                         *(f"{name}:asym" for name in INT8_ASYMMETRIC_LAYERS),
                         *(["stacked"] if INT8_STACK_SIBLINGS else []),
                         *(f"{name}:full" for name in INT8_FULL_PRECISION_LAYERS),

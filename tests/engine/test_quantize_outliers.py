@@ -92,6 +92,36 @@ def test_outliers_combine_with_smoothing():
     assert torch.equal(layer.dequantized_weight()[:, outliers], linear.weight.float()[:, outliers])
 
 
+def test_bf16_pairs_layout_round_trips_and_holds_row_pairs_per_lane():
+    w = torch.randn(5, 40).to(torch.bfloat16)  # odd k, a partial last block of 16 columns
+    packed = quantize_outliers.pack_bf16_pairs(w)
+    assert packed.shape == (3, 3, 16, 2) and packed.dtype == torch.bfloat16
+    assert torch.equal(packed[1, 2, 3], torch.stack([w[4, 19], torch.tensor(0, dtype=torch.bfloat16)]))
+    assert torch.equal(packed[0, 0, 5], w[0:2, 5])
+    assert packed[2, :, 8:].eq(0).all()  # columns 40..47 pad
+    assert torch.equal(quantize_outliers.unpack_bf16_pairs(packed, 5, 40), w)
+
+
+@pytest.mark.parametrize("k", [1, 6, 7])
+def test_finish_rows_bf16_dot_products_equal_the_float64_sum(k):
+    """The bf16 model's outlier update (vdpbf16ps on the pairs layout): bf16 inputs times bf16
+    weights summed in float32, so within a bf16 rounding of the float64 result."""
+    kernels = quantize_int8._kernels()
+    torch.manual_seed(3)
+    rows, cols, in_f = 11, 40, 24  # a partial block of 8 rows and of 16 columns
+    acc = torch.randn(rows, cols, dtype=torch.float32)
+    scale = torch.rand(rows) + 0.5
+    x = (torch.randn(rows, in_f) * 20).to(torch.bfloat16)
+    idx = torch.randperm(in_f)[:k].sort().values
+    w = torch.randn(k, cols).to(torch.bfloat16)
+    got = kernels.finish_rows(acc, torch.bfloat16, scale, x=x, idx=idx,
+                              outlier_weight=quantize_outliers.pack_bf16_pairs(w)).double()
+    want = acc.double() * scale.double()[:, None] + x[:, idx].double() @ w.double()
+    assert (got - want).abs().max() <= 2 ** -8 * want.abs().max()
+    f32 = kernels.finish_rows(acc, torch.bfloat16, scale, x=x, idx=idx, outlier_weight=w.float().contiguous())
+    assert (got - f32.double()).abs().max() <= 2 ** -8 * want.abs().max()  # the float32 FMAs' result, up to sum order
+
+
 def test_stacked_siblings_take_the_same_outliers_as_single_layers():
     torch.manual_seed(2)
     linears = [torch.nn.Linear(64, out, bias=False).to(torch.bfloat16) for out in (64, 32, 32)]
@@ -128,10 +158,40 @@ def test_the_recipe_takes_outliers_where_it_says(monkeypatch):
                                                 layer.self_attn.q_proj.group.linear, layer.mlp.up_proj.group.linear))
 
 
-def test_engine_greedy_equals_generate_with_outliers(monkeypatch, tokenizer):
-    monkeypatch.setattr(quantize_int8_model, "INT8_OUTLIER_FRACTION", 0.05)
+def test_the_recipe_takes_per_layer_fractions(monkeypatch):
+    monkeypatch.setattr(quantize_int8_model, "INT8_OUTLIER_FRACTION", 0.02)
+    monkeypatch.setattr(quantize_int8_model, "INT8_OUTLIER_FRACTION_BY_LAYER", {"down_proj": 0.1, "up_proj": 0.0})
+    model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
+    down_weight = model.model.layers[0].mlp.down_proj.weight.detach().clone()
+    quantize.quantize_model(model, "int8", "onednn", embedding="none", calibration=CALIBRATION)
+    layer = model.model.layers[0]
+    down = layer.mlp.down_proj
+    assert down.outliers.numel() == math.ceil(down.in_features * 0.1)
+    o_proj = layer.self_attn.o_proj
+    assert o_proj.outliers.numel() == math.ceil(o_proj.in_features * 0.02)
+    assert layer.mlp.gate_proj.group.linear.outliers is None  # the stacked gate/up set goes by up_proj's 0
+    assert down.outlier_weight.dtype == torch.bfloat16  # the bf16 model's dot-product layout
+    assert torch.equal(down.outlier_rows(), down_weight[:, down.outliers].t().float())
+
+
+# the outlier recipes measured in benchmarks/README.md (issue 13's eighth stop): 5% with smoothing,
+# and 3% with o_proj at 5%, no smoothing, down_proj asymmetric, the LM head in int8 without outliers
+RECIPES = [{"INT8_OUTLIER_FRACTION": 0.05},
+           {"INT8_OUTLIER_FRACTION": 0.03, "INT8_OUTLIER_FRACTION_BY_LAYER": {"o_proj": 0.05, "lm_head": 0.0},
+            "INT8_SMOOTH_ALPHA": None, "INT8_ASYMMETRIC_LAYERS": ("down_proj",), "INT8_LM_HEAD": True}]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=["o5-smoothed", "o3-by-layer-asym-head"])
+def test_engine_greedy_equals_generate_with_outliers(monkeypatch, tokenizer, recipe):
+    for switch, value in recipe.items():
+        monkeypatch.setattr(quantize_int8_model, switch, value)
     model = make_tiny_model("llama", seed=6)  # float32: the engine's tokens equal generate's exactly
     quantize.quantize_model(model, "int8", "onednn", calibration=CALIBRATION)
-    assert model.model.layers[0].mlp.down_proj.outliers is not None
+    layer = model.model.layers[0]
+    assert layer.mlp.down_proj.outliers is not None
+    if "INT8_ASYMMETRIC_LAYERS" in recipe:
+        assert layer.mlp.down_proj.weight_colsum is not None and layer.self_attn.o_proj.inv_smooth is None
+        assert layer.self_attn.o_proj.outliers.numel() == math.ceil(0.05 * layer.self_attn.o_proj.in_features)
+        assert isinstance(model.lm_head, quantize_int8.Int8DynamicLinear) and model.lm_head.outliers is None
     refs, got = generate_and_engine_tokens(model, tokenizer)
     assert got == refs
