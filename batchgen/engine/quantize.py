@@ -82,12 +82,14 @@ class Quantization:
     scheme: str  # one of SCHEMES
     backend: str | None  # torchao | quanto; None for "none" or a pre-quantized checkpoint's own method
     embedding: str = "none"  # none | int8: the embedding/LM head (engine/quantize_embedding.py)
-    smooth: bool = False  # int8/onednn: per-input-channel smoothing from a calibration pass (quantize_smooth.py)
+    # int8/onednn: its recipe's calibration pass ran (smoothing factors, outlier channels:
+    # quantize_int8_model.py); an int8/onednn model without it is plain per-token int8
+    calibrated_run: bool = False
 
     @property
     def label(self) -> str:
         label = self.scheme if self.backend is None else f"{self.scheme}/{self.backend}"
-        label += "+smooth" if self.smooth else ""
+        label += "+calibrated" if self.calibrated_run else ""
         return label if self.embedding == "none" else f"{label}+{self.embedding}-embedding"
 
     @property
@@ -151,7 +153,7 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
     """Quantize `model`'s decoder linear layers (and, per `embedding`, its embedding/LM head) in
     place; return what was applied. `calibration`: token ids the full-precision model runs first
     where the scheme smooths its activations (Quantization.calibrated; the loader passes
-    quantize_smooth.calibration_ids); without them such a scheme runs unsmoothed (the label says so)."""
+    quantize_smooth.calibration_ids); without them such a scheme runs uncalibrated (the label says so)."""
     device = next(model.parameters()).device
     plan = plan_quantization(model.config, scheme, backend, embedding, device)
     if plan.scheme == "none":
@@ -162,9 +164,9 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
     if plan.backend == "onednn":  # its recipe: layers kept, the LM head, calibration, stacking
         from batchgen.engine import quantize_int8_model
 
-        count, smoothed = quantize_int8_model.quantize_layers(model, names, calibration if plan.calibrated else None,
-                                                              with_head=plan.embedding == "none")
-        plan = dataclasses.replace(plan, smooth=smoothed)
+        count, calibrated = quantize_int8_model.quantize_layers(
+            model, names, calibration if plan.calibrated else None, with_head=plan.embedding == "none")
+        plan = dataclasses.replace(plan, calibrated_run=calibrated)
     else:
         parents = dict(model.named_modules())
         for name in sorted(names):

@@ -35,8 +35,8 @@ def quantize_layers(model: torch.nn.Module, names: set[str], calibration: list[l
                     with_head: bool) -> tuple[int, bool]:
     """Swap the decoder linear layers `names` (and the LM head when `with_head` and INT8_LM_HEAD)
     for oneDNN int8 layers, smoothed and with outlier channels from `calibration` token ids when
-    given and the recipe asks for them. Returns (how many linear layers were quantized, whether they
-    were smoothed)."""
+    given and the recipe asks for them. Returns (how many linear layers were quantized, whether the
+    calibration pass ran)."""
     if INT8_FULL_PRECISION_LAYERS:
         names = {n for n in names if n.rpartition(".")[2] not in INT8_FULL_PRECISION_LAYERS}
     head = model.get_output_embeddings()
@@ -55,7 +55,7 @@ def quantize_layers(model: torch.nn.Module, names: set[str], calibration: list[l
         linear = getattr(parents[parent], child)
         smooth, outliers = _calibrated_parts(ranges, name, [child], linear.weight)
         quantize_int8.quantize_linear(parents[parent], child, smooth, outliers, child in INT8_ASYMMETRIC_LAYERS)
-    return count, ranges is not None and INT8_SMOOTH_ALPHA is not None
+    return count, ranges is not None
 
 
 def _calibrated_parts(ranges: dict[str, torch.Tensor] | None, name: str, children: list[str],

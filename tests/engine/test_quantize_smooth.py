@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.engine import quantize, quantize_int8, quantize_smooth, stream_load
+from batchgen.engine import quantize, quantize_int8, quantize_int8_model, quantize_smooth, stream_load
 from batchgen.engine.fused import load_cached
-from batchgen.engine.quantize_recipe import INT8_SMOOTH_ALPHA
 from tests.engine.greedy_pair import generate_and_engine_tokens
 from tests.tiny import make_tiny_model
 
@@ -62,18 +61,19 @@ def test_smoothed_linear_equals_its_int8_reference(dtype):
     assert (got - exact).norm() < 0.5 * (plain - exact).norm()
 
 
-def test_quantize_model_calibrates_and_labels_the_smoothing():
+def test_quantize_model_calibrates_and_labels_the_smoothing(monkeypatch):
+    monkeypatch.setattr(quantize_int8_model, "INT8_SMOOTH_ALPHA", 0.5)  # a recipe that smooths
     model = make_tiny_model("llama", seed=5)
     names = quantize.quantizable_linear_names(model, 1)
     ranges = quantize_smooth.input_ranges(model, names, CALIBRATION)
     assert ranges.keys() == names and all(r.shape == (model.get_submodule(n).in_features,) for n, r in ranges.items())
     applied = quantize.quantize_model(model, "int8", "onednn", embedding="none", calibration=CALIBRATION)
-    assert applied.label == "int8/onednn+smooth" and applied.smooth
+    assert applied.label == "int8/onednn+calibrated" and applied.calibrated_run
     down = model.model.layers[0].mlp.down_proj
     assert isinstance(down, quantize_int8.Int8DynamicLinear) and down.inv_smooth is not None
     want = 1 / quantize_smooth.smoothing_factors(ranges["model.layers.0.mlp.down_proj"],
                                                  make_tiny_model("llama", seed=5).model.layers[0].mlp.down_proj.weight,
-                                                 INT8_SMOOTH_ALPHA)
+                                                 0.5)
     assert torch.equal(down.inv_smooth, want)
     # no calibration tokens: unsmoothed, and the label says so
     plain = make_tiny_model("llama", seed=5)
@@ -104,5 +104,6 @@ def test_load_model_calibrates_on_the_whole_full_precision_model(tiny_model_dir)
     from batchgen.engine.loader import load_model
 
     lm = load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16", quantize="int8", quantize_backend="onednn")
-    assert lm.quantization == "int8/onednn+smooth"
-    assert lm.model.model.layers[0].mlp.down_proj.inv_smooth is not None
+    assert lm.quantization == "int8/onednn+calibrated"
+    down = lm.model.model.layers[0].mlp.down_proj
+    assert down.outliers is not None or down.inv_smooth is not None  # the recipe's calibrated parts

@@ -142,7 +142,7 @@ def test_int4_fingerprint_carries_the_recipe(tmp_path):
     assert "int4_recipe" not in fingerprint() and "int4_recipe" not in fingerprint(quantize="int8")
 
 
-def test_int8_fingerprint_carries_the_smoothing_recipe(tmp_path):
+def test_int8_fingerprint_carries_the_calibration_recipe(tmp_path):
     from batchgen.engine.quantize_recipe import INT8_RECIPE
     from batchgen.jobs.fingerprint import job_fingerprint
 
@@ -150,7 +150,7 @@ def test_int8_fingerprint_carries_the_smoothing_recipe(tmp_path):
         config = tiny_job_config(tmp_path / "in.parquet", tmp_path / "out", tmp_path / "model", **overrides)
         return job_fingerprint(config, None, pa.schema([("id", pa.int64())]))
 
-    assert "smooth" in INT8_RECIPE
+    assert "outliers" in INT8_RECIPE and "down_proj:asym" in INT8_RECIPE
     assert fingerprint(quantize="int8")["int8_recipe"] == INT8_RECIPE  # auto: onednn where the CPU has VNNI/AMX
     assert fingerprint(quantize="int8", quantize_backend="onednn")["int8_recipe"] == INT8_RECIPE
     assert "int8_recipe" not in fingerprint(quantize="int8", quantize_backend="torchao")
