@@ -11,10 +11,18 @@ import time
 from collections.abc import Callable
 
 # /proc/stat's cpu line: user nice system idle iowait irq softirq steal. Time of niced processes
-# (field 1) is left out while we run at normal priority: the kernel gives them only the slices we
-# leave, so they do not take a core from us (a `nice -n 19` test suite beside a job, say).
+# (field 1) is counted only when asked (cpu_seconds' count_niced): the kernel gives them only the
+# slices we leave, so they do not take a core from threads that sleep while they wait.
 _BUSY_FIELDS = (0, 2, 5, 6, 7)
 _NICE_FIELD = 1
+
+
+def num_cpu_cores() -> int:
+    """The cores this process may run on (its affinity mask; os.cpu_count() off Linux)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def cpu_seconds(count_niced: bool | None = None) -> tuple[float, float] | None:
@@ -44,9 +52,12 @@ def other_cores(window_s: float, read: Callable[[], tuple[float, float] | None] 
         return None
     sleep(window_s)
     second = read()
-    if second is None:
-        return None
-    return max(0.0, (second[0] - first[0]) - (second[1] - first[1])) / window_s
+    return None if second is None else other_cores_between(first, second, window_s)
+
+
+def other_cores_between(first: tuple[float, float], second: tuple[float, float], wall_s: float) -> float:
+    """Cores the other processes kept busy between two cpu_seconds() samples `wall_s` apart."""
+    return max(0.0, (second[0] - first[0]) - (second[1] - first[1])) / wall_s
 
 
 def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:

@@ -69,7 +69,7 @@ def apply_defaults(environ: MutableMapping[str, str] = os.environ, *, sample: bo
         return {}
     if "torch" in sys.modules:  # libgomp is loaded and has read its settings: too late to matter
         return {}
-    num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    num_cores = cpuload.num_cpu_cores()
     if "OMP_NUM_THREADS" in environ:
         try:
             num_cores = min(num_cores, max(1, int(environ["OMP_NUM_THREADS"].split(",")[0])))

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from batchgen import omp
-from batchgen.cpuload import cpu_seconds
+from batchgen.cpuload import cpu_seconds, other_cores_between
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,7 @@ class ThreadGovernor:
         sample = self._read()
         if sample is None or self._last is None:
             return
-        wall = now - self._t0
-        other_cores = max(0.0, (sample[0] - self._last[0]) - (sample[1] - self._last[1])) / wall
+        other_cores = other_cores_between(self._last, sample, now - self._t0)
         self._t0, self._last = now, sample
         # a neighbour that keeps at least half a core busy takes that core from us
         room = max(1, min(self.max_threads, self.max_threads - int(other_cores + 0.5)))

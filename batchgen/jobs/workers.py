@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from batchgen.config import JobConfig, parse_bytes
+from batchgen.cpuload import num_cpu_cores
 from batchgen.errors import BatchgenError, ConfigError, JobInterrupted
 
 log = logging.getLogger(__name__)
@@ -43,13 +44,6 @@ class WorkerFailed(BatchgenError):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def num_cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def worker_config(config: JobConfig, num_workers: int, index: int) -> JobConfig:
