@@ -58,15 +58,18 @@ def test_fp8_is_refused_clearly():
         kv_quant.resolve_kv_cache_dtype("int3", torch.float32, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("q_magnitude", [0.05, 0.5])  # near-flat and peaked softmaxes
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size"),
                          [(9, 3, 64, 16), (4, 4, 128, 8), (8, 2, 80, 1), (34, 2, 32, 16)])
-def test_kernel_on_int8_pages_matches_float64_reference(q_dtype, num_heads, num_kv_heads, head_dim, block_size):
+def test_kernel_on_int8_pages_matches_float64_reference(q_dtype, q_magnitude, num_heads, num_kv_heads, head_dim,
+                                                       block_size):
     kernel = native.load()
     assert kernel is not None
     rng = random.Random(head_dim)
     gen = torch.Generator().manual_seed(num_heads)
-    context_lens = [1, 2, block_size, block_size + 1] + [rng.randint(1, 200) for _ in range(8)]
+    # 255-257 and 700: the AVX512-VNNI path sums V in int32 over 256-token chunks
+    context_lens = [1, 2, block_size, block_size + 1, 255, 256, 257, 700] + [rng.randint(1, 200) for _ in range(8)]
     num_blocks = sum(-(-c // block_size) for c in context_lens) + 2
     order = list(range(1, num_blocks))
     rng.shuffle(order)
@@ -82,7 +85,7 @@ def test_kernel_on_int8_pages_matches_float64_reference(q_dtype, num_heads, num_
     mag = torch.logspace(-1, 2, shape[0])[torch.randperm(shape[0], generator=gen)][:, None, None]
     k_cache, k_scale = kv_quant.quantize(torch.randn(shape, generator=gen) * mag)
     v_cache, v_scale = kv_quant.quantize(torch.randn(shape, generator=gen) * mag)
-    q = (torch.randn(len(context_lens), num_heads, head_dim, generator=gen) * 0.05).to(q_dtype)
+    q = (torch.randn(len(context_lens), num_heads, head_dim, generator=gen) * q_magnitude).to(q_dtype)
     scale = head_dim ** -0.5
     got = kernel(q, k_cache, v_cache, padded, torch.tensor(context_lens, dtype=torch.int32), block_size, scale,
                  (k_scale, v_scale))

@@ -82,6 +82,8 @@ ALWAYS_INLINE float exp_nonpositive(float x) {
  * unvectorized (its 2^n bit cast goes through memory), which made the softmax as costly as the K
  * and V passes together. */
 #include "simd_exp.h"
+#include "simd_sum16.h"  /* sum_each16: 16 horizontal sums at once */
+#include "paged_rows.h"  /* the AVX-512 paths' walk over a sequence's pages */
 #endif
 
 /* Each of the H rows of s [H][ctx], scores in, probabilities out. */
@@ -180,6 +182,7 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
 
 #include "paged_decode_bf16.h"  /* the AVX512-BF16 path: HAVE_BF16_PATH, attend_bf16_d64/_d128 */
 #include "paged_decode_f32.h"  /* the AVX-512 float32 path: HAVE_F32_PATH, attend_f32_d64/_d128 */
+#include "paged_decode_int8.h"  /* the AVX512-VNNI path over int8 pages: HAVE_INT8_PATH, attend_int8_d64/_d128 */
 
 #define ATTEND(QB, KB, DIM) attend_one(q, out, QB, k, v, KB, ks, vs, table, ctx, b, H, KVH, DIM, bs, scale, buf)
 #define SPECIALISE(DIM) \
@@ -213,8 +216,12 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int b = 0; b < num_seqs; b++) {
         const int ctx = context_lens[b];
-        const size_t floats = (size_t)num_heads * head_dim * 2 + (size_t)num_kv_heads * head_dim
-                              + (size_t)num_heads * ctx;
+        size_t floats = (size_t)num_heads * head_dim * 2 + (size_t)num_kv_heads * head_dim
+                        + (size_t)num_heads * ctx;
+#ifdef HAVE_INT8_PATH
+        const int int8_path = q_dtype == 1 && kv_dtype == KV_INT8 && (head_dim == 64 || head_dim == 128);
+        if (int8_path) floats = int8_scratch_floats(num_heads, head_dim, ctx);
+#endif
         float* buf = (float*)malloc(sizeof(float) * floats);
         if (!buf) { failed = 1; continue; }
         const int32_t* table = block_tables + (int64_t)b * max_blocks_per_seq;
@@ -224,6 +231,20 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
             uint16_t* ob = (uint16_t*)out + (int64_t)b * num_heads * head_dim;
             if (head_dim == 64) attend_bf16_d64(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
             else attend_bf16_d128(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
+            free(buf);
+            continue;
+        }
+#endif
+#ifdef HAVE_INT8_PATH
+        if (int8_path) {
+            const uint16_t* qb = (const uint16_t*)q + (int64_t)b * num_heads * head_dim;
+            uint16_t* ob = (uint16_t*)out + (int64_t)b * num_heads * head_dim;
+            if (head_dim == 64)
+                attend_int8_d64(qb, ob, k_cache, v_cache, k_scales, v_scales, table, ctx, num_heads, num_kv_heads,
+                                block_size, scale, buf);
+            else
+                attend_int8_d128(qb, ob, k_cache, v_cache, k_scales, v_scales, table, ctx, num_heads, num_kv_heads,
+                                 block_size, scale, buf);
             free(buf);
             continue;
         }
