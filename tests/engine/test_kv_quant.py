@@ -13,11 +13,14 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_native import reference
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from batchgen.engine import kv_quant, native
+from batchgen.engine.backends.base import LayerKV, PackedSeq
+from batchgen.engine.backends.sdpa import build_prefills, prefill_forward
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.kv_cache import KVCacheSpec
 from batchgen.engine.request import Request, SamplingParams
@@ -38,6 +41,41 @@ def test_quantize_round_trip_is_within_half_a_step():
     step = scale.float()[..., None]
     assert ((back - x).abs() <= 0.5 * step * 1.01 + 1e-30).all()
     assert q.abs().max() <= 127
+
+
+def _pages(num_slots: int, heads: int, head_dim: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)  # garbage in the slots the write must leave alone
+    cache = torch.randint(-128, 128, (num_slots, heads, head_dim), generator=gen, dtype=torch.int8)
+    scale = torch.randn(num_slots, heads, generator=gen).to(kv_quant.SCALE_DTYPE)
+    return [cache, cache.clone(), scale, scale.clone()]
+
+
+def test_sdpa_prefill_attends_over_the_new_kv_as_the_int8_pages_hold_them():
+    # the write returns nothing: a prefill with no cached past (SDPA over the step's own K/V, not
+    # the pages) must quantize them itself, to exactly what a later gather of its pages reads
+    gen = torch.Generator().manual_seed(5)
+    tokens, heads, kv_heads, head_dim, block_size = 12, 4, 2, 16, 4
+    q = torch.randn(tokens, heads, head_dim, generator=gen)
+    k, v = (torch.randn(tokens, kv_heads, head_dim, generator=gen) * 3 for _ in range(2))
+    block_table = [2, 0, 3]
+    slots = torch.tensor([block_table[p // block_size] * block_size + p % block_size for p in range(tokens)])
+    pages = _pages(4 * block_size, kv_heads, head_dim)
+    kv_quant.write(*pages, slots, k, v)
+    layer = LayerKV(pages[0], pages[1], block_size, pages[2], pages[3])
+    prefills = build_prefills([PackedSeq(0, tokens, 0, block_table)], block_size, torch.device("cpu"))
+    assert prefills[0].block_ids is None
+    out = torch.empty_like(q)
+    prefill_forward(q, k, v, layer, prefills, 0.25, out)
+    k_held = kv_quant.gather(layer.blocks()[0], pages[2], torch.tensor(block_table), k.dtype).flatten(0, 1)[:tokens]
+    assert torch.equal(k_held, kv_quant.fake_quantize(k)) and not torch.equal(k_held, k)
+
+    def sdpa(kk, vv):  # [1, heads, tokens, head_dim], as prefill_forward calls it
+        qp, kp, vp = (x.transpose(0, 1).unsqueeze(0) for x in (q, kk, vv))
+        o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=0.25, enable_gqa=True)
+        return o[0].transpose(0, 1)
+
+    assert torch.equal(out, sdpa(kv_quant.fake_quantize(k), kv_quant.fake_quantize(v)))
+    assert not torch.equal(out, sdpa(k, v))
 
 
 def test_bytes_per_token_counts_int8_pages_and_scales():
