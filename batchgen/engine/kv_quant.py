@@ -6,7 +6,7 @@ num_kv_heads]`), and `q = round(x / scale)` in [-127, 127]. A token's K/V are ne
 every later read sees exactly what the write stored. bf16 scales (not float32) keep the overhead at
 2 bytes per 64-value head: 66 bytes per head and token against bf16's 128, 1.94x the tokens.
 
-The attention function writes the cache only through `write` and
+The attention function writes the cache only through `write` (one C call per layer on CPU) and
 the torch paths read it through `gather`; the C decode kernel takes the int8 pages and the scales
 directly and applies the scales outside its inner loops. Every path reads the dequantized values,
 the prefill's own new tokens included (`fake_quantize` where SDPA attends over them directly), so
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from batchgen.engine import kv_quant_native
 from batchgen.errors import ConfigError
 
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
@@ -81,10 +82,13 @@ def write(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor, v
           slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Store the step's new K/V ([T, kv_heads, head_dim]) quantized at `slot_mapping`.
 
-    Nothing is dequantized here: the decode kernels read the pages, and the one path that attends
-    over the new K/V directly (the SDPA prefill of a sequence with no cached past) fake-quantizes
-    its own slice."""
-    write_torch(k_cache, v_cache, k_scale, v_scale, slot_mapping, k, v)
+    On CPU one C call per layer (csrc/kv_quant_write.c, the same bytes as `quantize`); the torch
+    ops where that library cannot be built and on CUDA. Nothing is dequantized here: the decode
+    kernels read the pages, and the one path that attends over the new K/V directly (the SDPA
+    prefill of a sequence with no cached past) fake-quantizes its own slice."""
+    kernel = kv_quant_native.load() if k.is_cpu else None
+    if kernel is None or not kernel.write(k_cache, v_cache, k_scale, v_scale, slot_mapping, k, v):
+        write_torch(k_cache, v_cache, k_scale, v_scale, slot_mapping, k, v)
 
 
 def write_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
