@@ -220,3 +220,18 @@ def test_write_falls_back_to_torch_ops_where_the_c_write_does_not_apply():
     kv_quant.write_torch(*want, torch.arange(5), k, k)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)) and torch.equal(got[0][:5], got[1][:5])
     assert not torch.equal(got[0], _pages(8, 2, 16)[0])
+
+
+def test_decode_steps_on_the_cpu_backend_run_no_torch_quantize_or_dequantize(one_thread, tokenizer, monkeypatch):
+    # one-token prompts: every step is a decode step (C write, C decode kernel on the int8 pages)
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a decode step on int8 pages ran a torch quantize/dequantize")
+
+    monkeypatch.setattr(kv_quant, "quantize", forbidden)
+    monkeypatch.setattr(kv_quant, "dequantize", forbidden)
+    config = EngineConfig(max_num_seqs=4, block_size=8, num_kv_blocks=16, attention_backend="cpu",
+                          kv_cache_dtype="int8")
+    engine = LLMEngine(make_tiny_model("llama", seed=3), tokenizer, config, eos_token_ids=[])
+    requests = [Request(str(i), [t], SamplingParams(max_new_tokens=5, ignore_eos=True))
+                for i, t in enumerate((7, 40, 200))]
+    assert all(len(c.token_ids) == 5 for c in engine.generate(requests))
