@@ -106,9 +106,10 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
     if meta.kv_scales is None:
         k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-    else:  # int8 pages: quantized on write; the new tokens are attended as the cache holds them
+    else:  # int8 pages: quantized on write (one C call on CPU); k/v stay the model's, and the one
+        # backend path attending over them directly (sdpa.prefill_forward) fake-quantizes them itself
         k_scale, v_scale = meta.kv_scales[layer_idx]
-        k, v = kv_quant.write(k_cache, v_cache, k_scale, v_scale, meta.slot_mapping, k, v)
+        kv_quant.write(k_cache, v_cache, k_scale, v_scale, meta.slot_mapping, k, v)
 
     layer = LayerKV(k_cache, v_cache, meta.block_size, k_scale, v_scale)
     return meta.backend.forward(q, k, v, layer, meta.step, scale)

@@ -6,16 +6,18 @@ num_kv_heads]`), and `q = round(x / scale)` in [-127, 127]. A token's K/V are ne
 every later read sees exactly what the write stored. bf16 scales (not float32) keep the overhead at
 2 bytes per 64-value head: 66 bytes per head and token against bf16's 128, 1.94x the tokens.
 
-The attention function reads the cache only through `write` and `gather`; the C decode kernel
-takes the int8 pages and the scales directly and applies the scales outside its inner loops.
-Every path reads the dequantized values, the prefill's own new tokens included, so a model with
-an int8 cache is one model (tests compare it with `fake_quantize` inside plain attention).
+The attention function writes the cache only through `write` (one C call per layer on CPU) and
+the torch paths read it through `gather`; the C decode kernel takes the int8 pages and the scales
+directly and applies the scales outside its inner loops. Every path reads the dequantized values,
+the prefill's own new tokens included (`fake_quantize` where SDPA attends over them directly), so
+a model with an int8 cache is one model (tests compare it with `fake_quantize` inside plain attention).
 """
 
 from __future__ import annotations
 
 import torch
 
+from batchgen.engine import kv_quant_native
 from batchgen.errors import ConfigError
 
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
@@ -77,15 +79,27 @@ def fake_quantize(x: torch.Tensor) -> torch.Tensor:
 
 
 def write(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
-          slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Store the step's new K/V ([T, kv_heads, head_dim]) at `slot_mapping`; return them as read back."""
+          slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store the step's new K/V ([T, kv_heads, head_dim]) quantized at `slot_mapping`.
+
+    On CPU one C call per layer (csrc/kv_quant_write.c, the same bytes as `quantize`); the torch
+    ops where that library cannot be built and on CUDA. Nothing is dequantized here: the decode
+    kernels read the pages, and the one path that attends over the new K/V directly (the SDPA
+    prefill of a sequence with no cached past) fake-quantizes its own slice."""
+    kernel = kv_quant_native.load() if k.is_cpu else None
+    if kernel is None or not kernel.write(k_cache, v_cache, k_scale, v_scale, slot_mapping, k, v):
+        write_torch(k_cache, v_cache, k_scale, v_scale, slot_mapping, k, v)
+
+
+def write_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+                slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """`write` through torch ops (any device)."""
     kq, ks = quantize(k)
     vq, vs = quantize(v)
     k_cache.index_copy_(0, slot_mapping, kq)
     v_cache.index_copy_(0, slot_mapping, vq)
     k_scale.index_copy_(0, slot_mapping, ks)
     v_scale.index_copy_(0, slot_mapping, vs)
-    return dequantize(kq, ks, k.dtype), dequantize(vq, vs, v.dtype)
 
 
 def gather(blocks: torch.Tensor, scales: torch.Tensor | None, block_ids: torch.Tensor,

@@ -13,11 +13,14 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_native import reference
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from batchgen.engine import kv_quant, native
+from batchgen.engine import kv_quant, kv_quant_native, native
+from batchgen.engine.backends.base import LayerKV, PackedSeq
+from batchgen.engine.backends.sdpa import build_prefills, prefill_forward
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.kv_cache import KVCacheSpec
 from batchgen.engine.request import Request, SamplingParams
@@ -38,6 +41,92 @@ def test_quantize_round_trip_is_within_half_a_step():
     step = scale.float()[..., None]
     assert ((back - x).abs() <= 0.5 * step * 1.01 + 1e-30).all()
     assert q.abs().max() <= 127
+
+
+def _kv_for_write(dtype: torch.dtype, tokens: int, heads: int, head_dim: int, seed: int) -> torch.Tensor:
+    """[tokens, heads, head_dim] as the attention op gets it (a transposed view) over 60 decades,
+    with the heads the write must get right: all zero, below MIN_SCALE, huge, exact halves."""
+    gen = torch.Generator().manual_seed(seed)
+    mag = torch.logspace(-30, 30, tokens * heads).view(tokens, heads, 1)[torch.randperm(tokens, generator=gen)]
+    x = torch.randn(heads, tokens, head_dim, generator=gen).transpose(0, 1) * mag
+    x[0, 0] = 0.0
+    x[1, 0] = 1e-16  # max|x| / 127 under MIN_SCALE: the clamp decides the scale
+    x[2, -1] = torch.finfo(torch.bfloat16).max / 2
+    # max|x| = 127 gives scale 1 exactly, so these land on half steps: rounded half to even
+    halves = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, -126.5, 127.0])
+    x[3, 0] = halves.repeat(-(-head_dim // len(halves)))[:head_dim]
+    x[3, 0, 0] = 127.0
+    return x.to(dtype)
+
+
+def _pages(num_slots: int, heads: int, head_dim: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)  # garbage in the slots the write must leave alone
+    cache = torch.randint(-128, 128, (num_slots, heads, head_dim), generator=gen, dtype=torch.int8)
+    scale = torch.randn(num_slots, heads, generator=gen).to(kv_quant.SCALE_DTYPE)
+    return [cache, cache.clone(), scale, scale.clone()]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(37, 3, 64), (130, 2, 128), (5, 4, 80), (9, 1, 17)])
+def test_c_write_stores_the_bytes_of_torch_quantize(dtype, tokens, heads, head_dim):
+    kernel = kv_quant_native.load()
+    assert kernel is not None
+    num_slots = 2 * tokens + 3
+    slots = torch.randperm(num_slots, generator=torch.Generator().manual_seed(tokens))[:tokens]
+    k = _kv_for_write(dtype, tokens, heads, head_dim, seed=1)
+    v = _kv_for_write(dtype, tokens, heads, head_dim, seed=2).transpose(1, 2).contiguous().transpose(1, 2)
+    assert heads == 1 or (k.stride(0) == head_dim and v.stride(-1) == heads)  # head-major k; v strided in head_dim
+    got, want = _pages(num_slots, heads, head_dim), _pages(num_slots, heads, head_dim)
+    kv_quant.write(*got, slots, k, v)  # the C write on CPU
+    kv_quant.write_torch(*want, slots, k, v)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.view(torch.int8 if g.dtype == torch.int8 else torch.int16),
+                           w.view(torch.int8 if w.dtype == torch.int8 else torch.int16))  # bits, not values
+    q, s = kv_quant.quantize(k)
+    assert torch.equal(got[0][slots], q) and torch.equal(got[2][slots], s)
+    halves_rounded = torch.tensor([0, 2, 2, 0, -2, 126, -126, 127] * head_dim, dtype=torch.int8)[:head_dim]
+    halves_rounded[0] = 127
+    assert torch.equal(got[0][slots[3], 0], halves_rounded) and got[2][slots[3], 0] == 1.0
+    assert torch.equal(got[0][slots[0], 0], torch.zeros(head_dim, dtype=torch.int8))
+
+
+def test_c_write_refuses_slots_outside_the_pages_and_writes_nothing():
+    kernel = kv_quant_native.load()
+    assert kernel is not None
+    pages = _pages(8, 2, 16)
+    before = [t.clone() for t in pages]
+    k = torch.randn(3, 2, 16)
+    with pytest.raises(IndexError, match="1 of 3 cache slots are outside"):
+        kernel.write(*pages, torch.tensor([0, 8, 2]), k, k)
+    assert all(torch.equal(a, b) for a, b in zip(pages, before, strict=True))
+
+
+def test_sdpa_prefill_attends_over_the_new_kv_as_the_int8_pages_hold_them():
+    # the write returns nothing: a prefill with no cached past (SDPA over the step's own K/V, not
+    # the pages) must quantize them itself, to exactly what a later gather of its pages reads
+    gen = torch.Generator().manual_seed(5)
+    tokens, heads, kv_heads, head_dim, block_size = 12, 4, 2, 16, 4
+    q = torch.randn(tokens, heads, head_dim, generator=gen)
+    k, v = (torch.randn(tokens, kv_heads, head_dim, generator=gen) * 3 for _ in range(2))
+    block_table = [2, 0, 3]
+    slots = torch.tensor([block_table[p // block_size] * block_size + p % block_size for p in range(tokens)])
+    pages = _pages(4 * block_size, kv_heads, head_dim)
+    kv_quant.write(*pages, slots, k, v)
+    layer = LayerKV(pages[0], pages[1], block_size, pages[2], pages[3])
+    prefills = build_prefills([PackedSeq(0, tokens, 0, block_table)], block_size, torch.device("cpu"))
+    assert prefills[0].block_ids is None
+    out = torch.empty_like(q)
+    prefill_forward(q, k, v, layer, prefills, 0.25, out)
+    k_held = kv_quant.gather(layer.blocks()[0], pages[2], torch.tensor(block_table), k.dtype).flatten(0, 1)[:tokens]
+    assert torch.equal(k_held, kv_quant.fake_quantize(k)) and not torch.equal(k_held, k)
+
+    def sdpa(kk, vv):  # [1, heads, tokens, head_dim], as prefill_forward calls it
+        qp, kp, vp = (x.transpose(0, 1).unsqueeze(0) for x in (q, kk, vv))
+        o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=0.25, enable_gqa=True)
+        return o[0].transpose(0, 1)
+
+    assert torch.equal(out, sdpa(kv_quant.fake_quantize(k), kv_quant.fake_quantize(v)))
+    assert not torch.equal(out, sdpa(k, v))
 
 
 def test_bytes_per_token_counts_int8_pages_and_scales():
@@ -121,3 +210,31 @@ def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, token
                 for i, p in enumerate(prompts)]
     got = {c.request_id: c.token_ids for c in engine.generate(requests)}
     assert [got[str(i)] for i in range(len(prompts))] == refs
+
+
+def test_write_falls_back_to_torch_ops_where_the_c_write_does_not_apply():
+    kernel = kv_quant_native.load()
+    assert kernel is not None
+    k = torch.randn(5, 2, 16).to(torch.float16)  # a dtype the C write does not take
+    got, want = _pages(8, 2, 16), _pages(8, 2, 16)
+    assert not kernel.write(*got, torch.arange(5), k, k)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # declined: nothing written
+    kv_quant.write(*got, torch.arange(5), k, k)
+    kv_quant.write_torch(*want, torch.arange(5), k, k)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)) and torch.equal(got[0][:5], got[1][:5])
+    assert not torch.equal(got[0], _pages(8, 2, 16)[0])
+
+
+def test_decode_steps_on_the_cpu_backend_run_no_torch_quantize_or_dequantize(one_thread, tokenizer, monkeypatch):
+    # one-token prompts: every step is a decode step (C write, C decode kernel on the int8 pages)
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a decode step on int8 pages ran a torch quantize/dequantize")
+
+    monkeypatch.setattr(kv_quant, "quantize", forbidden)
+    monkeypatch.setattr(kv_quant, "dequantize", forbidden)
+    config = EngineConfig(max_num_seqs=4, block_size=8, num_kv_blocks=16, attention_backend="cpu",
+                          kv_cache_dtype="int8")
+    engine = LLMEngine(make_tiny_model("llama", seed=3), tokenizer, config, eos_token_ids=[])
+    requests = [Request(str(i), [t], SamplingParams(max_new_tokens=5, ignore_eos=True))
+                for i, t in enumerate((7, 40, 200))]
+    assert all(len(c.token_ids) == 5 for c in engine.generate(requests))

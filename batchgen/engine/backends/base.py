@@ -51,7 +51,9 @@ class AttentionBackend(Protocol):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: Any,
                 scale: float) -> torch.Tensor:
-        """q [T, heads, head_dim], the step's new k/v [T, kv_heads, head_dim] -> out [T, heads, head_dim]."""
+        """q [T, heads, head_dim], the step's new k/v [T, kv_heads, head_dim] -> out [T, heads, head_dim].
+        With int8 pages k/v are the model's values, not quantized: a path attending over them rather
+        than the pages must see them as the pages hold them (kv_quant.fake_quantize)."""
 
 
 def cdiv(a: int, b: int) -> int:

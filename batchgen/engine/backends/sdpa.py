@@ -71,9 +71,9 @@ def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: La
     k_blocks, v_blocks = layer.blocks()
     for p in prefills:
         qp = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, num_heads, n, head_dim]
-        if p.block_ids is None:
-            kp = k[p.start:p.end]
-            vp = v[p.start:p.end]
+        if p.block_ids is None:  # the new K/V as the pages hold them (int8 pages: quantized on write)
+            kp = k[p.start:p.end] if layer.k_scale is None else kv_quant.fake_quantize(k[p.start:p.end])
+            vp = v[p.start:p.end] if layer.v_scale is None else kv_quant.fake_quantize(v[p.start:p.end])
         else:  # [context_len, kv_heads, head_dim]
             kp = kv_quant.gather(k_blocks, layer.k_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
             vp = kv_quant.gather(v_blocks, layer.v_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
