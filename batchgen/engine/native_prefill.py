@@ -4,7 +4,9 @@ kernel (engine/native.py) and called through ctypes.
 A step's prefill sequences go to the kernel together: it packs each one's context out of the
 pages once and attends causally from there, so a chunk with a cached past needs no gather. The
 kernel exists on AVX-512 CPUs for float32 and, with AVX512-BF16, bfloat16, head sizes 16, 32, 64, 96
-and 128 (`supports`); anything else keeps torch's SDPA path (backends/sdpa.py).
+and 128 (`supports`), over pages of the query's dtype or int8 pages with their scales
+(--kv-cache-dtype int8: dequantized as they are packed, bit for bit as `kv_quant.dequantize`);
+anything else keeps torch's SDPA path (backends/sdpa.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ SOURCE = Path(__file__).parent / "csrc" / "prefill_attention.c"
 _P, _I = ctypes.c_void_p, ctypes.c_int
 # paged_prefill_attention's parameters, in the C signature's order
 KERNEL_ARGS = (
-    ("q", _P), ("out", _P), ("dtype", _I), ("k_cache", _P), ("v_cache", _P), ("block_tables", _P),
-    ("max_blocks", _I), ("q_starts", _P), ("num_new", _P), ("context_lens", _P), ("num_seqs", _I),
-    ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I), ("scale", ctypes.c_float),
-    ("num_threads", _I),
+    ("q", _P), ("out", _P), ("dtype", _I), ("k_cache", _P), ("v_cache", _P), ("kv_dtype", _I),
+    ("block_tables", _P), ("max_blocks", _I), ("q_starts", _P), ("num_new", _P), ("context_lens", _P),
+    ("num_seqs", _I), ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I),
+    ("scale", ctypes.c_float), ("num_threads", _I), ("k_scales", _P), ("v_scales", _P),
 )
 
 
@@ -56,10 +58,11 @@ class PagedPrefillKernel:
     """ctypes binding of `paged_prefill_attention`; see the C file for the contract."""
 
     DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+    KV_DTYPE_CODES = {**DTYPE_CODES, torch.int8: 2}  # int8 pages come with bf16 scales [num_slots, kv_heads]
 
     def __init__(self, lib: ctypes.CDLL):
         self._supports = lib.prefill_attention_supports
-        self._supports.argtypes = [_I, _I]
+        self._supports.argtypes = [_I, _I, _I]
         self._supports.restype = _I
         self._fn = lib.paged_prefill_attention
         self._fn.argtypes = [ctype for _, ctype in KERNEL_ARGS]
@@ -67,25 +70,37 @@ class PagedPrefillKernel:
 
     @functools.cache  # noqa: B019 - one kernel object per process, a handful of keys
     def supports(self, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
-        code = self.DTYPE_CODES.get(dtype)
-        return dtype == kv_dtype and code is not None and bool(self._supports(code, head_dim))
+        """Whether queries of `dtype` over pages of `kv_dtype` (the same, or int8) have a kernel."""
+        code, kv_code = self.DTYPE_CODES.get(dtype), self.KV_DTYPE_CODES.get(kv_dtype)
+        return code is not None and kv_code is not None and bool(self._supports(code, kv_code, head_dim))
 
     def __call__(self, q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 batch: PrefillBatch, block_size: int, scale: float) -> None:
+                 batch: PrefillBatch, block_size: int, scale: float,
+                 kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Writes the prefill rows of out [T, heads, head_dim] from q (same shape, contiguous) and the
-        caches [num_slots, kv_heads, head_dim], which already hold this step's K/V."""
+        caches [num_slots, kv_heads, head_dim], which already hold this step's K/V (so int8 pages give
+        the new tokens' K/V as the cache stores them). int8 caches need `kv_scales`: K's and V's bf16
+        scales, each [num_slots, kv_heads]."""
         _, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
-        assert q.is_contiguous() and out.is_contiguous() and q.dtype == out.dtype == k_cache.dtype
+        assert q.is_contiguous() and out.is_contiguous() and q.dtype == out.dtype
+        assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, torch.int8)
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[2] == head_dim
         assert q.device.type == "cpu" and num_heads % num_kv_heads == 0
+        k_scales = v_scales = None
+        if k_cache.dtype == torch.int8:
+            assert kv_scales is not None and all(t.dtype == torch.bfloat16 and t.is_contiguous()
+                                                 and t.shape == k_cache.shape[:2] for t in kv_scales)
+            k_scales, v_scales = (t.data_ptr() for t in kv_scales)
         args = dict(
             q=q.data_ptr(), out=out.data_ptr(), dtype=self.DTYPE_CODES[q.dtype], k_cache=k_cache.data_ptr(),
-            v_cache=v_cache.data_ptr(), block_tables=batch.block_tables.data_ptr(),
+            v_cache=v_cache.data_ptr(), kv_dtype=self.KV_DTYPE_CODES[k_cache.dtype],
+            block_tables=batch.block_tables.data_ptr(),
             max_blocks=batch.block_tables.shape[1], q_starts=batch.q_starts.data_ptr(),
             num_new=batch.num_new.data_ptr(), context_lens=batch.context_lens.data_ptr(),
             num_seqs=batch.q_starts.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            block_size=block_size, scale=float(scale), num_threads=torch.get_num_threads())
+            block_size=block_size, scale=float(scale), num_threads=torch.get_num_threads(), k_scales=k_scales,
+            v_scales=v_scales)
         failed = self._fn(*(args[name] for name, _ in KERNEL_ARGS))
         if failed == 1:
             raise MemoryError("paged prefill attention: out of memory for its scratch buffers")

@@ -18,7 +18,7 @@ from test_native import reference
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from batchgen.engine import kv_quant, kv_quant_native, native
+from batchgen.engine import kv_quant, kv_quant_native, native, native_prefill
 from batchgen.engine.backends.base import LayerKV, PackedSeq
 from batchgen.engine.backends.sdpa import build_prefills, prefill_forward
 from batchgen.engine.engine import EngineConfig, LLMEngine
@@ -190,7 +190,7 @@ def _fake_quant_sdpa(module, query, key, value, attention_mask, **kwargs):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
-def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, tokenizer, backend):
+def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, tokenizer, backend, monkeypatch):
     AttentionInterface.register(FAKE_QUANT_ATTENTION, _fake_quant_sdpa)
     model = make_tiny_model("llama", seed=3)
     rng = random.Random(7)
@@ -206,6 +206,12 @@ def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, token
                           attention_backend=backend, kv_cache_dtype="int8")
     engine = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
     assert engine.kv_cache.layers[0][0].dtype == torch.int8 and engine.kv_cache.scales is not None
+    prefill_kernel = native_prefill.load()
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    if backend == "cpu" and prefill_kernel is not None and prefill_kernel.supports(torch.float32, torch.int8, head_dim):
+        # where the C prefill kernel exists it must serve the int8 pages: no SDPA fallback
+        monkeypatch.setattr("batchgen.engine.backends.native_cpu.prefill_forward",
+                            lambda *a, **kw: pytest.fail("int8 prefill fell back to the SDPA path"))
     requests = [Request(str(i), p, SamplingParams(max_new_tokens=max_new, ignore_eos=True))
                 for i, p in enumerate(prompts)]
     got = {c.request_id: c.token_ids for c in engine.generate(requests)}

@@ -1,5 +1,5 @@
-"""The C prefill kernel (engine/native_prefill.py) against causal attention in float64, and the
-CPU backend's choice between it and the SDPA path."""
+"""The C prefill kernel (engine/native_prefill.py) against causal attention in float64, on float
+and int8 pages, and the CPU backend's choice between it and the SDPA path."""
 
 from __future__ import annotations
 
@@ -133,5 +133,7 @@ def test_unsupported_head_sizes_keep_the_sdpa_path():
         pytest.skip("no C prefill kernel here")
     assert not kernel.supports(torch.float32, torch.float32, 80)
     assert not kernel.supports(torch.float32, torch.float32, 256)
-    assert not kernel.supports(torch.bfloat16, torch.int8, 64)  # int8 pages: the SDPA path dequantizes
+    assert not kernel.supports(torch.float32, torch.int8, 80)
+    assert not kernel.supports(torch.float32, torch.bfloat16, 64)  # float pages must be the query's dtype
     assert not kernel.supports(torch.float16, torch.float16, 64)
+    assert not kernel.supports(torch.float16, torch.int8, 64)

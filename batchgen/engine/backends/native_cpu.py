@@ -1,6 +1,6 @@
 """The CPU default: decode through the C kernel that reads K/V in place from the pages
 (engine/native.py), prefill chunks through the C prefill kernel (engine/native_prefill.py) where
-it has one for the dtype and head size, else through the SDPA backend's path."""
+it has one for the dtypes and head size (int8 pages included), else through the SDPA backend's path."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ class NativeMetadata:
     _sdpa_prefills: list[PrefillSeq] | None = None
 
     def sdpa_prefills(self) -> list[PrefillSeq]:
-        """The SDPA path's prefill metadata, built at the first layer that needs it (int8 pages, or
-        a dtype or head size the C kernel lacks) and shared by the others."""
+        """The SDPA path's prefill metadata, built at the first layer that needs it (a dtype or head
+        size the C prefill kernel lacks, or a CPU without it) and shared by the others."""
         if self._sdpa_prefills is None:
             self._sdpa_prefills = build_prefills(self.seqs, self.block_size, self.device)
         return self._sdpa_prefills
@@ -54,17 +54,19 @@ class NativeCpuBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: NativeMetadata,
                 scale: float) -> torch.Tensor:
         out = q.new_empty(q.shape)  # dense [T, num_heads, head_dim], whatever q's strides
+        scales = None if layer.k_scale is None else (layer.k_scale, layer.v_scale)
         nd = metadata.decode
         if nd is not None:
-            scales = None if layer.k_scale is None else (layer.k_scale, layer.v_scale)
             od = native.load()(q.index_select(0, nd.token_idx), layer.k_cache, layer.v_cache, nd.block_tables,
                                nd.context_lens, layer.block_size, scale, scales)
             out.index_copy_(0, nd.token_idx, od)
         if metadata.prefill is not None:
             kernel = native_prefill.load()
-            if (kernel is not None and layer.k_scale is None
-                    and kernel.supports(q.dtype, layer.k_cache.dtype, q.shape[2])):
-                kernel(q.contiguous(), out, layer.k_cache, layer.v_cache, metadata.prefill, layer.block_size, scale)
+            # the kernel reads the pages, which already hold this step's K/V (attention.py writes
+            # first): int8 pages give the new tokens as the cache stores them, as every later read
+            if kernel is not None and kernel.supports(q.dtype, layer.k_cache.dtype, q.shape[2]):
+                kernel(q.contiguous(), out, layer.k_cache, layer.v_cache, metadata.prefill, layer.block_size, scale,
+                       scales)
             else:
                 prefill_forward(q, k, v, layer, metadata.sdpa_prefills(), scale, out)
         return out

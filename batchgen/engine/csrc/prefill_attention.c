@@ -7,7 +7,9 @@
  * ("gather") its context out of the pages. Here:
  *   1. each (sequence, KV head)'s context is packed once from the pages into the layout the
  *      multiply instructions read: for bf16 the AVX512-BF16 pair layout (vdpbf16ps multiplies
- *      bf16 pairs and accumulates in f32), for f32 K transposed in 16-key groups;
+ *      bf16 pairs and accumulates in f32), for f32 K transposed in 16-key groups; int8 pages
+ *      (with their per-token scales) are dequantized into the query's dtype there
+ *      (prefill_pack_int8.h), so the loops below never see them;
  *   2. one work item is (sequence, KV head, tile of query positions): the tile's rows are every
  *      query head of that KV head at each position (GQA shares K/V without copies), its scores
  *      against the causal prefix are computed in registers, softmaxed in f32 and multiplied by V.
@@ -88,15 +90,20 @@ ALWAYS_INLINE void causal_softmax(float* s, uint16_t* p16, int rows, int64_t str
 
 /* ---- float32: K packed [groups of 16 keys][D][16], V rows [ctx_pad][D] ---- */
 
+/* context token t's K and V rows (D values each) into that layout */
+ALWAYS_INLINE void place_f32(const float* k, const float* v, int t, int D, float* kp, float* vp) {
+    float* kg = kp + (int64_t)(t / 16) * D * 16 + t % 16;
+    for (int d = 0; d < D; d++) kg[d * 16] = k[d];
+    memcpy(vp + (int64_t)t * D, v, sizeof(float) * D);
+}
+
 static void pack_f32(const float* k_cache, const float* v_cache, const int32_t* table, int block_size, int ctx,
                      int ctx_pad, int KVH, int h, int D, float* kp, float* vp) {
     memset(kp, 0, sizeof(float) * ctx_pad * D);
     memset(vp, 0, sizeof(float) * ctx_pad * D);
     for (int t = 0; t < ctx; t++) {
         const int64_t row = (slot_of(table, block_size, t) * KVH + h) * D;
-        float* kg = kp + (int64_t)(t / 16) * D * 16 + t % 16;
-        for (int d = 0; d < D; d++) kg[d * 16] = k_cache[row + d];
-        memcpy(vp + (int64_t)t * D, v_cache + row, sizeof(float) * D);
+        place_f32(k_cache + row, v_cache + row, t, D, kp, vp);
     }
 }
 
@@ -144,19 +151,24 @@ ALWAYS_INLINE void output_f32(const float* p, int64_t stride, const float* vp, i
 /* ---- bfloat16: K packed [groups of 16 keys][D/2][16 keys][2], V packed [ctx_pad/2][D][2] ---- */
 #define HAVE_BF16 1
 
+/* context token t's K and V rows (D values each) into that layout */
+ALWAYS_INLINE void place_bf16(const uint16_t* k, const uint16_t* v, int t, int D, uint16_t* kp, uint16_t* vp) {
+    uint16_t* kg = kp + (int64_t)(t / 16) * D * 16 + (t % 16) * 2;
+    for (int d = 0; d < D; d += 2) {
+        kg[d * 16] = k[d];
+        kg[d * 16 + 1] = k[d + 1];
+    }
+    uint16_t* vj = vp + (int64_t)(t / 2) * D * 2 + t % 2;
+    for (int d = 0; d < D; d++) vj[d * 2] = v[d];
+}
+
 static void pack_bf16(const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table, int block_size, int ctx,
                       int ctx_pad, int KVH, int h, int D, uint16_t* kp, uint16_t* vp) {
     memset(kp, 0, sizeof(uint16_t) * ctx_pad * D);
     memset(vp, 0, sizeof(uint16_t) * ctx_pad * D);
     for (int t = 0; t < ctx; t++) {
         const int64_t row = (slot_of(table, block_size, t) * KVH + h) * D;
-        uint16_t* kg = kp + (int64_t)(t / 16) * D * 16 + (t % 16) * 2;
-        for (int d = 0; d < D; d += 2) {
-            kg[d * 16] = k_cache[row + d];
-            kg[d * 16 + 1] = k_cache[row + d + 1];
-        }
-        uint16_t* vj = vp + (int64_t)(t / 2) * D * 2 + t % 2;
-        for (int d = 0; d < D; d++) vj[d * 2] = v_cache[row + d];
+        place_bf16(k_cache + row, v_cache + row, t, D, kp, vp);
     }
 }
 
@@ -205,6 +217,8 @@ ALWAYS_INLINE void output_bf16(const uint16_t* p, int64_t stride, const uint16_t
         for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + r * D + 16 * c, acc[r][c]);
 }
 #endif /* __AVX512BF16__ */
+
+#include "prefill_pack_int8.h" /* int8 pages dequantized as they are packed: KV_INT8, pack_int8_* */
 
 /* One work item: KV head h of sequence b, query positions [i0, i1) of its new tokens. */
 typedef struct {
@@ -307,9 +321,11 @@ SPECIALISE(64)
 SPECIALISE(96)
 SPECIALISE(128)
 
-/* Returns 1 when this build has a kernel for dtype (0 float32, 1 bfloat16) and head_dim. */
-int prefill_attention_supports(int dtype, int head_dim) {
+/* Returns 1 when this build has a kernel for queries of dtype (0 float32, 1 bfloat16) over pages of
+ * kv_dtype (the same, or 2 int8) and head_dim. */
+int prefill_attention_supports(int dtype, int kv_dtype, int head_dim) {
     if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 96 && head_dim != 128) return 0;
+    if (kv_dtype != dtype && kv_dtype != KV_INT8) return 0;
 #ifdef HAVE_BF16
     if (dtype == 1) return 1;
 #endif
@@ -317,14 +333,17 @@ int prefill_attention_supports(int dtype, int head_dim) {
 }
 
 /* q, out: [T, H, D] packed rows (dtype 0 float32, 1 bfloat16); k_cache, v_cache: [num_slots, KVH, D]
- * holding every context token (this step's included); sequence b's new tokens are rows
+ * holding every context token (this step's included), of kv_dtype: dtype's, or 2 int8 with k_scales,
+ * v_scales bf16 [num_slots, KVH] (NULL otherwise); sequence b's new tokens are rows
  * [q_starts[b], q_starts[b] + num_new[b]) at positions context_lens[b] - num_new[b] + i.
  * Returns 0, 1 when scratch memory could not be allocated, 2 for an unsupported dtype or D. */
 int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_cache, const void* v_cache,
-                            const int32_t* block_tables, int max_blocks, const int32_t* q_starts,
+                            int kv_dtype, const int32_t* block_tables, int max_blocks, const int32_t* q_starts,
                             const int32_t* num_new, const int32_t* context_lens, int num_seqs, int H, int KVH,
-                            int D, int block_size, float scale, int num_threads) {
-    if (!prefill_attention_supports(dtype, D)) return 2;
+                            int D, int block_size, float scale, int num_threads, const uint16_t* k_scales,
+                            const uint16_t* v_scales) {
+    if (!prefill_attention_supports(dtype, kv_dtype, D)) return 2;
+    if (kv_dtype == KV_INT8 && (!k_scales || !v_scales)) return 2;
     const int G = H / KVH, elem = dtype == 1 ? 2 : 4;
     /* packed K and V per (sequence, KV head) */
     int64_t* pack_off = (int64_t*)malloc(sizeof(int64_t) * (num_seqs * KVH + 1));
@@ -347,6 +366,15 @@ int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_c
         const int32_t* table = block_tables + (int64_t)b * max_blocks;
         char* kp = packed + pack_off[bh] * elem;
         char* vp = kp + ctx_pad * D * elem;
+        if (kv_dtype == KV_INT8) {
+#ifdef HAVE_BF16
+            if (dtype == 1) { pack_int8_bf16(k_cache, v_cache, k_scales, v_scales, table, block_size, ctx, ctx_pad, KVH,
+                                             h, D, (uint16_t*)kp, (uint16_t*)vp); continue; }
+#endif
+            pack_int8_f32(k_cache, v_cache, k_scales, v_scales, table, block_size, ctx, ctx_pad, KVH, h, D,
+                          (float*)kp, (float*)vp);
+            continue;
+        }
 #ifdef HAVE_BF16
         if (dtype == 1) { pack_bf16(k_cache, v_cache, table, block_size, ctx, ctx_pad, KVH, h, D, (uint16_t*)kp, (uint16_t*)vp); continue; }
 #endif
@@ -379,18 +407,19 @@ int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_c
 
 #else /* no AVX-512: the engine keeps torch's SDPA for prefill */
 
-int prefill_attention_supports(int dtype, int head_dim) {
-    (void)dtype; (void)head_dim;
+int prefill_attention_supports(int dtype, int kv_dtype, int head_dim) {
+    (void)dtype; (void)kv_dtype; (void)head_dim;
     return 0;
 }
 
 int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_cache, const void* v_cache,
-                            const int32_t* block_tables, int max_blocks, const int32_t* q_starts,
+                            int kv_dtype, const int32_t* block_tables, int max_blocks, const int32_t* q_starts,
                             const int32_t* num_new, const int32_t* context_lens, int num_seqs, int H, int KVH,
-                            int D, int block_size, float scale, int num_threads) {
-    (void)q; (void)out; (void)dtype; (void)k_cache; (void)v_cache; (void)block_tables; (void)max_blocks;
-    (void)q_starts; (void)num_new; (void)context_lens; (void)num_seqs; (void)H; (void)KVH; (void)D;
-    (void)block_size; (void)scale; (void)num_threads;
+                            int D, int block_size, float scale, int num_threads, const uint16_t* k_scales,
+                            const uint16_t* v_scales) {
+    (void)q; (void)out; (void)dtype; (void)k_cache; (void)v_cache; (void)kv_dtype; (void)block_tables;
+    (void)max_blocks; (void)q_starts; (void)num_new; (void)context_lens; (void)num_seqs; (void)H; (void)KVH;
+    (void)D; (void)block_size; (void)scale; (void)num_threads; (void)k_scales; (void)v_scales;
     return 2;
 }
 #endif
