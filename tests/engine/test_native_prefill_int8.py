@@ -90,12 +90,13 @@ def test_native_backend_on_int8_pages_matches_the_sdpa_backend(dtype, monkeypatc
     v_new = (torch.randn(n, 3, 64, generator=gen) * 3).to(dtype)
     slots = torch.tensor([s.block_table[t // 16] * 16 + t % 16 for s in seqs
                           for t in range(s.num_past_tokens, s.context_len)])
-    k_read, v_read = kv_quant.write(kq, vq, ks, vs, slots, k_new, v_new)
+    kv_quant.write(kq, vq, ks, vs, slots, k_new, v_new)
     layer = LayerKV(kq, vq, 16, ks, vs)
     native_backend, sdpa = NativeCpuBackend(), SdpaBackend()
     monkeypatch.setattr("batchgen.engine.backends.native_cpu.prefill_forward",
                         lambda *a, **kw: pytest.fail("int8 prefill fell back to the SDPA path"))
-    got = native_backend.forward(q, k_read, v_read, layer, native_backend.build_metadata(seqs, 16, q.device), 0.125)
-    expected = sdpa.forward(q, k_read, v_read, layer, sdpa.build_metadata(seqs, 16, q.device), 0.125)
+    # both get the model's K/V, as attention.py passes them (SDPA fake-quantizes what it reads directly)
+    got = native_backend.forward(q, k_new, v_new, layer, native_backend.build_metadata(seqs, 16, q.device), 0.125)
+    expected = sdpa.forward(q, k_new, v_new, layer, sdpa.build_metadata(seqs, 16, q.device), 0.125)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), expected.float(), rtol=tol, atol=tol * expected.abs().max().item())
