@@ -1,5 +1,6 @@
 """What a checkpoint says of its own quantization: a pre-quantized config's method (run, or refused
-by name) and the scheme nearest a quantized GGUF's. engine/quantize.py acts on it at load."""
+by name) and the scheme nearest a quantized GGUF's. engine/quantize_plan.py and engine/quantize.py
+act on it at load."""
 
 from __future__ import annotations
 

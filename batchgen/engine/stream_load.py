@@ -209,6 +209,7 @@ def load_quantized(name: str, model_dir: str, dtype: torch.dtype, scheme: str, b
 
     from batchgen.engine import quantize as q
     from batchgen.engine.quantize_embedding import quantize_embeddings
+    from batchgen.engine.quantize_plan import plan_quantization, requested_scheme
 
     try:
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
@@ -216,8 +217,8 @@ def load_quantized(name: str, model_dir: str, dtype: torch.dtype, scheme: str, b
         return None
     if getattr(config, "quantization_config", None):
         return None
-    plan = q.plan_quantization(config, q.requested_scheme(scheme, name, gguf_path), backend, embedding,
-                               torch.device("cpu"))
+    plan = plan_quantization(config, requested_scheme(scheme, name, gguf_path), backend, embedding,
+                             torch.device("cpu"))
     if plan.scheme == "none" and plan.embedding == "none":
         return None
     if plan.calibrated:  # its smoothing factors come from running the whole full-precision model first

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from batchgen.engine import quantize
-from batchgen.errors import ConfigError
+from batchgen.engine.quantize_plan import Quantization
 from tests.engine.greedy_pair import generate_and_engine_tokens
 from tests.tiny import make_tiny_model
 
@@ -51,7 +51,7 @@ def test_forward_equals_its_dequantized_reference(scheme, backend):
     model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
     original = copy.deepcopy(model)
     applied = quantize.quantize_model(model, scheme, backend, embedding="none")
-    assert applied == quantize.Quantization(scheme, backend)
+    assert applied == Quantization(scheme, backend)
     down = model.model.layers[0].mlp.down_proj.weight
     assert type(down) not in (torch.Tensor, torch.nn.Parameter), "the decoder's linear layers are quantized"
     assert type(model.lm_head.weight) in (torch.Tensor, torch.nn.Parameter), "the LM head stays dense"
@@ -80,40 +80,12 @@ def test_engine_greedy_equals_generate_of_the_same_quantized_model(tokenizer, sc
         assert [g[:2] for g in got] == [r[:2] for r in refs]
 
 
-def test_auto_backend_and_refusals(monkeypatch):
-    from batchgen.engine import quantize_int8
-
-    cpu = torch.device("cpu")
-    assert quantize.resolve_backend("none", "auto", cpu) is None
-    # int8: oneDNN's matmul where the CPU has VNNI or AMX (and torch has the ops), else torchao
-    monkeypatch.setattr(quantize_int8, "cpu_has_int8_matmul", lambda: False)
-    assert quantize.resolve_backend("int8", "auto", cpu) == "torchao"
-    monkeypatch.setattr(quantize_int8, "cpu_has_int8_matmul", lambda: True)
-    want = "onednn" if quantize_int8.supported("cpu") else "torchao"
-    assert quantize.resolve_backend("int8", "auto", cpu) == want
-    assert quantize.resolve_backend("int8", "auto", torch.device("cuda")) == "torchao"
-    assert quantize.resolve_backend("int8-weight", "auto", cpu) == quantize.AUTO_BACKEND[("cpu", "int8-weight")]
-    with pytest.raises(ConfigError, match="torchao only"):
-        quantize.resolve_backend("int8", "quanto", cpu)
-    with pytest.raises(ConfigError, match="quantize must be"):
-        quantize.resolve_backend("int2", "auto", cpu)
-    with pytest.raises(ConfigError, match="quantize_backend"):
-        quantize.resolve_backend("int8", "bitsandbytes", cpu)
-
-
 def test_tied_lm_head_stays_tied():
     model = make_tiny_model("llama", seed=2)
     model.config.tie_word_embeddings = True
     model.tie_weights()
     quantize.quantize_model(model, "int8-weight", "torchao")
     assert model.lm_head.weight is model.model.embed_tokens.weight
-
-
-@pytest.mark.parametrize(("name", "scheme"), [("SmolLM2-135M-Instruct.Q4_1.gguf", "int4"),
-                                              ("m-Q8_0.gguf", "int8-weight"), ("m.IQ3_XS.gguf", "int4"),
-                                              ("m.Q6_K.gguf", "int8-weight")])
-def test_gguf_quantization_maps_to_the_nearest_scheme(name, scheme):
-    assert quantize.gguf_scheme(name) == scheme
 
 
 def test_auto_quantizes_a_quantized_gguf_and_leaves_other_models_alone():

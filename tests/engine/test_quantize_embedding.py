@@ -15,7 +15,6 @@ from batchgen.engine.quantize_embedding import (
     quantize_embeddings,
     quantize_rows,
 )
-from batchgen.errors import ConfigError
 from tests.engine.greedy_pair import generate_and_engine_tokens
 from tests.tiny import make_tiny_model
 
@@ -83,15 +82,6 @@ def test_untied_model_quantizes_each_matrix():
     assert model.lm_head.qweight is not model.model.embed_tokens.qweight
     dense = model.lm_head.qweight.float() * model.lm_head.scale.float()[:, None]
     assert (dense - head_before.float()).abs().max() <= model.lm_head.scale.float().max()
-
-
-def test_auto_quantizes_the_embedding_for_int4_only():
-    assert quantize.resolve_embedding("auto", "int4") == "int8"
-    assert quantize.resolve_embedding("auto", "int8-weight") == "none"
-    assert quantize.resolve_embedding("none", "int4") == "none"
-    assert quantize.resolve_embedding("int8", "none") == "int8"
-    with pytest.raises(ConfigError, match="quantize_embedding"):
-        quantize.resolve_embedding("int4", "int4")
 
 
 @pytest.mark.parametrize(("scheme", "backend", "dtype"),

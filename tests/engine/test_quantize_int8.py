@@ -7,7 +7,6 @@ import torch
 
 from batchgen.engine import quantize, quantize_int8, quantize_int8_model
 from batchgen.engine.fused import load_cached
-from batchgen.errors import ConfigError
 from tests.engine.greedy_pair import generate_and_engine_tokens
 from tests.tiny import make_tiny_model
 
@@ -72,16 +71,6 @@ def test_quantize_model_swaps_every_decoder_linear_and_counts_the_packed_bytes()
         getattr(layer.self_attn, n).out_features for n in ("q_proj", "k_proj", "v_proj"))
     assert isinstance(model.lm_head, torch.nn.Linear)
     assert quantize.weight_bytes(model) < before
-
-
-def test_onednn_backend_refusals():
-    cpu = torch.device("cpu")
-    assert quantize.resolve_backend("int8", "onednn", cpu) == "onednn"
-    for scheme in ("int8-weight", "int4"):
-        with pytest.raises(ConfigError, match="onednn"):
-            quantize.resolve_backend(scheme, "onednn", cpu)
-    with pytest.raises(ConfigError, match="CPU only"):
-        quantize.resolve_backend("int8", "onednn", torch.device("cuda"))
 
 
 def test_engine_greedy_equals_generate_of_the_same_model(tokenizer):
