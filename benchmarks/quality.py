@@ -59,7 +59,9 @@ SCHEMES = [("bf16", "none", "auto", "auto", "none"),
            ("int4/torchao+int8-embedding", "int4", "torchao", "auto", "int8"),
            ("int4/quanto", "int4", "quanto", "auto", "none"),
            ("int4/quanto+int8-embedding", "int4", "quanto", "auto", "int8"),
-           ("kv-int8", "none", "auto", "int8", "none")]
+           ("kv-int8", "none", "auto", "int8", "none"),
+           # both halves of issue 13 at once: the int8 default and the int8 KV cache
+           ("int8/onednn+kv-int8", "int8", "onednn", "int8", "none")]
 TARGETS = {"none": 0.97, "int8": 0.97, "int8-weight": 0.97, "int4": 0.90, "kv-int8": 0.97}
 FAKE_QUANT_SDPA = "batchgen_bench_int8_kv_sdpa"
 

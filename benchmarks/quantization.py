@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-e2e", action="store_true", help="only the micro measurements and KV capacity")
     ap.add_argument("--skip-kv-pressure", action="store_true",
                     help="no bf16-vs-int8 KV runs under --pressure-kv (the weights' runs only)")
+    ap.add_argument("--kv-int8-runs", action="store_true",
+                    help="also bf16 and int8/onednn weights with the int8 KV cache, no preemption (w:...+kv:int8)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -158,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     systems = [(f"w:{k}", k) for k in variants]
     if not args.skip_kv_pressure:
         systems += [("kv:bf16@budget", "auto"), ("kv:int8@budget", "int8")]
+    if args.kv_int8_runs:  # the int8 KV cache without preemption: on bf16 weights, and with --quantize int8
+        systems += [(f"w:{k}+kv:int8", k) for k in variants if k in ("bf16", "int8/onednn")]
     if args.skip_e2e:
         systems = []
     for rnd in range(args.repeats):
@@ -172,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{json.dumps(r['attention_ms'])}", flush=True)
         order = systems[rnd % len(systems):] + systems[: rnd % len(systems)] if systems else []
         for name, arg in order:
-            if name.startswith("w:"):
+            if name.endswith("+kv:int8"):
+                r["e2e"][name] = run_engine(variants[arg], workload, args, kv_cache_dtype="int8",
+                                            num_kv_blocks=kv_blocks)
+            elif name.startswith("w:"):
                 r["e2e"][name] = run_engine(variants[arg], workload, args, num_kv_blocks=kv_blocks)
             else:
                 r["e2e"][name] = run_engine(base, workload, args, kv_cache_dtype=arg, kv_cache_bytes=budget)
@@ -211,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
             kv[name] = {"tok_s": med([r["e2e"][name]["tok_s"] for r in record["rounds"]]),
                         "num_preemptions": [r["e2e"][name]["num_preemptions"] for r in record["rounds"]]}
         kv["pressure_speedup"] = kv["kv:int8@budget"]["tok_s"] / kv["kv:bf16@budget"]["tok_s"]
+    for name in [n for n, _ in systems if n.endswith("+kv:int8")]:
+        weights = name[2:-len("+kv:int8")]
+        kv[name] = {"tok_s": med([r["e2e"][name]["tok_s"] for r in record["rounds"]]),
+                    "tok_per_cpu_s": med([r["e2e"][name]["tok_per_cpu_s"] or 0 for r in record["rounds"]])}
+        kv[name]["tok_s_vs_bf16"] = kv[name]["tok_s"] / summary["weights"]["bf16"]["tok_s"]
+        kv[name]["tok_s_vs_same_weights_bf16_kv"] = kv[name]["tok_s"] / summary["weights"][weights]["tok_s"]
     record["summary"] = summary
     print(json.dumps(summary, indent=1))
     record["benchmark"] = "quantization"
