@@ -69,9 +69,17 @@ void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const flo
      * int8's 19). */
     const int64_t col_blocks = (cols + 15) / 16, tile_blocks = FINISH_TILE / 16;
     const int64_t tiles = (col_blocks + tile_blocks - 1) / tile_blocks;
-    #pragma omp parallel for num_threads(num_threads) if (rows * cols * (k + 1) >= PARALLEL_MIN_ELEMS) schedule(static)
+    /* Threads split the rows into one contiguous chunk each, every chunk walking all tiles (tiles
+     * outer within it, as above); only when there are fewer row blocks than threads (a few decode
+     * rows: the LM head at one row) do they split tiles. Split by tiles alone, a 576-column layer
+     * (two tiles, 512 and 64 columns) left one of two threads ~90% of the work. */
+    const int64_t row_blocks = (rows + FINISH_ROWS - 1) / FINISH_ROWS;
+    const int64_t chunks = row_blocks < num_threads ? row_blocks : num_threads;
+    const int64_t chunk_rows = (row_blocks + chunks - 1) / chunks * FINISH_ROWS;
+    #pragma omp parallel for collapse(2) num_threads(num_threads) if (rows * cols * (k + 1) >= PARALLEL_MIN_ELEMS) schedule(static)
+    for (int64_t chunk = 0; chunk < chunks; chunk++)
     for (int64_t tile = 0; tile < tiles; tile++)
-    for (int64_t r0 = 0; r0 < rows; r0 += FINISH_ROWS) {
+    for (int64_t r0 = chunk * chunk_rows; r0 < rows && r0 < (chunk + 1) * chunk_rows; r0 += FINISH_ROWS) {
         const int64_t nr = rows - r0 < FINISH_ROWS ? rows - r0 : FINISH_ROWS;
         int64_t rr[FINISH_ROWS];  /* a short last block repeats its first row, stored once */
         for (int64_t t = 0; t < FINISH_ROWS; t++) rr[t] = t < nr ? r0 + t : r0;
