@@ -23,20 +23,7 @@
 /* below this many elements a call runs on one thread: a decode step's K/V are a few KB */
 #define PARALLEL_MIN_ELEMS (1 << 16)
 
-ALWAYS_INLINE float bf16_to_f32(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-ALWAYS_INLINE uint16_t f32_to_bf16(float f) {  /* round to nearest even, NaN kept NaN (torch's .to(bf16)) */
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7FFF + ((bits >> 16) & 1);
-    return (uint16_t)(bits >> 16);
-}
+#include "bf16_convert.h"  /* bf16_to_f32, f32_to_bf16 */
 
 /* the bf16 scale (as stored) of one head's max |x| */
 ALWAYS_INLINE uint16_t scale_bits(float amax) {

@@ -16,6 +16,7 @@
 #include <math.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "bf16_convert.h"  /* bf16_to_f32, f32_to_bf16 */
 
 /* KV element kinds: 0 float32, 1 bfloat16, 2 int8 (scaled per token and KV head, see kv_scale) */
 #define KV_INT8 2
@@ -48,11 +49,7 @@ ALWAYS_INLINE void store_row(void* base, int is_bf16, int64_t offset, int n, con
         for (int i = 0; i < n; i++) dst[i] = src[i] * mul;
     } else {
         uint16_t* dst = (uint16_t*)base + offset;
-        for (int i = 0; i < n; i++) {
-            float f = src[i] * mul; uint32_t bits; memcpy(&bits, &f, 4);
-            bits += 0x7FFF + ((bits >> 16) & 1);  /* round to nearest even */
-            dst[i] = (uint16_t)(bits >> 16);
-        }
+        for (int i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i] * mul);
     }
 }
 
@@ -125,10 +122,7 @@ ALWAYS_INLINE void softmax_rows(float* s, int H, int ctx) {
  * dot products unroll into a few vector FMAs and a short reduction. */
 ALWAYS_INLINE float kv_scale(const uint16_t* scales, int64_t slot, int KVH, int h) {
     /* int8 pages: one bf16 scale per token and KV head, [num_slots, num_kv_heads] */
-    const uint32_t bits = ((uint32_t)scales[slot * KVH + h]) << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return bf16_to_f32(scales[slot * KVH + h]);
 }
 
 ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* k_cache, const void* v_cache,

@@ -24,13 +24,6 @@
 #define HAVE_INT8_PATH 1
 #define V_CHUNK 256  /* tokens per int32 accumulation of the V pass */
 
-ALWAYS_INLINE float bf16_bits_to_f32(uint16_t x) {
-    const uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 /* Scratch floats attend_int8 needs for one sequence of ctx tokens (ints count as floats). */
 static size_t int8_scratch_floats(int H, int D, int ctx) {
     const size_t ctx16 = (size_t)(ctx + 15) / 16 * 16;  /* the layout is attend_int8's; KVH <= H */
@@ -109,8 +102,8 @@ ALWAYS_INLINE void attend_int8(const uint16_t* q, uint16_t* out, const int8_t* k
         for (int h = 0; h < KVH; h++) {
             float ks[16] = {0}, vs_h[16] = {0};
             for (int tt = 0; tt < n; tt++) {
-                ks[tt] = bf16_bits_to_f32(k_scales[slot[tt] * KVH + h]);
-                vs_h[tt] = bf16_bits_to_f32(v_scales[slot[tt] * KVH + h]);
+                ks[tt] = bf16_to_f32(k_scales[slot[tt] * KVH + h]);
+                vs_h[tt] = bf16_to_f32(v_scales[slot[tt] * KVH + h]);
             }
             _mm512_storeu_ps(vsc + (int64_t)h * ctx16 + t0, _mm512_loadu_ps(vs_h));
             const __m512 ksv = _mm512_mul_ps(_mm512_loadu_ps(ks), _mm512_set1_ps(scale));

@@ -37,19 +37,7 @@
 
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
-ALWAYS_INLINE float bf16_to_f32(uint16_t x) {
-    const uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-ALWAYS_INLINE uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    bits += 0x7FFF + ((bits >> 16) & 1);  /* round to nearest even, as torch's conversion */
-    return (uint16_t)(bits >> 16);
-}
+#include "bf16_convert.h"  /* bf16_to_f32, f32_to_bf16 */
 
 /* The cache row of token t of a sequence (all KV heads): [num_slots, KVH, D] through its block table. */
 ALWAYS_INLINE int64_t slot_of(const int32_t* table, int block_size, int t) {

@@ -1,0 +1,22 @@
+/* bfloat16 <-> float32 for one value, shared by the csrc/ files (a bf16 is the top half of a
+ * float32). Included after <stdint.h>, <string.h> and the includer's ALWAYS_INLINE. */
+#ifndef BATCHGEN_BF16_CONVERT_H
+#define BATCHGEN_BF16_CONVERT_H
+
+ALWAYS_INLINE float bf16_to_f32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* round to nearest even, NaN kept NaN: torch's .to(torch.bfloat16) */
+ALWAYS_INLINE uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7FFF + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+
+#endif
