@@ -150,7 +150,8 @@ def test_fp8_is_refused_clearly():
 @pytest.mark.parametrize("q_magnitude", [0.05, 0.5])  # near-flat and peaked softmaxes
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size"),
-                         [(9, 3, 64, 16), (4, 4, 128, 8), (8, 2, 80, 1), (34, 2, 32, 16)])
+                         [(9, 3, 64, 16), (4, 4, 128, 8), (8, 2, 80, 1), (34, 2, 32, 16), (6, 2, 96, 16),
+                          (4, 1, 256, 16)])
 def test_kernel_on_int8_pages_matches_float64_reference(q_dtype, q_magnitude, num_heads, num_kv_heads, head_dim,
                                                        block_size):
     kernel = native.load()

@@ -176,7 +176,7 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
 
 #include "paged_decode_bf16.h"  /* the AVX512-BF16 path: HAVE_BF16_PATH, attend_bf16_d64/_d128 */
 #include "paged_decode_f32.h"  /* the AVX-512 float32 path: HAVE_F32_PATH, attend_f32_d64/_d128 */
-#include "paged_decode_int8.h"  /* the AVX512-VNNI path over int8 pages: HAVE_INT8_PATH, attend_int8_d64/_d128 */
+#include "paged_decode_int8.h"  /* the AVX512-VNNI path over int8 pages: HAVE_INT8_PATH, attend_int8_d32.._d256 */
 
 #define ATTEND(QB, KB, DIM) attend_one(q, out, QB, k, v, KB, ks, vs, table, ctx, b, H, KVH, DIM, bs, scale, buf)
 #define SPECIALISE(DIM) \
@@ -213,7 +213,7 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
         size_t floats = (size_t)num_heads * head_dim * 2 + (size_t)num_kv_heads * head_dim
                         + (size_t)num_heads * ctx;
 #ifdef HAVE_INT8_PATH
-        const int int8_path = q_dtype == 1 && kv_dtype == KV_INT8 && (head_dim == 64 || head_dim == 128);
+        const int int8_path = q_dtype == 1 && kv_dtype == KV_INT8 && int8_path_supports(head_dim);
         if (int8_path) floats = int8_scratch_floats(num_heads, head_dim, ctx);
 #endif
         float* buf = (float*)malloc(sizeof(float) * floats);
@@ -233,12 +233,12 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
         if (int8_path) {
             const uint16_t* qb = (const uint16_t*)q + (int64_t)b * num_heads * head_dim;
             uint16_t* ob = (uint16_t*)out + (int64_t)b * num_heads * head_dim;
-            if (head_dim == 64)
-                attend_int8_d64(qb, ob, k_cache, v_cache, k_scales, v_scales, table, ctx, num_heads, num_kv_heads,
-                                block_size, scale, buf);
-            else
-                attend_int8_d128(qb, ob, k_cache, v_cache, k_scales, v_scales, table, ctx, num_heads, num_kv_heads,
-                                 block_size, scale, buf);
+            void (*attend)(const uint16_t*, uint16_t*, const int8_t*, const int8_t*, const uint16_t*,
+                           const uint16_t*, const int32_t*, int, int, int, int, float, float*) =
+                head_dim == 32 ? attend_int8_d32 : head_dim == 64 ? attend_int8_d64 : head_dim == 96 ? attend_int8_d96
+                : head_dim == 128 ? attend_int8_d128 : attend_int8_d256;
+            attend(qb, ob, k_cache, v_cache, k_scales, v_scales, table, ctx, num_heads, num_kv_heads, block_size,
+                   scale, buf);
             free(buf);
             continue;
         }

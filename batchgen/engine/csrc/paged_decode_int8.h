@@ -75,7 +75,8 @@ ALWAYS_INLINE void quantize_probs16(const float* s, const float* vsc, int H, int
     }
 }
 
-/* One sequence, 16 tokens at a time, like attend_bf16; D % 32 == 0 and D <= 256. q, out: bf16
+/* One sequence, 16 tokens at a time, like attend_bf16; D % 32 == 0 and D <= 256 (GV heads x NC
+ * chunks of V accumulators: at most 16 registers). q, out: bf16
  * [H][D]; caches int8 [num_slots][KVH][D] with bf16 scales [num_slots][KVH]. */
 ALWAYS_INLINE void attend_int8(const uint16_t* q, uint16_t* out, const int8_t* k_cache, const int8_t* v_cache,
                                const uint16_t* k_scales, const uint16_t* v_scales, const int32_t* table, int ctx,
@@ -190,8 +191,14 @@ ALWAYS_INLINE void attend_int8(const uint16_t* q, uint16_t* out, const int8_t* k
                                    int KVH, int bs, float scale, float* buf) { \
         attend_int8(q, out, k, v, ks, vs, table, ctx, H, KVH, DIM, bs, scale, buf); \
     }
+SPECIALISE_INT8(32)
 SPECIALISE_INT8(64)
+SPECIALISE_INT8(96)
 SPECIALISE_INT8(128)
+SPECIALISE_INT8(256)
+
+/* 1 when attend_int8 has a specialisation for head size D */
+static int int8_path_supports(int D) { return D == 32 || D == 64 || D == 96 || D == 128 || D == 256; }
 #endif
 
 #endif
