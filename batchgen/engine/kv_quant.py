@@ -7,8 +7,10 @@ every later read sees exactly what the write stored. bf16 scales (not float32) k
 2 bytes per 64-value head: 66 bytes per head and token against bf16's 128, 1.94x the tokens.
 
 The attention function writes the cache only through `write` (one C call per layer on CPU) and
-the torch paths read it through `gather`; the C decode kernel takes the int8 pages and the scales
-directly and applies the scales outside its inner loops. Every path reads the dequantized values,
+the torch paths read it through `gather`. The C kernels take the int8 pages and the scales
+directly: the decode kernel applies the scales outside its inner loops (on AVX512-VNNI CPUs in
+16-bit integer arithmetic, csrc/paged_decode_int8.h), the prefill kernel dequantizes each context
+as it packs it, bit for bit as `dequantize`. Every path reads the dequantized values,
 the prefill's own new tokens included (`fake_quantize` where SDPA attends over them directly), so
 a model with an int8 cache is one model (tests compare it with `fake_quantize` inside plain attention).
 """
