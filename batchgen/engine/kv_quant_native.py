@@ -16,7 +16,6 @@ import torch
 from batchgen.engine import native
 
 SOURCE = Path(__file__).parent / "csrc" / "kv_quant_write.c"
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 
 
@@ -33,7 +32,7 @@ class KvQuantWriteKernel:
         at slot_mapping [T]. False, with nothing written, where the kernel does not apply: tensors
         not on the CPU, K/V neither float32 nor bf16, pages not int8 with bf16 scales.
         (Called per layer and step: the checks are the cheap tensor attributes.)"""
-        code = DTYPE_CODES.get(k.dtype)
+        code = native.DTYPE_CODES.get(k.dtype)
         if (code is None or not k.is_cpu or v.dtype != k.dtype or k.dim() != 3 or k_cache.dtype != torch.int8
                 or k_scale.dtype != torch.bfloat16):
             return False

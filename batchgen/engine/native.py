@@ -71,11 +71,7 @@ class PagedDecodeKernel:
         assert context_lens.dtype == torch.int32 and context_lens.shape == (num_seqs,)
         assert k_cache.shape[2] == head_dim and num_heads % num_kv_heads == 0
         assert q.device.type == "cpu" and k_cache.device.type == "cpu"
-        k_scales = v_scales = None
-        if k_cache.dtype == torch.int8:
-            assert kv_scales is not None and all(t.dtype == torch.bfloat16 and t.is_contiguous()
-                                                 and t.shape == k_cache.shape[:2] for t in kv_scales)
-            k_scales, v_scales = (t.data_ptr() for t in kv_scales)
+        k_scales, v_scales = int8_scale_pointers(k_cache, kv_scales)
         out = torch.empty_like(q)
         args = dict(
             q=q.data_ptr(), out=out.data_ptr(), q_dtype=DTYPE_CODES[q.dtype], k_cache=k_cache.data_ptr(),
@@ -87,6 +83,17 @@ class PagedDecodeKernel:
         if failed:
             raise MemoryError("paged decode attention: out of memory for its scratch buffers")
         return out
+
+
+def int8_scale_pointers(k_cache: torch.Tensor, kv_scales: tuple[torch.Tensor, torch.Tensor] | None
+                        ) -> tuple[int | None, int | None]:
+    """The K and V scales' addresses for a C kernel reading int8 pages, each bf16 [num_slots, kv_heads]
+    and contiguous (engine/kv_cache.py); (None, None) for pages of another dtype."""
+    if k_cache.dtype != torch.int8:
+        return None, None
+    assert kv_scales is not None and all(t.dtype == torch.bfloat16 and t.is_contiguous()
+                                         and t.shape == k_cache.shape[:2] for t in kv_scales)
+    return kv_scales[0].data_ptr(), kv_scales[1].data_ptr()
 
 
 @functools.cache

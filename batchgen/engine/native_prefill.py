@@ -57,9 +57,6 @@ class PrefillBatch:
 class PagedPrefillKernel:
     """ctypes binding of `paged_prefill_attention`; see the C file for the contract."""
 
-    DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
-    KV_DTYPE_CODES = {**DTYPE_CODES, torch.int8: 2}  # int8 pages come with bf16 scales [num_slots, kv_heads]
-
     def __init__(self, lib: ctypes.CDLL):
         self._supports = lib.prefill_attention_supports
         self._supports.argtypes = [_I, _I, _I]
@@ -71,7 +68,7 @@ class PagedPrefillKernel:
     @functools.cache  # noqa: B019 - one kernel object per process, a handful of keys
     def supports(self, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
         """Whether queries of `dtype` over pages of `kv_dtype` (the same, or int8) have a kernel."""
-        code, kv_code = self.DTYPE_CODES.get(dtype), self.KV_DTYPE_CODES.get(kv_dtype)
+        code, kv_code = native.DTYPE_CODES.get(dtype), native.KV_DTYPE_CODES.get(kv_dtype)
         return code is not None and kv_code is not None and bool(self._supports(code, kv_code, head_dim))
 
     def __call__(self, q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -87,14 +84,10 @@ class PagedPrefillKernel:
         assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, torch.int8)
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[2] == head_dim
         assert q.device.type == "cpu" and num_heads % num_kv_heads == 0
-        k_scales = v_scales = None
-        if k_cache.dtype == torch.int8:
-            assert kv_scales is not None and all(t.dtype == torch.bfloat16 and t.is_contiguous()
-                                                 and t.shape == k_cache.shape[:2] for t in kv_scales)
-            k_scales, v_scales = (t.data_ptr() for t in kv_scales)
+        k_scales, v_scales = native.int8_scale_pointers(k_cache, kv_scales)
         args = dict(
-            q=q.data_ptr(), out=out.data_ptr(), dtype=self.DTYPE_CODES[q.dtype], k_cache=k_cache.data_ptr(),
-            v_cache=v_cache.data_ptr(), kv_dtype=self.KV_DTYPE_CODES[k_cache.dtype],
+            q=q.data_ptr(), out=out.data_ptr(), dtype=native.DTYPE_CODES[q.dtype], k_cache=k_cache.data_ptr(),
+            v_cache=v_cache.data_ptr(), kv_dtype=native.KV_DTYPE_CODES[k_cache.dtype],
             block_tables=batch.block_tables.data_ptr(),
             max_blocks=batch.block_tables.shape[1], q_starts=batch.q_starts.data_ptr(),
             num_new=batch.num_new.data_ptr(), context_lens=batch.context_lens.data_ptr(),
