@@ -33,13 +33,7 @@ ALWAYS_INLINE uint16_t scale_bits(float amax) {
 
 #ifdef __AVX512F__
 #include <immintrin.h>
-ALWAYS_INLINE __mmask16 tail(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
-
-ALWAYS_INLINE __m512 load16(const void* x, int bf16, int64_t i, __mmask16 k) {
-    if (!bf16) return _mm512_maskz_loadu_ps(k, (const float*)x + i);
-    const __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t*)x + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+#include "simd_load16.h"  /* tail, load16 */
 
 /* one head's head_dim values at x[off...] -> q[0..D) and its scale's bf16 bits */
 ALWAYS_INLINE uint16_t quantize_head(const void* x, int bf16, int64_t off, int64_t D, int8_t* q) {

@@ -24,11 +24,7 @@ ALWAYS_INLINE float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 #ifdef __AVX512F__
 #include <immintrin.h>
-ALWAYS_INLINE __m512 load16(const void* p, int bf16, int64_t i, __mmask16 k) {
-    if (!bf16) return _mm512_maskz_loadu_ps(k, (const float*)p + i);
-    const __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t*)p + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+#include "simd_load16.h"  /* tail, load16 */
 
 ALWAYS_INLINE __m256i to_bf16x16(__m512 x) {
 #ifdef __AVX512BF16__
@@ -54,7 +50,6 @@ ALWAYS_INLINE void store16(void* p, int bf16, int64_t i, __mmask16 k, __m512 x) 
 
 #include "simd_exp.h"
 
-ALWAYS_INLINE __mmask16 tail(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
 #endif
 
 /* Each row of x [rows][cols]: y = x * rsqrt(mean(x^2) + eps) in f32, rounded to x's dtype, then
