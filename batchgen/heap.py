@@ -22,12 +22,19 @@ import time
 TRIM_EVERY_S = 2.0  # at most ~1% of the job's time; the RSS between two trims grows back a little
 
 
+def libc_function(name: str):
+    """The C library's function `name` (ctypes, argument and result types unset), or None where
+    there is no such library or function (not glibc, or an older one)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 @functools.cache
 def _malloc_trim():
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.malloc_trim
-    except (OSError, AttributeError):
+    fn = libc_function("malloc_trim")
+    if fn is None:
         return None
     fn.argtypes = [ctypes.c_size_t]
     fn.restype = ctypes.c_int

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import gc
 import json
 import os
@@ -33,6 +32,8 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+
+from batchgen.heap import libc_function
 
 ENV_VAR = "BATCHGEN_RSS_TRACE"
 EVERY_S = 0.2
@@ -46,10 +47,8 @@ class _MallInfo2(ctypes.Structure):
 
 def _mallinfo2():
     """glibc's mallinfo2 (2.33+), or None elsewhere."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallinfo2
-    except (OSError, AttributeError):
+    fn = libc_function("mallinfo2")
+    if fn is None:
         return None
     fn.restype = _MallInfo2
     return fn
