@@ -26,9 +26,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchgen.config import build_config
-from batchgen.engine.loader import load_model
-from batchgen.jobs import commit
+from batchgen.config.job import build_config
+from batchgen.engine.model.loader import load_model
+from batchgen.jobs.durability import commit
 from benchmarks.sysload import measure
 
 CONFIGS = {"commit-every-64": dict(commit_every_rows=64, commit_every_s=0),
@@ -76,7 +76,7 @@ def main() -> None:
                 commit_seconds[0] += time.perf_counter() - t0
 
         commit.Committer.commit = timed_commit  # a benchmark may instrument; the job code is unchanged
-        from batchgen.jobs.run import run_job
+        from batchgen.jobs.commands.run import run_job
 
         results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
         for round_index in range(-1, args.repeats):  # round -1 warms up (kernels, caches) and is not kept

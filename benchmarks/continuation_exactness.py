@@ -19,7 +19,7 @@ import dataclasses
 import torch
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.loader import load_model
+from batchgen.engine.model.loader import load_model
 from batchgen.engine.request import Request, SamplingParams
 
 TEXTS = ["Write a long story about a lighthouse keeper.", "Explain how a bicycle works, in detail.",

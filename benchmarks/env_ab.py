@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--max-output-len", type=int, default=256)
     args = ap.parse_args()
     values = args.values.split(",")
-    from batchgen.engine.loader import load_model
+    from batchgen.engine.model.loader import load_model
 
     lm = load_model(None, dtype=args.dtype)
     table = build_rows("sharegpt", lm.tokenizer, args)

@@ -35,7 +35,7 @@ def build_model_dir(root: Path) -> Path:
     """The random-weight Llama-3.2-1B-shaped model as a local HF directory (bfloat16 safetensors)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from batchgen.engine.loader import load_model
+    from batchgen.engine.model.loader import load_model
 
     out = root / "llama-3.2-1b-shaped-random"
     if (out / "config.json").is_file():

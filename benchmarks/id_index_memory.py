@@ -8,7 +8,7 @@ rows, as a job's commits are), for derived ids (`part-00k.parquet:<row>`) and fo
 rows, each window of 1024 run longest first with n = 1 + row % 4 new tokens, as
 benchmarks/scale_rows.py's rows, so a part holds every fourth row of its windows and forms no
 run). Python's tracemalloc (numpy and array buffers included) while the parts' id lists
-are built (batchgen.io.compact_lists.id_list) and while they are added to an IdIndex: bytes held
+are built (batchgen.io.ids.compact_lists.id_list) and while they are added to an IdIndex: bytes held
 after, and the peak on the way (a table's growth holds the old and new arrays at once). One JSON
 object on stdout.
 """
@@ -21,8 +21,8 @@ import time
 import tracemalloc
 from dataclasses import dataclass
 
-from batchgen.io.compact_lists import id_list
-from batchgen.io.id_index import IdIndex
+from batchgen.io.ids.compact_lists import id_list
+from batchgen.io.ids.index import IdIndex
 
 NUM_FILES = 10
 WINDOW_ROWS = 1024

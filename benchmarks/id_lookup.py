@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python -m benchmarks.id_lookup --ids 1000000
 
-A manifest state (batchgen.io.manifest_state) of N committed ok rows in parts of 1000 rows
+A manifest state (batchgen.io.manifest.state) of N committed ok rows in parts of 1000 rows
 (`--commit-every 1000`), with derived ids ("<file>:<row>", runs of row numbers) and with integer ids
 (IntList parts, as under --id-column, each row with its prompt hash). Then every committed id
 (hits: what a resume skips) and as many ids that are not committed (misses: new rows) are looked
@@ -12,7 +12,7 @@ up, in input order, three ways:
 - `skips`: ResumeRule.skips, one id at a time (what the resume path ran per row before; under
   --id-column it also asks whether the row has a prompt hash: a second lookup);
 - `settle_<B>`: ResumeRule.settle on lists of B ids (the batch lookup; a resume uses
-  batchgen.jobs.resume.LOOKUP_ROWS), committed prompt hashes fetched under --id-column.
+  batchgen.jobs.durability.resume.LOOKUP_ROWS), committed prompt hashes fetched under --id-column.
 
 And end to end (`--resume-pass`): a resume's pass over a Parquet input of N rows (a short text
 column and an int id column) of which all but the last 1% are committed, as PreparedJob.rows
@@ -34,8 +34,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from batchgen.io.manifest_state import ManifestState, PartRecord
-from batchgen.jobs.resume import LOOKUP_ROWS, ResumeRule
+from batchgen.io.manifest.state import ManifestState, PartRecord
+from batchgen.jobs.durability.resume import LOOKUP_ROWS, ResumeRule
 
 PART_ROWS = 1000
 
@@ -95,7 +95,7 @@ def measure(kind: str, num_ids: int, batch_rows: list[int], repeat: int) -> dict
 
 def row_by_row(config, rule: ResumeRule) -> None:
     """What PreparedJob.rows did: every row built, then skips; a row to compare: its hash fetched."""
-    from batchgen.jobs.rows import RowSource
+    from batchgen.jobs.pipeline.rows import RowSource
 
     for row in RowSource.open(config):
         if not rule.skips(row.row_id) and rule.needs_prompt(row.row_id):
@@ -103,7 +103,7 @@ def row_by_row(config, rule: ResumeRule) -> None:
 
 
 def batched(config, rule: ResumeRule) -> None:
-    from batchgen.jobs.rows import RowSource
+    from batchgen.jobs.pipeline.rows import RowSource
 
     for _ in rule.unsettled_rows(RowSource.open(config)):
         pass
@@ -113,8 +113,8 @@ def resume_pass(num_rows: int, directory: str, repeat: int) -> list[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batchgen.config import build_config
-    from batchgen.jobs.rows import RowSource
+    from batchgen.config.job import build_config
+    from batchgen.jobs.pipeline.rows import RowSource
 
     path = os.path.join(directory, "in.parquet")
     pq.write_table(pa.table({"text": [f"prompt number {i} of the benchmark input" for i in range(num_rows)],

@@ -3,7 +3,7 @@
 The prompts, bf16 greedy outputs and scoring are benchmarks/quality.py's (top-1 agreement and mean
 KL, teacher-forced); instead of `--quantize` schemes, each recipe picks per decoder linear layer a
 torchao int4 group size and qparams algorithm ("tinygemm": min/max, "hqq"), or int8 weight-only,
-and the embedding/LM head is int8 (the int4 default). Used to choose engine/quantize_recipe.py.
+and the embedding/LM head is int8 (the int4 default). Used to choose engine/quant/recipe.py.
 
     nice -n 19 python -m benchmarks.int4_recipes --docs 4 --n 12 --max-new-tokens 32 --recipes g64,g32,g32+gate64
 """
@@ -17,9 +17,9 @@ import warnings
 
 import torch
 
-from batchgen.engine.loader import load_model
-from batchgen.engine.quantize import weight_bytes
-from batchgen.engine.quantize_embedding import quantize_embeddings
+from batchgen.engine.model.loader import load_model
+from batchgen.engine.quant.embedding import quantize_embeddings
+from batchgen.engine.quant.quantize import weight_bytes
 from benchmarks import quality
 
 

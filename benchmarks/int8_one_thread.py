@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.loader import load_model
+from batchgen.engine.model.loader import load_model
 from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt
 from benchmarks.throughput import kv_blocks_for
@@ -44,10 +44,12 @@ VARIANTS = {"int8/onednn-plain": {"INT8_STACK_SIBLINGS": False, "calibrate": Fal
 
 def load_variant(name: str, switches: dict | None = None):
     """A bf16 load quantized with `name`'s recipe switches (VARIANTS, or `switches`), restored
-    afterwards. A switch is a module constant of engine/quantize_int8_model.py (where the recipe's
-    switches are read) or of engine/quantize_int8_siblings.py (VIEW_SIBLINGS)."""
-    from batchgen.engine import quantize, quantize_int8_model, quantize_int8_siblings
-    from batchgen.engine.quantize_smooth import calibration_ids
+    afterwards. A switch is a module constant of engine/quant/int8_model.py (where the recipe's
+    switches are read) or of engine/quant/int8_siblings.py (VIEW_SIBLINGS)."""
+    from batchgen.engine.quant import int8_model as quantize_int8_model
+    from batchgen.engine.quant import int8_siblings as quantize_int8_siblings
+    from batchgen.engine.quant import quantize
+    from batchgen.engine.quant.smooth import calibration_ids
 
     switches = dict(VARIANTS[name] if switches is None else switches)
     calibrate = switches.pop("calibrate", True)
@@ -91,7 +93,7 @@ def best_ms(module, x: torch.Tensor, reps: int) -> float:
 
 @torch.inference_mode()
 def layers(rows: list[int], reps: int, outlier_fraction: float = 0.0, asymmetric: bool = False) -> None:
-    from batchgen.engine.quantize_int8 import Int8DynamicLinear
+    from batchgen.engine.quant.int8 import Int8DynamicLinear
 
     torch.manual_seed(0)
     for in_f, out_f in SHAPES:

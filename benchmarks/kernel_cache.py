@@ -5,16 +5,16 @@ second pass over the same calls costs (kernels rebuilt when the cap evicted them
 
 The linear layers of a model's distinct shapes (--shapes tiny: tests/tiny.py's Llama, 5 shapes;
 smollm: SmolLM2-135M's 4 layer shapes, LM head left out), on weights reordered once as the engine
-runs them (engine/prepack.py), are called at every row count 1..--max-rows, twice. Each cap runs
+runs them (engine/model/prepack.py), are called at every row count 1..--max-rows, twice. Each cap runs
 in a fresh process, since oneDNN and ideep read their capacity once:
 
     none          both caches at the library default (1024 each)
-    N             ONEDNN_PRIMITIVE_CACHE_CAPACITY=N and LRU_CACHE_CAPACITY=N (batchgen/onednn_cache.py)
+    N             ONEDNN_PRIMITIVE_CACHE_CAPACITY=N and LRU_CACHE_CAPACITY=N (batchgen/runtime/onednn_cache.py)
     onednn=N      oneDNN's primitive cache only; ideep=N: ideep's descriptor cache only
 
 Printed per cap: glibc heap in use (mallinfo2) and VmRSS after one warm call per layer ("base")
 and after the first pass; both passes' seconds; after the second pass, the free bytes glibc keeps
-(evicted kernels' memory) and VmRSS, then VmRSS after batchgen.heap.trim_heap (malloc_trim) and
+(evicted kernels' memory) and VmRSS, then VmRSS after batchgen.runtime.heap.trim_heap (malloc_trim) and
 how long that took. A pass over calls all cached costs only the
 matmuls; the first pass's extra over that is kernel building (/ calls: the cost of a miss).
 """
@@ -36,8 +36,8 @@ VARIABLES = {"onednn": "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "ideep": "LRU_CACHE_CA
 CHILD = """
 import json, sys, time
 import torch
-from batchgen.engine.prepack import pack_linear_layers
-from batchgen.heap import trim_heap
+from batchgen.engine.model.prepack import pack_linear_layers
+from batchgen.runtime.heap import trim_heap
 from benchmarks.rss_trace import _mallinfo2, _status
 
 shapes, dtype, max_rows = json.loads(sys.argv[1]), getattr(torch, sys.argv[2]), int(sys.argv[3])

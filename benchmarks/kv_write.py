@@ -23,7 +23,8 @@ import time
 
 import torch
 
-from batchgen.engine import kv_quant, kv_quant_native
+from batchgen.engine.kernels import kv_quant_native
+from batchgen.engine.kv import quant as kv_quant
 from benchmarks.sysload import measure
 
 

@@ -1,5 +1,5 @@
 """Linear-layer kernels at the embedded model's shapes: `F.linear` against oneDNN on a weight
-reordered once (what engine/prepack.py installs), per dtype, thread count and row count.
+reordered once (what engine/model/prepack.py installs), per dtype, thread count and row count.
 
     python -m benchmarks.linear_kernels --dtype float32,bfloat16 --threads 1,2
 

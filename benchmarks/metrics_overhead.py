@@ -37,8 +37,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchgen.config import build_config
-from batchgen.engine.loader import load_model
+from batchgen.config.job import build_config
+from batchgen.engine.model.loader import load_model
 from batchgen.monitor import recorder as recorder_module
 from benchmarks.checkpoint_cost import prompts
 from benchmarks.sysload import measure
@@ -99,7 +99,7 @@ def main() -> None:
         configs = {"metrics-off": dict(metrics=False),
                    "metrics-on": dict(metrics=True, metrics_textfile=str(tmp / "job.prom"),
                                       metrics_every_s=args.metrics_every_seconds)}
-        from batchgen.jobs.run import run_job
+        from batchgen.jobs.commands.run import run_job
 
         results: dict[str, list[dict]] = {name: [] for name in configs}
         for round_index in range(-1, args.repeats):  # round -1 warms up and is not kept

@@ -175,7 +175,7 @@ def main() -> None:
     if args.quick:
         args.n, args.max_output_len, args.num_docs, args.rounds = 32, 64, 16, 1
 
-    from batchgen.engine.loader import load_model
+    from batchgen.engine.model.loader import load_model
 
     systems = args.systems.split(",")
     for name in ("vllm", "vllm-inproc"):

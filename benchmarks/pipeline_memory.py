@@ -35,19 +35,19 @@ if trace:
     start(trace, str(out))
 import pyarrow as pa
 import pyarrow.parquet as pq
-from batchgen.config import JobConfig, build_config
-from batchgen.io.manifest import Manifest, load_manifest
-from batchgen.io.schema import output_schema
-from batchgen.io.writers import PartWriter
-from batchgen.jobs.commit import Committer
-from batchgen.jobs.commit_schedule import CommitSchedule
-from batchgen.jobs.signals import SignalGuard
+from batchgen.config.job import JobConfig, build_config
+from batchgen.io.manifest.manifest import Manifest, load_manifest
+from batchgen.io.store.schema import output_schema
+from batchgen.io.store.writers import PartWriter
+from batchgen.jobs.durability.commit import Committer
+from batchgen.jobs.durability.commit_schedule import CommitSchedule
+from batchgen.jobs.pipeline.signals import SignalGuard
 
 def planned_rows(src):
-    from batchgen.jobs.length import LengthPredictor
-    from batchgen.jobs.planner import Planner, prepare_row
-    from batchgen.jobs.prompts import PromptBuilder
-    from batchgen.jobs.rows import RowSource
+    from batchgen.jobs.planning.length import LengthPredictor
+    from batchgen.jobs.planning.planner import Planner, prepare_row
+    from batchgen.jobs.pipeline.prompts import PromptBuilder
+    from batchgen.jobs.pipeline.rows import RowSource
     from tests.tiny import make_tokenizer
 
     config = build_config(None, inputs=[str(src)], output=str(out), max_new_tokens=4, max_new_tokens_column="n",

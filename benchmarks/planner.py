@@ -46,15 +46,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from batchgen.config import build_config
-from batchgen.engine.attention import resolve_backend
-from batchgen.engine.kv_cache import KVCacheSpec
-from batchgen.engine.loader import LoadedModel, load_model
-from batchgen.io.discovery import InputShard
-from batchgen.jobs.length import LengthPredictor
-from batchgen.jobs.planner import PlannedRow, Planner
-from batchgen.jobs.rows import InputRow
-from batchgen.jobs.run import run_job
+from batchgen.config.job import build_config
+from batchgen.engine.attention.paged import resolve_backend
+from batchgen.engine.kv.cache import KVCacheSpec
+from batchgen.engine.model.loader import LoadedModel, load_model
+from batchgen.io.inputs.discovery import InputShard
+from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.pipeline.rows import InputRow
+from batchgen.jobs.planning.length import LengthPredictor
+from batchgen.jobs.planning.planner import PlannedRow, Planner
 from benchmarks import sharegpt, sysload
 from benchmarks.throughput import args_config, environment, write_record
 

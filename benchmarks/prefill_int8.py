@@ -25,9 +25,10 @@ import time
 
 import torch
 
-from batchgen.engine import kv_quant, native_prefill
-from batchgen.engine.backends.base import LayerKV, PackedSeq
-from batchgen.engine.backends.sdpa import build_prefills, prefill_forward
+from batchgen.engine.attention.base import LayerKV, PackedSeq
+from batchgen.engine.attention.sdpa import build_prefills, prefill_forward
+from batchgen.engine.kernels import native_prefill
+from batchgen.engine.kv import quant as kv_quant
 from benchmarks import sysload
 
 VARIANTS = ("bf16/kernel", "int8/kernel", "int8/sdpa", "bf16/sdpa")

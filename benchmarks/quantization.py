@@ -31,11 +31,12 @@ import warnings
 
 import torch
 
-from batchgen.engine import kv_quant, native
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.kv_cache import KVCacheSpec
-from batchgen.engine.loader import load_model
-from batchgen.engine.quantize import weight_bytes
+from batchgen.engine.kernels import native
+from batchgen.engine.kv import quant as kv_quant
+from batchgen.engine.kv.cache import KVCacheSpec
+from batchgen.engine.model.loader import load_model
+from batchgen.engine.quant.quantize import weight_bytes
 from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt, sysload
 from benchmarks.throughput import kv_blocks_for, write_record
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         args.n, args.max_output_len, args.repeats = 32, 64, 1
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING)
-    from batchgen.config import parse_bytes
+    from batchgen.config.job import parse_bytes
 
     variants = {}
     for label, scheme, backend in WEIGHTS:

@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from batchgen.heap import libc_function
+from batchgen.runtime.heap import libc_function
 
 ENV_VAR = "BATCHGEN_RSS_TRACE"
 EVERY_S = 0.2

@@ -64,7 +64,7 @@ WARM_CHILD = """
 import json, sys, time
 import ray
 import batchgen.ray
-from batchgen.config import JobConfig, build_config
+from batchgen.config.job import JobConfig, build_config
 args = json.loads(sys.argv[1])
 config = args["config"]
 if args["keep_warm_s"]:

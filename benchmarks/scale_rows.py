@@ -130,7 +130,7 @@ def kill_half_way(argv: list[str], directory: Path, num_rows: int) -> int:
 
 
 def _count_committed(out: Path) -> int:
-    from batchgen.jobs.status import job_status
+    from batchgen.jobs.commands.status import job_status
 
     try:
         status = job_status(out)
@@ -156,7 +156,7 @@ def resume_start_s(log_file: Path) -> float:
 
 
 def status_times(out: Path) -> dict:
-    from batchgen.jobs.status import job_status
+    from batchgen.jobs.commands.status import job_status
 
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "batchgen", "status", "--output", str(out), "--json"],

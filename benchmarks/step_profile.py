@@ -70,9 +70,9 @@ def breakdown(ops: list[tuple[str, float, int]], wall_s: float) -> dict:
 def profile_batchgen(rows: Path, dtype: str, tmp: Path) -> dict:
     import torch
 
-    import batchgen.engine.fused as fused
+    import batchgen.engine.kernels.fused as fused
     import batchgen.engine.model_runner as model_runner
-    import batchgen.engine.sampling as sampling
+    import batchgen.engine.sampling.sampler as sampling
     from batchgen.cli import main as cli
 
     def wrapped(name, fn):
@@ -160,7 +160,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
-    from batchgen.engine.loader import load_model
+    from batchgen.engine.model.loader import load_model
 
     systems = args.systems.split(",")
     if "vllm" in systems and not args.vllm_python.exists():

@@ -5,9 +5,9 @@
 
 Each variant is `batchgen run` at its default flags (a subprocess, as a user runs it) with one
 environment change:
-  default   batchgen's own choice (batchgen/omp.py): libgomp's spin-wait on a machine that is quiet
+  default   batchgen's own choice (batchgen/runtime/omp.py): libgomp's spin-wait on a machine that is quiet
             when the job starts, OMP_WAIT_POLICY=PASSIVE beside busy processes; compute threads
-            that follow the cores other processes leave (engine/threads.py)
+            that follow the cores other processes leave (runtime/threads.py)
   passive-governor  OMP_WAIT_POLICY=PASSIVE always, with the governor (the default until the
             eighth stop)
   spin      the old default: libgomp's wait policy (idle threads spin ~300k iterations at every
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--summary-tokens", type=int, default=64)
     args = ap.parse_args()
 
-    from batchgen.engine.loader import load_model
+    from batchgen.engine.model.loader import load_model
 
     variants = args.variants.split(",")
     passes = ([] if args.busy_only else [0]) + ([args.busy] if args.busy else [])

@@ -37,11 +37,11 @@ import transformers
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from batchgen.engine.attention import resolve_backend
+from batchgen.engine.attention.paged import resolve_backend
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.loader import LoadedModel, load_model
+from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Request, SamplingParams
-from batchgen.engine.scheduler import Policy
+from batchgen.engine.scheduler.scheduler import Policy
 from benchmarks import sharegpt, sysload
 
 SYSTEMS = ("batchgen-continuous", "batchgen-static", "hf-generate", "hf-continuous")

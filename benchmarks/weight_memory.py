@@ -4,7 +4,7 @@ Each label loads in its own subprocess (RSS is per process), in bf16; no generat
 `scheme[/backend][+embedding][@after]`: `+none` / `+int8` sets --quantize-embedding (default auto),
 `@after` loads the whole bf16 model first and quantizes it afterwards (the path before
 quantize-while-loading; `malloc_trim` is then called and the RSS read again), otherwise
-`load_model(quantize=...)` quantizes while it loads (engine/stream_load.py).
+`load_model(quantize=...)` quantizes while it loads (engine/model/stream_load.py).
 
 Reports `engine.quantize.weight_bytes` (quantized inner tensors counted once), the bytes of the
 embedding/LM head, and the process's RSS after loading and its peak (VmHWM, read as load_model
@@ -26,9 +26,9 @@ _CHILD = r"""
 import gc, json, sys
 import torch
 import torchao, optimum.quanto  # noqa: F401  (imported in every child, baseline included)
-from batchgen.engine.loader import load_model
-from batchgen.engine.quantize import quantize_model, weight_bytes
-from batchgen.engine.stream_load import release_freed_memory
+from batchgen.engine.model.loader import load_model
+from batchgen.engine.quant.quantize import quantize_model, weight_bytes
+from batchgen.engine.model.stream_load import release_freed_memory
 
 def rss_bytes():
     with open("/proc/self/status") as f:

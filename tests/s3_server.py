@@ -54,7 +54,7 @@ def s3_out(s3_endpoint, monkeypatch) -> str:
 @pytest.fixture
 def quick_lease_settle(monkeypatch):
     """No job in these tests races another within the lease's settle wait: cut it short."""
-    from batchgen.io import lease
+    from batchgen.io.store import lease
 
     monkeypatch.setattr(lease, "LEASE_SETTLE_S", 0.05)
 
@@ -70,8 +70,8 @@ def committed_table(url: str) -> pa.Table:
     """The committed output rows: the parts the manifest names, never a plain listing."""
     import pyarrow as pa
 
-    from batchgen.io.manifest import load_manifest
-    from batchgen.io.store import open_store
+    from batchgen.io.manifest.manifest import load_manifest
+    from batchgen.io.store.store import open_store
 
     store = open_store(url)
     state = load_manifest(store)
@@ -105,7 +105,7 @@ def kill_once_committed(args: list[str], store, at_least: int) -> bool:
     import subprocess
     import time
 
-    from batchgen.io.manifest import load_manifest
+    from batchgen.io.manifest.manifest import load_manifest
     from tests.jobs.kill_harness import JOB_ENV, reaped, sigkill
 
     proc = subprocess.Popen(args, env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

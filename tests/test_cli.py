@@ -565,7 +565,7 @@ def test_run_help_lists_the_flags(runner):
 
 
 def test_engine_flags_reach_the_config_and_bad_values_exit_2(runner, tmp_path):
-    from batchgen.config import build_config
+    from batchgen.config.job import build_config
 
     config = build_config(None, inputs=["x"], output="o", attention_backend="torch", block_size=32, cuda_graphs=False)
     assert (config.attention_backend, config.block_size, config.cuda_graphs) == ("torch", 32, False)

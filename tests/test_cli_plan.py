@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchgen.cli import app
-from batchgen.jobs.length import LENGTH_MODEL_FILE
+from batchgen.jobs.planning.length import LENGTH_MODEL_FILE
 
 SHARD_KEYS = {"mode", "reason", "num_rows", "predicted_output_tokens", "estimated_seconds"}
 

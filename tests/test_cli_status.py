@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchgen.cli import app
-from batchgen.io.manifest import SUCCESS_FILE
+from batchgen.io.manifest.manifest import SUCCESS_FILE
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_status_json_per_shard_then_complete(runner, tiny_model_dir, inputs, tmp
 
 
 def test_status_of_an_interrupted_job(runner, tiny_model_dir, inputs, tmp_path, monkeypatch):
-    from batchgen.io import writers
+    from batchgen.io.store import writers
 
     class Crash(BaseException):
         pass
@@ -141,7 +141,7 @@ def test_a_second_job_on_a_locked_directory_is_refused(runner, tiny_model_dir, i
     out.mkdir()
     code = textwrap.dedent(f"""
         import time
-        from batchgen.io.lock import OutputLock
+        from batchgen.io.store.lock import OutputLock
         OutputLock({str(out)!r}).acquire()
         print("locked", flush=True)
         time.sleep(600)

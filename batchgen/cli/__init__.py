@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from batchgen import omp, onednn_cache
 from batchgen.cli import bench, finalize, plan, report, run, status  # noqa: F401  (each registers its command on `app`)
 from batchgen.cli.app import app
+from batchgen.runtime import omp, onednn_cache
 
 __all__ = ["app", "main"]
 

@@ -34,9 +34,9 @@ def bench(
 ) -> None:
     """Measure engine throughput here: continuous against static batching, round-robin."""
     with user_errors():
-        from batchgen.config import parse_bytes
-        from batchgen.engine.loader import load_model
-        from batchgen.jobs.bench import default_engine_configs, make_workload, run_bench
+        from batchgen.config.job import parse_bytes
+        from batchgen.engine.model.loader import load_model
+        from batchgen.jobs.commands.bench import default_engine_configs, make_workload, run_bench
 
         setup_logging(quiet=True)
         loaded = load_model(model, device=device, dtype=dtype)

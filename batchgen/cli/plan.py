@@ -1,4 +1,4 @@
-"""`batchgen plan`: the dry run's flags; the work is batchgen.jobs.plan's."""
+"""`batchgen plan`: the dry run's flags; the work is batchgen.jobs.commands.plan's."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def plan(
     """Dry run: shards, prompt and predicted output lengths, mode per shard and why, KV memory, time, output size."""
     overrides = o.config_overrides(locals())
     with user_errors():
-        from batchgen.config import build_config
-        from batchgen.jobs.plan import plan_job, plan_lines  # imports torch only once the checks have passed
+        from batchgen.config.job import build_config
+        from batchgen.jobs.commands.plan import plan_job, plan_lines  # imports torch only once the checks have passed
 
         job_config = build_config(config, need_output=False, **overrides)
         setup_logging(quiet=True)

@@ -1,4 +1,4 @@
-"""`batchgen run`: parse the flags, then hand the job to batchgen.jobs.run.
+"""`batchgen run`: parse the flags, then hand the job to batchgen.jobs.commands.run.
 
 Everything a user can get wrong (flags, config file, inputs, columns, template, output directory)
 is checked before torch and transformers are imported, which alone takes seconds.
@@ -89,16 +89,16 @@ def run(
     """Generate a completion for every input row and write Parquet parts to --output."""
     overrides = o.config_overrides(locals())
     with user_errors():
-        from batchgen.config import build_config
+        from batchgen.config.job import build_config
         from batchgen.errors import ConfigError
-        from batchgen.jobs.run import run_job  # imports torch only once the job's checks have passed
+        from batchgen.jobs.commands.run import run_job  # imports torch only once the job's checks have passed
 
         job_config = build_config(config, **overrides)
         setup_logging(job_config.quiet)
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers must be at least 1, got {workers}")
         if workers is not None and workers > 1:
-            from batchgen.jobs.workers import run_workers
+            from batchgen.jobs.executors.workers import run_workers
 
             result = run_workers(job_config, workers)
             typer.echo(f"done: {result['rows']} rows ({result['rows_error']} errors) by {workers} workers, "

@@ -19,7 +19,7 @@ def status(
 ) -> None:
     """Rows done, errored and remaining per input shard, the config fingerprint, the last commit."""
     with user_errors():
-        from batchgen.jobs.status import job_status, status_lines
+        from batchgen.jobs.commands.status import job_status, status_lines
 
         result = job_status(output)
     if as_json:
@@ -35,7 +35,7 @@ def compact(
 ) -> None:
     """Rewrite a finished output directory as one part per input shard, rows in input order."""
     with user_errors():
-        from batchgen.jobs.compact import compact_output
+        from batchgen.jobs.commands.compact import compact_output
 
         setup_logging(quiet=False)
         result = compact_output(output)

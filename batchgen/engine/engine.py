@@ -18,20 +18,23 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from batchgen import omp
-from batchgen.engine import attention, fused, prepack, sizing
-from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.attention import paged as attention
 from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
-from batchgen.engine.kv_cache import KVCache, KVCacheSpec
-from batchgen.engine.loader import find_eos_token_ids
+from batchgen.engine.kernels import fused
+from batchgen.engine.kv.block_manager import BlockManager
+from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.metrics import EngineMetrics, StepStats
+from batchgen.engine.model import prepack
+from batchgen.engine.model.loader import find_eos_token_ids
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
-from batchgen.engine.scheduler import Policy, Scheduler
-from batchgen.engine.sequence import Sequence
-from batchgen.engine.stopping import StopChecker
-from batchgen.engine.threads import ThreadGovernor
+from batchgen.engine.sampling.stopping import StopChecker
+from batchgen.engine.scheduler import sizing
+from batchgen.engine.scheduler.scheduler import Policy, Scheduler
+from batchgen.engine.scheduler.sequence import Sequence
 from batchgen.errors import EngineError, UsageError
+from batchgen.runtime import omp
+from batchgen.runtime.threads import ThreadGovernor
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +131,7 @@ class LLMEngine:
     def _capture_graphs(self) -> None:
         if not self.use_cuda_graphs:
             return
-        from batchgen.engine.cuda_graphs import DecodeGraphs
+        from batchgen.engine.model.cuda_graphs import DecodeGraphs
 
         graphs = DecodeGraphs(
             self.model, self.runner.forward_fn, self.kv_cache, self.backend, max_num_seqs=self.limits.max_num_seqs,

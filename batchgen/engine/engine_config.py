@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine import attention, kv_quant, sizing
-from batchgen.engine.kv_cache import KVCacheSpec, plan_num_blocks, profile_activation_bytes
-from batchgen.engine.scheduler import Policy
+from batchgen.engine.attention import paged as attention
+from batchgen.engine.kv import quant as kv_quant
+from batchgen.engine.kv.cache import KVCacheSpec, plan_num_blocks, profile_activation_bytes
+from batchgen.engine.scheduler import sizing
+from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -32,15 +34,15 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     compile: bool = False  # torch.compile the forward (see model_runner.compile_forward)
-    # CPU: run on the cores other processes leave, re-checked every few seconds (engine/threads.py);
+    # CPU: run on the cores other processes leave, re-checked every few seconds (runtime/threads.py);
     # off when OMP_NUM_THREADS pins the count
     adaptive_threads: bool = True
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
     cuda_graphs: bool = True  # CUDA + a graph-safe attention backend (flash): decode steps replay graphs
-    # CPU bf16/fp16: small calls of each linear layer run on a weight reordered once (engine/prepack.py);
+    # CPU bf16/fp16: small calls of each linear layer run on a weight reordered once (engine/model/prepack.py);
     # ignored with compile
     prepack_weights: bool = True
-    # CPU bf16: Llama-style RMSNorm and SiLU * up run as single fused C calls (engine/fused.py)
+    # CPU bf16: Llama-style RMSNorm and SiLU * up run as single fused C calls (engine/kernels/fused.py)
     fuse_pointwise: bool = True
 
 

@@ -8,7 +8,7 @@ One step is one forward over all scheduled tokens packed into a single row:
     logits_to_keep [S]    the last token of each sequence that samples this step, so the LM head
                           runs on S rows instead of T
 
-Decode-only steps replay a CUDA graph instead when the engine captured them (engine/cuda_graphs.py).
+Decode-only steps replay a CUDA graph instead when the engine captured them (engine/model/cuda_graphs.py).
 On CUDA the step's inputs go up from pinned host memory with non-blocking copies, and the sampled
 tokens come back in one copy per step (the sampler's `.tolist()`), so the CPU packs the inputs
 while the GPU may still run earlier work.
@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batchgen.engine.attention import AttentionMetadata, forward_context
-from batchgen.engine.backends import AttentionBackend, PackedSeq
-from batchgen.engine.kv_cache import KVCache
-from batchgen.engine.sampling import Sampler
-from batchgen.engine.scheduler import SchedulerOutput
+from batchgen.engine.attention.paged import AttentionMetadata, forward_context
+from batchgen.engine.attention.registry import AttentionBackend, PackedSeq
+from batchgen.engine.kv.cache import KVCache
+from batchgen.engine.sampling.sampler import Sampler
+from batchgen.engine.scheduler.scheduler import SchedulerOutput
 
 if TYPE_CHECKING:
-    from batchgen.engine.cuda_graphs import DecodeGraphs
+    from batchgen.engine.model.cuda_graphs import DecodeGraphs
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def inductor_cache_dir() -> str:
     torch writes the directory it picks into TORCHINDUCTOR_CACHE_DIR the first time anything asks
     for it (an import can), so a plain setdefault would keep torch's /tmp default: a value equal to
     that default counts as torch's choice, not the user's."""
-    from batchgen.engine.loader import cache_root
+    from batchgen.engine.model.loader import cache_root
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     try:

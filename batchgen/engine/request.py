@@ -29,7 +29,7 @@ class SamplingParams:
     seed: int | None = None  # per-request seed: a row's text does not depend on its batch-mates
     stop: tuple[str, ...] = ()  # stop strings; the text is cut before the match
     ignore_eos: bool = False  # keep generating through EOS (benchmarks)
-    # vLLM's SamplingParams controls; the definitions are in engine/sampling.py. Defaults are off.
+    # vLLM's SamplingParams controls; the definitions are in engine/sampling/sampler.py. Defaults are off.
     repetition_penalty: float = 1.0  # tokens in the prompt or output: logit / x if > 0, else logit * x
     presence_penalty: float = 0.0  # minus x for every token the output already holds
     frequency_penalty: float = 0.0  # minus x times the count of every token the output already holds

@@ -79,7 +79,7 @@ def write_report(report: Report, dest: Path, *, png: bool) -> ReportFiles:
 
 
 def upload_report(report: Report, store, prefix: str, *, png: bool) -> ReportFiles:
-    """The page (and PNGs) written into an object store (batchgen.io.store) under `prefix`/, one
+    """The page (and PNGs) written into an object store (batchgen.io.store.store) under `prefix`/, one
     PUT each (whole or absent, as the local files' renames); their URLs."""
     import tempfile
 

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from batchgen.config import JobConfig
+from batchgen.config.job import JobConfig
 from batchgen.errors import ConfigError
 from batchgen.monitor.prometheus import PrometheusExport
 from batchgen.monitor.recorder import MetricsRecorder

@@ -6,10 +6,10 @@ and commits per second, over every run of a resumed job), the manifest (rows com
 reason). Nothing is locked or written inside the output directory except the report itself
 (`OUTPUT_DIR/_report/` unless `--to` says otherwise), so it is safe while the job runs.
 
-An object-store output (s3://...) keeps no `_metrics/` (batchgen.jobs.local): its page holds the
+An object-store output (s3://...) keeps no `_metrics/` (batchgen.jobs.executors.local): its page holds the
 manifest's and summary's figures, and is written into the store's `_report/` unless `--to` names a
 local directory. A sharded job's OUTPUT gets one page over all its shards
-(batchgen.jobs.sharded_report, which reuses the figures here).
+(batchgen.jobs.sharding.sharded_report, which reuses the figures here).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 
 from batchgen.engine.metrics import LogHistogram
 from batchgen.errors import OutputError
-from batchgen.io.manifest import SUCCESS_FILE, is_job_dir, load_manifest
-from batchgen.io.store import LocalStore, OutputStore, open_store
+from batchgen.io.manifest.manifest import SUCCESS_FILE, is_job_dir, load_manifest
+from batchgen.io.store.store import LocalStore, OutputStore, open_store
 from batchgen.monitor import figures
 from batchgen.monitor.html import Figure, Report, ReportFiles, upload_report, write_report
 from batchgen.monitor.records import SCHEMAS
@@ -43,7 +43,7 @@ GAP_S = 30  # no engine step for this long: the job was not generating (loading,
 
 def render_job_report(out_dir: str | Path | OutputStore, *, dest: str | Path | None = None,
                       png: bool = False) -> ReportFiles:
-    """One job's page (a sharded job's: batchgen.jobs.sharded_report), written by `save_report`."""
+    """One job's page (a sharded job's: batchgen.jobs.sharding.sharded_report), written by `save_report`."""
     store = open_store(out_dir)
     if not is_job_dir(store):
         raise OutputError(f"{store} is not a batchgen output directory (it has no _manifest)")

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchgen.config import JobConfig
+from batchgen.config.job import JobConfig
 from batchgen.ray.engines import NAMESPACE, EngineActor, engine_key, engine_name
 
 log = logging.getLogger("batchgen")

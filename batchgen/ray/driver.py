@@ -16,7 +16,7 @@ dataset's execution):
 Everything that makes the output exactly once stays where `batchgen run` has it: the driver holds
 the output's lock (an object store's lease), writes every part and manifest entry, and commits every
 --commit-every rows / --commit-every-seconds, so a killed driver (or a lost actor, which Ray
-retries) leaves only committed rows, and a rerun skips them. batchgen.jobs.run checks the config,
+retries) leaves only committed rows, and a rerun skips them. batchgen.jobs.commands.run checks the config,
 inputs and output directory exactly as for the local executor before this starts. The job begins
 ("begin" manifest entry) when the first output batch arrives, because the model's part of the
 fingerprint (resolved dtype, tokenizer, EOS ids) is known only to the actors; a batch from an actor
@@ -40,23 +40,23 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchgen.config import JobConfig
+from batchgen.config.job import JobConfig
 from batchgen.errors import FingerprintMismatch, OutputError
-from batchgen.io.manifest import clear_success
-from batchgen.io.schema import PROMPT_HASH
-from batchgen.io.store import LocalStore
-from batchgen.io.writers import PartWriter
-from batchgen.jobs.batch_columns import SOURCE_PATH, SOURCE_ROW
-from batchgen.jobs.commit import Committer
-from batchgen.jobs.commit_schedule import CommitSchedule
-from batchgen.jobs.fingerprint import job_fingerprint
-from batchgen.jobs.prepare import JobInputs
-from batchgen.jobs.progress import Progress
-from batchgen.jobs.report import RunSummary
-from batchgen.jobs.resume import ResumeRule
-from batchgen.jobs.rows import unify_schemas
-from batchgen.jobs.session import OutputSession
-from batchgen.jobs.signals import Interrupt, SignalGuard
+from batchgen.io.manifest.manifest import clear_success
+from batchgen.io.store.schema import PROMPT_HASH
+from batchgen.io.store.store import LocalStore
+from batchgen.io.store.writers import PartWriter
+from batchgen.jobs.durability.commit import Committer
+from batchgen.jobs.durability.commit_schedule import CommitSchedule
+from batchgen.jobs.durability.fingerprint import job_fingerprint
+from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.durability.session import OutputSession
+from batchgen.jobs.pipeline.batch_columns import SOURCE_PATH, SOURCE_ROW
+from batchgen.jobs.pipeline.prepare import JobInputs
+from batchgen.jobs.pipeline.progress import Progress
+from batchgen.jobs.pipeline.rows import unify_schemas
+from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
+from batchgen.jobs.pipeline.summary import RunSummary
 from batchgen.monitor.job import JobMonitor
 from batchgen.ray.block_refs import iter_block_slices, references_available
 from batchgen.ray.cluster import connect, plan_actors

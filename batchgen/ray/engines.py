@@ -9,7 +9,7 @@ and its imports done. An engine idle for `ray_keep_warm_s` seconds ends itself, 
 GPU back.
 
 An EngineActor loads the model once (`__init__`) and then generates batches of every job whose
-model load settings match, building the job's BatchGenerator (batchgen.jobs.batch_fn: prompt side,
+model load settings match, building the job's BatchGenerator (batchgen.jobs.pipeline.batch_fn: prompt side,
 engine, KV cache) on its first batch. A batch arrives as references to the blocks Ray Data read
 (batchgen.ray.block_refs), which the engine fetches itself: the driver does not carry input rows.
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchgen.config import JobConfig
+from batchgen.config.job import JobConfig
 from batchgen.ray.block_refs import BlockSlices, fetch
 from batchgen.ray.stages import MODEL_FINGERPRINT  # the actor pool's column, so the driver reads both alike
 
@@ -103,7 +103,7 @@ class EngineActor:
 
     def __init__(self, config: JobConfig, keep_warm_s: float | None):
         logging.getLogger("batchgen").setLevel(logging.WARNING)  # the driver logs the job
-        from batchgen.engine.loader import load_model
+        from batchgen.engine.model.loader import load_model
 
         self.loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                                  trust_remote_code=config.trust_remote_code, quantize=config.quantize,
@@ -135,7 +135,7 @@ class EngineActor:
 
     def _job(self, job: JobSpec) -> tuple[Any, str]:
         if job.token not in self.jobs:
-            from batchgen.jobs.batch_fn import BatchGenerator
+            from batchgen.jobs.pipeline.batch_fn import BatchGenerator
 
             while len(self.jobs) >= JOBS_KEPT:  # the oldest job's (dicts keep insertion order)
                 self.jobs.pop(next(iter(self.jobs)))

@@ -7,7 +7,7 @@ executor reads them, a cell that is not valid text becomes an error row), and an
 filesystem the local executor reads, the workers read. Rows an earlier run settled are dropped
 here, before they reach an actor (ResumeRule.skips, decided on the driver and shipped as one set).
 
-Generating is BatchGenerator (batchgen.jobs.batch_fn) held by an actor: one model per actor, loaded
+Generating is BatchGenerator (batchgen.jobs.pipeline.batch_fn) held by an actor: one model per actor, loaded
 once. Each output table carries the actor's model fingerprint in one more column, so the driver can
 begin the job with the full fingerprint and refuse actors that disagree (another dtype on another node).
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchgen.config import JobConfig
-from batchgen.io.cells import invalid_cells
-from batchgen.io.discovery import InputShard
-from batchgen.io.readers import iter_batches, read_schema
-from batchgen.jobs.batch_columns import COMMITTED_HASH, INVALID, ROW_ID, SOURCE_PATH, SOURCE_ROW
+from batchgen.config.job import JobConfig
+from batchgen.io.inputs.cells import invalid_cells
+from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.readers import iter_batches, read_schema
+from batchgen.jobs.pipeline.batch_columns import COMMITTED_HASH, INVALID, ROW_ID, SOURCE_PATH, SOURCE_ROW
 
 MODEL_FINGERPRINT = "__batchgen_model_fingerprint"  # JSON of the actor's model fingerprint, every row
 
@@ -37,7 +37,7 @@ class ReadSpec:
     """What a read task needs to turn one input file into rows: shipped once to the workers."""
 
     shards: list[InputShard]
-    labels: list[str]  # per shard: the derived ids' file label (batchgen.jobs.rows._shard_labels)
+    labels: list[str]  # per shard: the derived ids' file label (batchgen.jobs.pipeline.rows._shard_labels)
     num_rows: list[int]  # per shard: rows this run reads (the scan applied --max-rows)
     columns: list[str]  # the columns the job reads, in RowSource.read_columns order
     schema: pa.Schema  # those columns' types unified over the files, so every block has one schema
@@ -127,7 +127,7 @@ class GenerateActor:
     def __init__(self, config: JobConfig, schema: pa.Schema):
         import logging
 
-        from batchgen.jobs.batch_fn import BatchGenerator
+        from batchgen.jobs.pipeline.batch_fn import BatchGenerator
 
         logging.getLogger("batchgen").setLevel(logging.WARNING)  # the driver logs the job
         self.generate = BatchGenerator(config, schema=schema)

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.config import build_config
-from batchgen.jobs.run import run_job
+from batchgen.config.job import build_config
+from batchgen.jobs.commands.run import run_job
 
 PROBE = """
 import json, sys

@@ -11,7 +11,7 @@ import torch
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Continuation, FinishReason, Request, SamplingParams
-from batchgen.engine.scheduler import Policy
+from batchgen.engine.scheduler.scheduler import Policy
 from tests.tiny import make_tiny_model
 
 MAX_NEW_TOKENS = 40

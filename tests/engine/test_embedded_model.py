@@ -30,7 +30,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def smollm():
-    from batchgen.engine.loader import load_model
+    from batchgen.engine.model.loader import load_model
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     return load_model(None, device="cpu", dtype="float32")

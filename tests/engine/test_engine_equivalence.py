@@ -18,7 +18,7 @@ import torch
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Completion, FinishReason, Request, SamplingParams
-from batchgen.engine.scheduler import Policy
+from batchgen.engine.scheduler.scheduler import Policy
 from tests.tiny import make_tiny_model
 
 ARCH_SEEDS = {"llama": 0, "qwen2": 1, "mistral": 2}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.io.writers import PartWriter, publish_staged
+from batchgen.io.store.writers import PartWriter, publish_staged
 
 
 @pytest.fixture

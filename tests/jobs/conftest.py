@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.engine.loader import load_model
+from batchgen.engine.model.loader import load_model
 
 
 @pytest.fixture(scope="module")

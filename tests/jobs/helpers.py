@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow.dataset as ds
 
-from batchgen.config import JobConfig, build_config
+from batchgen.config.job import JobConfig, build_config
 
 
 def tiny_job_config(inputs, out, model_dir, **overrides) -> JobConfig:

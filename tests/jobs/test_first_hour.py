@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from batchgen.config import build_config
-from batchgen.jobs.report import RunSummary
-from batchgen.jobs.run import run_job
+from batchgen.config.job import build_config
+from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.pipeline.summary import RunSummary
 
 MAX_NEW = 6
 

@@ -26,11 +26,12 @@ import pytest
 from typer.testing import CliRunner
 
 from batchgen.cli import app
-from batchgen.engine.loader import load_model
+from batchgen.engine.model.loader import load_model
 from batchgen.errors import InputError, OutputError
-from batchgen.io import discovery, writers
-from batchgen.io.manifest import SUCCESS_FILE, load_manifest
-from batchgen.jobs.run import run_job
+from batchgen.io.inputs import discovery
+from batchgen.io.manifest.manifest import SUCCESS_FILE, load_manifest
+from batchgen.io.store import writers
+from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 MAX_NEW = 3

@@ -15,11 +15,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.config import build_config
+from batchgen.config.job import build_config
 from batchgen.errors import ConfigError, InputError, InputsChanged, UnsupportedOutputError
-from batchgen.io.manifest import SUCCESS_FILE, load_manifest
-from batchgen.jobs.run import run_job
-from batchgen.jobs.status import job_status, status_lines
+from batchgen.io.manifest.manifest import SUCCESS_FILE, load_manifest
+from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.commands.status import job_status, status_lines
 from tests.jobs.helpers import tiny_job_config
 
 TEXTS = [f"doc {i} " + "xyz" * (i % 4) for i in range(9)]
@@ -170,7 +170,7 @@ def test_a_type_conflict_is_refused_before_any_commit_naming_both_files(tiny_mod
 
 
 def test_a_late_jsonl_type_conflict_is_refused_before_any_commit(tiny_model_dir, loaded, tmp_path, monkeypatch):
-    from batchgen.io import jsonl
+    from batchgen.io.inputs import jsonl
 
     monkeypatch.setattr(jsonl, "JSONL_SCHEMA_SAMPLE_RECORDS", 4)
     src = tmp_path / "in.jsonl"

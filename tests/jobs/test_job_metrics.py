@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchgen.config import build_config
-from batchgen.io.manifest import load_manifest
-from batchgen.jobs.run import run_job
-from batchgen.jobs.status import job_status
+from batchgen.config.job import build_config
+from batchgen.io.manifest.manifest import load_manifest
+from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.commands.status import job_status
 from batchgen.monitor.report import render_job_report
 from batchgen.monitor.store import metrics_dir, read_kind
 from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, reaped, sigkill, wait_until_locked

@@ -1,8 +1,8 @@
-"""JobSummary.count_row: the per-row counts both executors keep (batchgen.jobs.local, batchgen.ray.driver)."""
+"""JobSummary.count_row: the per-row counts both executors keep (batchgen.jobs.executors.local, batchgen.ray.driver)."""
 
 from __future__ import annotations
 
-from batchgen.jobs.report import RunSummary
+from batchgen.jobs.pipeline.summary import RunSummary
 
 
 def test_count_row_counts_ok_and_error_rows_and_their_tokens():

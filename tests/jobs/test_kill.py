@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from batchgen.config import build_config
-from batchgen.engine.loader import load_model
-from batchgen.io.manifest import load_manifest
-from batchgen.jobs.run import run_job
+from batchgen.config.job import build_config
+from batchgen.engine.model.loader import load_model
+from batchgen.io.manifest.manifest import load_manifest
+from batchgen.jobs.commands.run import run_job
 from tests.jobs.kill_harness import (
     COMMIT_EVERY,
     MAX_NEW_TOKENS,

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from batchgen.cli import app
 from batchgen.errors import OutputError
-from batchgen.io import writers
-from batchgen.jobs.compact import compact_output
-from batchgen.jobs.run import run_job
+from batchgen.io.store import writers
+from batchgen.jobs.commands.compact import compact_output
+from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 MAX_NEW = 6
@@ -182,7 +182,7 @@ def test_resume_after_a_failure_writes_each_custom_id_once(tmp_path, tiny_model_
     """A run that fails part way commits what finished and writes no files; the rerun completes the
     job and the files hold every custom_id exactly once. A failure while the files are written
     leaves no _SUCCESS, and the next run writes them again."""
-    from batchgen.jobs.local import LocalJob
+    from batchgen.jobs.executors.local import LocalJob
 
     requests = [chat(f"r{i}", f"prompt number {i}", max_tokens=3) for i in range(8)] + REQUESTS[5:]
     config = job(tmp_path, requests, model_dir=tiny_model_dir, commit_every_rows=2)

@@ -7,13 +7,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.config import build_config
-from batchgen.io import id_index
-from batchgen.io.manifest_state import ManifestState, PartRecord
-from batchgen.jobs import resume as resume_module
-from batchgen.jobs import rows as rows_module
-from batchgen.jobs.resume import ResumeRule
-from batchgen.jobs.rows import RowSource
+from batchgen.config.job import build_config
+from batchgen.io.ids import index as id_index
+from batchgen.io.manifest.state import ManifestState, PartRecord
+from batchgen.jobs.durability import resume as resume_module
+from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.pipeline import rows as rows_module
+from batchgen.jobs.pipeline.rows import RowSource
 
 
 def state_with(parts: list[tuple[list, list, list | None]], keep_hashes: bool = True) -> ManifestState:

@@ -14,13 +14,13 @@ import sys
 import pytest
 
 from batchgen.errors import OutputError
-from batchgen.io import lease as lease_module
-from batchgen.io import writers
-from batchgen.io.manifest import SUCCESS_FILE, load_manifest
-from batchgen.io.store import open_store
-from batchgen.jobs.compact import compact_output
-from batchgen.jobs.finalize import finalize_output
-from batchgen.jobs.run import run_job
+from batchgen.io.manifest.manifest import SUCCESS_FILE, load_manifest
+from batchgen.io.store import lease as lease_module
+from batchgen.io.store import writers
+from batchgen.io.store.store import open_store
+from batchgen.jobs.commands.compact import compact_output
+from batchgen.jobs.commands.finalize import finalize_output
+from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import tiny_job_config
 from tests.jobs.test_openai_batch_job import REQUESTS, BatchRequestOutput, chat, completion, read_lines, write_requests
 from tests.jobs.test_sharded_openai_batch import FILES, without_created

@@ -17,12 +17,12 @@ from typer.testing import CliRunner
 
 from batchgen.cli import app
 from batchgen.errors import OutputError, OutputLocked
-from batchgen.io.lease import LEASE_FILE, Lease, read_lease
-from batchgen.io.manifest import PART_NAME_RE, SUCCESS_FILE, load_manifest
-from batchgen.io.store import open_store
-from batchgen.jobs.compact import compact_output
-from batchgen.jobs.run import run_job
-from batchgen.jobs.status import job_status
+from batchgen.io.manifest.manifest import PART_NAME_RE, SUCCESS_FILE, load_manifest
+from batchgen.io.store.lease import LEASE_FILE, Lease, read_lease
+from batchgen.io.store.store import open_store
+from batchgen.jobs.commands.compact import compact_output
+from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.commands.status import job_status
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.s3_server import committed_by_id, committed_table, kill_once_committed, tiny_run_args
 
@@ -159,7 +159,7 @@ def test_status_and_compact_on_s3(src, tiny_model_dir, loaded, reference, s3_out
 
 
 def test_plan_reads_the_committed_rows_and_lengths_on_s3(src, tiny_model_dir, loaded, s3_out):
-    from batchgen.jobs.plan import plan_job
+    from batchgen.jobs.commands.plan import plan_job
 
     run_job(config(src, s3_out, tiny_model_dir, max_rows=20), loaded=loaded)
     assert open_store(s3_out).exists("_length_model.json")

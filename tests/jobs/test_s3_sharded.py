@@ -16,14 +16,14 @@ import pytest
 from typer.testing import CliRunner
 
 from batchgen.cli import app
-from batchgen.io.lease import Lease
-from batchgen.io.manifest import PART_NAME_RE, SUCCESS_FILE, load_manifest
-from batchgen.io.store import open_store
-from batchgen.jobs.compact import compact_output
-from batchgen.jobs.finalize import finalize_output
-from batchgen.jobs.run import run_job
-from batchgen.jobs.sharded_report import render_report
-from batchgen.jobs.status import job_status, status_lines
+from batchgen.io.manifest.manifest import PART_NAME_RE, SUCCESS_FILE, load_manifest
+from batchgen.io.store.lease import Lease
+from batchgen.io.store.store import open_store
+from batchgen.jobs.commands.compact import compact_output
+from batchgen.jobs.commands.finalize import finalize_output
+from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.commands.status import job_status, status_lines
+from batchgen.jobs.sharding.sharded_report import render_report
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.s3_server import committed_by_id, kill_once_committed, tiny_run_args
 
@@ -147,7 +147,7 @@ def test_a_shard_killed_on_s3_resumes_exactly_once(src, tiny_model_dir, loaded, 
 
 
 def test_plan_of_a_shard_on_s3_counts_its_committed_rows(src, tiny_model_dir, loaded, s3_out):
-    from batchgen.jobs.plan import plan_job
+    from batchgen.jobs.commands.plan import plan_job
 
     shard1 = run_job(config(src, s3_out, tiny_model_dir, num_shards=2, shard_index=1), loaded=loaded)
     report = plan_job(config(src, s3_out, tiny_model_dir, num_shards=2, shard_index=1), loaded=loaded,

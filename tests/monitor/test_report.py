@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.config import build_config
-from batchgen.io.manifest import load_manifest
-from batchgen.jobs.run import run_job
+from batchgen.config.job import build_config
+from batchgen.io.manifest.manifest import load_manifest
+from batchgen.jobs.commands.run import run_job
 from batchgen.monitor.report import error_reasons, render_job_report
 from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, reaped, sigkill, wait_until_locked
 

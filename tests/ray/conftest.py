@@ -18,6 +18,6 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def loaded(tiny_model_dir):
     """The tiny Llama loaded once per module, for the local executor's reference runs."""
-    from batchgen.engine.loader import load_model
+    from batchgen.engine.model.loader import load_model
 
     return load_model(str(tiny_model_dir), device="cpu", dtype="float32")

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import batchgen.ray
 from batchgen.cli import app
-from batchgen.jobs.run import run_job
+from batchgen.jobs.commands.run import run_job
 from batchgen.ray.engines import NAMESPACE
 from batchgen.ray.stages import GenerateActor
 from tests.jobs.helpers import committed_rows, tiny_job_config

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import batchgen.ray
-from batchgen.io.manifest import load_manifest
+from batchgen.io.manifest.manifest import load_manifest
 from tests.jobs.kill_harness import (
     JOB_ENV,
     SeedResult,
@@ -56,7 +56,7 @@ def tail(log) -> str:
 @pytest.mark.parametrize("keep_warm_s", [0.0, 30.0], ids=["actor-pool", "keep-warm"])
 def test_kill_9_of_the_driver_then_resume_writes_every_row_once(tmp_path, loaded, keep_warm_s):
     fixture = make_fixture(tmp_path, NUM_ROWS)
-    from batchgen.jobs.run import run_job
+    from batchgen.jobs.commands.run import run_job
 
     run_job(resume_config(fixture, tmp_path / "reference"), loaded=loaded)
     reference = read_output(tmp_path / "reference")

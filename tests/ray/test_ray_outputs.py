@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import batchgen.ray
-from batchgen.io import lease as lease_module
-from batchgen.io.manifest import SUCCESS_FILE
-from batchgen.io.store import open_store
-from batchgen.jobs.finalize import finalize_output
-from batchgen.jobs.run import run_job
+from batchgen.io.manifest.manifest import SUCCESS_FILE
+from batchgen.io.store import lease as lease_module
+from batchgen.io.store.store import open_store
+from batchgen.jobs.commands.finalize import finalize_output
+from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.jobs.test_openai_batch_job import REQUESTS, parquet_rows, read_lines, write_requests
 from tests.jobs.test_sharded_openai_batch import without_created

@@ -1,0 +1,173 @@
+"""JobConfig: one validated record of everything a job needs, from YAML plus CLI overrides.
+
+Precedence: built-in defaults < config file (--config) < command-line flags. The merge lives here
+and the validation in batchgen/config/rules.py, so the CLI stays thin and tests can build configs directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchgen.config.rules import (
+    AUTO,
+    LONG_PROMPT_POLICIES,
+    OPENAI_BATCH,
+    check_penalties,
+    check_types,
+    parse_bytes,
+    validate_job_config,
+)
+from batchgen.engine.scheduler.scheduler import Policy
+from batchgen.errors import ConfigError
+
+# importers take these from here; their definitions sit with the rules
+__all__ = ["AUTO", "LONG_PROMPT_POLICIES", "OPENAI_BATCH", "JobConfig", "build_config", "check_penalties",
+           "load_config_file", "parse_bytes"]
+
+
+@dataclass(slots=True)
+class JobConfig:
+    inputs: list[str] = field(default_factory=list)
+    input_format: str = "auto"  # auto (by suffix) | parquet | jsonl | openai-batch (Batch API requests)
+    output: str | None = None
+    output_format: str = "parquet"  # parquet | openai-batch (+ Batch API output.jsonl/errors.jsonl) | both
+    model: str | None = None  # None = the embedded default model
+    trust_remote_code: bool = False
+    prompt_column: str = "text"
+    id_column: str | None = None  # None = "<file name>:<row index>", stable across runs
+    template: str | None = None  # "{column}" placeholders only
+    system: str | None = None
+    chat: bool | None = None  # None = on when the tokenizer has a chat template
+    parse_special_tokens: bool | None = None  # row text may hold control tokens; None = only with chat off
+    max_new_tokens: int = 256
+    max_new_tokens_column: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    # vLLM's SamplingParams (engine/sampling/sampler.py has the definitions); 1.0 / 0.0 / 0 = off
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # tokens generated before EOS or a stop string may end a row
+    sampling_column: str | None = None  # per-row overrides of the above (a JSON object or struct per cell)
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    batch_size: int | None = None  # static: rows per batch; continuous: max running sequences; None: auto
+    max_num_batched_tokens: int | None = None  # token budget per step; None: auto (engine/scheduler/sizing.py)
+    block_size: int | None = None  # tokens per KV block; None: the attention backend's (256 flash-attn, else 16)
+    attention_backend: str = "auto"  # auto | torch | cpu | flash (engine/attention/paged.py: auto's rule)
+    cuda_graphs: bool = True  # CUDA: replay captured graphs for decode-only steps (engine/model/cuda_graphs.py)
+    kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
+    enable_prefix_caching: bool = True
+    compile: bool = False  # torch.compile the forward (README: where it pays)
+    mode: str = AUTO  # a Policy value, or auto: chosen per shard by the length planner (batchgen.jobs.planning.planner)
+    window_rows: int = 1024  # planning window: rows sorted by predicted length together (bounds memory)
+    length_column: str | None = None  # known output lengths (tokens) per row; null cells are predicted
+    sort_by_length: bool = True  # rows run longest predicted output first (both modes)
+    static_min_occupancy: float = 1.0  # auto: static when its batches would keep this share of slots busy
+    device: str = "auto"
+    dtype: str = "auto"
+    quantize: str = "none"  # weights: none | auto | int8 | int8-weight | int4 (engine/quant/quantize.py)
+    quantize_backend: str = "auto"  # auto | torchao | quanto | onednn (int8 on CPU)
+    quantize_embedding: str = "auto"  # embedding/LM head: auto | none | int8
+    kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
+    max_rows: int | None = None
+    # one shard of a sharded job (batchgen.jobs.sharding.split): this process reads its share of the input and
+    # writes output/shard-{shard_index}-of-{num_shards}/; None = the whole job in one process
+    num_shards: int | None = None
+    shard_index: int | None = None
+    on_long_prompt: str = "truncate"
+    max_prompt_tokens: int | None = None  # cap prompts below the context (cut in the document part)
+    keep_columns: list[str] | None = None  # None = pass every other input column through
+    max_error_rate: float | None = None  # fail (exit 3) when error rows exceed this fraction
+    rows_per_part: int = 1000  # rows per output Parquet part file
+    commit_every_rows: int | None = None  # commit after this many finished rows; None = rows_per_part
+    commit_every_s: float | None = 60.0  # also commit finished rows this often; None or 0 = off
+    # first SIGTERM/SIGINT -> exit at the latest (finished rows commit first, then in-flight
+    # checkpoints); the default fits a 30 s eviction notice. None or 0 = no limit
+    stop_grace_s: float | None = 25.0
+    # also checkpoint in-flight rows this often, so a kill -9 loses at most this much of each row;
+    # None or 0 = off (a signal still checkpoints them)
+    checkpoint_in_flight_every_s: float | None = None
+    retry_errors: bool = True  # a resumed run generates committed error rows again
+    overwrite: bool = False  # drop what an earlier job committed to the output directory
+    read_batch_size: int = 256  # rows per input record batch
+    quiet: bool = False
+    log_every_s: float = 30.0
+    metrics: bool = True  # per-second records in <output>/_metrics/ (batchgen.monitor)
+    metrics_every_s: float = 10.0  # flush (and textfile) interval
+    metrics_textfile: str | None = None  # node-exporter textfile path
+    metrics_port: int | None = None  # Prometheus scrape endpoint; 0 = any free port
+    metrics_host: str = "127.0.0.1"  # localhost unless asked: the endpoint has no authentication
+    executor: str = "local"  # local: this process; ray: a Ray Data actor pool (batchgen.ray), RAY_ADDRESS's cluster
+    ray_actors: int | None = None  # ray: actors (models loaded); None = one per GPU, else one per node
+    ray_keep_warm_s: float = 0.0  # ray: > 0: kept-warm engines (batchgen.ray.engines) instead of the actor pool
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def replace(self, **changes: Any) -> JobConfig:
+        return dataclasses.replace(self, **changes)
+
+    def engine_policy(self) -> Policy:
+        """The policy of the job's first engine: the mode asked for; continuous for auto."""
+        return Policy.CONTINUOUS if self.mode == AUTO else Policy(self.mode)
+
+    def validate(self, *, need_output: bool = True) -> JobConfig:
+        """Raise ConfigError naming the first invalid setting; return self for chaining.
+
+        `need_output=False`: a dry run (`batchgen plan`) writes nothing. The rules: batchgen/config/rules.py."""
+        validate_job_config(self, need_output=need_output)
+        return self
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config into a dict of JobConfig fields (dashes accepted in keys)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))  # safe_load: data is never executed
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a mapping of settings, got {type(raw).__name__}")
+    out: dict[str, Any] = {}
+    known = JobConfig.field_names()
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name == "input":
+            name = "inputs"
+        if name not in known:
+            raise ConfigError(f"{p}: unknown setting {key!r} (known: {', '.join(sorted(known))})")
+        out[name] = value
+    for name in ("inputs", "stop", "keep_columns"):  # one string = a list of one, not of characters
+        if isinstance(out.get(name), str):
+            out[name] = [out[name]]
+    return out
+
+
+def build_config(config_file: str | Path | None = None, *, need_output: bool = True, **overrides: Any) -> JobConfig:
+    """Defaults < config file < overrides (None overrides mean 'not given' and are skipped)."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(load_config_file(config_file))
+    for key, value in overrides.items():
+        if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+            continue
+        values[key] = list(value) if isinstance(value, tuple) else value
+    try:
+        config = JobConfig(**values)
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+    check_types(config)
+    return config.validate(need_output=need_output)

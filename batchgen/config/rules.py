@@ -1,0 +1,197 @@
+"""The rules a JobConfig must satisfy: each setting's allowed values and ranges, and the
+combinations refused before any work (what an object-store output, --executor ray or Batch API
+input cannot do yet). batchgen.config.job holds the record itself and how it is built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from batchgen.engine.scheduler.scheduler import Policy
+from batchgen.errors import ConfigError
+
+if TYPE_CHECKING:
+    from batchgen.config.job import JobConfig
+
+AUTO = "auto"  # the mode that lets the length planner choose a Policy per shard
+MODES = (AUTO, *(p.value for p in Policy))
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LONG_PROMPT_POLICIES = ("truncate", "error")
+QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized GGUF's nearest scheme, else none
+QUANTIZE_BACKENDS = ("auto", "torchao", "quanto", "onednn")
+QUANTIZE_EMBEDDING = ("auto", "none", "int8")  # auto: int8 with int4 weights (engine/quant/plan.py EMBEDDING_AUTO)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
+OPENAI_BATCH = "openai-batch"  # the OpenAI Batch API's request / output JSONL (jobs/openai/requests.py)
+INPUT_FORMATS = ("auto", "parquet", "jsonl", OPENAI_BATCH)  # auto: by file suffix
+OUTPUT_FORMATS = ("parquet", OPENAI_BATCH, "both")
+# openai-batch input: the row id is the request's custom_id, the prompt comes from its body, and
+# these columns of the reader's (batchgen.io.inputs.openai_batch) are always kept: the output files need them
+OPENAI_ID_COLUMN = "custom_id"
+OPENAI_BODY_COLUMN = "body"
+OPENAI_KEPT_COLUMNS = ("method", "url", "model")
+EXECUTORS = ("local", "ray")
+
+
+def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
+    """Raise ConfigError naming the first invalid setting of `config`; fill in what the settings
+    imply ("auto" limits to None, a Batch API input's id, prompt and kept columns)."""
+    if not config.inputs:
+        raise ConfigError("no input given: pass --input PATH (a file, directory or glob)")
+    if need_output and not config.output:
+        raise ConfigError("no output directory given: pass --output DIR")
+    if config.output:
+        from batchgen.io.store.writers import refuse_url_output  # io imports no config: no cycle
+
+        refuse_url_output(config.output)
+    _positive("max_new_tokens", config.max_new_tokens)
+    for name in ("batch_size", "max_num_batched_tokens", "block_size"):
+        if getattr(config, name) == "auto":  # a config file's spelling of the default
+            setattr(config, name, None)
+        if getattr(config, name) is not None:
+            _positive(name, getattr(config, name))
+    _positive("rows_per_part", config.rows_per_part)
+    _positive("read_batch_size", config.read_batch_size)
+    _positive("window_rows", config.window_rows)
+    if (isinstance(config.static_min_occupancy, bool) or not isinstance(config.static_min_occupancy, (int, float))
+            or not 0.0 <= config.static_min_occupancy <= 1.0):
+        raise ConfigError(f"static_min_occupancy must be a number in [0, 1], got {config.static_min_occupancy!r}")
+    if config.commit_every_rows is not None:
+        _positive("commit_every_rows", config.commit_every_rows)
+    if config.commit_every_s is not None and (isinstance(config.commit_every_s, bool)
+                                            or not isinstance(config.commit_every_s, (int, float))
+                                            or config.commit_every_s < 0):
+        raise ConfigError(f"commit_every_s must be a number of seconds >= 0 (0 = off), got {config.commit_every_s!r}")
+    for name in ("stop_grace_s", "checkpoint_in_flight_every_s"):
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise ConfigError(f"{name} must be a number of seconds >= 0 (0 = off), got {value!r}")
+    from batchgen.jobs.sharding.split import check_shard_flags  # pyarrow-only imports: no cycle, no torch
+
+    check_shard_flags(config.num_shards, config.shard_index)
+    if config.max_rows is not None and config.max_rows < 0:
+        raise ConfigError(f"max_rows must be >= 0, got {config.max_rows}")
+    if config.max_prompt_tokens is not None:
+        _positive("max_prompt_tokens", config.max_prompt_tokens)
+    if config.max_error_rate is not None and not 0.0 <= config.max_error_rate <= 1.0:
+        raise ConfigError(f"max_error_rate must be in [0, 1], got {config.max_error_rate}")
+    if config.temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {config.temperature}")
+    if not 0.0 < config.top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {config.top_p}")
+    if config.top_k is not None and config.top_k < 1:
+        raise ConfigError(f"top_k must be >= 1 (or unset), got {config.top_k}")
+    check_penalties(config.repetition_penalty, config.presence_penalty, config.frequency_penalty, config.min_tokens,
+                    ConfigError)
+    _choice("mode", config.mode, MODES)
+    _choice("device", config.device, DEVICES)
+    _choice("dtype", config.dtype, DTYPES)
+    _choice("quantize", config.quantize, QUANTIZE)
+    _choice("quantize_backend", config.quantize_backend, QUANTIZE_BACKENDS)
+    _choice("quantize_embedding", config.quantize_embedding, QUANTIZE_EMBEDDING)
+    _choice("kv_cache_dtype", config.kv_cache_dtype, KV_CACHE_DTYPES)
+    _choice("attention_backend", config.attention_backend, ATTENTION_BACKENDS)
+    if not isinstance(config.cuda_graphs, bool):
+        raise ConfigError(f"cuda_graphs must be true or false, got {config.cuda_graphs!r}")
+    _choice("on_long_prompt", config.on_long_prompt, LONG_PROMPT_POLICIES)
+    _choice("input_format", config.input_format, INPUT_FORMATS)
+    _choice("output_format", config.output_format, OUTPUT_FORMATS)
+    if config.input_format == OPENAI_BATCH:
+        _openai_batch_settings(config)
+    elif config.output_format != "parquet":
+        raise ConfigError(f"output_format {config.output_format} needs Batch API requests as input: "
+                          "pass --input-format openai-batch")
+    _choice("executor", config.executor, EXECUTORS)
+    if config.ray_actors is not None:
+        _positive("ray_actors", config.ray_actors)
+    if (isinstance(config.ray_keep_warm_s, bool) or not isinstance(config.ray_keep_warm_s, (int, float))
+            or config.ray_keep_warm_s < 0):
+        raise ConfigError(f"ray_keep_warm_s must be a number of seconds >= 0, got {config.ray_keep_warm_s!r}")
+    if any(s == "" for s in config.stop):
+        raise ConfigError("stop strings must not be empty")
+    if config.kv_cache_memory is not None:
+        parse_bytes(config.kv_cache_memory)
+    if (isinstance(config.metrics_every_s, bool) or not isinstance(config.metrics_every_s, (int, float))
+            or config.metrics_every_s <= 0):
+        raise ConfigError(f"metrics_every_s must be a number of seconds > 0, got {config.metrics_every_s!r}")
+    if config.metrics_port is not None and (isinstance(config.metrics_port, bool) or not isinstance(
+            config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
+        raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
+                          f"got {config.metrics_port!r}")
+
+
+def _openai_batch_settings(config: JobConfig) -> None:
+    """Batch API requests carry their own id, prompt and limits: the flags that would name
+    columns for them are refused, and the id, prompt and kept columns are set (idempotent)."""
+    for name in ("template", "system", "max_new_tokens_column", "sampling_column", "length_column"):
+        if getattr(config, name) is not None:
+            raise ConfigError(f"{name} does not apply to --input-format openai-batch: each request's body "
+                              "carries its messages or prompt, max_tokens and sampling settings")
+    if config.chat is False:
+        raise ConfigError("--no-chat does not apply to --input-format openai-batch: /v1/chat/completions "
+                          "requests use the model's chat template, /v1/completions prompts never do")
+    if config.id_column not in (None, OPENAI_ID_COLUMN):
+        raise ConfigError(f"--input-format openai-batch: the row id is the request's custom_id, "
+                          f"not {config.id_column!r}")
+    config.id_column = OPENAI_ID_COLUMN
+    config.prompt_column = OPENAI_BODY_COLUMN
+    kept = list(config.keep_columns) if config.keep_columns is not None else []
+    config.keep_columns = [*OPENAI_KEPT_COLUMNS, *(c for c in kept if c not in OPENAI_KEPT_COLUMNS)]
+
+
+def check_penalties(repetition: Any, presence: Any, frequency: Any, min_tokens: Any, error: type[Exception]) -> None:
+    """vLLM's ranges for the penalties; raise `error` naming the first value outside them."""
+    for name, value in (("repetition_penalty", repetition), ("presence_penalty", presence),
+                        ("frequency_penalty", frequency)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise error(f"{name} must be a number, got {value!r}")
+    if not repetition > 0:
+        raise error(f"repetition_penalty must be > 0 (1 = off), got {repetition}")
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if not -2.0 <= value <= 2.0:
+            raise error(f"{name} must be in [-2, 2] (0 = off), got {value}")
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise error(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+
+
+def parse_bytes(text: str) -> int:
+    """'512MiB', '2GiB', '1.5GB', '1000000' -> bytes."""
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+             "gib": 2**30}
+    s = str(text).strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ConfigError(f"kv_cache_memory: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
+    return int(value * units[unit])
+
+
+
+def check_types(config: JobConfig) -> None:
+    """The settings a YAML file may spell with the wrong type, refused before validate_job_config compares them."""
+    for name, kind in (("max_new_tokens", int), ("seed", int),
+                       ("temperature", (int, float)), ("top_p", (int, float))):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+    # Optional numbers: validate() compares them with <, which a YAML string would turn into a TypeError.
+    for name, kind in (("top_k", int), ("max_rows", int), ("max_error_rate", (int, float))):
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            what = "an integer" if kind is int else "a number"
+            raise ConfigError(f"{name} must be {what} or unset, got {value!r}")
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

@@ -1,0 +1,80 @@
+"""The CPU default: decode through the C kernel that reads K/V in place from the pages
+(engine/kernels/native.py), prefill chunks through the C prefill kernel (engine/kernels/native_prefill.py) where
+it has one for the dtypes and head size (int8 pages included), else through the SDPA backend's path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from batchgen.engine.attention.base import LayerKV, PackedSeq, block_table_tensor
+from batchgen.engine.attention.sdpa import PrefillSeq, build_prefills, prefill_forward
+from batchgen.engine.kernels import native, native_prefill
+
+
+@dataclass(slots=True)
+class NativeDecode:
+    """Every decode sequence of the step for the CPU kernel."""
+
+    token_idx: torch.Tensor  # [B] positions of their query tokens in the packed row
+    block_tables: torch.Tensor  # [B, max_num_blocks] int32, padded with block 0 (never read)
+    context_lens: torch.Tensor  # [B] int32
+
+
+@dataclass(slots=True)
+class NativeMetadata:
+    decode: NativeDecode | None
+    prefill: native_prefill.PrefillBatch | None  # the step's prefill sequences for the C kernel
+    seqs: list[PackedSeq] = field(default_factory=list)
+    block_size: int = 0
+    device: torch.device | None = None
+    _sdpa_prefills: list[PrefillSeq] | None = None
+
+    def sdpa_prefills(self) -> list[PrefillSeq]:
+        """The SDPA path's prefill metadata, built at the first layer that needs it (a dtype or head
+        size the C prefill kernel lacks, or a CPU without it) and shared by the others."""
+        if self._sdpa_prefills is None:
+            self._sdpa_prefills = build_prefills(self.seqs, self.block_size, self.device)
+        return self._sdpa_prefills
+
+
+class NativeCpuBackend:
+    name = "cpu"
+
+    @staticmethod
+    def available(device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and native.PagedDecodeKernel.supports(dtype, dtype) and native.load() is not None
+
+    def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> NativeMetadata:
+        decode = [s for s in seqs if s.num_new_tokens == 1]
+        return NativeMetadata(_native_decode(decode, block_size, device) if decode else None,
+                              native_prefill.PrefillBatch.build(seqs, block_size), seqs, block_size, device)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: NativeMetadata,
+                scale: float) -> torch.Tensor:
+        out = q.new_empty(q.shape)  # dense [T, num_heads, head_dim], whatever q's strides
+        scales = None if layer.k_scale is None else (layer.k_scale, layer.v_scale)
+        nd = metadata.decode
+        if nd is not None:
+            od = native.load()(q.index_select(0, nd.token_idx), layer.k_cache, layer.v_cache, nd.block_tables,
+                               nd.context_lens, layer.block_size, scale, scales)
+            out.index_copy_(0, nd.token_idx, od)
+        if metadata.prefill is not None:
+            kernel = native_prefill.load()
+            # the kernel reads the pages, which already hold this step's K/V (attention.py writes
+            # first): int8 pages give the new tokens as the cache stores them, as every later read
+            if kernel is not None and kernel.supports(q.dtype, layer.k_cache.dtype, q.shape[2]):
+                kernel(q.contiguous(), out, layer.k_cache, layer.v_cache, metadata.prefill, layer.block_size, scale,
+                       scales)
+            else:
+                prefill_forward(q, k, v, layer, metadata.sdpa_prefills(), scale, out)
+        return out
+
+
+def _native_decode(decode: list[PackedSeq], block_size: int, device: torch.device) -> NativeDecode:
+    return NativeDecode(
+        token_idx=torch.tensor([s.start for s in decode]).to(device),
+        block_tables=block_table_tensor(decode, block_size).to(device),
+        context_lens=torch.tensor([s.context_len for s in decode], dtype=torch.int32).to(device),
+    )

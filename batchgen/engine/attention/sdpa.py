@@ -1,0 +1,137 @@
+"""The portable backend: torch's SDPA over K/V gathered from the pages (CPU and CUDA).
+
+Decode sequences (one query token) are grouped by context length and each group runs one batched
+SDPA, padded to its longest context and masked; prefill chunks run one causal SDPA each, with the
+query offset by the tokens already cached. The CPU backend reuses the prefill half.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from batchgen.engine.attention.base import LayerKV, PackedSeq, cdiv
+from batchgen.engine.kv import quant as kv_quant
+
+# decode sequences are grouped by context length so that padding to a group's longest context
+# wastes little; a new group starts when the longest would exceed this multiple of the shortest
+DECODE_GROUP_MAX_RATIO = 2.0
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Sequences that each have exactly one query token this step."""
+
+    token_idx: torch.Tensor  # [B] positions of their query tokens in the packed row
+    block_ids: torch.Tensor  # [B * max_num_blocks] each one's block table, padded with block 0
+    mask: torch.Tensor  # [B, 1, 1, max_num_blocks * block_size] True where the key is real
+    max_num_blocks: int
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    """One sequence with several query tokens this step (a prompt or a chunk of one)."""
+
+    start: int  # its first query token in the packed row
+    end: int
+    context_len: int  # cached past + new tokens
+    # its block table covering [0, context_len), or None when it has no cached past, so its
+    # new K/V are the whole context and need no gather
+    block_ids: torch.Tensor | None
+    mask: torch.Tensor | None  # [num_new, context_len] causal with offset; None = plain causal
+
+
+@dataclass(slots=True)
+class SdpaMetadata:
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    prefills: list[PrefillSeq] = field(default_factory=list)
+
+
+def build_prefills(seqs: list[PackedSeq], block_size: int, device: torch.device) -> list[PrefillSeq]:
+    out = []
+    for s in seqs:
+        if s.num_new_tokens == 1:
+            continue
+        end = s.start + s.num_new_tokens
+        if s.num_past_tokens == 0:
+            # no cached past: the new K/V are the whole context, plain causal attention
+            out.append(PrefillSeq(s.start, end, s.context_len, None, None))
+            continue
+        q_pos = torch.arange(s.num_past_tokens, s.context_len)
+        mask = torch.arange(s.context_len)[None, :] <= q_pos[:, None]  # [num_new, context_len]
+        block_ids = torch.tensor(s.block_table[:cdiv(s.context_len, block_size)])
+        out.append(PrefillSeq(s.start, end, s.context_len, block_ids.to(device), mask.to(device)))
+    return out
+
+
+def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV,
+                    prefills: list[PrefillSeq], scale: float, out: torch.Tensor) -> None:
+    k_blocks, v_blocks = layer.blocks()
+    for p in prefills:
+        qp = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, num_heads, n, head_dim]
+        if p.block_ids is None:  # the new K/V as the pages hold them (int8 pages: quantized on write)
+            kp = k[p.start:p.end] if layer.k_scale is None else kv_quant.fake_quantize(k[p.start:p.end])
+            vp = v[p.start:p.end] if layer.v_scale is None else kv_quant.fake_quantize(v[p.start:p.end])
+        else:  # [context_len, kv_heads, head_dim]
+            kp = kv_quant.gather(k_blocks, layer.k_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
+            vp = kv_quant.gather(v_blocks, layer.v_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
+        kp = kp.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context_len, head_dim]
+        vp = vp.transpose(0, 1).unsqueeze(0)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
+                                            scale=scale, enable_gqa=True)
+        out[p.start:p.end] = op[0].transpose(0, 1)
+
+
+class SdpaBackend:
+    name = "torch"
+
+    def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> SdpaMetadata:
+        decode = sorted((s for s in seqs if s.num_new_tokens == 1), key=lambda s: s.context_len)
+        groups: list[list[PackedSeq]] = []
+        for s in decode:
+            if not groups or s.context_len > DECODE_GROUP_MAX_RATIO * groups[-1][0].context_len:
+                groups.append([])
+            groups[-1].append(s)
+        return SdpaMetadata([_decode_group(g, block_size, device) for g in groups],
+                            build_prefills(seqs, block_size, device))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: SdpaMetadata,
+                scale: float) -> torch.Tensor:
+        # NOTE: torch.empty_like(q) would copy q's transposed strides; the output must be dense
+        out = q.new_empty(q.shape)  # [T, num_heads, head_dim]
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = k.shape[1]
+        group_size = num_heads // num_kv_heads
+        k_blocks, v_blocks = layer.blocks()
+        for group in metadata.decode_groups:
+            batch = group.token_idx.shape[0]
+            shape = (batch, group.max_num_blocks * layer.block_size, num_kv_heads, head_dim)
+            kd = kv_quant.gather(k_blocks, layer.k_scale, group.block_ids, q.dtype).view(shape).transpose(1, 2)
+            vd = kv_quant.gather(v_blocks, layer.v_scale, group.block_ids, q.dtype).view(shape).transpose(1, 2)
+            # One query token per sequence: the query heads sharing a KV head become that head's
+            # "query positions" ([B, kv_heads, group_size, head_dim]), so GQA needs no repeated K/V.
+            # Head h reads KV head h // group_size, as transformers' repeat_kv lays them out.
+            qd = q.index_select(0, group.token_idx).view(batch, num_kv_heads, group_size, head_dim)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
+            out.index_copy_(0, group.token_idx, od.reshape(batch, num_heads, head_dim))
+        prefill_forward(q, k, v, layer, metadata.prefills, scale, out)
+        return out
+
+
+def _decode_group(group: list[PackedSeq], block_size: int, device: torch.device) -> DecodeGroup:
+    max_num_blocks = cdiv(group[-1].context_len, block_size)
+    block_ids: list[int] = []
+    for s in group:
+        n = cdiv(s.context_len, block_size)
+        block_ids.extend(s.block_table[:n])
+        block_ids.extend([0] * (max_num_blocks - n))  # padding block 0, masked below
+    context_lens = torch.tensor([s.context_len for s in group])
+    mask = torch.arange(max_num_blocks * block_size)[None, :] < context_lens[:, None]
+    return DecodeGroup(
+        token_idx=torch.tensor([s.start for s in group]).to(device),
+        block_ids=torch.tensor(block_ids).to(device),
+        mask=mask[:, None, None, :].to(device),
+        max_num_blocks=max_num_blocks,
+    )

@@ -1,0 +1,1 @@
+"""The C kernels (csrc/) and their ctypes bindings: built once per machine, loaded where the CPU supports them."""

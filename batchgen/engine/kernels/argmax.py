@@ -1,0 +1,43 @@
+"""Greedy sampling's argmax over a step's logits: csrc/argmax.c on the CPU, torch elsewhere.
+
+Same answer as `logits.max(dim=-1).indices` (the first index of the maximum; a NaN counts as the
+maximum), so greedy output still equals `model.generate`'s; about 5x faster on the CPU for bf16
+logits (see the C file).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from batchgen.engine.kernels import native
+
+SOURCE = Path(__file__).parent / "csrc" / "argmax.c"
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+@functools.cache
+def _kernel():
+    lib = native.load_library(SOURCE)
+    if lib is None:
+        return None
+    fn = lib.argmax_rows
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                   ctypes.c_int]
+    fn.restype = None
+    return fn
+
+
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """The first maximal index of each row of logits [num_rows, vocab_size]."""
+    fn = _kernel() if logits.device.type == "cpu" and logits.dtype in _DTYPE_CODES else None
+    if fn is None or logits.dim() != 2 or logits.stride(1) != 1:
+        return logits.max(dim=-1).indices.tolist()
+    rows, cols = logits.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    fn(logits.data_ptr(), _DTYPE_CODES[logits.dtype], rows, cols, logits.stride(0), out.data_ptr(),
+       torch.get_num_threads())
+    return out.tolist()

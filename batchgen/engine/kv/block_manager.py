@@ -1,0 +1,185 @@
+"""Paged KV memory: a pool of fixed-size blocks, ref counts, and a prefix cache. No torch.
+
+Free blocks live in one insertion-ordered dict used as an O(1) LRU queue:
+
+    front: blocks with no cached content (reused first: nothing is lost by reusing them)
+    back:  freed blocks that still hold a cached prefix, least recently freed first
+
+Allocation pops the front; a block popped while still hashed drops its hash (its content is
+evicted). A prefix-cache hit on a free block removes it from the queue in O(1) and revives it.
+Sequences free their blocks in reverse, so a chain's tail is evicted before its head.
+
+Prefix hashes are chained over full blocks: hash_i = hash((hash_{i-1}, tokens of block i)).
+Each cached block also keeps its tokens, so a hit is confirmed by equality, not by the hash alone.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from batchgen.engine.scheduler.sequence import Sequence
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] | None = None  # set with block_hash, for the equality check
+
+
+def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    # Python's hash of a tuple of ints is deterministic (no per-process salt), and equality of
+    # token_ids is checked on every hit, so a 64-bit collision can never return wrong K/V.
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        assert num_blocks >= 1 and block_size >= 1
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.hash_to_block_id: dict[int, int] = {}
+        self.num_prefix_hit_tokens = 0  # counter for metrics
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks `seq` needs so that its first `num_tokens` tokens have slots."""
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids holding the longest cached prefix of `seq`'s full blocks. No side effects.
+
+        The last token is never taken from the cache: the model must compute it to produce
+        the logits for the next token.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hit: list[int] = []
+        parent: int | None = None
+        max_full_blocks = (seq.num_tokens - 1) // self.block_size
+        for i in range(max_full_blocks):
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            h = chain_hash(parent, tokens)
+            block_id = self.hash_to_block_id.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hit.append(block_id)
+            parent = h
+        return hit
+
+    def can_admit(self, seq: Sequence, cached_block_ids: list[int], num_new_tokens: int,
+                  reserve_tokens: int = 0, watermark_blocks: int = 0) -> bool:
+        """Could `seq` start with this prefix hit and `num_new_tokens` (or `reserve_tokens`)?"""
+        num_cached_tokens = len(cached_block_ids) * self.block_size
+        num_tokens = max(num_cached_tokens + num_new_tokens, reserve_tokens)
+        needed = -(-num_tokens // self.block_size) - len(cached_block_ids)
+        # cached blocks that sit in the free queue are taken out of it by the hit
+        revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
+        return needed + revived + watermark_blocks <= self.num_free_blocks
+
+    # ---- mutations -----------------------------------------------------------------------
+    def admit(self, seq: Sequence, cached_block_ids: list[int], num_new_tokens: int,
+              reserve_tokens: int = 0) -> None:
+        """Give a waiting sequence its cached prefix plus blocks for `num_new_tokens` more."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        for block_id in cached_block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(block.block_hash)
+        num_cached_tokens = len(cached_block_ids) * self.block_size
+        seq.num_hashed_blocks = len(cached_block_ids)
+        seq.num_computed_tokens = num_cached_tokens
+        self.num_prefix_hit_tokens += num_cached_tokens
+        self.allocate(seq, max(num_cached_tokens + num_new_tokens, reserve_tokens))
+
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_needed(seq, num_tokens) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> None:
+        """Append fresh blocks so `seq` has slots for its first `num_tokens` tokens."""
+        needed = self.blocks_needed(seq, num_tokens)
+        assert needed <= self.num_free_blocks, "caller must check can_allocate first"
+        for _ in range(needed):
+            block_id, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[block_id]
+            assert block.ref_count == 0
+            if block.block_hash is not None:  # evict its cached content
+                if self.hash_to_block_id.get(block.block_hash) == block_id:
+                    del self.hash_to_block_id[block.block_hash]
+                block.block_hash = None
+                block.token_ids = None
+            block.ref_count = 1
+            seq.block_table.append(block_id)
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks of `seq` that are full and computed, so later sequences hit them."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        for i in range(seq.num_hashed_blocks, num_full):
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            parent = seq.block_hashes[i - 1] if i > 0 else None
+            h = chain_hash(parent, tokens)
+            block = self.blocks[seq.block_table[i]]
+            assert block.block_hash is None
+            block.block_hash = h
+            block.token_ids = tokens
+            # first writer wins; a duplicate (computed twice concurrently) just stays private
+            self.hash_to_block_id.setdefault(h, block.block_id)
+            seq.block_hashes.append(h)
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
+
+    def free(self, seq: Sequence) -> None:
+        """Return every block of `seq` (tail first) and reset its cache bookkeeping."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            assert block.ref_count >= 1
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                cached = (block.block_hash is not None
+                          and self.hash_to_block_id.get(block.block_hash) == block_id)
+                if not cached and block.block_hash is not None:
+                    block.block_hash = None  # a private duplicate: nothing to keep
+                    block.token_ids = None
+                self.free_queue[block_id] = None
+                if not cached:
+                    self.free_queue.move_to_end(block_id, last=False)
+        seq.block_table.clear()
+        seq.block_hashes.clear()
+        seq.num_hashed_blocks = 0
+
+    # ---- invariants ----------------------------------------------------------------------
+    def check_integrity(self, live_seqs: list[Sequence] | None = None) -> None:
+        """Raise AssertionError if the pool's bookkeeping is inconsistent."""
+        owners: dict[int, int] = {}
+        for seq in live_seqs or []:
+            assert len(set(seq.block_table)) == len(seq.block_table), f"seq {seq.seq_id} repeats a block"
+            for block_id in seq.block_table:
+                owners[block_id] = owners.get(block_id, 0) + 1
+        for block in self.blocks:
+            in_free = block.block_id in self.free_queue
+            assert (block.ref_count == 0) == in_free, f"block {block.block_id}: ref/free mismatch"
+            if live_seqs is not None:
+                assert owners.get(block.block_id, 0) == block.ref_count, (
+                    f"block {block.block_id}: ref_count {block.ref_count} != "
+                    f"{owners.get(block.block_id, 0)} owners")
+            assert (block.block_hash is None) == (block.token_ids is None)
+        for h, block_id in self.hash_to_block_id.items():
+            assert self.blocks[block_id].block_hash == h, f"stale hash entry for block {block_id}"
+        assert len(self.free_queue) + sum(b.ref_count > 0 for b in self.blocks) == self.num_blocks

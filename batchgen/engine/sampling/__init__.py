@@ -1,0 +1,1 @@
+"""From a step's logits to the next token: sampling, penalties, and when a sequence stops."""

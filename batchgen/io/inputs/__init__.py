@@ -1,0 +1,1 @@
+"""Reading input shards: discovery, Parquet, JSON Lines and OpenAI Batch files as bounded Arrow batches."""

@@ -1,0 +1,82 @@
+"""The manifest's entry files: where they are, how they are named, read and listed.
+
+`_manifest/NNNNNNNN.json`, one per entry, numbered without gaps (batchgen.io.manifest.manifest writes them;
+batchgen.io.manifest.state replays them). Also what a committed part's rows were made from, read
+back from the entry (or the snapshot) that wrote it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from batchgen.errors import OutputError
+from batchgen.io.manifest.part_record import PartRecord
+from batchgen.io.store.store import OutputStore, open_store
+
+MANIFEST_DIR = "_manifest"
+FORMAT = 1
+ENTRY_RE = re.compile(r"(\d{8})\.json")
+
+
+def manifest_dir(out_dir: str | Path) -> Path:
+    """The local manifest directory (tests and local tools); the io modules go through the store."""
+    return Path(out_dir) / MANIFEST_DIR
+
+
+def entry_name(seq: int) -> str:
+    return f"{MANIFEST_DIR}/{seq:08d}.json"
+
+
+def is_job_dir(out_dir: str | Path | OutputStore) -> bool:
+    return open_store(out_dir).is_dir(MANIFEST_DIR)
+
+
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_entry_file(store: OutputStore, name: str) -> dict[str, Any]:
+    try:
+        return json.loads(store.read_bytes(name))
+    except (OSError, ValueError) as e:  # an entry is written whole (rename, or one PUT): this is damage
+        raise OutputError(f"manifest entry {store / name} is unreadable ({e}); the output directory is "
+                          "damaged: pass --overwrite to start over") from e
+
+
+def read_entry(out_dir: str | Path | OutputStore, seq: int) -> dict[str, Any]:
+    return read_entry_file(open_store(out_dir), entry_name(seq))
+
+
+def part_rows(out_dir: str | Path | OutputStore, record: PartRecord) -> tuple[list[str], list[int]]:
+    """(input shard path, input row index) per row of a committed part, from its entry."""
+    if record.shards is not None and record.rows is not None:
+        return record.shards, record.rows
+    return part_row_lists(out_dir, record)[:2]
+
+
+def part_row_lists(out_dir: str | Path | OutputStore,
+                   record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
+    """(shard path, row index, prompt hash or None) per row of a committed part, from its entry."""
+    entry = read_entry(out_dir, record.seq)
+    if entry["op"] == "snapshot":  # a part carried over by a snapshot: its rows are in the snapshot's file
+        from batchgen.io.manifest.snapshot import snapshot_part
+
+        return snapshot_part(out_dir, entry, record.name)
+    p = next(p for p in entry["write"] if p["name"] == record.name)
+    return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
+
+
+def entry_paths(store: OutputStore) -> list[tuple[int, str]]:
+    """(seq, name) of every entry, oldest first; a gap is damage."""
+    names = store.list(MANIFEST_DIR)
+    entries = sorted((int(m.group(1)), f"{MANIFEST_DIR}/{name}") for name in names
+                     if (m := ENTRY_RE.fullmatch(name)))
+    for (a, _), (b, name) in zip(entries, entries[1:], strict=False):
+        if b != a + 1:
+            raise OutputError(f"manifest is damaged: entry {a + 1:08d}.json is missing before {name}")
+    return entries

@@ -1,0 +1,254 @@
+"""The output directory's manifest: which parts are committed, and under which job config.
+
+An output directory holds:
+
+    part-NNNNN-xxxxxxxx.parquet  committed parts: all that pyarrow.dataset (or any reader) sees
+    _manifest/NNNNNNNN.json      the commit log: one small JSON file per entry, never changed
+    _batchgen.lock               the running job's lock (batchgen.io.store.lock)
+    _SUCCESS                     written last, once every input row has a committed output row
+    _summary.json                the last run's counts and throughput
+    .part-....tmp                a part written but not (yet) published; never read by anyone
+
+The manifest is the single source of truth; part files follow it. A commit is:
+
+    1. stage   every new part, and every rewritten part, under a hidden temp name, fsynced,
+               then fsync the directory, so the temps' names are durable too;
+    2. commit  one entry `_manifest/{seq}.json` listing them (temp + fsync + link + dir fsync):
+               the commit point;
+    3. publish the entry: delete the parts it removes, rename its rewrites over their old
+               files, then rename its new parts into place. No fsync: a rename or unlink that a
+               power cut undoes is redone by recovery from the durable entry.
+
+A crash before 2 leaves only hidden temps, which recovery deletes: the rows were never committed
+and are generated again. A crash after 2 leaves a committed entry whose temps recovery finishes
+publishing (roll forward). So a part is visible only once committed, and a crash at any point
+neither loses a committed row nor shows one twice. Step 3 removes before it adds: a row that
+moves (an error row retried, a compaction) can be missing from the visible output for a moment
+while a job runs, never present twice. Readers that must see everything wait for `_SUCCESS`.
+
+Why not the other order (publish, then record)? Then a crash between the two leaves a visible
+part no entry knows. Deleting it on the next run works for appends, but a retried error row
+lives in two visible parts in that window, and a plain-directory reader cannot tell which one
+counts. Why one file per entry rather than an appended JSONL log? An entry written by rename is
+whole or absent; an appended line can be torn by a crash and needs checksums and truncation.
+
+In an object store (batchgen.io.store.store.ObjectStore: no rename, no fsync) step 1 writes each part
+(one PUT, whole or absent) under its final, unique name; step 2 is the same entry (a new name,
+written once); step 3 only deletes what the entry removes. A part is thus visible to a plain
+listing before its entry exists: readers, `status` and `compact` go by the manifest, and recovery
+deletes every part no entry names (a job killed between 1 and 2). A rewrite of a part gets a new
+name and the entry removes the old one. The job's lease (batchgen.io.store.lease) is read back before
+every entry (`guard`), so a job that lost it commits nothing more.
+
+Entry payloads (every entry also has "format", "seq", "time"):
+    {"op": "begin", "fingerprint": {...}}   a job (re)starts here: earlier parts are all dropped
+    {"op": "inputs", "inputs": [{"path", "num_rows", "identity"}], "max_rows", "orphans"}
+                                            what the latest run reads (batchgen.jobs.durability.identity)
+    {"op": "commit" | "compact" | "repair", "shards": [input paths], "write": [part], "remove": [names]}
+    {"op": "snapshot", ...}                 the whole state so far (batchgen.io.manifest.snapshot)
+A part: {"name", "temp", "num_rows", "num_bytes", "sha256", "ids": [...], "errors": [positions of
+         its error rows], "shard": [index into "shards", per row], "row": [input row index, per row],
+         "hashes": [prompt hash per row, null for error rows]}.
+"shard" and "row" are hidden bookkeeping for `batchgen compact` (input order) and `status`.
+A part named again in "write" replaces the earlier version (a part minus its replaced rows).
+Every entry is checked against the state before it is written (ManifestState.validate).
+
+Loading replays the entries from the latest snapshot (batchgen.io.manifest.state): memory is
+O(committed rows), about 60 bytes a row (each part's ids held compactly, batchgen.io.ids.compact_lists,
+plus an exact hash index of them, batchgen.io.ids.index), and the time follows the parts, not the commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from batchgen.errors import OutputError
+from batchgen.io.manifest.snapshot import SNAPSHOT_EVERY_ENTRIES, clean_rows_files, snapshot_payload
+from batchgen.io.manifest.state import (  # re-exported: the manifest's readers import them from here
+    FORMAT,
+    MANIFEST_DIR,
+    ManifestState,
+    PartRecord,
+    entry_name,
+    entry_paths,
+    fingerprint_digest,
+    is_job_dir,
+    load_manifest,
+    manifest_dir,
+    part_rows,
+    read_entry,
+)
+from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.writers import (
+    TEMP_SUFFIX,
+    StagedPart,
+    fault_point,
+    publish_staged,
+    write_json_atomic,
+)
+
+__all__ = ["FORMAT", "MANIFEST_DIR", "PART_NAME_RE", "SUCCESS_FILE", "Manifest", "ManifestState", "PartRecord",
+           "clear_success", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir", "part_rows",
+           "read_entry", "write_success"]
+
+log = logging.getLogger(__name__)
+
+SUCCESS_FILE = "_SUCCESS"
+PART_NAME_RE = re.compile(r"part-\d{5,}-[0-9a-f]{8}\.parquet")
+
+
+class Manifest:
+    """Appends entries to one output directory's manifest; the caller holds the lock."""
+
+    def __init__(self, out_dir: str | Path | OutputStore, state: ManifestState | None = None,
+                 *, guard: Any = None):
+        self.store = open_store(out_dir)
+        # a local Path where there is one (callers build paths from it), else the store (its str is the URL)
+        self.out_dir = self.store.path() if isinstance(self.store, LocalStore) else self.store
+        self.state = state if state is not None else load_manifest(self.store)
+        self.guard = guard  # the lock or lease: checked before each entry where it can be lost (a lease)
+
+    def append(self, op: str, **payload: Any) -> dict[str, Any]:
+        """Write the next entry (the commit point) and apply it to the in-memory state."""
+        store = self.store
+        store.makedir(MANIFEST_DIR)
+        entry = {"format": FORMAT, "seq": self.state.last_seq + 1, "time": time.time(), "op": op, **payload}
+        self.state.validate(entry)  # before it is durable: a bad entry would fail every later load
+        self._check_guard()
+        write_json_atomic(self._entry_target(entry["seq"]), entry, exclusive=True)
+        self.state.apply(entry)
+        return entry
+
+    def _entry_target(self, seq: int) -> Path | tuple[OutputStore, str]:
+        if isinstance(self.store, LocalStore):
+            return self.store.path(entry_name(seq))
+        return self.store, entry_name(seq)
+
+    def _check_guard(self) -> None:
+        """A lease can expire under a stalled job and be taken over: never commit after that."""
+        check = getattr(self.guard, "check", None)
+        if check is not None:
+            check()
+
+    def begin(self, fingerprint: dict[str, Any]) -> None:
+        """Start a job: from this entry on, no earlier part counts (and recovery deletes them)."""
+        self.append("begin", fingerprint=fingerprint)
+
+    def commit(self, parts: list[tuple[StagedPart, PartRecord]], remove: list[str] = (), *,
+               op: str = "commit") -> None:
+        """Commit staged parts (new ones and rewrites) and removals, then publish them."""
+        if not parts and not remove:
+            return
+        clear_success(self.store)  # the visible output is about to change
+        try:
+            fault_point("fsync_staged")
+            self.store.sync()  # the staged temps' names: an entry must never outlive its files
+        except OSError as e:
+            raise OutputError(f"cannot sync {self.out_dir}: {e.strerror or e}") from e
+        shard_paths = sorted({s for _, r in parts for s in r.shards})
+        index = {path: i for i, path in enumerate(shard_paths)}
+        self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
+        self.publish([s for s, _ in parts], remove)
+        if op == "commit" and self.state.last_seq - (self.state.snapshot_seq or 0) >= SNAPSHOT_EVERY_ENTRIES:
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        """Consolidate: one entry (and its rows file) holding the whole state, then drop the
+        entries before it (batchgen.io.manifest.snapshot), so a load stays O(parts)."""
+        state = self.state
+        seq = state.last_seq + 1
+        entry = {"format": FORMAT, "seq": seq, "time": time.time(), "op": "snapshot",
+                 **snapshot_payload(self.store, state, seq)}
+        self._check_guard()
+        write_json_atomic(self._entry_target(seq), entry, exclusive=True)
+        # the in-memory state already is the snapshot's; only where each part's rows live moved
+        for record in state.parts.values():
+            record.seq = seq
+        state.last_seq = state.snapshot_seq = seq
+        state.snapshot_rows = entry["rows"]["name"]
+        self.drop_before(seq)
+
+    def publish(self, staged: list[StagedPart], remove: list[str], *, durable: bool = False) -> None:
+        """Step 3: removals, then rewrites of existing names, then new names (never a duplicate).
+
+        Not fsynced unless `durable`: after a power cut a lost rename or unlink is redone by
+        recovery, because the entry that asked for it is durable. In an object store the parts
+        are in place already (staged under their final names): only the removals remain.
+        """
+        for name in remove:
+            self.store.delete(name)
+        if staged and self.store.renames:
+            present = self.store.list()
+            staged = sorted(staged, key=lambda s: s.name not in present)
+        publish_staged(staged, durable=durable)
+
+    def recover(self) -> list[PartRecord]:
+        """Finish what a crash interrupted; return committed parts that are missing or damaged.
+
+        Deletes visible parts the manifest does not hold (a part removed by a commit the crash
+        interrupted, or, in an object store, a part staged under its final name that no entry
+        committed), publishes temps of committed parts, deletes every other temp.
+        """
+        state, store = self.state, self.store
+        names = store.list()
+        for name in sorted(names):
+            if PART_NAME_RE.fullmatch(name) and name not in state.parts:
+                log.info("removing %s: no committed manifest entry holds it", name)
+                store.delete(name)
+        by_temp = {r.temp: r for r in state.parts.values() if r.temp != r.name}  # an object store's: none
+        pending = []
+        for name in sorted(names):
+            record = by_temp.get(name)
+            if record is None:
+                continue
+            if store.digest(name) == (record.num_bytes, record.sha256):
+                pending.append(StagedPart(store, record.name, name, record.num_rows, record.num_bytes, record.sha256))
+            else:
+                log.warning("staged file %s does not match its manifest entry; discarding it", name)
+        if pending:
+            log.info("publishing %d parts committed before the previous run stopped", len(pending))
+            self.publish(pending, [])
+        for sub in ("", MANIFEST_DIR):
+            for name in store.list(sub):
+                if name.startswith(".") and name.endswith(TEMP_SUFFIX):  # uncommitted, or stale
+                    store.delete(f"{sub}/{name}" if sub else name)
+        damaged = []
+        sizes = store.list()
+        for record in state.parts.values():
+            if sizes.get(record.name) != record.num_bytes:
+                damaged.append(record)
+        store.sync()
+        return damaged
+
+    def drop_history(self) -> None:
+        """Delete entries before the latest "begin" or snapshot (dead since it)."""
+        first = max(self.state.begin_seq or 0, self.state.snapshot_seq or 0)
+        if first:
+            self.drop_before(first)
+
+    def drop_before(self, first: int) -> None:
+        """Delete entries before seq `first`, oldest first, so a crash part way leaves a contiguous
+        suffix; and every snapshot rows file but the current one."""
+        store = self.store
+        for seq, name in entry_paths(store):
+            if seq >= first:
+                break
+            store.delete(name)
+        clean_rows_files(store, self.state.snapshot_rows)
+        store.sync(MANIFEST_DIR)
+
+
+def clear_success(out_dir: str | Path | OutputStore) -> None:
+    store = open_store(out_dir)
+    if store.exists(SUCCESS_FILE):
+        store.delete(SUCCESS_FILE)
+        store.sync()
+
+
+def write_success(out_dir: str | Path | OutputStore, payload: dict[str, Any]) -> None:
+    store = open_store(out_dir)
+    write_json_atomic(store.path(SUCCESS_FILE) if isinstance(store, LocalStore) else (store, SUCCESS_FILE), payload)

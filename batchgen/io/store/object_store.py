@@ -1,0 +1,217 @@
+"""Object-store output: an s3:// or gs:// prefix through pyarrow.fs (batchgen.io.store.store describes the interface).
+
+An object is written with one PUT, so it is whole or absent, but there is no rename, no directory
+and no fsync: the commit protocol (batchgen.io.manifest.manifest) writes a part under its final, unique name
+before the manifest entry that commits it, and the job holds a lease (batchgen.io.store.lease) instead of
+a lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from batchgen.errors import OutputError, UnsupportedOutputError
+from batchgen.io.store.store import URL_RE, OutputStore
+
+OBJECT_SCHEMES = ("s3", "gs")  # object stores pyarrow.fs reaches; gs only where pyarrow has GcsFileSystem
+S3_REQUEST_TIMEOUT_S = 60.0
+S3_CONNECT_TIMEOUT_S = 10.0
+
+
+class ObjectStore(OutputStore):
+    """An object-store prefix through pyarrow.fs. Objects are written with one PUT each (buffered
+    in memory: a part is at most --rows-per-part rows), so a failed write leaves nothing."""
+
+    renames = False
+
+    def __init__(self, fs: pafs.FileSystem, base: str, url: str):
+        self.fs = fs
+        self.base = base.rstrip("/")
+        self.url = url.rstrip("/")
+
+    def _key(self, name: str) -> str:
+        return f"{self.base}/{name}" if name else self.base
+
+    def list(self, sub: str = "") -> dict[str, int | None]:
+        selector = pafs.FileSelector(self._key(sub), allow_not_found=True, recursive=False)
+        try:
+            infos = self.fs.get_file_info(selector)
+        except OSError as e:
+            raise OutputError(f"cannot list {self / sub}: {e}") from e
+        return {info.base_name: (None if info.type == pafs.FileType.Directory else info.size) for info in infos}
+
+    def is_dir(self, sub: str) -> bool:
+        return bool(self.list(sub))  # a prefix exists while an object is under it
+
+    def exists(self, name: str) -> bool:
+        try:
+            return self.fs.get_file_info(self._key(name)).type == pafs.FileType.File
+        except OSError as e:
+            raise OutputError(f"cannot read {self / name}: {e}") from e
+
+    def makedir(self, sub: str) -> None:
+        pass  # prefixes need no creating
+
+    def read_bytes(self, name: str) -> bytes:
+        try:
+            with self.fs.open_input_stream(self._key(name)) as file:
+                return file.read()
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            if _not_found(e):
+                raise FileNotFoundError(errno.ENOENT, str(e), self / name) from e
+            raise
+
+    def place(self, name: str, write: Callable[[BinaryIO], None], *, exclusive: bool = False) -> None:
+        if exclusive and self.exists(name):
+            # no conditional PUT through pyarrow.fs: the lease keeps writers apart, this catches a bug
+            raise OutputError(f"{self / name} appeared while this job was writing it: another process is "
+                              "writing to this output")
+        self._put(name, write)
+
+    def stage(self, name: str, write: Callable[[BinaryIO], None]) -> None:
+        self._put(name, write)
+
+    def _put(self, name: str, write: Callable[[BinaryIO], None]) -> None:
+        from batchgen.io.store.writers import fault_point
+
+        buffer = io.BytesIO()
+        fault_point("write")
+        write(buffer)
+        try:
+            with self.fs.open_output_stream(self._key(name)) as out:  # one object, visible on close
+                out.write(buffer.getbuffer())
+        except OSError as e:
+            raise OutputError(f"cannot write {self / name}: {e}") from e
+
+    @contextmanager
+    def open_stream(self, name: str) -> Iterator[Any]:
+        """A new object at `name`, written through the block as a stream (a multipart upload: a file of
+        any size, never held whole in memory), visible whole when the block ends. A kill before then
+        leaves no object (an upload that is never completed is not one; a bucket lifecycle rule
+        removes its parts). pyarrow cannot abort an upload, so an error in the block completes it
+        and the partial object is deleted at once: a caller that needs "whole or absent" across a
+        failure keeps a marker of its own (the OpenAI Batch files: _SUCCESS)."""
+        from batchgen.io.store.writers import fault_point
+
+        try:
+            out = self.fs.open_output_stream(self._key(name))
+        except OSError as e:
+            raise OutputError(f"cannot write {self / name}: {e}") from e
+        try:
+            yield out
+            fault_point("stream_close")
+        except BaseException:
+            self._close_and_delete(out, name)
+            raise
+        try:
+            out.close()
+        except OSError as e:
+            self._close_and_delete(out, name)
+            raise OutputError(f"cannot write {self / name}: {e}") from e
+
+    def _close_and_delete(self, out: Any, name: str) -> None:
+        try:
+            out.close()
+        except OSError:
+            pass
+        try:
+            self.delete(name)
+        except OutputError:
+            pass  # best effort: the caller's own marker says the object is not to be read
+
+    def rename(self, src: str, dst: str) -> None:
+        raise AssertionError("an object store has no rename: the commit protocol never asks for one there")
+
+    def delete(self, name: str) -> None:
+        try:
+            self.fs.delete_file(self._key(name))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if not _not_found(e):
+                raise OutputError(f"cannot remove {self / name}: {e}") from e
+
+    def open_input(self, name: str):
+        return self.fs.open_input_file(self._key(name))
+
+    def lock(self):
+        from batchgen.io.store.lease import Lease
+
+        return Lease(self)
+
+    def holder(self) -> dict[str, Any] | None:
+        from batchgen.io.store.lease import lease_holder
+
+        return lease_holder(self)
+
+    def sub(self, name: str) -> ObjectStore:
+        return ObjectStore(self.fs, self._key(name), f"{self.url}/{name}")  # the same connection
+
+
+def _not_found(e: OSError) -> bool:
+    return "NoSuchKey" in str(e) or "not found" in str(e).lower() or "does not exist" in str(e)
+
+
+def check_object_url(text: str) -> None:
+    """Refuse an output URL that no object store here can write (exit 2)."""
+    m = URL_RE.match(text)
+    assert m is not None, "a URL"
+    scheme = m.group(1).lower()
+    if scheme == "gs" and not hasattr(pafs, "GcsFileSystem"):
+        raise UnsupportedOutputError(f"--output {text}: this pyarrow was built without Google Cloud Storage "
+                                     "support; write to s3://, a local or a mounted directory")
+    if scheme not in OBJECT_SCHEMES:
+        raise UnsupportedOutputError(f"--output {text}: writing to a {scheme}:// URL is not supported; use "
+                                     "s3://bucket/prefix, gs://bucket/prefix, or a local or mounted directory")
+    bucket_and_prefix = text[m.end():].strip("/")
+    if "/" not in bucket_and_prefix or not bucket_and_prefix.split("/", 1)[1]:
+        raise UnsupportedOutputError(f"--output {text}: give a prefix inside the bucket "
+                                     f"({scheme}://BUCKET/PREFIX): a job's output never takes a whole bucket")
+
+
+def open_object_store(url: str) -> ObjectStore:
+    """The store for an s3:// or gs:// output URL."""
+    check_object_url(url)
+    text = url.rstrip("/")
+    scheme = URL_RE.match(text).group(1).lower()
+    try:
+        if scheme == "s3":
+            fs, base = _s3_filesystem(text)
+        else:
+            fs, base = pafs.FileSystem.from_uri(text)
+    except (OSError, ValueError, pa.ArrowInvalid) as e:
+        raise OutputError(f"--output {text}: cannot open the object store: {e}") from e
+    return ObjectStore(fs, base, text)
+
+
+def _s3_filesystem(url: str) -> tuple[pafs.FileSystem, str]:
+    """S3 with the standard AWS environment: credentials through the AWS SDK's own chain
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, instance roles), the
+    region from AWS_REGION / AWS_DEFAULT_REGION (else asked of the bucket), and AWS_ENDPOINT_URL_S3
+    or AWS_ENDPOINT_URL for an S3-compatible server (MinIO, Ceph, moto).
+
+    The request timeout is raised from the SDK's 3 s: a commit is a few requests, and a job on a
+    busy machine or a slow link should wait for them rather than fail."""
+    base = url.split("://", 1)[1]
+    bucket = base.split("/", 1)[0]
+    options: dict[str, Any] = {"request_timeout": S3_REQUEST_TIMEOUT_S, "connect_timeout": S3_CONNECT_TIMEOUT_S}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        if not host:
+            scheme, host = "https", endpoint
+        options.update(endpoint_override=host.rstrip("/"), scheme=scheme)
+    elif not region:
+        region = pafs.resolve_s3_region(bucket)
+    return pafs.S3FileSystem(region=region or "us-east-1", **options), base

@@ -1,0 +1,166 @@
+"""`batchgen plan`: the dry run. Tokenize, plan, calibrate, estimate; write nothing.
+
+It reads the input as `batchgen run` would (same checks, same prompts), plans every shard with
+batchgen.jobs.planning.planner (with --output naming a job's directory or object-store prefix, or one shard's
+of a sharded job, only the rows a resume would run: the committed ones are counted, not planned, and
+the output-length model the job saved there is used), and reports per shard the rows, prompt and predicted
+output lengths, the mode with its reason, the KV memory needed and an estimated time. Memory stays
+bounded like the job's: one window of rows at a time, per-shard aggregates, and bounded samples for
+the job-wide quantiles.
+
+Estimated time comes from a short calibration run (batchgen.jobs.planning.estimate). Without a sample (no
+rows, or --calibration-rows 0) there is no estimate.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchgen.config.job import JobConfig
+from batchgen.engine.scheduler.scheduler import Policy
+from batchgen.io.manifest.manifest import is_job_dir, load_manifest
+from batchgen.io.store.store import open_store
+from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job
+from batchgen.jobs.pipeline.summary import plural
+from batchgen.jobs.planning.output_size import OutputSize, text_bytes_per_token
+from batchgen.jobs.sharding.split import shard_output_dir
+
+if TYPE_CHECKING:
+    from batchgen.engine.model.loader import LoadedModel
+
+
+def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibration_rows: int = 16) -> dict[str, Any]:
+    """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
+    inputs = open_inputs(config, need_output=False)
+    # the job's (or this shard's) output: a local directory or an object-store prefix, read, never written
+    out = open_store(shard_output_dir(config.output, config.shard_index, config.num_shards)) if config.output else None
+    out_dir = out if out is not None and is_job_dir(out) else None
+    # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows;
+    # with --id-column a committed row counts as done only while its prompt hash is unchanged, as in a run
+    check_prompts = config.id_column is not None
+    state = load_manifest(out_dir, keep_hashes=check_prompts) if out_dir is not None else None
+    if state is not None and ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs):
+        return {"nothing_to_do": True, "output": str(out_dir), "num_rows": 0, "num_rows_done": state.num_committed_rows,
+                "num_error_rows_done": len(state.error_ids), "shards": []}
+    # torch and transformers load here, once every check has passed
+    from batchgen.engine.model.loader import load_model
+    from batchgen.jobs.pipeline.core import build_engine
+    from batchgen.jobs.planning.estimate import Tally, calibrate, kv_bytes, shard_seconds, shard_work
+
+    if loaded is None:
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                            trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                            quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
+    engine = build_engine(config, loaded)
+    job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
+    planner, block_size = job.planner, engine.block_size
+    bytes_per_token = engine.kv_cache.spec.bytes_per_token
+    budget = engine.limits.max_num_batched_tokens  # the step token budget (set or auto)
+
+    rng = random.Random(0)
+    prompt_tally, p50_tally, p90_tally = Tally(rng), Tally(rng), Tally(rng)
+    shards: list[dict[str, Any]] = []
+    work = []
+    sample: list[list[int]] = []
+    size = OutputSize([f.name for f in inputs.source.passthrough_fields])
+    for plan in planner.plans(job.rows(on_error=lambda row, message: size.add(row.row_id, row.values))):
+        if not sample and calibration_rows > 0:
+            step = max(1, plan.num_rows // calibration_rows)  # spread over the shard, not its longest rows
+            sample = [r.prompt_token_ids for r in plan.rows[::step][:calibration_rows]]
+        for r in plan.rows:
+            size.add(r.row.row_id, r.row.values)
+            prompt_tally.add(r.num_prompt_tokens)
+            p50_tally.add(r.prediction.p50)
+            p90_tally.add(r.prediction.p90)
+        entry = plan.describe()
+        entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token)
+        shards.append(entry)
+        work.append(shard_work(plan, budget))
+
+    calibration = calibrate(engine, sample) if sample else None
+    total_s = 0.0 if calibration else None
+    for entry, w in zip(shards, work, strict=True):
+        if calibration is None:
+            entry["estimated_seconds"] = None
+            entry["estimates"] = None
+            continue
+        estimates = shard_seconds(calibration, w, entry["batch_size"], budget)
+        entry["estimates"] = estimates
+        entry["estimated_seconds"] = estimates[entry["mode"]]
+        total_s += estimates[entry["mode"]]
+    del engine
+
+    return {
+        "inputs": inputs.scan.to_json(), "model": loaded.name, "mode": config.mode,
+        "window_rows": config.window_rows, "batch_size": config.batch_size or "auto",
+        "max_num_batched_tokens": budget,
+        "static_min_occupancy": config.static_min_occupancy,
+        "num_rows": prompt_tally.count, "num_error_rows": job.num_error_rows, "num_rows_done": job.num_rows_skipped,
+        "num_shards": len(shards),
+        "num_shards_static": sum(s["mode"] == Policy.STATIC for s in shards),
+        "prompt_tokens": prompt_tally.describe(), "predicted_output_tokens": p50_tally.total,
+        "output_tokens_p50": p50_tally.describe(), "output_tokens_p90": p90_tally.describe(),
+        "learned_rows": job.predictor.num_learned_rows,
+        "kv": {"bytes_per_token": bytes_per_token, "cache_bytes": planner.kv_capacity_tokens * bytes_per_token,
+               "cache_tokens": planner.kv_capacity_tokens,
+               "needed_bytes_max": max((s["kv_bytes"]["needed"] for s in shards), default=0)},
+        "calibration": None if calibration is None else {
+            "num_rows": calibration.num_rows, "num_steps": calibration.num_steps,
+            "step_overhead_ms": round(1000 * calibration.step_overhead_s, 3),
+            "ms_per_token": round(1000 * calibration.seconds_per_token, 5)},
+        "estimated_seconds": None if total_s is None else round(total_s, 3),
+        "output_size": size.describe(p50_tally.total, text_bytes_per_token(loaded.tokenizer, sample)),
+        "shards": shards,
+    }
+
+
+def plan_lines(report: dict[str, Any]) -> list[str]:
+    """The plan for people: a header, then one line per shard."""
+    if report.get("nothing_to_do"):
+        return [f"nothing to do: all {report['num_rows_done']} rows are committed in {report['output']} "
+                f"({plural(report['num_error_rows_done'], 'error row')}); a run there would load no model"]
+    p, o50, o90, kv = report["prompt_tokens"], report["output_tokens_p50"], report["output_tokens_p90"], report["kv"]
+    done = f"; {report['num_rows_done']} committed before, not planned" if report["num_rows_done"] else ""
+    lines = [
+        f"plan: {plural(report['num_rows'], 'row')} ({plural(report['num_error_rows'], 'error row')}{done}) in "
+        f"{plural(report['num_shards'], 'shard')} of at most {report['window_rows']} rows; mode {report['mode']}: "
+        f"{report['num_shards_static']} static, {report['num_shards'] - report['num_shards_static']} continuous",
+        f"prompt tokens: mean {p['mean']}, p50 {p['p50']}, p90 {p['p90']}, max {p['max']}, total {p['total']}",
+        f"predicted output tokens per row: p50 mean {o50['mean']} (p50 {o50['p50']}, p90 {o50['p90']}, max "
+        f"{o50['max']}); p90 mean {o90['mean']}; total {report['predicted_output_tokens']}; learned from "
+        f"{report['learned_rows']} earlier rows",
+        f"KV cache: {_size(kv['bytes_per_token'])} per token; the engine's cache holds {kv['cache_tokens']} tokens "
+        f"({_size(kv['cache_bytes'])}); the most a shard needs at once: {_size(kv['needed_bytes_max'])}",
+    ]
+    size = report["output_size"]
+    copied = ", ".join(f"{name} {_size(n)}" for name, n in size["copied_columns"].items()) or "none"
+    lines.append(f"output size: ~{_size(size['total_bytes'])} uncompressed: generated text ~"
+                 f"{_size(size['generated_text_bytes'])} ({size['bytes_per_token']} bytes per token), copied input "
+                 f"columns ~{_size(size['copied_columns_bytes'])} ({copied}; --keep-columns chooses them)")
+    if report["shards"]:
+        first = report["shards"][0]
+        lines.append(f"batch (first shard): {first['batch_size_reason']}")
+    cal = report["calibration"]
+    if cal is None:
+        lines.append("estimated time: none (no calibration run)")
+    else:
+        lines.append(f"calibration: {cal['num_steps']} steps on {cal['num_rows']} rows: a step costs "
+                     f"{cal['step_overhead_ms']} ms + {cal['ms_per_token']} ms per token; estimated time "
+                     f"{report['estimated_seconds']:.1f} s")
+    lines.append(f"{'shard':>5} {'rows':>7} {'mode':<10} {'est s':>9} {'occupancy':>9}  source (first row): reason")
+    for s in report["shards"]:
+        est = "-" if s["estimated_seconds"] is None else f"{s['estimated_seconds']:.1f}"
+        lines.append(f"{s['index']:>5} {s['num_rows']:>7} {s['mode']:<10} {est:>9} {s['static_occupancy']:>9.0%}  "
+                     f"{Path(s['path']).name} ({s['first_row']}): {s['reason']}")
+    return lines
+
+
+def _size(num_bytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024 or unit == "GiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes} B"

@@ -1,0 +1,208 @@
+"""`batchgen run`: input rows -> prompts -> engine -> committed Parquet parts, resumable.
+
+Order of work, so that a mistake costs nothing: check the config and the inputs (including one
+pass over the id column: duplicate or null ids), then lock the output directory, finish or undo
+what a crashed run left there, and compare the config fingerprint with the one it was begun with
+(no model loaded yet); then load the model and stream.
+
+Rows whose prompt cannot be built (null, empty or non-text prompt, a cell that is not valid
+text, a bad per-row limit, too long with --on-long-prompt error) become error rows: the job
+completes and commits exactly one output row per input row.
+
+Finished rows are committed every --commit-every rows and every --commit-every-seconds
+(batchgen.io.manifest.manifest describes a commit), so a crash loses at most that much work. Running the
+same command again resumes: committed rows are skipped by id, error rows are generated again
+(unless --no-retry-errors) and replace their old row. `_SUCCESS` is written last, once every
+input row has a committed output row and the error rate is within --max-error-rate.
+SIGTERM / SIGINT commit the finished rows and exit 143 / 130 (batchgen.jobs.pipeline.signals).
+One shard of a sharded job (--num-shards, batchgen.jobs.sharding.split) is such a job over its share of
+the input, in OUTPUT/shard-I-of-N/.
+
+Rows reach the engine through the length planner (batchgen.jobs.planning.planner): windows of rows become
+shards with predicted output lengths, a run order and a mode each, which the job core
+(batchgen.jobs.pipeline.core) runs: one engine at a time, a static rerun where a continuous engine fails.
+This module is the local executor around that core: the reader feeds it, and each finished row
+goes to the committer, the progress line and the output-length predictor, whose state is saved
+with each commit (`_length_model.json`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from batchgen.config.job import JobConfig
+from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
+from batchgen.io.manifest.manifest import clear_success, fingerprint_digest, is_job_dir, load_manifest, write_success
+from batchgen.io.store.schema import output_schema
+from batchgen.io.store.writers import json_bytes
+from batchgen.jobs.durability.fingerprint import job_fingerprint
+from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
+from batchgen.jobs.pipeline.prepare import open_inputs
+from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
+from batchgen.jobs.pipeline.summary import RunSummary, plural
+from batchgen.jobs.sharding.sharded import check_job_output
+from batchgen.jobs.sharding.split import shard_output_dir
+
+if TYPE_CHECKING:
+    from batchgen.engine.model.loader import LoadedModel
+
+log = logging.getLogger("batchgen")
+
+# after a signal, in-flight checkpoints are written only with this much of the grace budget left
+# (a write is one JSON file and one manifest entry: milliseconds, unless the disk is stalling)
+MIN_SECONDS_FOR_CHECKPOINT = 1.0
+
+__all__ = ["SUMMARY_FILE", "RunSummary", "run_job"]
+
+
+def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSummary:
+    """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes."""
+    inputs = open_inputs(config)
+    source, scan = inputs.source, inputs.scan
+    out: str | Path = config.output  # a local directory or an s3:// / gs:// prefix (batchgen.io.store.store)
+    if config.num_shards is not None:  # one shard of a sharded job: OUTPUT/shard-I-of-N/ (a directory or prefix)
+        check_job_output(config.output, config.num_shards)
+        out = shard_output_dir(config.output, config.shard_index, config.num_shards)
+    session = OutputSession(out, overwrite=config.overwrite, keep_hashes=config.id_column is not None)
+    if config.executor == "local" and _needs_model(config, inputs, session):
+        # torch and transformers load here, before the lock, so that holding the lock means "past the
+        # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
+        import batchgen.engine.model.loader  # noqa: F401
+        import batchgen.jobs.executors.local  # noqa: F401
+    summary: RunSummary | None = None
+    stage = "opening the output directory"  # what an interrupt stopped, for its message
+    with SignalGuard(config.stop_grace_s or None) as guard:
+        try:
+            try:
+                with guard.critical():
+                    session.open()
+                schema = output_schema(source.id_field, source.passthrough_fields,
+                                       with_prompt_hash=session.writes_prompt_hash())
+                session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
+                session.check_inputs(scan, id_column=config.id_column)
+                resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)
+                if not config.overwrite and resume.nothing_to_do(inputs):
+                    with guard.critical():
+                        summary = _nothing_to_do(config, session)
+                    return summary
+                if config.executor == "ray":
+                    # the actors load the model; the job begins once they report its fingerprint
+                    from batchgen.ray.driver import RayJob
+
+                    stage = "generating on Ray"
+                    job = RayJob(config, inputs, session, guard, schema)
+                else:
+                    stage = "loading the model"
+                    job = _local_job(config, inputs, loaded, session, guard, schema)
+                    stage = "generating"
+                try:
+                    summary = job.run() if config.executor == "ray" else job.run(scan)
+                except BaseException:
+                    with guard.critical():
+                        _write_partial(session, job.summary)
+                    raise
+                with guard.critical():
+                    _finish(config, session, summary)
+            finally:
+                with guard.critical():
+                    session.close()
+        except Interrupt as stop:
+            if summary is not None and summary.complete:
+                return summary  # the signal came after the job was done: nothing is left to stop
+            state = session.state if session.manifest is not None else None
+            committed = f"{plural(state.num_committed_rows, 'row')} committed so far" if state is not None else (
+                "nothing was written")
+            raise JobInterrupted(stop.signum, f"interrupted by {signal.Signals(stop.signum).name} while {stage}; "
+                                 f"{committed}; run the same command again to resume") from None
+    return summary
+
+
+def _local_job(config: JobConfig, inputs, loaded: LoadedModel | None, session: OutputSession, guard: SignalGuard,
+               schema):
+    """Load the model (unless given), build the local executor and begin the job."""
+    # torch and transformers load here, once every check has passed (seconds on their own)
+    from batchgen.engine.model.loader import load_model
+    from batchgen.jobs.executors.local import LocalJob
+
+    if loaded is None:
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                            trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                            quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
+    job = LocalJob(config, inputs, loaded, session, guard, schema)
+    with guard.critical():
+        if config.num_shards is not None:  # this shard's rows may change: the set is not final
+            clear_success(config.output)
+        session.start(job.fingerprint, inputs.scan, config.max_rows)
+    if session.state.num_committed_rows:
+        log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,
+                 session.state.num_committed_rows, len(session.state.error_ids))
+    return job
+
+
+def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:
+    """Read-only, before the lock: False when the run will end without a model (a directory that
+    will be refused, a job with nothing left to do), read as `batchgen status` reads a live job."""
+    store = session.store
+    if session.foreign_names():
+        return False
+    if config.overwrite or not is_job_dir(store):
+        return True
+    check_prompts = config.id_column is not None
+    state = load_manifest(store, keep_hashes=check_prompts)
+    return not ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs)
+
+
+def _nothing_to_do(config: JobConfig, session: OutputSession) -> RunSummary:
+    """A rerun over a job whose every input row is committed: no model, no new commit; the
+    summary and _SUCCESS are written as by any run (also after a crash between the last commit
+    and _SUCCESS)."""
+    summary = RunSummary(output_dir=str(session.out_dir), model=config.model or "default", mode=config.mode,
+                         nothing_to_do=True, num_rows_skipped=session.state.num_committed_rows)
+    _finish(config, session, summary)
+    return summary
+
+
+def _write_partial(session: OutputSession, summary: RunSummary) -> None:
+    """_summary.json of a run that stopped early (a signal, an error), marked partial, so the logs
+    and sensors of the task that ran it see how far it got. Best effort: the stop's own error wins."""
+    state = session.state
+    summary.partial, summary.complete = True, False
+    summary.output_rows = state.num_committed_rows
+    summary.output_rows_error = len(state.error_ids)
+    try:
+        session.store.write_bytes(SUMMARY_FILE, json_bytes(summary.to_dict()))
+    except OutputError as e:
+        log.warning("could not write the partial %s: %s", SUMMARY_FILE, e)
+
+
+def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> None:
+    """Write _summary.json, then _SUCCESS (last) unless the error rate fails the job."""
+    state = session.state
+    summary.output_rows = state.num_committed_rows
+    summary.output_rows_error = len(state.error_ids)
+    rate = config.max_error_rate
+    failed = (rate is not None and summary.output_rows
+              and summary.output_rows_error / summary.output_rows > rate)
+    summary.complete = not failed
+    session.store.write_bytes(SUMMARY_FILE, json_bytes(summary.to_dict()))
+    success: dict = {"rows": summary.output_rows, "rows_error": summary.output_rows_error,
+                     "fingerprint": fingerprint_digest(state.fingerprint), "finished": time.time()}
+    if config.output_format != "parquet":  # a local directory or an object-store prefix
+        from batchgen.jobs.openai.output import SUCCESS_KEY, batch_dir_name, batch_files_written, write_batch_files
+
+        dir_name = batch_dir_name(config.output_format)
+        written = None if failed else batch_files_written(session.store, state, dir_name)
+        if written is None:
+            clear_success(session.store)  # no _SUCCESS beside a pair being replaced (jobs/openai/output.py)
+            written = write_batch_files(session.store, state, dir_name)
+            log.info("wrote the Batch API output files in %s", session.out_dir)
+        success[SUCCESS_KEY] = written
+    if failed:
+        raise ErrorRateExceeded(f"{summary.output_rows_error} of {summary.output_rows} rows failed, more than "
+                                f"--max-error-rate {rate}; the output is in {session.out_dir} (no _SUCCESS)")
+    write_success(session.store, success)

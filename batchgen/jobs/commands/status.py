@@ -1,0 +1,126 @@
+"""`batchgen status`: what an output directory holds, for Airflow sensors and for people.
+
+Read-only: it takes no lock and changes nothing, so it is safe to poll while a job runs. The
+counts come from the manifest (batchgen.io.manifest.manifest): committed rows per input shard, split
+into ok ("done") and error rows, against the row counts the latest run recorded for its inputs.
+A sharded job's OUTPUT shows every shard and the totals (batchgen.jobs.sharding.sharded).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from batchgen.errors import OutputError
+from batchgen.io.manifest.manifest import SUCCESS_FILE, is_job_dir, load_manifest
+from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.jobs.durability.fingerprint import fingerprint_summary
+from batchgen.jobs.pipeline.summary import plural
+from batchgen.jobs.sharding.sharded import is_sharded_output, sharded_status, sharded_status_lines
+from batchgen.monitor.live import live_figures
+
+
+def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
+    """The status as plain JSON-ready data (the `--json` output)."""
+    store = open_store(out_dir)
+    out_dir = store.path() if isinstance(store, LocalStore) else store
+    # a sharded job (a local directory or an object-store prefix): every shard, and the totals over the set
+    if is_sharded_output(store):
+        return sharded_status(store)
+    if not is_job_dir(store):
+        raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
+    state = load_manifest(store, with_ids=False)  # counts only: O(parts) after a snapshot
+    done: dict[str, list[int]] = {}
+    for record in state.parts.values():
+        for path, (num_ok, num_error) in record.shard_counts.items():
+            counts = done.setdefault(path, [0, 0])
+            counts[0] += num_ok
+            counts[1] += num_error
+    inputs = state.inputs["inputs"] if state.inputs else []
+    shards = []
+    for shard in inputs:
+        num_ok, num_error = done.pop(shard["path"], (0, 0))
+        shards.append(_shard(shard["path"], shard["num_rows"], num_ok, num_error))
+    for path, (num_ok, num_error) in sorted(done.items()):  # committed by a run with other inputs
+        shards.append(_shard(path, None, num_ok, num_error))
+    holder = store.holder()  # the local lock's or the object store's lease holder
+    complete = store.exists(SUCCESS_FILE)
+    totals = {key: sum(s[key] or 0 for s in shards) for key in ("rows", "done", "errored", "remaining")}
+    state_name = "running" if holder is not None else "complete" if complete else "incomplete"
+    return {
+        "output": str(out_dir),
+        "state": state_name,
+        "complete": complete,
+        "running": holder,
+        "max_rows": state.inputs.get("max_rows") if state.inputs else None,
+        # committed rows whose --id-column id the latest run did not find in its input: kept, not deleted
+        "orphans": state.inputs.get("orphans") if state.inputs else None,
+        **totals,
+        "shards": shards,
+        "fingerprint": fingerprint_summary(state.fingerprint),
+        "last_commit_time": state.last_commit_time,
+        "num_parts": len(state.parts),
+        # rows in flight when a job stopped, checkpointed: a resume continues them (never output rows)
+        "partial_rows": state.partials["num_rows"] if state.partials else 0,
+        "partial_tokens": state.partials["num_tokens"] if state.partials else 0,
+        "num_entries": state.last_seq,
+        # from _metrics/ (batchgen.monitor.live): tokens/s over the last minute, ETA; None without metrics
+        # (an object-store output keeps no metrics files: None)
+        "live": live_figures(out_dir, running=state_name == "running") if isinstance(store, LocalStore) else None,
+    }
+
+
+def _shard(path: str, num_rows: int | None, num_ok: int, num_error: int) -> dict[str, Any]:
+    remaining = None if num_rows is None else max(num_rows - num_ok - num_error, 0)
+    return {"path": path, "rows": num_rows, "done": num_ok, "errored": num_error, "remaining": remaining}
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    """The same, for a terminal."""
+    if "job_shards" in status:
+        return sharded_status_lines(status)
+    state = status["state"]
+    if state == "running":
+        holder = status["running"] or {}
+        state = f"running (pid {holder.get('pid')} on {holder.get('host')})"
+    elif state == "incomplete":
+        state = "incomplete: run the same `batchgen run` command again to resume"
+    limit = f" (--max-rows {status['max_rows']})" if status["max_rows"] is not None else ""
+    lines = [
+        f"output: {status['output']}",
+        f"state: {state}",
+        f"rows{limit}: {status['rows']} in the input, {status['done']} done, {status['errored']} errored, "
+        f"{status['remaining']} remaining",
+    ]
+    for shard in status["shards"]:
+        rows = "?" if shard["rows"] is None else shard["rows"]
+        remaining = "?" if shard["remaining"] is None else shard["remaining"]
+        lines.append(f"  {shard['path']}: {rows} rows, {shard['done']} done, {shard['errored']} errored, "
+                     f"{remaining} remaining")
+    orphans = status.get("orphans")
+    if orphans and orphans["num_rows"]:
+        examples = ", ".join(map(repr, orphans["examples"]))
+        lines.append(f"{orphans['num_rows']} committed rows whose id is no longer in the input (e.g. {examples}): "
+                     "kept in the output; filter them by id, or pass --overwrite to start over")
+    fingerprint = status["fingerprint"]
+    if fingerprint is not None:
+        lines.append(f"fingerprint: {fingerprint['digest']} (model {fingerprint.get('model')} revision "
+                     f"{fingerprint.get('model_revision')}, max_new_tokens {fingerprint.get('max_new_tokens')}, "
+                     f"temperature {fingerprint.get('temperature')}, "
+                     f"output format {fingerprint.get('output_format', 0)})")
+    if status.get("partial_rows"):
+        lines.append(f"in flight when stopped: {status['partial_rows']} rows with {status['partial_tokens']} tokens "
+                     "generated, checkpointed; a resume continues them")
+    last = status["last_commit_time"]
+    if last is None:
+        lines.append("last commit: none yet")
+    else:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
+        lines.append(f"last commit: {stamp} ({time.time() - last:.0f} s ago); {plural(status['num_parts'], 'part')}")
+    live = status.get("live")
+    if live is not None:
+        eta = "" if live["eta_seconds"] is None else f", ETA {live['eta_seconds']:.0f} s"
+        lines.append(f"metrics: {live['tokens_per_s_last_minute']:.1f} tok/s over the last minute of records{eta}; "
+                     f"{live['tokens_generated']} tokens generated in {live['engine_steps']} engine steps")
+    return lines

@@ -1,0 +1,102 @@
+"""Input identity: what the manifest records about each input file, and what a resume compares.
+
+Every run records, per input file, its path and what identifies its content: size, modification
+time (where the filesystem gives one), the Parquet footer's row count and a digest of the file's
+schema ("inputs" manifest entry). A resume compares them with the files it is given:
+
+- Derived ids ("<file name>:<row index>") name a row by its place in a file, so any change to the
+  set of files or to a file's identity would silently pair committed outputs with other prompts
+  (rows inserted before a resume) or skip new rows (another day's file of the same name). With
+  rows committed, such a resume is refused (exit 2) naming each file and what changed; the ways
+  out are --overwrite, a new --output, or an --id-column.
+- A shard of a sharded job (--num-shards) records only the files it reads, each with the row
+  range it reads ("rows"): its check covers its share, and a changed split is a change.
+- With --id-column, files and rows may come and go between runs (incremental backfills): the
+  row's own id and its prompt hash decide (batchgen.jobs.durability.resume), and committed ids that no longer
+  appear in the input are counted ("orphans") for `batchgen status`, never deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pyarrow as pa
+
+from batchgen.errors import InputsChanged
+from batchgen.io.inputs.discovery import InputShard
+
+# the fields of an identity, with how a change is described
+_FIELDS = (("num_rows", "rows"), ("size", "bytes"), ("schema", "schema"), ("mtime_ns", "modified"),
+           ("rows", "row range"))
+
+
+def file_identity(shard: InputShard, schema: pa.Schema) -> dict[str, Any]:
+    """What identifies the file's content, cheaply: no row is read."""
+    text = schema.remove_metadata().to_string(show_field_metadata=False)
+    identity: dict[str, Any] = {"size": shard.size, "mtime_ns": shard.mtime_ns,
+                                "schema": hashlib.sha256(text.encode()).hexdigest()[:16]}
+    if shard.num_rows is not None:
+        identity["num_rows"] = shard.num_rows  # the Parquet footer's count (JSONL: unknown unread)
+    if shard.rows is not None:
+        # a sharded job's share of the file (batchgen.jobs.sharding.split): another split (other files, another
+        # --num-shards) moves rows between shards, which a resume of this shard must not miss
+        identity["rows"] = list(shard.rows)
+    return identity
+
+
+def input_changes(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[str]:
+    """'path: what changed' for each file added, removed or changed between two "inputs" lists.
+
+    A file recorded without an identity (by a batchgen before identities) is compared by path only.
+    """
+    old_by_path = {i["path"]: i for i in old}
+    new_by_path = {i["path"]: i for i in new}
+    changes = [f"{path}: no longer an input" for path in old_by_path if path not in new_by_path]
+    changes += [f"{path}: a new input" for path in new_by_path if path not in old_by_path]
+    for path, now in new_by_path.items():
+        before = old_by_path.get(path, {}).get("identity")
+        if before is None or now.get("identity") is None:
+            continue
+        what = [_describe(key, label, before.get(key), now["identity"].get(key)) for key, label in _FIELDS
+                if before.get(key) != now["identity"].get(key)]
+        if what:
+            changes.append(f"{path}: {', '.join(what)}")
+    return changes
+
+
+def _describe(key: str, label: str, before: Any, now: Any) -> str:
+    if key == "mtime_ns":
+        return "modified since"
+    if key == "schema":
+        return "columns or types changed"
+    if key == "rows":
+        return f"this shard's rows {_range(before)} -> {_range(now)} (the split changed)"
+    return f"{before} -> {now} {label}"
+
+
+def _range(rows: list[int] | None) -> str:
+    return "all" if rows is None else f"[{rows[0]}, {rows[1]})"
+
+
+def check_derived_ids(out_dir: str, num_committed_rows: int, old: list[dict[str, Any]] | None,
+                      new: list[dict[str, Any]]) -> None:
+    """Refuse (InputsChanged, exit 2) a resume whose inputs differ from the committed rows' inputs
+    when ids are derived from file names and row indices."""
+    if not num_committed_rows or old is None:
+        return
+    changes = input_changes(old, new)
+    if not changes:
+        return
+    shown = "; ".join(changes[:5]) + (f"; and {len(changes) - 5} more" if len(changes) > 5 else "")
+    raise InputsChanged(
+        f"{out_dir} holds {num_committed_rows} rows committed from other inputs, and their ids are derived from "
+        f"file name and row index, so they would be paired with other rows: {shown}. Rerun with the original "
+        "inputs, pass --overwrite to start over, choose a new --output, or give rows stable ids with --id-column")
+
+
+def orphans(committed: Any, input_ids: set[Any], *, num_examples: int = 5) -> dict[str, Any]:
+    """Committed ids (an iterable) that no longer appear in the input: how many, and a few of them."""
+    missing = [row_id for row_id in committed if row_id not in input_ids]
+    missing.sort(key=repr)
+    return {"num_rows": len(missing), "examples": missing[:num_examples]}

@@ -1,0 +1,233 @@
+"""The local executor: one run in this process, from the reader through the job core into commits.
+
+Each finished row goes to the committer, the progress line and the output-length predictor,
+whose state is saved with each commit (`_length_model.json`). batchgen.jobs.commands.run builds it once
+the job's checks have passed and the model is loaded; this module imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from batchgen.config.job import JobConfig
+from batchgen.engine.model.loader import LoadedModel
+from batchgen.engine.request import Completion, Continuation
+from batchgen.engine.scheduler.scheduler import Policy
+from batchgen.errors import OutputError
+from batchgen.io.manifest.manifest import fingerprint_digest
+from batchgen.io.store.partials import PartialRow
+from batchgen.io.store.schema import PROMPT_HASH
+from batchgen.io.store.store import LocalStore
+from batchgen.io.store.writers import PartWriter
+from batchgen.jobs.durability.commit import Committer
+from batchgen.jobs.durability.commit_schedule import CommitSchedule
+from batchgen.jobs.durability.fingerprint import job_fingerprint, model_fingerprint
+from batchgen.jobs.durability.inflight import InFlightCheckpoints
+from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.durability.session import OutputSession
+from batchgen.jobs.pipeline.batch_fn import output_row
+from batchgen.jobs.pipeline.core import JobCore
+from batchgen.jobs.pipeline.prepare import JobInputs, prepare_job, seq_token_needs
+from batchgen.jobs.pipeline.progress import Progress
+from batchgen.jobs.pipeline.rows import InputRow
+from batchgen.jobs.pipeline.scan import InputScan
+from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
+from batchgen.jobs.pipeline.summary import RunSummary
+from batchgen.jobs.planning.planner import PlannedRow
+from batchgen.monitor.job import JobMonitor
+
+log = logging.getLogger("batchgen")
+
+# after a signal, in-flight checkpoints are written only with this much of the grace budget left
+# (a write is one JSON file and one manifest entry: milliseconds, unless the disk is stalling)
+MIN_SECONDS_FOR_CHECKPOINT = 1.0
+
+
+class LocalJob:
+    """One run in this process: rows from the reader through the job core into committed parts."""
+
+    def __init__(self, config: JobConfig, inputs: JobInputs, loaded: LoadedModel, session: OutputSession,
+                 guard: SignalGuard, schema: pa.Schema):
+        self.config = config
+        self.session = session
+        self.guard = guard
+        self.core = JobCore(config, loaded, continuation_for=self.continuation_for, between_steps=self.between_steps)
+        self.checkpoints: InFlightCheckpoints | None = None  # once the job began (session.start)
+        self.checkpoint_every_s = config.checkpoint_in_flight_every_s or None
+        self.last_checkpoint = time.monotonic()
+        self.core.engines.seq_token_needs = seq_token_needs(config, inputs, loaded,
+                                                            ResumeRule(session.state, config.retry_errors,
+                                                                       config.id_column is not None))
+        # prompts and plans are sized for the first engine; only the slot keeps it, so that a mode
+        # switch frees its KV cache
+        first = self.core.engines.get(config.engine_policy())
+        self.job = prepare_job(config, inputs, loaded, first, out_dir=session.store, state=session.state)
+        source = inputs.source
+        self.with_prompt_hash = PROMPT_HASH in schema.names
+        self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
+        self.commits = CommitSchedule(Committer(session.manifest, PartWriter(session.store, schema),
+                                                source.id_field.name, rows_per_part=config.rows_per_part),
+                                      guard, config, save_with_commit=self.save_lengths)
+        self.id_name = source.id_field.name
+        self.passthrough = [f.name for f in source.passthrough_fields]
+        self.summary = RunSummary(output_dir=str(session.out_dir), model=loaded.name, mode=config.mode)
+        self.progress: Progress | None = None
+        self.monitor: JobMonitor | None = None  # the metrics (batchgen.monitor), from run() on
+
+    def run(self, scan: InputScan) -> RunSummary:
+        state = self.session.state  # what earlier runs committed: the gauges start there
+        config, metrics_at = self.config, self.session.out_dir
+        if not isinstance(self.session.store, LocalStore):
+            # the _metrics/ files are appended second by second: local directories only; the
+            # Prometheus textfile and port work the same for an object-store output
+            config, metrics_at = dataclasses.replace(config, metrics=False, overwrite=False), Path(".")
+        self.monitor = JobMonitor.open(
+            config, metrics_at, context=self.core.context, work=self.work, input_rows=scan.num_rows,
+            output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
+            last_commit_s=state.last_commit_time)
+        self.commits.monitor = self.monitor
+        if self.monitor is not None:
+            self.core.engines.add_listener(self.monitor.recorder.on_step)
+        self.progress = Progress(max(scan.num_rows - self.job.resume.num_rows_done, 0), quiet=self.config.quiet,
+                                 log_every_s=self.config.log_every_s, work=self.work)
+        started = time.monotonic()
+        self.checkpoints = InFlightCheckpoints(self.session.manifest, fingerprint_digest(self.fingerprint))
+        try:
+            plans = self.job.planner.plans(self.job.rows(on_error=self.failed))
+            with self.guard.deferred():  # a signal stops the job between engine steps (between_steps)
+                for planned, completion in self.core.generate(plans):
+                    self.finished(planned, completion)
+            with self.guard.critical():
+                self.commits.commit()
+                self.checkpoints.write([])  # drops the partials of rows that finished
+        except Interrupt:
+            with self.guard.critical():
+                self.commits.commit()  # the rows that finished before the signal, first
+                self.checkpoint_in_flight(stopping=True)
+            raise
+        except Exception as e:
+            if not isinstance(e, OutputError):  # an engine failure: keep the work that did finish
+                try:
+                    self.commits.commit()
+                    self.checkpoint_in_flight(stopping=True)
+                except OutputError:
+                    log.warning("could not commit the %d finished rows", len(self.commits))
+            raise
+        finally:
+            self.progress.close()
+            self._fill_summary(time.monotonic() - started)
+            if self.monitor is not None:
+                with self.guard.critical():  # the last seconds' records: a signal now must not cut them
+                    self.monitor.close()
+        return self.summary
+
+    def continuation_for(self, planned: PlannedRow) -> Continuation | None:
+        checkpoints = self.checkpoints
+        if checkpoints is None or not checkpoints.saved:
+            return None
+        return checkpoints.continuation_for(planned.row.row_id, planned.prompt_hash)
+
+    def between_steps(self) -> None:
+        """Between two engine steps: stop here on a signal, and checkpoint rows in flight when due."""
+        self.guard.raise_if_interrupted()
+        if self.summary.first_token_time is None and self.core.engines.num_sampled_tokens():
+            self.summary.first_token_time = time.time()
+        if self.checkpoint_every_s is not None and time.monotonic() - self.last_checkpoint >= self.checkpoint_every_s:
+            with self.guard.critical():
+                self.checkpoint_in_flight(stopping=False)
+
+    def checkpoint_in_flight(self, *, stopping: bool) -> None:
+        """Commit every in-flight row's tokens so far (batchgen.jobs.durability.inflight). Between steps only:
+        a row's tokens and its random state are whole there."""
+        if self.checkpoints is None:
+            return
+        left = self.guard.seconds_left()
+        if stopping and left < MIN_SECONDS_FOR_CHECKPOINT:
+            log.warning("no time left to checkpoint rows in flight (%.1f s of the grace budget): they start over "
+                        "on resume", max(left, 0.0))
+            return
+        rows = [PartialRow(planned.row.row_id, planned.prompt_hash, c.token_ids, c.rng_state)
+                for planned, c in self.core.in_flight()]
+        self.checkpoints.write(rows)
+        self.last_checkpoint = time.monotonic()
+        if stopping and rows:
+            log.warning("checkpointed %d rows in flight (%d tokens): a resume continues them", len(rows),
+                        sum(len(r.token_ids) for r in rows))
+
+    def finished(self, planned: PlannedRow, completion: Completion) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.finished(planned.row.row_id)
+        prediction = planned.prediction
+        self.summary.num_rows_truncated += int(planned.num_truncated_tokens > 0)
+        self.summary.length_sources[prediction.source] = self.summary.length_sources.get(prediction.source, 0) + 1
+        self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
+        if self.monitor is not None:
+            policy = self.core.engines.policy
+            self.monitor.recorder.on_row(shard=planned.shard_index, mode=None if policy is None else policy.value,
+                                         num_prompt_tokens=completion.num_prompt_tokens,
+                                         num_generated_tokens=completion.num_generated_tokens,
+                                         predicted_tokens=prediction.p50, error=False)
+        self.emit(planned.row, self.output_row(planned.row, completion=completion, digest=planned.prompt_hash))
+
+    def failed(self, row: InputRow, message: str) -> None:
+        if self.monitor is not None:
+            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
+                                         predicted_tokens=None, error=True)
+        self.emit(row, self.output_row(row, error=message))
+
+    def output_row(self, row: InputRow, *, completion: Completion | None = None, error: str | None = None,
+                   digest: str | None = None) -> dict[str, Any]:
+        return output_row(self.id_name, self.passthrough, self.with_prompt_hash, row, completion=completion,
+                          error=error, digest=digest)
+
+    def emit(self, row: InputRow, out: dict[str, Any]) -> None:
+        is_error = self.summary.count_row(out)
+        self.progress.update(num_generated_tokens=out["num_generated_tokens"] or 0, error=is_error)
+        self.commits.add(out, row.shard.path, row.row_index)
+
+    def save_lengths(self) -> None:
+        """Save the learned output lengths with each commit (inside its critical section)."""
+        predictor = self.job.predictor
+        if predictor.num_observed_since_save:
+            predictor.save(self.session.store)
+
+    def work(self) -> tuple[int, int | None]:
+        """(tokens generated so far, in flight included; predicted total of the job, None before a
+        row is planned): the rows not planned yet are counted at the planned rows' mean p50."""
+        tokens = self.core.engines.num_sampled_tokens()
+        planner, progress = self.job.planner, self.progress
+        if not planner.num_planned_rows:
+            return tokens, None
+        unplanned = max(0, progress.total_rows - planner.num_planned_rows - self.summary.num_rows_error)
+        mean = planner.num_predicted_tokens / planner.num_planned_rows
+        return tokens, round(planner.num_predicted_tokens + unplanned * mean)
+
+    def _fill_summary(self, wall_seconds: float) -> None:
+        s, counts, job, core = self.summary, self.commits.committer.counts, self.job, self.core
+        s.num_commits = counts.num_commits
+        s.num_sampled_tokens = core.engines.num_sampled_tokens()
+        if self.checkpoints is not None:
+            s.num_rows_continued = self.checkpoints.num_rows_continued
+            s.num_tokens_continued = self.checkpoints.num_tokens_continued
+            s.num_inflight_checkpoints = self.checkpoints.num_writes
+            s.inflight_checkpoint_seconds = round(self.checkpoints.seconds_writing, 4)
+        s.num_parts_written = counts.num_parts_written
+        s.num_rows_replaced = counts.num_rows_replaced
+        s.num_rows_skipped = job.num_rows_skipped
+        s.num_rows_retried = job.num_rows_retried
+        s.num_rows_changed = job.num_rows_changed
+        s.num_shards_static = core.num_shards[Policy.STATIC]
+        s.num_shards_continuous = core.num_shards[Policy.CONTINUOUS]
+        s.num_static_fallbacks = core.num_static_fallbacks
+        s.wall_seconds = wall_seconds
+        s.engine = core.engines.summary()
+        error = job.predictor.error()
+        s.num_length_predictions = error.num_rows
+        s.length_mae = None if error.mae is None else round(error.mae, 3)
+        s.length_spearman = None if error.spearman is None else round(error.spearman, 4)

@@ -1,0 +1,207 @@
+"""The OpenAI Batch API output files, written from a job's committed rows: `output.jsonl`, `errors.jsonl`.
+
+One line per committed row, successes in OUTPUT_FILE and error rows in ERRORS_FILE, as the API
+splits them (its output and error files). `--output-format openai-batch` writes them into the
+output directory; `both` into its `_openai_batch/` subdirectory, because a JSON Lines file beside
+the parts would stop `pyarrow.dataset` (or Spark) from reading the directory as one Parquet table.
+
+    {"id": "batch_req_…", "custom_id": …, "response": {"status_code": 200, "request_id": "req_…",
+     "body": <a chat.completion or text_completion object with choices, usage, model, created>},
+     "error": null}
+
+An error row is answered as the API answers a request it rejects: status_code 400 and a body
+{"error": {"message", "type": "invalid_request_error", "param", "code"}} (the code kept in
+the row's message, batchgen.io.inputs.openai_batch.split_api_error), top-level "error" null.
+
+Exactly once. The Parquet parts and the manifest stay the commit point; these files are derived
+from them, whole, once the job has every row: by the run that completes it, by a rerun of a
+complete job, and by `batchgen compact`. The caller removes `_SUCCESS` first and writes it after
+(jobs/commands/run.py), and `write_batch_files` writes both files under hidden temporary names, fsyncs
+them, removes the old pair, then renames the new pair into place. Old and new lines are never
+visible together, so a kill at any moment leaves no line twice; a pair without `_SUCCESS` beside it
+may be incomplete, and the next run or compact writes it again. On an object store (no rename) the
+old pair is deleted first and each new file is streamed to its final name, an object only once it
+is whole (batchgen.io.store.object_store.ObjectStore.open_stream); `_SUCCESS` is still removed before and
+written after, so the same holds. Everything in a line is derived
+from committed data (ids are digests of the job fingerprint and the custom_id, `created` is the
+last commit's time, kept by compact), so writing the files again gives the same bytes.
+
+`model` in a response body is the model the job ran (the fingerprint's); what each request asked
+for is the `model` column of the Parquet output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from batchgen.config.job import OPENAI_BATCH
+from batchgen.errors import OutputError
+from batchgen.io.inputs.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
+from batchgen.io.manifest.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest
+from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.writers import TEMP_SUFFIX, fault_point, fsync_dir
+from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
+
+OUTPUT_FILE, ERRORS_FILE = BATCH_FILES
+SUCCESS_KEY = "openai_batch"  # in _SUCCESS: where the files are, and the commit sequence number they hold
+_COLUMNS = [ID_COLUMN, "url", "generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens",
+            "error"]
+_READ_BATCH_ROWS = 4096
+
+
+def batch_dir_name(output_format: str) -> str:
+    """Where the files go, relative to the output directory (see BATCH_BOTH_DIR)."""
+    assert output_format in (OPENAI_BATCH, "both"), output_format
+    return "." if output_format == OPENAI_BATCH else BATCH_BOTH_DIR
+
+
+def write_batch_files(out: str | Path | OutputStore, state: ManifestState, dir_name: str, *,
+                      created: int | None = None,
+                      sources: list[tuple[str | Path | OutputStore, ManifestState]] | None = None) -> dict[str, Any]:
+    """Write OUTPUT_FILE and ERRORS_FILE into `out/dir_name` (a local directory or an object-store
+    prefix) from the committed parts (see the module docstring); return what `_SUCCESS` records
+    about them. `created` (unix seconds, default the last commit's time) is kept by a rewrite of
+    unchanged rows (compact).
+
+    `sources` (a sharded job's shard directories and their states, in shard order; `batchgen
+    finalize`) are read instead of `out`'s own parts: the job-level files then hold every
+    shard's rows, in shard order, under the shards' common fingerprint (`state` is one of theirs)
+    and the latest commit time of any shard."""
+    store = open_store(out)
+    readers = [(open_store(source), source_state) for source, source_state in (sources or [(store, state)])]
+    fingerprint = state.fingerprint or {}
+    digest = fingerprint_digest(fingerprint) if fingerprint else "0" * 16
+    last_commit = max((s.last_commit_time or 0 for _, s in readers), default=0)
+    context = {"model": str(fingerprint.get("model") or "batchgen"), "digest": digest,
+               "created": created if created is not None else int(last_commit or time.time())}
+    lines = (_line(row, context) for source, source_state in readers for row in _committed_rows(source, source_state))
+    if isinstance(store, LocalStore):
+        counts = _write_local(store.path(dir_name), lines)
+    else:
+        counts = _write_objects(store, dir_name, lines)
+    return {"dir": dir_name, "last_seq": state.last_seq, "created": context["created"],
+            "files": {name: {"rows": n} for name, n in counts.items()}}
+
+
+def _write_local(target: Path, lines: Iterator[tuple[bool, bytes]]) -> dict[str, int]:
+    """Both files under hidden temp names, fsynced; the old pair removed; the new pair renamed in."""
+    temps = {name: target / f".{name}{TEMP_SUFFIX}" for name in (OUTPUT_FILE, ERRORS_FILE)}
+    counts = {OUTPUT_FILE: 0, ERRORS_FILE: 0}
+    try:
+        if not target.is_dir():
+            target.mkdir()
+            fsync_dir(target.parent)
+        with open(temps[OUTPUT_FILE], "wb") as ok, open(temps[ERRORS_FILE], "wb") as bad:
+            for is_error, line in lines:
+                (bad if is_error else ok).write(line)
+                counts[ERRORS_FILE if is_error else OUTPUT_FILE] += 1
+            for file in (ok, bad):
+                file.flush()
+                os.fsync(file.fileno())
+        for name in (OUTPUT_FILE, ERRORS_FILE):  # the old pair goes before any of the new one shows
+            (target / name).unlink(missing_ok=True)
+        fsync_dir(target)
+        for name, temp in temps.items():
+            fault_point("batch_file_rename")
+            os.replace(temp, target / name)
+        fsync_dir(target)
+    except OSError as e:
+        for temp in temps.values():
+            temp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write the Batch API output files in {target}: {e.strerror or e}") from e
+    return counts
+
+
+def _write_objects(store: OutputStore, dir_name: str, lines: Iterator[tuple[bool, bytes]]) -> dict[str, int]:
+    """On an object store (no rename): the old pair deleted, then each new file streamed to its final
+    name, visible when whole (ObjectStore.open_stream). As with local files, no _SUCCESS stands
+    beside the pair meanwhile, and a listing never shows an old line beside a new one."""
+    names = {name: name if dir_name == "." else f"{dir_name}/{name}" for name in (OUTPUT_FILE, ERRORS_FILE)}
+    counts = {OUTPUT_FILE: 0, ERRORS_FILE: 0}
+    try:
+        for name in names.values():
+            store.delete(name)
+        with store.open_stream(names[OUTPUT_FILE]) as ok, store.open_stream(names[ERRORS_FILE]) as bad:
+            for is_error, line in lines:
+                (bad if is_error else ok).write(line)
+                counts[ERRORS_FILE if is_error else OUTPUT_FILE] += 1
+    except (OSError, OutputError) as e:
+        raise OutputError(f"cannot write the Batch API output files in {store / dir_name}: {e}") from e
+    return counts
+
+
+def recorded_batch_files(out_dir: str | Path | OutputStore) -> dict[str, Any] | None:
+    """What `_SUCCESS` records of the Batch files (None: it records none, or there is no `_SUCCESS`)."""
+    try:
+        written = json.loads(open_store(out_dir).read_bytes(SUCCESS_FILE).decode("utf-8")).get(SUCCESS_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return written if isinstance(written, dict) and isinstance(written.get("dir"), str) else None
+
+
+def batch_files_written(out: str | Path | OutputStore, state: ManifestState, dir_name: str) -> dict[str, Any] | None:
+    """What `_SUCCESS` records of the files, if they are in `dir_name` and were written from exactly
+    the committed rows there are now; None when they must be written."""
+    store = open_store(out)
+    written = recorded_batch_files(store)
+    if (written is not None and written["dir"] == dir_name and written.get("last_seq") == state.last_seq
+            and all(store.exists(name if dir_name == "." else f"{dir_name}/{name}")
+                    for name in (OUTPUT_FILE, ERRORS_FILE))):
+        return written
+    return None
+
+
+def _line(row: dict[str, Any], context: dict[str, Any]) -> tuple[bool, bytes]:
+    """(is an error row, its line in UTF-8)."""
+    text = json.dumps(output_line(row, context), ensure_ascii=False) + "\n"
+    return row["finish_reason"] == "error", text.encode("utf-8")
+
+
+def output_line(row: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    """One committed row as a Batch API output line."""
+    custom_id = row[ID_COLUMN]
+    key = hashlib.blake2b(f"{context['digest']}\x00{custom_id}".encode(), digest_size=16).hexdigest()
+    request_id = f"req_{key}"
+    if row["finish_reason"] == "error":
+        code, param, message = split_api_error(row["error"] or "")
+        body: dict[str, Any] = {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                          "code": code}}
+        status = 400
+    else:
+        body = completion_body(row, key, context)
+        status = 200
+    return {"id": f"batch_req_{key}", "custom_id": custom_id,
+            "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
+
+
+def completion_body(row: dict[str, Any], key: str, context: dict[str, Any]) -> dict[str, Any]:
+    """A chat.completion (chat requests) or text_completion object for a successful row."""
+    prompt_tokens, completion_tokens = int(row["num_prompt_tokens"]), int(row["num_generated_tokens"])
+    common = {"created": context["created"], "model": context["model"],
+              "system_fingerprint": f"fp_{context['digest'][:10]}",
+              "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens}}
+    text, finish_reason = row["generated_text"], row["finish_reason"]
+    if row["url"] == CHAT_URL:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                  "logprobs": None, "finish_reason": finish_reason}
+        return {"id": f"chatcmpl-{key}", "object": "chat.completion", "choices": [choice], **common}
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"id": f"cmpl-{key}", "object": "text_completion", "choices": [choice], **common}
+
+
+def _committed_rows(store: OutputStore, state: ManifestState) -> Iterator[dict[str, Any]]:
+    """Every committed row, part by part in commit order, in bounded memory."""
+    for name in state.parts:
+        with store.open_input(name) as file:
+            parquet = pq.ParquetFile(file)
+            for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=_COLUMNS):
+                yield from batch.to_pylist()

@@ -1,0 +1,262 @@
+"""The job core: planned rows in, finished rows out. It owns the engine, mode switches and the fallback.
+
+The seam every executor builds on (today the local one, `batchgen run`; a sharded or Ray one
+would wrap the same core around its own reader and writer):
+
+    core = JobCore(config, loaded)
+    for planned, completion in core.generate(plans):   # plans: ShardPlans, pulled lazily
+        ...                                             # write, commit, count, learn
+
+`generate` pulls a shard's rows only when the engine asks for them, so a window is planned with
+what the rows before it taught. Consecutive shards planned in one mode stream through one
+`engine.generate` call (a "stretch"), so no shard boundary drains the engine. The job holds one
+engine at a time (EngineSlot): a shard in the other mode drops it and builds one with the other
+policy over the same model. If a continuous engine fails with an engine error (not a user's error,
+and not an exception raised while pulling our own rows), the rows it had not finished and the rest
+of that shard run again in static mode, and the stretch goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from batchgen.config.job import JobConfig, parse_bytes
+from batchgen.engine.engine import EngineConfig, LLMEngine
+from batchgen.engine.metrics import EngineMetrics, StepStats
+from batchgen.engine.model.loader import LoadedModel
+from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
+from batchgen.engine.scheduler.scheduler import Policy
+from batchgen.errors import BatchgenError, EngineError
+from batchgen.jobs.pipeline.row_sampling import sampling_settings
+from batchgen.jobs.planning.planner import PlannedRow, ShardPlan
+
+log = logging.getLogger("batchgen")
+
+
+def build_engine(config: JobConfig, loaded: LoadedModel, policy: Policy | None = None, *,
+                 num_kv_blocks: int | None = None, seq_token_needs: tuple[int, ...] | None = None) -> LLMEngine:
+    """An engine with `policy` (default: the config's first, continuous for auto)."""
+    engine_config = EngineConfig(
+        policy=Policy(policy or config.engine_policy()),
+        max_num_seqs=config.batch_size,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        block_size=config.block_size,
+        attention_backend=config.attention_backend,
+        cuda_graphs=config.cuda_graphs,
+        kv_cache_bytes=parse_bytes(config.kv_cache_memory) if config.kv_cache_memory else None,
+        enable_prefix_caching=config.enable_prefix_caching,
+        compile=config.compile,
+        kv_cache_dtype=config.kv_cache_dtype,
+        max_model_len=loaded.max_context_tokens,
+        num_kv_blocks=num_kv_blocks,
+        seq_token_needs=seq_token_needs,
+    )
+    return LLMEngine(loaded.model, loaded.tokenizer, engine_config, eos_token_ids=loaded.eos_token_ids)
+
+
+def row_seed(base_seed: int, row_id: Any) -> int:
+    """A per-row seed from the job seed and the row id: stable across runs, batches and resumes."""
+    digest = hashlib.blake2b(f"{base_seed}\x00{row_id!r}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class EngineSlot:
+    """The job's engine: one at a time, built for the mode of the shards it runs.
+
+    Only one KV cache is ever allocated, sized exactly as a one-mode job's (two caches side by
+    side would each get half the memory, or need a split of the budget); the price is one cache
+    allocation per mode switch, which consecutive same-mode shards never pay. Every engine after
+    the first gets the first one's block count, so each prompt built for the first one fits.
+    """
+
+    def __init__(self, config: JobConfig, loaded: LoadedModel):
+        self.config = config
+        self.loaded = loaded
+        self.engine: LLMEngine | None = None
+        self.num_kv_blocks: int | None = None
+        self.seq_token_needs: tuple[int, ...] | None = None  # a small job's rows: sizes the first cache
+        self.metrics: list[EngineMetrics] = []
+        self.listeners: list[Callable[[StepStats], None]] = []  # attached to every engine's metrics
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy of the engine in the slot: the one that produced the completion just yielded."""
+        return None if self.engine is None else Policy(self.engine.config.policy)
+
+    def add_listener(self, listener: Callable[[StepStats], None]) -> None:
+        self.listeners.append(listener)
+        if self.engine is not None:
+            self.engine.metrics.listeners.append(listener)
+
+    def get(self, policy: Policy) -> LLMEngine:
+        if self.engine is not None and self.engine.config.policy == policy:
+            return self.engine
+        self.drop()
+        self.engine = build_engine(self.config, self.loaded, policy, num_kv_blocks=self.num_kv_blocks,
+                                   seq_token_needs=self.seq_token_needs)
+        self.num_kv_blocks = self.engine.kv_cache.num_blocks
+        self.metrics.append(self.engine.metrics)
+        self.engine.metrics.listeners.extend(self.listeners)
+        return self.engine
+
+    def drop(self, *, collect: bool = False) -> None:
+        """Free the engine (and its KV cache) before another is built. An engine holds no reference
+        cycle, so dropping the last reference frees it; `collect` runs the cycle collector too (about
+        0.2 s with a model loaded) for one that failed, which exception frames may still reach."""
+        if self.engine is None:
+            return
+        self.engine = None
+        if collect:
+            gc.collect()
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def num_sampled_tokens(self) -> int:
+        return sum(m.num_sampled_tokens for m in self.metrics)
+
+    def summary(self) -> dict:
+        return EngineMetrics.merged(self.metrics).summary()
+
+
+class JobCore:
+    """Planned shards in, (row, completion) pairs out, in finishing order; see the module docstring."""
+
+    def __init__(self, config: JobConfig, loaded: LoadedModel, *,
+                 continuation_for: Callable[[PlannedRow], Continuation | None] | None = None,
+                 between_steps: Callable[[], None] | None = None):
+        self.config = config
+        self.engines = EngineSlot(config, loaded)
+        self.continuation_for = continuation_for  # an earlier attempt's tokens for a row, if any
+        self.between_steps = between_steps  # called between engine steps (stop, checkpoint)
+        self.pending: dict[str, tuple[PlannedRow, Request]] = {}  # request id -> (row, its request)
+        self.keys = itertools.count()
+        self.num_shards = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
+        self.num_static_fallbacks = 0
+        self.shard_index: int | None = None  # the shard whose rows the engine was fed last
+
+    def context(self) -> tuple[str | None, int | None]:
+        """(engine mode, newest shard fed): what a metrics record of this moment is labelled with."""
+        policy = self.engines.policy
+        return (None if policy is None else policy.value), self.shard_index
+
+    def generate(self, plans: Iterator[ShardPlan]) -> Iterator[tuple[PlannedRow, Completion]]:
+        plan = next(plans, None)
+        while plan is not None:
+            stretch = _Stretch(self, plan, plans)
+            yield from self._run_stretch(stretch)
+            plan = stretch.next_plan
+        assert not self.pending, f"{len(self.pending)} rows lost in the engine"
+
+    def _run_stretch(self, stretch: _Stretch) -> Iterator[tuple[PlannedRow, Completion]]:
+        while True:
+            try:
+                engine = self.engines.get(stretch.mode)
+                engine.fit_batch_size(stretch.batch_size)
+                for completion in engine.generate(stretch, between_steps=self.between_steps):
+                    yield self._finished(completion)
+                return
+            except Exception as e:
+                if not self._is_engine_fault(stretch, e):
+                    raise
+                failure = f"{type(e).__name__}: {e}"
+            # the rows it had generated part of go on from there (LLMEngine.in_flight keeps only
+            # what is still exact after a failed step); the failed engine's frames went with the
+            # exception, so drop() frees its memory
+            failed = self.engines.engine
+            carried = {request.request_id: c for request, c in failed.in_flight()} if failed is not None else {}
+            for key, (planned, request) in self.pending.items():
+                if key in carried:
+                    self.pending[key] = (planned, dataclasses.replace(request, continuation=carried[key]))
+            unfinished = [request for _, request in self.pending.values()]
+            log.warning("the continuous engine failed (%s); running its %d unfinished rows and the rest of the "
+                        "shard in static mode", failure, len(unfinished))
+            self.num_static_fallbacks += 1
+            self.engines.drop(collect=True)
+            static = self.engines.get(Policy.STATIC)
+            static.fit_batch_size(stretch.batch_size)
+            for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest),
+                                              between_steps=self.between_steps):
+                yield self._finished(completion)
+            if stretch.done:
+                return
+
+    def _is_engine_fault(self, stretch: _Stretch, e: Exception) -> bool:
+        """A continuous engine's own failure: an EngineError or a non-batchgen exception raised by
+        the engine, not by our request stream, and not a user's mistake."""
+        if stretch.mode != Policy.CONTINUOUS or stretch.failed:
+            return False
+        return isinstance(e, EngineError) or not isinstance(e, BatchgenError)
+
+    def in_flight(self) -> list[tuple[PlannedRow, Continuation]]:
+        """The rows in the engine that have generated tokens, with their tokens and random state so
+        far; call between steps (batchgen.engine.engine.LLMEngine.in_flight)."""
+        engine = self.engines.engine
+        if engine is None:
+            return []
+        return [(self.pending[request.request_id][0], continuation) for request, continuation in engine.in_flight()]
+
+    def _finished(self, completion: Completion) -> tuple[PlannedRow, Completion]:
+        planned, _ = self.pending.pop(completion.request_id)
+        return planned, completion
+
+    def shard_requests(self, plan: ShardPlan) -> Iterator[Request]:
+        config = self.config
+        self.num_shards[plan.mode] += 1
+        self.shard_index = plan.index
+        log.info("shard %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
+                 plan.first_row_index, plan.mode, plan.reason)
+        for planned in plan.rows:
+            key = str(next(self.keys))
+            request = Request(key, planned.prompt_token_ids, SamplingParams(
+                max_new_tokens=planned.max_new_tokens,
+                seed=planned.seed if planned.seed is not None else row_seed(config.seed, planned.row.row_id),
+                stop=planned.stop if planned.stop is not None else tuple(config.stop), ignore_eos=config.ignore_eos,
+                **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
+                predicted_num_output_tokens=planned.prediction.p90,
+                continuation=self.continuation_for(planned) if self.continuation_for is not None else None)
+            self.pending[key] = (planned, request)
+            yield request
+
+
+class _Stretch:
+    """The requests of consecutive shards planned in one mode: what one engine.generate call pulls.
+
+    It ends before the first shard planned in another mode (`next_plan`, where the next stretch
+    begins). `shard_rest` is the shard in progress' requests not handed out yet, which a static
+    fallback takes over. Pulling a request may read input, plan a window and write error rows:
+    an exception raised there (`failed`) is ours and never blamed on the engine.
+    """
+
+    def __init__(self, core: JobCore, first: ShardPlan, plans: Iterator[ShardPlan]):
+        self.mode = first.mode
+        self.batch_size = first.batch_size  # the first shard's: an engine's batch is set while it is idle
+        self.next_plan: ShardPlan | None = None
+        self.shard_rest: Iterator[Request] = iter(())
+        self.failed = False
+        self.done = False  # every request of the stretch has been handed out
+        self._requests = self._pull(core, first, plans)
+
+    def __iter__(self) -> Iterator[Request]:
+        return self._requests
+
+    def _pull(self, core: JobCore, plan: ShardPlan, plans: Iterator[ShardPlan]) -> Iterator[Request]:
+        try:
+            while True:
+                self.shard_rest = core.shard_requests(plan)
+                yield from self.shard_rest
+                plan = next(plans, None)
+                if plan is None or plan.mode != self.mode:
+                    self.next_plan = plan
+                    break
+            self.done = True
+        except Exception:
+            self.failed = True
+            raise

@@ -1,0 +1,143 @@
+"""What `batchgen run` and `batchgen plan` both set up, written once.
+
+Two steps, because a run must check its output directory between them, before a model is loaded:
+
+    inputs = open_inputs(config)        # the config, the input files, one scan of the ids: no model
+    job = prepare_job(config, inputs, loaded, engine, out_dir=..., state=...)
+    for planned in job.planner.plans(job.rows(on_error)):   # committed rows skipped, prompts built
+
+`prepare_job` builds the prompt builder (sized for the engine's context), the output-length
+predictor (learned state from the output directory), the planner (sized for the engine's KV
+cache) and the resume rule (batchgen.jobs.durability.resume): rows an earlier run settled are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchgen.config.job import JobConfig
+from batchgen.io.manifest.manifest import ManifestState
+from batchgen.io.store.store import OutputStore
+from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError, Template
+from batchgen.jobs.pipeline.rows import InputRow, RowSource
+from batchgen.jobs.pipeline.scan import InputScan, scan_inputs
+from batchgen.jobs.planning.length import LengthPredictor
+from batchgen.jobs.planning.planner import PlannedRow, Planner, prepare_row
+
+if TYPE_CHECKING:  # open_inputs and the resume rule run before torch is imported
+    from batchgen.engine.engine import LLMEngine
+    from batchgen.engine.model.loader import LoadedModel
+
+
+@dataclass(slots=True)
+class JobInputs:
+    source: RowSource
+    scan: InputScan
+
+
+def open_inputs(config: JobConfig, *, need_output: bool = True) -> JobInputs:
+    """Validate the config and check every input (files, columns, ids) before anything is loaded."""
+    config.validate(need_output=need_output)
+    source = RowSource.open(config)  # every input problem surfaces here or in the scan, before any output
+    return JobInputs(source, scan_inputs(source))
+
+
+def length_model_key(loaded: LoadedModel, builder: PromptBuilder) -> dict[str, Any]:
+    """What the learned output lengths depend on: another model or prompt starts from the prior."""
+    template = builder.template
+    return {"model": loaded.name, "model_revision": loaded.revision, "template": template.text,
+            "prompt_column": template.prompt_column, "system": builder.system, "chat": builder.chat}
+
+
+@dataclass(slots=True)
+class PreparedJob:
+    config: JobConfig
+    source: RowSource
+    builder: PromptBuilder
+    predictor: LengthPredictor
+    planner: Planner
+    resume: ResumeRule
+    num_rows_skipped: int = 0  # committed by an earlier run (or an error row kept: --no-retry-errors)
+    num_rows_retried: int = 0  # error rows of an earlier run read to be generated again
+    num_error_rows: int = 0  # rows whose prompt could not be built
+    num_rows_changed: int = 0  # committed rows (--id-column) whose prompt changed: generated again
+
+    def rows(self, on_error: Callable[[InputRow, str], None]) -> Iterator[PlannedRow]:
+        """The rows to generate, prompts built; settled rows skipped, error rows handed to on_error."""
+        resume = self.resume
+        for row, committed_hash in resume.unsettled_rows(self.source, self._count_skipped):
+            check = committed_hash is not None
+            self.num_rows_retried += row.row_id in resume.state.error_ids
+            try:
+                if row.error is not None:
+                    raise RowError(row.error)
+                planned = prepare_row(row, self.builder, self.config)
+            except RowError as e:
+                self.num_rows_changed += check  # its prompt no longer builds: an error row replaces it
+                self.num_error_rows += 1
+                on_error(row, str(e))
+                continue
+            if check:
+                if planned.prompt_hash == committed_hash:
+                    self.num_rows_skipped += 1
+                    continue
+                self.num_rows_changed += 1
+            yield planned
+
+    def _count_skipped(self, num_rows: int) -> None:
+        self.num_rows_skipped += num_rows
+
+
+def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, resume: ResumeRule
+                    ) -> tuple[int, ...] | None:
+    """Prompt + max output tokens of every row a small job will run (at most one planning window),
+    so that its KV cache holds just those (engine.EngineConfig.seq_token_needs); None for a larger one.
+
+    Prompts are built against the model's context, which is at least the engine's (an engine
+    with a smaller budget cuts them shorter): the need is never under-counted."""
+    if inputs.scan.num_rows - resume.num_rows_done > config.window_rows:
+        return None
+    builder = PromptBuilder(loaded.tokenizer, inputs.source.template, system=config.system, chat=config.chat,
+                            max_context_tokens=loaded.max_context_tokens, on_long_prompt=config.on_long_prompt,
+                            max_prompt_tokens=config.max_prompt_tokens)
+    needs = []
+    for row, _ in resume.unsettled_rows(inputs.source):
+        if row.error is not None:
+            continue
+        try:
+            planned = prepare_row(row, builder, config)
+        except RowError:
+            continue
+        needs.append(planned.num_prompt_tokens + planned.max_new_tokens)
+        if len(needs) > config.window_rows:
+            return None
+    return tuple(needs) or None
+
+
+def prompt_side(config: JobConfig, template: Template, loaded: LoadedModel, engine: LLMEngine, *,
+                out_dir: Path | OutputStore | None) -> tuple[PromptBuilder, LengthPredictor, Planner]:
+    """The prompt builder (sized for `engine`'s context), the output-length predictor (learned state
+    from `out_dir`, if any) and the planner (sized for its KV cache): what turns rows into shards.
+    Shared by prepare_job and the engine-side batch function (batchgen.jobs.pipeline.batch_fn)."""
+    builder = PromptBuilder(loaded.tokenizer, template, system=config.system, chat=config.chat,
+                            max_context_tokens=engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,
+                            max_prompt_tokens=config.max_prompt_tokens,
+                            parse_special_tokens=config.parse_special_tokens)
+    predictor = LengthPredictor.load(out_dir, length_model_key(loaded, builder), ignore_eos=config.ignore_eos)
+    planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_cache.num_blocks * engine.block_size,
+                      block_size=engine.block_size, device_type=engine.device.type,
+                      max_model_len=engine.max_model_len)
+    return builder, predictor, planner
+
+
+def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engine: LLMEngine, *,
+                out_dir: Path | OutputStore | None, state: ManifestState | None) -> PreparedJob:
+    """The shared setup once a model is loaded: `engine` is the first engine the job builds."""
+    builder, predictor, planner = prompt_side(config, inputs.source.template, loaded, engine, out_dir=out_dir)
+    resume = ResumeRule(state if state is not None else ManifestState(), config.retry_errors,
+                        check_prompts=config.id_column is not None)
+    return PreparedJob(config, inputs.source, builder, predictor, planner, resume)

@@ -1,0 +1,134 @@
+"""Sharded jobs: how `--num-shards N --shard-index I` splits a job's input, and where a shard writes.
+
+Every shard process (an Airflow mapped task, a cron line, a Kubernetes indexed job) computes the
+split on its own, so it must come out the same everywhere: it is a pure function of input
+metadata that every process reads alike (the files in the job's input order, Parquet footers' row
+counts, file sizes), never of time, host or which shard asks.
+
+The files are laid end to end in input order, each weighing its rows (every file Parquet: footers
+count them) or, when any input is JSON Lines (its rows are unknown unread), its bytes. Shard I gets
+the weight interval [W*I/N, W*(I+1)/N). A Parquet file that crosses a boundary is cut there, at a
+row: shard I reads rows [start, stop) of it, and only the row groups holding them. A JSON Lines
+file cannot be cut without reading it (a row's id is its line number), so it goes whole to the
+shard that holds its midpoint: a job of a few large JSON Lines files balances only as well as its
+files do (convert them to Parquet, or split them, to balance better).
+
+Row ids do not change: a derived id is "<file>:<row index in the file>", with labels computed over
+all the job's files, so a sharded job's output rows are the unsharded job's, row for row.
+`--max-rows` keeps the job's first N rows before the split (Parquet inputs only: the footers say
+where the first N rows end).
+
+Each shard writes `OUTPUT/shard-I-of-N/` with the ordinary commit protocol (a local directory, or
+a prefix of an object store: s3://bucket/prefix/shard-I-of-N/ with its lease, io/store/store.py); `batchgen finalize`
+(batchgen.jobs.commands.finalize) checks the set and writes the job's `_SUCCESS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from batchgen.errors import ConfigError
+from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.store.store import is_url
+
+SHARD_DIR_RE = re.compile(r"shard-(\d+)-of-(\d+)")
+
+
+def shard_dir_name(shard_index: int, num_shards: int) -> str:
+    return f"shard-{shard_index}-of-{num_shards}"
+
+
+def shard_output_dir(output: str | Path, shard_index: int | None, num_shards: int | None) -> str | Path:
+    """Where a run writes: OUTPUT itself, or OUTPUT/shard-I-of-N/ for one shard of a sharded job;
+    a local Path, or a URL (str) under an object-store OUTPUT (s3://bucket/prefix/shard-I-of-N)."""
+    if is_url(output):
+        url = str(output).rstrip("/")
+        return url if num_shards is None else f"{url}/{shard_dir_name(shard_index, num_shards)}"
+    if num_shards is None:
+        return Path(output)
+    assert shard_index is not None
+    return Path(output) / shard_dir_name(shard_index, num_shards)
+
+
+def parse_shard_dir(name: str) -> tuple[int, int] | None:
+    """(shard index, number of shards) of a shard directory's name, else None."""
+    match = SHARD_DIR_RE.fullmatch(name)
+    if match is None:
+        return None
+    index, num = int(match.group(1)), int(match.group(2))
+    return (index, num) if 0 <= index < num and name == shard_dir_name(index, num) else None
+
+
+def split_inputs(files: list[InputShard], num_shards: int, shard_index: int,
+                 max_rows: int | None = None) -> list[InputShard]:
+    """Shard `shard_index`'s share of `files` (all the job's files, in input order): the files it
+    reads, each with the row range it reads where the file is cut (a Parquet file's `rows`)."""
+    assert 0 <= shard_index < num_shards, (shard_index, num_shards)
+    by_rows = all(f.num_rows is not None for f in files)
+    if max_rows is not None and not by_rows:
+        jsonl = next(f.path for f in files if f.num_rows is None)
+        raise ConfigError(f"--max-rows with --num-shards needs Parquet inputs (their footers say where the first "
+                          f"rows end); {jsonl} is JSON Lines")
+    weights = [_weight(f, by_rows) for f in files]
+    if max_rows is not None:  # the job's first max_rows rows, then the split
+        kept, remaining = [], max_rows
+        for w in weights:
+            kept.append(min(w, remaining))
+            remaining -= kept[-1]
+        weights = kept
+    total = sum(weights)
+    lo, hi = total * shard_index // num_shards, total * (shard_index + 1) // num_shards  # [lo, hi)
+    share, position = [], 0
+    for f, w in zip(files, weights, strict=True):
+        start_at, position = position, position + w
+        file_rows = w if by_rows else f.num_rows  # by rows, w is the rows kept (--max-rows)
+        if f.num_rows is None or file_rows == 0:
+            # JSON Lines (whole, to the shard holding its midpoint), or nothing to read (listed, for
+            # `batchgen status`, by the shard its place falls in): exactly one owner either way
+            if _owner(start_at * 2 + w, total * 2, num_shards) == shard_index:
+                share.append(f if f.num_rows is None else dataclasses.replace(f, rows=(0, 0)))
+            continue
+        start, stop = _row_at(lo - start_at, w, file_rows), _row_at(hi - start_at, w, file_rows)
+        if stop > start:  # consecutive shards' boundaries are equal: their ranges tile the file
+            share.append(dataclasses.replace(f, rows=(start, stop)))
+    return share
+
+
+def _owner(point: int, total: int, num_shards: int) -> int:
+    """The shard whose weight interval holds `point` (of `total`); the last one for the end."""
+    return 0 if total == 0 else min(point * num_shards // total, num_shards - 1)
+
+
+def _weight(f: InputShard, by_rows: bool) -> int:
+    if by_rows:
+        return f.num_rows
+    return max(f.size or 0, 1)  # bytes; a size the filesystem does not give still takes a place
+
+
+def _row_at(offset: int, weight: int, num_rows: int) -> int:
+    """The first row of a file (of `weight` spread evenly over `num_rows`) at or after weight
+    `offset` from its start: row r starts at r*weight/num_rows. Clamped to [0, num_rows]."""
+    if offset <= 0:
+        return 0
+    return min(-(-offset * num_rows // weight), num_rows)
+
+
+def check_shard_flags(num_shards: int | None, shard_index: int | None) -> None:
+    """Both or neither, and 0 <= I < N (a ConfigError naming the flag)."""
+    if num_shards is None and shard_index is None:
+        return
+    if num_shards is None or shard_index is None:
+        given, missing = ("--num-shards", "--shard-index") if shard_index is None else ("--shard-index",
+                                                                                          "--num-shards")
+        raise ConfigError(f"{given} needs {missing} too: each shard process is told the number of shards and its "
+                          "own index (0-based)")
+    for name, value in (("num_shards", num_shards), ("shard_index", shard_index)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if num_shards < 1:
+        raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
+    if not 0 <= shard_index < num_shards:
+        raise ConfigError(f"shard_index must be in [0, {num_shards - 1}] for --num-shards {num_shards}, "
+                          f"got {shard_index}")
