@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. the gate: float32, torch backend, exact
     gate_json = args.out / "gate.json"
-    throughput.main(["--model", model_dir, *dev, "--dtype", "float32", "--attention-backend", "torch",
+    throughput.main(["--model", model_dir, *dev, "--dtype", "float32", "--attention-backend", "sdpa",
                      "--systems", "batchgen-continuous,batchgen-static", "--n", "8", "--max-output-len", "16",
                      "--repeats", "1", "--json", str(gate_json)])
     gate = json.loads(gate_json.read_text())["greedy_check"]["float32"]

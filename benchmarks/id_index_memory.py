@@ -21,8 +21,8 @@ import time
 import tracemalloc
 from dataclasses import dataclass
 
-from batchgen.io.ids.compact_lists import id_list
 from batchgen.io.ids.index import IdIndex
+from batchgen.io.ids.lists import id_list
 
 NUM_FILES = 10
 WINDOW_ROWS = 1024

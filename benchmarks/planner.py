@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 import torch
 
 from batchgen.config.job import build_config
-from batchgen.engine.attention.paged import resolve_backend
+from batchgen.engine.attention.registry import resolve_backend
 from batchgen.engine.kv.cache import KVCacheSpec
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.io.inputs.discovery import InputShard

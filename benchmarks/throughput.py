@@ -37,11 +37,11 @@ import transformers
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from batchgen.engine.attention.paged import resolve_backend
+from batchgen.config.choices import Policy
+from batchgen.engine.attention.registry import resolve_backend
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Request, SamplingParams
-from batchgen.engine.scheduler.scheduler import Policy
 from benchmarks import sharegpt, sysload
 
 SYSTEMS = ("batchgen-continuous", "batchgen-static", "hf-generate", "hf-continuous")
@@ -280,7 +280,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     p.add_argument("--block-size", type=int, default=None, help="KV block size [the attention backend's: 256 "
                    "flash-attn, else 16]; also transformers' continuous-batching page size")
-    p.add_argument("--attention-backend", default="auto", help="batchgen's: auto, cpu (C kernel), torch, flash")
+    p.add_argument("--attention-backend", default="auto", help="batchgen's: auto, cpu (C kernels), sdpa, flash")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")
     p.add_argument("--no-cuda-graphs", action="store_true", help="batchgen: run decode steps eagerly on CUDA")
     p.add_argument("--hf-batch-size", type=int, default=32)

@@ -568,7 +568,7 @@ def test_engine_flags_reach_the_config_and_bad_values_exit_2(runner, tmp_path):
     from batchgen.config.job import build_config
 
     config = build_config(None, inputs=["x"], output="o", attention_backend="torch", block_size=32, cuda_graphs=False)
-    assert (config.attention_backend, config.block_size, config.cuda_graphs) == ("torch", 32, False)
+    assert (config.attention_backend, config.block_size, config.cuda_graphs) == ("sdpa", 32, False)  # old name
     result = runner.invoke(app, ["run", "--input", "x.parquet", "--output", str(tmp_path / "o"),
                                  "--attention-backend", "flashinfer"])
     assert result.exit_code == 2 and "attention_backend must be one of" in result.output

@@ -1,6 +1,8 @@
-"""The dependency direction stays as the architecture says: engine knows nothing of files or jobs,
-io nothing of models or jobs, monitor nothing of jobs, and the scheduler, block manager and sequence
-run without torch."""
+"""The dependency direction stays as docs/architecture.md draws it: no import cycles between modules,
+not even through imports inside functions; the ground (errors, config, runtime) imports nothing above
+it; engine knows nothing of files or jobs, io nothing of models or jobs, monitor nothing of jobs, the
+CLI reaches the engine only through jobs; and the scheduler, block manager and sequence run without
+torch."""
 
 from __future__ import annotations
 
@@ -12,20 +14,51 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "batchgen"
+GROUND = ("batchgen.errors", "batchgen.config", "batchgen.runtime")
 FORBIDDEN = {  # package -> packages none of its modules may import (at module level or inside a function)
-    "engine": ("batchgen.io", "batchgen.jobs"),
-    "io": ("batchgen.engine", "batchgen.jobs"),
-    "monitor": ("batchgen.jobs",),  # jobs feeds the monitor; status and report read its files without a job
+    "errors": ("batchgen.",),
+    "config": ("batchgen.engine", "batchgen.io", "batchgen.jobs", "batchgen.monitor", "batchgen.ray",
+               "batchgen.cli", "batchgen.runtime"),
+    "runtime": ("batchgen.engine", "batchgen.io", "batchgen.jobs", "batchgen.monitor", "batchgen.ray",
+                "batchgen.cli", "batchgen.config"),
+    "engine": ("batchgen.io", "batchgen.jobs", "batchgen.monitor", "batchgen.ray", "batchgen.cli"),
+    "io": ("batchgen.engine", "batchgen.jobs", "batchgen.monitor", "batchgen.ray", "batchgen.cli"),
+    "monitor": ("batchgen.jobs", "batchgen.ray", "batchgen.cli"),  # it reads the engine's metric types
+    "jobs": ("batchgen.cli",),
+    "ray": ("batchgen.cli",),
+    "cli": ("batchgen.engine", "batchgen.io"),  # commands go through batchgen.jobs
 }
-TORCH_FREE = ("batchgen.engine.scheduler.scheduler", "batchgen.engine.kv.block_manager", "batchgen.engine.scheduler.sequence")
+TORCH_FREE = ("batchgen.engine.scheduler.scheduler", "batchgen.engine.kv.block_manager",
+              "batchgen.engine.scheduler.sequence", "batchgen.config.job", "batchgen.config.rules")
 # what a command imports before its checks pass: a user's mistake must not wait seconds for torch
-CHECKS_TORCH_FREE = ("batchgen.cli", "batchgen.config.job", "batchgen.jobs.commands.run", "batchgen.jobs.commands.plan",
-                     "batchgen.jobs.commands.status")
+CHECKS_TORCH_FREE = ("batchgen.cli", "batchgen.config.job", "batchgen.jobs.commands.run",
+                     "batchgen.jobs.commands.plan", "batchgen.jobs.commands.status")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node that runs: `if TYPE_CHECKING:` blocks are skipped (annotations only)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Every dotted name an import in `path` names, module-level or inside a function."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -34,17 +67,73 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
+def batchgen_dependencies(path: Path) -> set[str]:
+    """The batchgen modules `path` imports: `from pkg import name` counts pkg.name where it is a module."""
+    deps = set()
+    for name in imported_modules(path):
+        while name and name not in MODULES:
+            name = name.rpartition(".")[0]
+        if name:
+            deps.add(name)
+    deps -= {name for name in deps if any(other.startswith(name + ".") for other in deps)}  # the package of a module
+    return deps - {module_name(path)}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycles():
+    graph = {name: batchgen_dependencies(path) for name, path in MODULES.items()}
+    assert import_cycles(graph) == []
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_no_forbidden_imports(package):
+def test_no_imports_from_the_ground_up(package):
     bad = []
-    for path in sorted((PACKAGE / package).rglob("*.py")):
+    paths = [PACKAGE / f"{package}.py"] if (PACKAGE / f"{package}.py").exists() else (PACKAGE / package).rglob("*.py")
+    for path in sorted(paths):
         for name in sorted(imported_modules(path)):
             if name.startswith(FORBIDDEN[package]):
                 bad.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
     assert not bad, bad
 
 
-def test_scheduler_block_manager_and_sequence_import_no_torch():
+def test_scheduler_block_manager_sequence_and_config_import_no_torch():
     code = f"import sys; import {', '.join(TORCH_FREE)}; print(sorted(m for m in sys.modules if m == 'torch'))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
@@ -58,7 +147,14 @@ def test_the_cli_and_the_job_checks_import_neither_torch_nor_transformers():
 
 
 def test_the_checks_see_a_violation(tmp_path):
-    """The AST walk finds imports inside functions too."""
+    """The AST walk finds imports inside functions too, and skips annotation-only imports."""
     path = tmp_path / "m.py"
-    path.write_text("def f():\n    from batchgen.jobs.commands.run import run_job\n")
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import batchgen.engine\n"
+                    "def f():\n    from batchgen.jobs.commands.run import run_job\n")
     assert "batchgen.jobs.commands.run" in imported_modules(path)
+    assert "batchgen.engine" not in imported_modules(path)
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_function_body():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []

@@ -35,27 +35,24 @@ def bench(
     """Measure engine throughput here: continuous against static batching, round-robin."""
     with user_errors():
         from batchgen.config.job import parse_bytes
-        from batchgen.engine.model.loader import load_model
-        from batchgen.jobs.commands.bench import default_engine_configs, make_workload, run_bench
+        from batchgen.jobs.commands.bench import bench_model
 
         setup_logging(quiet=True)
-        loaded = load_model(model, device=device, dtype=dtype)
-        workload = make_workload(num_requests, mean_prompt_tokens=prompt_tokens, mean_output_tokens=output_tokens,
-                                 mixed=not uniform, vocab_size=len(loaded.tokenizer),
-                                 max_tokens=loaded.max_context_tokens // 2)
-        budget = parse_bytes(kv_cache_memory) if kv_cache_memory else None
-        traces: dict | None = {} if report is not None else None
-        result = run_bench(loaded, workload, default_engine_configs(batch_size, max_num_batched_tokens, budget),
-                           repeats, traces)
+        outcome = bench_model(model, device=device, dtype=dtype, num_requests=num_requests,
+                              prompt_tokens=prompt_tokens, output_tokens=output_tokens, uniform=uniform,
+                              batch_size=batch_size, max_num_batched_tokens=max_num_batched_tokens,
+                              kv_cache_bytes=parse_bytes(kv_cache_memory) if kv_cache_memory else None,
+                              repeats=repeats, trace=report is not None)
+        workload, result = outcome.workload, outcome.result
         if report is not None:
             from batchgen.monitor.bench_report import render_bench_report
 
-            facts = [("model", f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}"),
+            facts = [("model", outcome.model_label),
                      ("workload", f"{num_requests} requests, {workload.num_output_tokens} output tokens, "
                                   f"{'uniform' if uniform else 'mixed'} lengths, {repeats} rounds")]
-            files = render_bench_report(result, traces, report, facts=facts, png=png)
+            files = render_bench_report(result, outcome.traces, report, facts=facts, png=png)
             typer.echo(f"report: {files.html_path}", err=True)
-    typer.echo(f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}: {num_requests} "
+    typer.echo(f"{outcome.model_label}: {num_requests} "
                f"requests, {workload.num_output_tokens} output tokens, {'uniform' if uniform else 'mixed'}", err=True)
     for name, r in result.items():
         typer.echo(f"{name:>10}: median {r['tokens_per_s_median']:.1f} tok/s, min {r['tokens_per_s_min']:.1f} "

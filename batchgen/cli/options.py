@@ -100,7 +100,7 @@ ParseSpecialTokens = Annotated[bool | None, _opt("--parse-special-tokens/--no-pa
     "Read special-token text in rows (e.g. <|im_start|>) as control tokens, for pre-rendered prompts "
     "[on only with --no-chat]."))]
 AttentionBackend = Annotated[str | None, _opt("--attention-backend", metavar="NAME", help=(
-    "auto | torch | cpu | flash [auto: flash-attn on CUDA when installed, else torch; the C kernel on CPU]; "
+    "auto | cpu | sdpa | flash [auto: flash-attn on CUDA when installed, else sdpa; the C kernels on CPU]; "
     "the log says which and why."))]
 BlockSize = Annotated[int | None, _opt("--block-size", metavar="N", help=(
     "Tokens per KV cache block [auto: the attention backend's: 256 for flash-attn, else 16]."))]

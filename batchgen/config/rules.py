@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from batchgen.engine.scheduler.scheduler import Policy
+from batchgen.config.choices import ATTENTION_BACKEND_ALIASES, ATTENTION_BACKENDS, Policy, canonical_attention_backend
 from batchgen.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,7 +22,6 @@ QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized 
 QUANTIZE_BACKENDS = ("auto", "torchao", "quanto", "onednn")
 QUANTIZE_EMBEDDING = ("auto", "none", "int8")  # auto: int8 with int4 weights (engine/quant/plan.py EMBEDDING_AUTO)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
-ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
 OPENAI_BATCH = "openai-batch"  # the OpenAI Batch API's request / output JSONL (jobs/openai/requests.py)
 INPUT_FORMATS = ("auto", "parquet", "jsonl", OPENAI_BATCH)  # auto: by file suffix
 OUTPUT_FORMATS = ("parquet", OPENAI_BATCH, "both")
@@ -91,7 +90,8 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("quantize_backend", config.quantize_backend, QUANTIZE_BACKENDS)
     _choice("quantize_embedding", config.quantize_embedding, QUANTIZE_EMBEDDING)
     _choice("kv_cache_dtype", config.kv_cache_dtype, KV_CACHE_DTYPES)
-    _choice("attention_backend", config.attention_backend, ATTENTION_BACKENDS)
+    _choice("attention_backend", config.attention_backend, (*ATTENTION_BACKENDS, *ATTENTION_BACKEND_ALIASES))
+    config.attention_backend = canonical_attention_backend(config.attention_backend)
     if not isinstance(config.cuda_graphs, bool):
         raise ConfigError(f"cuda_graphs must be true or false, got {config.cuda_graphs!r}")
     _choice("on_long_prompt", config.on_long_prompt, LONG_PROMPT_POLICIES)

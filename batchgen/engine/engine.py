@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from batchgen.config.choices import Policy
 from batchgen.engine.attention import paged as attention
+from batchgen.engine.attention.registry import make_backend
 from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
 from batchgen.engine.kernels import fused
 from batchgen.engine.kv.block_manager import BlockManager
@@ -30,7 +32,7 @@ from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler import sizing
-from batchgen.engine.scheduler.scheduler import Policy, Scheduler
+from batchgen.engine.scheduler.scheduler import Scheduler
 from batchgen.engine.scheduler.sequence import Sequence
 from batchgen.errors import EngineError, UsageError
 from batchgen.runtime import omp
@@ -73,7 +75,7 @@ class LLMEngine:
         backend, block_size, cache_dtype, reason = resolve_attention(config, self.device, model.dtype)
         log.info("attention: %s, %d-token KV blocks (%s)", backend, block_size, reason)
         self.block_size = block_size
-        self.backend = attention.make_backend(backend)
+        self.backend = make_backend(backend)
         self.use_cuda_graphs = self._graphs_possible(config)
         spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         num_blocks, self.max_tokens_per_seq = plan_kv_blocks(

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine.attention import paged as attention
+from batchgen.config.choices import Policy
+from batchgen.engine.attention.registry import BACKENDS, SET_BY_FLAG, select_backend
+from batchgen.engine.attention.sdpa import SdpaBackend
 from batchgen.engine.kv import quant as kv_quant
 from batchgen.engine.kv.cache import KVCacheSpec, plan_num_blocks, profile_activation_bytes
 from batchgen.engine.scheduler import sizing
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # token budget of one step; None: auto (sizing.py)
     expected_seq_tokens: int | None = None  # auto sizing's hint: prompt + output tokens of a typical row
     block_size: int | None = None  # None: 16 for the torch backend, 256 for flash-attn
-    attention_backend: str = "auto"  # auto | torch | cpu (C decode kernel) | flash (flash-attn, CUDA only)
+    attention_backend: str = "auto"  # config/choices.py AttentionBackendName; engine/attention/registry.py chooses
     kv_cache_bytes: int | None = None  # None: sized from free memory
     num_kv_blocks: int | None = None  # exact block count (tests); overrides kv_cache_bytes
     # prompt + max output tokens of every sequence this engine will run, when the caller knows them
@@ -50,16 +51,17 @@ def resolve_attention(config: EngineConfig, device: torch.device,
                       model_dtype: torch.dtype) -> tuple[str, int, torch.dtype, str]:
     """(backend name, KV block size in tokens, KV cache dtype, why this backend) for `config` on `device`."""
     try:
-        choice = attention.select_backend(config.attention_backend, device, config.block_size, model_dtype)
+        choice = select_backend(config.attention_backend, device, config.block_size, model_dtype)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend, block_size, reason = choice.name, choice.block_size, choice.reason
     cache_dtype = kv_quant.resolve_kv_cache_dtype(config.kv_cache_dtype, model_dtype, device)
-    if cache_dtype == torch.int8 and backend == "flash":  # flash-attn reads no int8 pages
-        if config.attention_backend == "flash":
-            raise ConfigError("the int8 KV cache runs on the cpu or torch attention backend, not flash")
-        backend, block_size = "torch", config.block_size or attention.DEFAULT_BLOCK_SIZE
-        reason = "auto: flash-attn reads no int8 KV pages, so torch SDPA"
+    if cache_dtype == torch.int8 and not BACKENDS[backend].reads_int8_pages:
+        if reason == SET_BY_FLAG:
+            raise ConfigError(f"the int8 KV cache runs on an attention backend that reads int8 pages "
+                              f"({', '.join(n for n, b in BACKENDS.items() if b.reads_int8_pages)}), not {backend}")
+        backend, block_size = SdpaBackend.name, config.block_size or SdpaBackend.default_block_size
+        reason = f"auto: {BACKENDS[choice.name].describe} reads no int8 KV pages, so torch SDPA"
     return backend, block_size, cache_dtype, reason
 
 

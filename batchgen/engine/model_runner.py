@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batchgen.engine.attention.paged import AttentionMetadata, forward_context
-from batchgen.engine.attention.registry import AttentionBackend, PackedSeq
+from batchgen.engine.attention.base import AttentionBackend, PackedSeq
+from batchgen.engine.attention.paged import AttentionMetadata
+from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
 from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.scheduler.scheduler import SchedulerOutput
+from batchgen.runtime.cache_dir import cache_root
 
 if TYPE_CHECKING:
     from batchgen.engine.model.cuda_graphs import DecodeGraphs
@@ -163,8 +165,6 @@ def inductor_cache_dir() -> str:
     torch writes the directory it picks into TORCHINDUCTOR_CACHE_DIR the first time anything asks
     for it (an import can), so a plain setdefault would keep torch's /tmp default: a value equal to
     that default counts as torch's choice, not the user's."""
-    from batchgen.engine.model.loader import cache_root
-
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir

@@ -26,7 +26,7 @@ def generate_and_engine_tokens(model, tokenizer, max_new_tokens: int = 8) -> tup
     first, on the model itself: quanto's frozen tensors do not deepcopy."""
     refs = generate_tokens(model, PROMPTS, max_new_tokens)
     engine = LLMEngine(model, tokenizer,
-                       EngineConfig(max_num_seqs=4, block_size=8, num_kv_blocks=32, attention_backend="torch"),
+                       EngineConfig(max_num_seqs=4, block_size=8, num_kv_blocks=32, attention_backend="sdpa"),
                        eos_token_ids=[])
     got = {c.request_id: c.token_ids for c in engine.generate(
         Request(str(i), p, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))

@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
+from batchgen.config.choices import Policy
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Continuation, FinishReason, Request, SamplingParams
-from batchgen.engine.scheduler.scheduler import Policy
 from tests.tiny import make_tiny_model
 
 MAX_NEW_TOKENS = 40

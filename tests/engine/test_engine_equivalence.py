@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from batchgen.config.choices import Policy
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Completion, FinishReason, Request, SamplingParams
-from batchgen.engine.scheduler.scheduler import Policy
 from tests.tiny import make_tiny_model
 
 ARCH_SEEDS = {"llama": 0, "qwen2": 1, "mistral": 2}
@@ -169,10 +169,10 @@ def test_static_policy_tight_cache(case, tokenizer):
 
 
 @pytest.mark.parametrize("block_size", [16, 4])
-def test_torch_attention_backend(case, tokenizer, block_size):
+def test_sdpa_attention_backend(case, tokenizer, block_size):
     # the CPU default decodes through the C kernel; the pure-torch path (grouped, gathered SDPA) is
     # the fallback without a compiler and the path on CUDA without flash-attn: it must agree too
-    engine, _ = run(case, tokenizer, EngineConfig(attention_backend="torch", block_size=block_size,
+    engine, _ = run(case, tokenizer, EngineConfig(attention_backend="sdpa", block_size=block_size,
                                                   num_kv_blocks=3000 // block_size, max_num_batched_tokens=48))
     assert engine.runner.backend.name == "torch"
 

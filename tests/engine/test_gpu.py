@@ -58,7 +58,7 @@ def test_float32_greedy_equals_generate_on_cuda(arch, tokenizer):
     model = make_tiny_model(arch, seed=1).cuda()
     prompts, max_new = _workload(1)
     refs = _generate_refs(model, prompts, max_new)
-    _, got = _engine_tokens(model, tokenizer, EngineConfig(attention_backend="torch", kv_cache_bytes=64 * 2**20,
+    _, got = _engine_tokens(model, tokenizer, EngineConfig(attention_backend="sdpa", kv_cache_bytes=64 * 2**20,
                                                            max_num_batched_tokens=256), prompts, max_new)
     assert got == refs
 
@@ -85,7 +85,7 @@ def test_oom_recovery_on_cuda(tokenizer, monkeypatch):
     model = make_tiny_model("llama", seed=3).cuda()
     prompts, max_new = _workload(3, n=12)
     refs = _generate_refs(model, prompts, max_new)
-    engine = LLMEngine(copy.deepcopy(model), tokenizer, EngineConfig(attention_backend="torch",
+    engine = LLMEngine(copy.deepcopy(model), tokenizer, EngineConfig(attention_backend="sdpa",
                                                                      kv_cache_bytes=32 * 2**20), eos_token_ids=[-1])
     real, calls = engine.runner._forward, []
 

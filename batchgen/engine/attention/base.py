@@ -1,6 +1,6 @@
 """What every attention backend sees: the step's packed sequences and one layer's paged cache.
 
-A backend is a small object chosen once per engine (`attention.make_backend`):
+A backend is a small object chosen once per engine (registry.make_backend):
 `build_metadata` turns the step's packed sequences into the tensors its kernels need, once per
 step; `forward` attends for one layer, after the new K/V were written into the cache.
 """
@@ -43,7 +43,14 @@ class LayerKV:
         return self.k_cache.view(shape), self.v_cache.view(shape)
 
 
+DEFAULT_BLOCK_SIZE = 16  # tokens per page where a kernel has no size of its own: little waste in a short last page
+
+
 class AttentionBackend(Protocol):
+    """A backend class also states its rules as class attributes (registry.py reads them):
+    `default_block_size`, `block_size_multiple`, `reads_int8_pages`, `supports_cuda_graphs`, and
+    `available(device, dtype)` / `requirement(device, dtype)` (the error where it is not)."""
+
     name: str
 
     def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> Any:

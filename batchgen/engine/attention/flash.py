@@ -50,10 +50,18 @@ def flash_attn_varlen_func():
 
 class FlashBackend:
     name = "flash"
+    describe = "flash-attn"
+    default_block_size = FLASH_BLOCK_SIZE_MULTIPLE
+    block_size_multiple = FLASH_BLOCK_SIZE_MULTIPLE
+    reads_int8_pages = False
     supports_cuda_graphs = True
 
     @staticmethod
-    def available(device: torch.device) -> bool:
+    def requirement(device: torch.device, dtype: torch.dtype | None = None) -> str:
+        return "the flash attention backend needs CUDA and the flash-attn package"
+
+    @staticmethod
+    def available(device: torch.device, dtype: torch.dtype | None = None) -> bool:
         if device.type != "cuda":
             return False
         try:

@@ -7,31 +7,20 @@ our name, transformers passes `attention_mask=None`: causality and the isolation
 sequences packed into one row are enforced here.
 
 Per layer the function writes the step's new K/V into the paged cache at `slot_mapping`, then
-hands attention to the engine's backend (engine/attention/), chosen once per engine: "cpu" (the
-CPU default) decodes through a C kernel that reads K/V in place from the pages; "torch" (SDPA
-over gathered blocks) runs everywhere, CUDA included, and is the fallback where the kernel cannot
-be built; "flash" is flash-attn's paged varlen on CUDA. Each backend builds its own per-step
-metadata once (`build_metadata`) and attends per layer (`forward`).
+hands attention to the engine's backend, chosen once per engine (engine/attention/registry.py
+names them and their rules). Each backend builds its own per-step metadata once
+(`build_metadata`) and attends per layer (`forward`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from batchgen.engine.attention.registry import (
-    BACKENDS,
-    FLASH_BLOCK_SIZE_MULTIPLE,
-    AttentionBackend,
-    FlashBackend,
-    LayerKV,
-    NativeCpuBackend,
-)
+from batchgen.engine.attention.base import AttentionBackend, LayerKV
+from batchgen.engine.forward_context import current_metadata
 from batchgen.engine.kv import quant as kv_quant
 from batchgen.errors import UnsupportedModelError
 
@@ -48,26 +37,6 @@ class AttentionMetadata:
     backend: AttentionBackend
     step: Any  # what `backend.build_metadata` built for this step
     kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # int8 pages: per layer k, v [num_slots, kv_heads]
-
-
-# per thread: engines on other threads (data-parallel replicas) run their own forwards meanwhile
-_local = threading.local()
-
-
-def current_metadata() -> AttentionMetadata | None:
-    """The metadata of the forward running on this thread, or None outside one."""
-    return getattr(_local, "metadata", None)
-
-
-@contextlib.contextmanager
-def forward_context(metadata: AttentionMetadata) -> Iterator[None]:
-    """Make `metadata` visible to the attention function for one forward pass on this thread."""
-    assert current_metadata() is None, "forward contexts do not nest"
-    _local.metadata = metadata
-    try:
-        yield
-    finally:
-        _local.metadata = None
 
 
 class UnsupportedAttentionFeature(UnsupportedModelError, RuntimeError):
@@ -118,68 +87,6 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
 @_paged_attention_op.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float) -> torch.Tensor:
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
-
-
-def make_backend(name: str) -> AttentionBackend:
-    return BACKENDS[name]()
-
-
-@dataclass(frozen=True, slots=True)
-class BackendChoice:
-    name: str  # "torch" | "cpu" | "flash"
-    block_size: int  # tokens per KV page: the user's, else the backend's own
-    reason: str  # one line for the log: why this backend
-
-
-DEFAULT_BLOCK_SIZE = 16  # the torch and cpu backends: small pages waste little of a short sequence's last page
-
-
-def select_backend(backend: str, device: torch.device, block_size: int | None,
-                   dtype: torch.dtype = torch.float32) -> BackendChoice:
-    """The attention backend and its page size, with the reason `batchgen run` logs.
-
-    auto: flash-attn's paged kernel on CUDA when the package imports (with its 256-token pages,
-    unless the user set a block size it cannot use); the C decode kernel on CPU where it builds;
-    torch SDPA everywhere else. A block size left unset is the chosen backend's.
-    """
-    if backend not in ("auto", *BACKENDS):
-        raise ValueError(f"attention backend must be auto, torch, cpu or flash; got {backend!r}")
-    if backend == "auto":
-        backend, reason = _auto_backend(device, block_size, dtype)
-    else:
-        reason = "set by --attention-backend"
-    if backend == "cpu" and not NativeCpuBackend.available(device, dtype):
-        raise ValueError(f"the cpu attention backend needs a CPU model in float32 or bfloat16 (got {device.type}, "
-                         f"{dtype}) and a C compiler to build its kernel")
-    if backend == "flash":
-        if not FlashBackend.available(device):
-            raise ValueError("the flash attention backend needs CUDA and the flash-attn package")
-        block_size = block_size or FLASH_BLOCK_SIZE_MULTIPLE
-        if block_size % FLASH_BLOCK_SIZE_MULTIPLE:
-            raise ValueError(f"flash-attn's paged KV needs a block size that is a multiple of "
-                             f"{FLASH_BLOCK_SIZE_MULTIPLE}, got {block_size}")
-        return BackendChoice(backend, block_size, reason)
-    return BackendChoice(backend, block_size or DEFAULT_BLOCK_SIZE, reason)
-
-
-def _auto_backend(device: torch.device, block_size: int | None, dtype: torch.dtype) -> tuple[str, str]:
-    if device.type == "cuda":
-        if not FlashBackend.available(device):
-            return "torch", "auto: flash-attn is not installed (pip install flash-attn), so torch SDPA"
-        if block_size is not None and block_size % FLASH_BLOCK_SIZE_MULTIPLE:
-            return "torch", (f"auto: flash-attn is installed but the set block size {block_size} is not a multiple "
-                             f"of {FLASH_BLOCK_SIZE_MULTIPLE}, so torch SDPA")
-        return "flash", "auto: flash-attn's paged varlen kernel on CUDA"
-    if NativeCpuBackend.available(device, dtype):
-        return "cpu", "auto: the C decode kernel on CPU"
-    return "torch", f"auto: no C kernel for {device.type} / {dtype} (or no C compiler), so torch SDPA"
-
-
-def resolve_backend(backend: str, device: torch.device, block_size: int | None,
-                    dtype: torch.dtype = torch.float32) -> tuple[str, int]:
-    """Pick the attention backend and the block size it needs: ("torch"|"cpu"|"flash", block_size)."""
-    choice = select_backend(backend, device, block_size, dtype)
-    return choice.name, choice.block_size
 
 
 def _reject_unsupported(module: torch.nn.Module, kwargs: dict) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine.attention.base import LayerKV, PackedSeq, cdiv
+from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, LayerKV, PackedSeq, cdiv
 from batchgen.engine.kv import quant as kv_quant
 
 # decode sequences are grouped by context length so that padding to a group's longest context
@@ -85,7 +85,20 @@ def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: La
 
 
 class SdpaBackend:
-    name = "torch"
+    name = "sdpa"
+    describe = "torch SDPA"
+    default_block_size = DEFAULT_BLOCK_SIZE
+    block_size_multiple = 1
+    reads_int8_pages = True
+    supports_cuda_graphs = False
+
+    @staticmethod
+    def available(device: torch.device, dtype: torch.dtype) -> bool:
+        return True  # torch's own op, on every device and dtype
+
+    @staticmethod
+    def requirement(device: torch.device, dtype: torch.dtype) -> str:
+        raise AssertionError("SDPA is always available")
 
     def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> SdpaMetadata:
         decode = sorted((s for s in seqs if s.num_new_tokens == 1), key=lambda s: s.context_len)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from batchgen.runtime.cache_dir import cache_root
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
@@ -134,8 +136,6 @@ def _build(source_path: Path = SOURCE) -> Path:
     headers = b"".join(h.read_bytes() for h in sorted(source_path.parent.glob("*.h")))  # #included
     key = hashlib.sha256(b"\0".join([source, headers, " ".join(CFLAGS).encode(), version.encode(),
                                      _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
-    from batchgen.engine.model.loader import cache_root
-
     out_dir = cache_root() / "kernels"
     target = out_dir / f"{source_path.stem}-{key}.so"
     if target.exists():

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from batchgen.engine.attention.base import cdiv
-from batchgen.engine.attention.paged import AttentionMetadata, forward_context
+from batchgen.engine.attention.paged import AttentionMetadata
+from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
 from batchgen.engine.scheduler.scheduler import SchedulerOutput
 

@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
+from batchgen.runtime.cache_dir import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -192,13 +193,6 @@ def _default_gguf_path() -> Path:
         raise ModelLoadError(f"the default model is not installed: run `{INSTALL_DEFAULT_HINT}` "
                              f"or pass --model PATH")
     return path
-
-
-def cache_root() -> Path:
-    if os.environ.get("BATCHGEN_CACHE_DIR"):
-        return Path(os.environ["BATCHGEN_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "batchgen"
 
 
 def _gguf_cache_dir(gguf: Path, prefix: str) -> Path:

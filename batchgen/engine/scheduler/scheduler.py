@@ -24,21 +24,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 
+from batchgen.config.choices import Policy
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.request import FinishReason
 from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
-
-
-class Policy(str, Enum):
-    """The batching mode, end to end: config values, planned shards and engines all use it."""
-
-    CONTINUOUS = "continuous"
-    STATIC = "static"
-
-    def __str__(self) -> str:  # "static" in logs, f-strings and reports, on every Python version
-        return self.value
 
 
 @dataclass(slots=True)

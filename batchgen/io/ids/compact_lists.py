@@ -10,7 +10,6 @@ that are all int (in int64 range) one array; anything else stays a tuple.
 from __future__ import annotations
 
 import operator
-import re
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
@@ -20,8 +19,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-_HEX16 = re.compile(r"[0-9a-f]{16}")  # what batchgen.jobs.durability.resume.prompt_hash writes
 _TEXT = ("utf-8", "surrogatepass")  # any str round-trips, a lone surrogate too
 _FEW = 32  # StrList.matches: fewer comparisons than this are made in Python
 
@@ -184,27 +181,3 @@ class HashList(RowList):
     def __iter__(self) -> Iterator[str | None]:
         for value, present in zip(self._values, self._present, strict=True):
             yield f"{value:016x}" if present else None
-
-
-def id_list(values: Iterable[Any]) -> RowList:
-    """The compact list of `values` (row ids): equal to `list(values)`, element for element."""
-    if isinstance(values, RowList):
-        return values
-    values = list(values)
-    if all(type(v) is str for v in values):
-        from batchgen.io.ids.numbered import NumberedStrList  # a RowList too: imported here, not at the top
-
-        return NumberedStrList.build(values) or StrList(values)
-    if all(type(v) is int and _INT64[0] <= v <= _INT64[1] for v in values):  # not bool: True is no 1 here
-        return IntList(values)
-    return TupleList(values)
-
-
-def hash_list(values: Iterable[str | None]) -> RowList:
-    """The compact list of prompt hashes; any other value kept as it is."""
-    if isinstance(values, RowList):
-        return values
-    values = list(values)
-    if all(v is None or (type(v) is str and _HEX16.fullmatch(v)) for v in values):
-        return HashList(values)
-    return TupleList(values)

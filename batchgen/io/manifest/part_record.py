@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from batchgen.io.ids.compact_lists import RowList, hash_list, id_list
+from batchgen.io.ids.compact_lists import RowList
+from batchgen.io.ids.lists import hash_list, id_list
 from batchgen.io.store.writers import StagedPart
 
 

@@ -14,10 +14,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from batchgen.config.choices import Policy
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.model.loader import LoadedModel
+from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Request, SamplingParams
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.monitor.trace import StepTrace
 
 
@@ -88,3 +88,28 @@ def default_engine_configs(batch_size: int, max_num_batched_tokens: int, kv_cach
                   kv_cache_bytes=kv_cache_bytes)
     return {"continuous": EngineConfig(policy=Policy.CONTINUOUS, **common),
             "static": EngineConfig(policy=Policy.STATIC, **common)}
+
+
+@dataclass
+class BenchOutcome:
+    """What `batchgen bench` prints and reports: the model it ran, the workload, each policy's runs."""
+
+    model_label: str  # name, dtype and device, as the report's facts and the summary line show them
+    workload: BenchWorkload
+    result: dict
+    traces: dict[str, StepTrace] | None
+
+
+def bench_model(model: str | None, *, device: str, dtype: str, num_requests: int, prompt_tokens: int,
+                output_tokens: int, uniform: bool, batch_size: int, max_num_batched_tokens: int,
+                kv_cache_bytes: int | None, repeats: int, trace: bool) -> BenchOutcome:
+    """Load `model` and compare the policies on one synthetic workload sized to its context."""
+    loaded = load_model(model, device=device, dtype=dtype)
+    workload = make_workload(num_requests, mean_prompt_tokens=prompt_tokens, mean_output_tokens=output_tokens,
+                             mixed=not uniform, vocab_size=len(loaded.tokenizer),
+                             max_tokens=loaded.max_context_tokens // 2)
+    traces: dict | None = {} if trace else None
+    result = run_bench(loaded, workload, default_engine_configs(batch_size, max_num_batched_tokens, kv_cache_bytes),
+                       repeats, traces)
+    label = f"{loaded.name} {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}"
+    return BenchOutcome(label, workload, result, traces)

@@ -18,8 +18,8 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchgen.config.choices import Policy
 from batchgen.config.job import JobConfig
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.io.manifest.manifest import is_job_dir, load_manifest
 from batchgen.io.store.store import open_store
 from batchgen.jobs.durability.resume import ResumeRule

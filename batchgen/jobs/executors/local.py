@@ -15,10 +15,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from batchgen.config.choices import Policy
 from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.io.store.partials import PartialRow

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
+from batchgen.config.choices import Policy
 from batchgen.config.job import JobConfig, parse_bytes
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.pipeline.row_sampling import sampling_settings
 from batchgen.jobs.planning.planner import PlannedRow, ShardPlan

@@ -45,8 +45,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchgen.config.choices import Policy
 from batchgen.config.job import OPENAI_BATCH, JobConfig
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.engine.scheduler.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.durability.resume import prompt_hash
 from batchgen.jobs.pipeline.prompts import PromptBuilder, row_max_new_tokens

@@ -10,13 +10,14 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from batchgen.engine.attention import paged as attention
+from batchgen.engine.attention import registry
 from batchgen.engine.attention.paged import (
     ATTN_IMPLEMENTATION,
     UnsupportedAttentionFeature,
-    forward_context,
     paged_attention_forward,
 )
 from batchgen.engine.engine import EngineConfig, LLMEngine
+from batchgen.engine.forward_context import current_metadata, forward_context
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.model_runner import ModelRunner
@@ -66,14 +67,14 @@ def test_engine_switches_the_model_it_is_given(tokenizer):
 def test_forward_context_does_not_nest_and_always_clears():
     meta = SimpleNamespace()  # the context only carries it
     with forward_context(meta):
-        assert attention.current_metadata() is meta
+        assert current_metadata() is meta
         with pytest.raises(AssertionError):
             with forward_context(meta):
                 pass
     with pytest.raises(ValueError):
         with forward_context(meta):
             raise ValueError("boom")
-    assert attention.current_metadata() is None
+    assert current_metadata() is None
 
 
 @pytest.mark.parametrize(("config", "attn", "match"), [
@@ -145,7 +146,7 @@ def test_packed_steps_match_plain_attention(block_size, budget, prefix_caching, 
     sched = Scheduler(bm, max_num_seqs=5, max_num_batched_tokens=budget, max_model_len=128)
     spec = KVCacheSpec(num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32, block_size=block_size)
     runner = ModelRunner(stub, KVCache(spec, bm.num_blocks, torch.device("cpu")), torch.device("cpu"),
-                         attention.make_backend(backend))
+                         registry.make_backend(backend))
     rng = random.Random(block_size)
     shared = [rng.randrange(40) for _ in range(13)]
     for i in range(10):

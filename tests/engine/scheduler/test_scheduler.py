@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batchgen.config.choices import Policy
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.request import FinishReason, Request, SamplingParams
-from batchgen.engine.scheduler.scheduler import Policy, Scheduler
+from batchgen.engine.scheduler.scheduler import Scheduler
 from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
 
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from batchgen.io.ids.compact_lists import HashList, IntList, StrList, TupleList, hash_list, id_list
+from batchgen.io.ids.compact_lists import HashList, IntList, StrList, TupleList
 from batchgen.io.ids.index import IdIndex
+from batchgen.io.ids.lists import hash_list, id_list
 from batchgen.io.ids.numbered import NumberedStrList
 
 

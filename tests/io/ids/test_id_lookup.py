@@ -14,8 +14,8 @@ import pytest
 
 from batchgen.io.ids import runs as id_runs
 from batchgen.io.ids import table as id_table
-from batchgen.io.ids.compact_lists import hash_list, id_list
 from batchgen.io.ids.index import IdIndex
+from batchgen.io.ids.lists import hash_list, id_list
 from batchgen.io.ids.runs import split_numbered, split_numbered_many
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchgen.io.ids.by_number import MAX_BYTES_PER_ID, PAGE_BYTES, NumberMap
-from batchgen.io.ids.compact_lists import id_list
 from batchgen.io.ids.index import IdIndex
+from batchgen.io.ids.lists import id_list
 
 
 @dataclass

@@ -16,10 +16,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from batchgen.config.choices import Policy
 from batchgen.config.job import build_config
 from batchgen.engine.engine import LLMEngine
 from batchgen.engine.model.loader import load_model
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.errors import ConfigError, EngineError
 from batchgen.io.inputs.discovery import InputShard
 from batchgen.jobs.commands.run import run_job

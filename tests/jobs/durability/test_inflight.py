@@ -256,9 +256,9 @@ def test_an_engine_fault_continues_rows_in_the_static_rerun(src, tiny_model_dir,
                                                             one_thread, monkeypatch, mode):
     """A continuous engine that fails mid-step: its rows go on in the static engine from the tokens
     they reached (greedy rows; a seeded row's random state may be past its tokens, so it starts over)."""
+    from batchgen.config.choices import Policy
     from batchgen.engine.engine import LLMEngine
     from batchgen.engine.model_runner import ModelRunner
-    from batchgen.engine.scheduler.scheduler import Policy
 
     reference, reference_tokens, _ = references[mode]
     real_run, steps = ModelRunner.run, []

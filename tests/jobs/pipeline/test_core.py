@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+from batchgen.config.choices import Policy
 from batchgen.config.job import build_config
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.jobs.pipeline.core import JobCore
 
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine.attention import flash
-from batchgen.engine.attention import paged as attention
+from batchgen.engine.attention import flash, registry
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Request, SamplingParams
 from tests.tiny import make_tiny_model
@@ -52,7 +51,7 @@ def test_flash_metadata_gives_generate_equal_greedy_output(tokenizer, monkeypatc
     expected = [reference.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                                    pad_token_id=0)[0, len(p):].tolist() for p in prompts]
     monkeypatch.setattr(flash, "flash_attn_varlen_func", lambda: fake_flash_attn_varlen_func)
-    engine = LLMEngine(model, tokenizer, EngineConfig(attention_backend="torch", block_size=8, num_kv_blocks=64,
+    engine = LLMEngine(model, tokenizer, EngineConfig(attention_backend="sdpa", block_size=8, num_kv_blocks=64,
                                                       max_num_batched_tokens=max_num_batched_tokens))
     engine.runner.backend = flash.FlashBackend()  # the CPU cannot import flash-attn; the metadata path is what we test
     requests = [Request(str(i), p, SamplingParams(max_new_tokens=12, ignore_eos=True)) for i, p in enumerate(prompts)]
@@ -62,24 +61,25 @@ def test_flash_metadata_gives_generate_equal_greedy_output(tokenizer, monkeypatc
 
 def test_backend_resolution_on_cpu():
     cpu = torch.device("cpu")
-    assert attention.resolve_backend("auto", cpu, None) == ("cpu", 16)  # the C decode kernel
-    assert attention.resolve_backend("auto", cpu, None, torch.float16) == ("torch", 16)  # not in the kernel
-    assert attention.resolve_backend("torch", cpu, 32) == ("torch", 32)
+    assert registry.resolve_backend("auto", cpu, None) == ("cpu", 16)  # the C decode kernel
+    assert registry.resolve_backend("auto", cpu, None, torch.float16) == ("sdpa", 16)  # not in the kernel
+    assert registry.resolve_backend("sdpa", cpu, 32) == ("sdpa", 32)
+    assert registry.resolve_backend("torch", cpu, 32) == ("sdpa", 32)  # the old name of sdpa
     with pytest.raises(ValueError, match="float32 or bfloat16"):
-        attention.resolve_backend("cpu", cpu, 16, torch.float16)
+        registry.resolve_backend("cpu", cpu, 16, torch.float16)
     with pytest.raises(ValueError, match="CUDA and the flash-attn package"):
-        attention.resolve_backend("flash", cpu, 256)
+        registry.resolve_backend("flash", cpu, 256)
     with pytest.raises(ValueError, match="auto, torch, cpu or flash"):
-        attention.resolve_backend("flashinfer", cpu, None)
+        registry.resolve_backend("flashinfer", cpu, None)
 
 
 def test_flash_block_size_must_be_a_multiple_of_256(monkeypatch):
-    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device: True))
+    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device, dtype=None: True))
     cuda = torch.device("cuda")
-    assert attention.resolve_backend("auto", cuda, None) == ("flash", 256)
-    assert attention.resolve_backend("auto", cuda, 16) == ("torch", 16)  # auto keeps the user's block size
+    assert registry.resolve_backend("auto", cuda, None) == ("flash", 256)
+    assert registry.resolve_backend("auto", cuda, 16) == ("sdpa", 16)  # auto keeps the user's block size
     with pytest.raises(ValueError, match="multiple of 256"):
-        attention.resolve_backend("flash", cuda, 16)
+        registry.resolve_backend("flash", cuda, 16)
 
 
 def test_default_selection_on_cuda_is_flash_with_its_page_size(monkeypatch):
@@ -91,17 +91,17 @@ def test_default_selection_on_cuda_is_flash_with_its_page_size(monkeypatch):
     assert config.block_size is None and config.attention_backend == "auto" and config.cuda_graphs is True
     assert build_config(None, inputs=["x"], output="o", block_size="auto").block_size is None
     cuda = torch.device("cuda")
-    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device: True))
-    choice = attention.select_backend(config.attention_backend, cuda, config.block_size, torch.bfloat16)
+    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device, dtype=None: True))
+    choice = registry.select_backend(config.attention_backend, cuda, config.block_size, torch.bfloat16)
     assert (choice.name, choice.block_size) == ("flash", 256) and "flash-attn" in choice.reason
-    assert "not a multiple of 256" in attention.select_backend("auto", cuda, 16).reason
-    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device: False))
-    choice = attention.select_backend("auto", cuda, None, torch.bfloat16)
-    assert (choice.name, choice.block_size) == ("torch", 16) and "not installed" in choice.reason
-    assert attention.select_backend("torch", cuda, None).reason == "set by --attention-backend"
+    assert "not a multiple of 256" in registry.select_backend("auto", cuda, 16).reason
+    monkeypatch.setattr(flash.FlashBackend, "available", staticmethod(lambda device, dtype=None: False))
+    choice = registry.select_backend("auto", cuda, None, torch.bfloat16)
+    assert (choice.name, choice.block_size) == ("sdpa", 16) and "not installed" in choice.reason
+    assert registry.select_backend("sdpa", cuda, None).reason == "set by --attention-backend"
 
 
 def test_engine_logs_the_backend_and_why(tokenizer, caplog):
     with caplog.at_level("INFO", logger="batchgen.engine.engine"):
-        LLMEngine(make_tiny_model("llama"), tokenizer, EngineConfig(attention_backend="torch", num_kv_blocks=8))
-    assert "attention: torch, 16-token KV blocks (set by --attention-backend)" in caplog.text
+        LLMEngine(make_tiny_model("llama"), tokenizer, EngineConfig(attention_backend="sdpa", num_kv_blocks=8))
+    assert "attention: sdpa, 16-token KV blocks (set by --attention-backend)" in caplog.text

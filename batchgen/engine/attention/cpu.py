@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchgen.engine.attention.base import LayerKV, PackedSeq, block_table_tensor
+from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, LayerKV, PackedSeq, block_table_tensor
 from batchgen.engine.attention.sdpa import PrefillSeq, build_prefills, prefill_forward
 from batchgen.engine.kernels import native, native_prefill
 
@@ -39,12 +39,22 @@ class NativeMetadata:
         return self._sdpa_prefills
 
 
-class NativeCpuBackend:
+class CpuBackend:
     name = "cpu"
+    describe = "the C kernels"
+    default_block_size = DEFAULT_BLOCK_SIZE
+    block_size_multiple = 1
+    reads_int8_pages = True
+    supports_cuda_graphs = False
 
     @staticmethod
     def available(device: torch.device, dtype: torch.dtype) -> bool:
         return device.type == "cpu" and native.PagedDecodeKernel.supports(dtype, dtype) and native.load() is not None
+
+    @staticmethod
+    def requirement(device: torch.device, dtype: torch.dtype) -> str:
+        return (f"the cpu attention backend needs a CPU model in float32 or bfloat16 (got {device.type}, "
+                f"{dtype}) and a C compiler to build its kernel")
 
     def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> NativeMetadata:
         decode = [s for s in seqs if s.num_new_tokens == 1]
