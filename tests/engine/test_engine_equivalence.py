@@ -174,7 +174,7 @@ def test_sdpa_attention_backend(case, tokenizer, block_size):
     # the fallback without a compiler and the path on CUDA without flash-attn: it must agree too
     engine, _ = run(case, tokenizer, EngineConfig(attention_backend="sdpa", block_size=block_size,
                                                   num_kv_blocks=3000 // block_size, max_num_batched_tokens=48))
-    assert engine.runner.backend.name == "torch"
+    assert engine.runner.backend.name == "sdpa"
 
 
 def test_everything_tight_with_integrity_checks_every_step(case, tokenizer):

@@ -135,7 +135,7 @@ class StubModel(torch.nn.Module):
         return torch.einsum("hnc,chd->nhd", scores.softmax(-1), v)
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("backend", ["sdpa", "cpu"])
 @pytest.mark.parametrize(("block_size", "budget", "prefix_caching"), [(4, 16, True), (1, 7, False),
                                                                         (8, 64, True)])
 def test_packed_steps_match_plain_attention(block_size, budget, prefix_caching, backend):

@@ -69,7 +69,7 @@ def test_backend_resolution_on_cpu():
         registry.resolve_backend("cpu", cpu, 16, torch.float16)
     with pytest.raises(ValueError, match="CUDA and the flash-attn package"):
         registry.resolve_backend("flash", cpu, 256)
-    with pytest.raises(ValueError, match="auto, torch, cpu or flash"):
+    with pytest.raises(ValueError, match="auto, cpu, sdpa, flash"):
         registry.resolve_backend("flashinfer", cpu, None)
 
 

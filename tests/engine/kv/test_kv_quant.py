@@ -191,7 +191,7 @@ def _fake_quant_sdpa(module, query, key, value, attention_mask, **kwargs):
                                   attention_mask, **kwargs)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("backend", ["cpu", "sdpa"])
 def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, tokenizer, backend, monkeypatch):
     AttentionInterface.register(FAKE_QUANT_ATTENTION, _fake_quant_sdpa)
     model = make_tiny_model("llama", seed=3)
