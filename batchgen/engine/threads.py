@@ -2,9 +2,10 @@
 
 On a CPU, every parallel region of the forward ends at a barrier, so one compute thread that
 shares its core with another process holds up all of them: beside a busy neighbour fewer threads
-generate more, while on a quiet machine every core helps (`benchmarks/threads.py`). So every `interval_s` the governor reads how much CPU the *other*
-processes took (all busy time from /proc/stat minus our own) and runs on the cores they leave,
-between 1 and the thread count the engine started with. Linux only; elsewhere it does nothing.
+generate more, while on a quiet machine every core helps (`benchmarks/threads.py`). So every
+`interval_s` the governor reads how much CPU the *other* processes took (all busy time from
+/proc/stat minus our own) and runs on the cores they leave, between 1 and the thread count the
+engine started with. Linux only; elsewhere it does nothing.
 
 It gives cores up at once and takes them back slowly: fewer threads as soon as one interval (1 s)
 shows a neighbour, more only once every interval of the last `raise_after_s` (5 s) left room.
