@@ -65,7 +65,7 @@ class JobConfig:
     cuda_graphs: bool = True  # CUDA: replay captured graphs for decode-only steps (engine/cuda_graphs.py)
     kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
     enable_prefix_caching: bool = True
-    compile: bool = False  # torch.compile the forward (README: where it pays)
+    compile: bool = False  # torch.compile the forward (docs/performance.md: where it pays)
     mode: str = AUTO  # a Policy value, or auto: chosen per shard by the length planner (batchgen.jobs.planner)
     window_rows: int = 1024  # planning window: rows sorted by predicted length together (bounds memory)
     length_column: str | None = None  # known output lengths (tokens) per row; null cells are predicted

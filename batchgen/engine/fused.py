@@ -1,10 +1,9 @@
 """Fused CPU kernels for the pointwise chains of Llama-style models: RMSNorm, SiLU(gate) * up and
 the rotary embedding.
 
-In eager PyTorch these chains are many small ops, each a pass over the activations, a dispatch
-and an OpenMP wake-up: ~26% of a bf16 prefill and ~15% of a decode step on SmolLM2
-(csrc/pointwise.c has the measurements). Each becomes one C call (built like the decode kernel,
-engine/native.py).
+In eager PyTorch these chains are many small ops, each a pass over the activations, a dispatch and
+an OpenMP wake-up, which together make a real share of a small model's step. Each becomes one C call
+(built like the decode kernel, engine/native.py).
 
 The model stays the Hugging Face model: only the `forward` of matching module instances is
 replaced, and only where the replacement computes what the original does. A module matches when
@@ -13,8 +12,8 @@ its class's forward is, bytecode for bytecode, transformers' Llama RMSNorm or Ll
 activation for the MLP. Anything else keeps its own forward. bf16 and float32: in float32 the
 only difference from the eager ops is the norm's summation order and the SiLU's exp (about 1 ulp),
 the kind of difference oneDNN's float32 linears (engine/prepack.py) already make; greedy output
-still equals `model.generate` in the engine's tests. The eager float32 chains were ~10% of a
-float32 ShareGPT run's profile (mul, silu, add, pow, mean, cat, neg as separate passes). A float32
+still equals `model.generate` in the engine's tests. In float32 too the eager chains are separate
+passes (mul, silu, add, pow, mean, cat, neg) worth fusing. A float32
 model with quantized linear layers keeps the eager ops: their activations are quantized per token,
 which turns a 1-ulp difference in a norm's output into another int8 value, and then into another
 greedy token than the eager model's (measured on a torchao int8 checkpoint of the tiny test model).
