@@ -95,3 +95,21 @@ def test_every_module_path_named_exists(page):
     named = set(MODULE_PATH.findall(page.read_text(encoding="utf-8")))
     missing = sorted(p for p in named if not (ROOT / p).is_file())
     assert not missing, (rel(page), missing)
+
+
+def cli_flags() -> set[str]:
+    """Every flag of every command, both halves of an on/off pair."""
+    flags = set()
+    for command in typer.main.get_command(app).commands.values():
+        for param in command.params:
+            flags.update(o for o in (*param.opts, *getattr(param, "secondary_opts", ())) if o.startswith("--"))
+    return flags
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *DOCS], ids=rel)
+def test_every_flag_in_an_option_table_exists(page):
+    """The first cell of a table row that names flags (`--mode`, `--chat/--no-chat`) names real ones."""
+    known = cli_flags()
+    rows = re.findall(r"^\| `(--[^|]*)\|", page.read_text(encoding="utf-8"), flags=re.M)
+    named = {f for cell in rows for f in re.findall(r"--[a-z][a-z0-9-]*", cell)}
+    assert not named - known, (rel(page), sorted(named - known))
