@@ -2,8 +2,8 @@
 
 Every path ends in the same place: a safetensors (or, reluctantly, pickle) HF directory loaded with
 `from_pretrained`, so the first run and every later run build the model the same way. GGUF files are
-dequantized once into a content-keyed cache directory, because dequantizing costs ~12 s and ~1 GB
-RSS while a reload from safetensors takes under 2 s.
+dequantized once into a content-keyed cache directory, because dequantizing costs many times the
+time and memory of a reload from safetensors.
 """
 
 from __future__ import annotations
