@@ -35,7 +35,7 @@ demo: install
 	$(VENV)/bin/batchgen run --config configs/summarize.yaml --input examples/docs.parquet --output out/demo --quiet
 	$(PY) examples/show_summaries.py out/demo --num 3
 	@echo
-	@echo "next: source $(VENV)/bin/activate (or call $(VENV)/bin/batchgen), then see README.md, Usage:"
+	@echo "next: source $(VENV)/bin/activate (or call $(VENV)/bin/batchgen), then see README.md, \"Your own job in five minutes\":"
 	@echo "  batchgen plan --config configs/summarize.yaml --input examples/docs.parquet"
 	@echo "  batchgen run --input YOUR.parquet --output out/yours --prompt-column COLUMN --keep-columns ID_COLUMN"
 

@@ -16,7 +16,7 @@ and a per-row max_new_tokens column, so every system generates exactly the same 
   auto               --mode auto: the planner picks per shard
 
 With ignore-EOS every length is known exactly, so this measures bucketing and the mode rule with a
-perfect predictor; the predictor's own error is measured by tests/jobs/test_length.py.
+perfect predictor; the predictor's own error is measured by tests/jobs/planning/test_length.py.
 
 Tokens/s = generated tokens / wall seconds of run_job (the model is loaded once, outside the timing).
 Systems run round-robin in one process, --repeats rounds, the start rotating each round; each run

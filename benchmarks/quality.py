@@ -8,7 +8,7 @@ template, chat-formatted, documents cut to --doc-chars) and --n ShareGPT first t
    generated position we compare its argmax with bf16's token (top-1 agreement) and take
    KL(bf16 || scheme) of the next-token distributions (bf16's own logits from the same forward).
    The int8 KV cache is measured on the bf16 weights with K/V fake-quantized exactly as the cache
-   stores them (engine/kv/quant.py; tests/engine/test_kv_quant.py proves it is the same model).
+   stores them (engine/kv/quant.py; tests/engine/kv/test_kv_quant.py proves it is the same model).
 3. Free-running: every scheme generates greedily through our engine; ROUGE-L F1 (token ids, LCS)
    of its outputs against bf16's.
 Targets (issue 13): int8 / int8-weight / int8 KV >= 97% top-1 agreement, int4 >= 90%.

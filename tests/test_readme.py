@@ -42,8 +42,23 @@ def test_setup_says_how_to_reach_batchgen():
     assert setup.index("source .venv/bin/activate") < README.index("batchgen run")
 
 
+def test_setup_installs_from_the_repository():
+    """`pip install batchgen` from the public index is another, unrelated package."""
+    setup = section("Set up")
+    assert "make install" in setup and "pip install -e ." in setup
+    assert not re.search(r"^\s*pip install batchgen\b", README, flags=re.M)
+    assert "`pip install batchgen`" not in README.replace("Do not `pip install batchgen`", "")
+
+
+def test_five_minutes_comes_early_and_covers_a_job():
+    job = section("Your own job in five minutes")
+    assert README.index("## Your own job in five minutes") < README.index("## Main options")
+    for needed in ("--id-column", "_SUCCESS", "join", "same command", "batchgen plan"):
+        assert needed in job, needed
+
+
 def test_first_usage_example_reads_a_file_that_exists_into_its_own_directory():
-    first = code_commands(section("Usage"))[0]
+    first = code_commands(section("Your own job in five minutes"))[0]
     assert first[:2] == ["batchgen", "run"]
     inputs = [first[i + 1] for i, w in enumerate(first) if w in ("--input", "-i")]
     assert inputs and all((ROOT / p).is_file() for p in inputs), inputs

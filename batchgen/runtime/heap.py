@@ -4,10 +4,11 @@ The CPU linear layers' kernels are built and evicted all job long (batchgen/runt
 how many are kept): each step meets new row counts, and each new kernel's JIT code and descriptors
 are allocated as an evicted one's are freed. glibc keeps what is freed inside its heap for reuse,
 and kernels of many sizes between live objects fragment it, so the heap's free bytes, counted in
-RSS, grew by ~50-65 MiB over a job's first parts (benchmarks/README.md, "kernel caches") while the
-bytes in use stayed flat. `malloc_trim(0)` returns every whole free page anywhere in the heap
-(madvise), not only the top. It took 6-20 ms on a heap of 100-200 MiB (benchmarks/kernel_cache.py),
-so the job calls it after a commit (batchgen.jobs.durability.commit_schedule), at most once per TRIM_EVERY_S.
+RSS, grew over a job's first parts while the bytes in use stayed flat
+(benchmarks/results/2026-12-02-scale-rows.md). `malloc_trim(0)` returns every whole free page
+anywhere in the heap (madvise), not only the top. It walks the whole heap, so it is not free
+(benchmarks/kernel_cache.py times it): the job calls it after a commit
+(batchgen.jobs.durability.commit_schedule), at most once per TRIM_EVERY_S.
 
 A no-op where the C library is not glibc (musl, macOS): `trim_heap` then returns False.
 """
@@ -19,7 +20,7 @@ import ctypes.util
 import functools
 import time
 
-TRIM_EVERY_S = 2.0  # at most ~1% of the job's time; the RSS between two trims grows back a little
+TRIM_EVERY_S = 2.0  # rare enough to cost a negligible share of the job; the RSS between two trims grows back a little
 
 
 def libc_function(name: str):

@@ -3,17 +3,17 @@
 Every op of the forward is a parallel region that ends at a barrier: some 600 a decode step.
 libgomp's default makes a thread that reaches a barrier spin (~300k iterations) before it sleeps,
 so the next region finds it awake; OMP_WAIT_POLICY=PASSIVE makes it sleep at once, and every
-region then pays a wake-up. Measured with `benchmarks/threads.py` on a 2-core AMD EPYC, bf16,
-128 ShareGPT rows, the two sides of that choice:
-  - on a quiet machine spin-wait generated 951 tok/s against passive's 718 (+32%);
-  - beside one busy process, spinning threads take the time slices the working thread needs and
-    every barrier waits for a descheduled thread: spin on both cores ran 5x slower than passive.
+region then pays a wake-up. The two sides of that choice:
+  - on a quiet machine the wake-ups are a real share of a step, so spin-wait generates more;
+  - beside a busy process, spinning threads take the time slices the working thread needs and
+    every barrier waits for a descheduled thread, so spin-wait is far slower than passive.
+(`benchmarks/threads.py` measures both; docs/performance.md has the figures.)
 So `apply_defaults` looks at the machine for SAMPLE_WINDOW_S before torch loads: when the other
 processes keep at least BUSY_CORES of a core busy, or a cgroup CPU limit (a container's
 `limits.cpu`) is below the cores torch would use, idle threads sleep (PASSIVE); otherwise
 libgomp's spin-wait stays. Niced processes count here: the time slices the scheduler still gives
-them stall a spinning barrier (measured beside helpers' niced test suites and benchmarks, load
-8-15: a 4-row job's median step took 320-1330 ms spinning against 70 ms passive). A neighbour that
+them stall a spinning barrier, so beside heavy niced work a spinning job's steps take many times
+their passive length. A neighbour that
 arrives later is the thread governor's (runtime/threads.py): it drops the compute threads to the
 cores left, counting niced processes too while threads spin, and one thread has no barrier to
 spin at.

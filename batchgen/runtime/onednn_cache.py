@@ -6,7 +6,7 @@ JIT-builds one kernel per call shape, the row count included, and keeps it in tw
 and ideep's per-thread cache of primitive descriptors in front of it. A job's steps call the
 linears with every row count up to the step budget (2048 tokens on the CPU), so a long job's heap
 grew until both caches were full, hundreds of MiB, for kernels of row counts it rarely met again
-(benchmarks/README.md, "kernel caches").
+(benchmarks/results/2026-12-02-scale-rows.md).
 
 Both read their capacity from the environment once, lazily: oneDNN when it creates its first
 primitive, ideep on a thread's first call. So setting it before the job's first forward is enough;
@@ -21,9 +21,9 @@ import os
 from collections.abc import MutableMapping
 
 # kernels kept per cache: a step calls each distinct linear shape (4-6 per model) at one or two
-# row counts, so this keeps the last ~5-10 steps' kernels; a miss rebuilds one in well under a
-# millisecond at the embedded model's shapes, while 1024 of them held ~400 MiB of heap
-# (benchmarks/kernel_cache.py; benchmarks/README.md, "kernel caches")
+# row counts, so this keeps the last several steps' kernels; a miss rebuilds one cheaply next to
+# a step's work, while 1024 of them hold hundreds of MiB of heap (benchmarks/kernel_cache.py;
+# benchmarks/results/2026-12-02-scale-rows.md)
 CAPACITY = 64
 # what each cache reads: (the variable batchgen sets, every name the library reads for it)
 _CACHES = {

@@ -1,17 +1,17 @@
 """Compute threads that follow the cores the machine leaves us, re-checked as the job runs.
 
 On a CPU, every parallel region of the forward ends at a barrier, so one compute thread that
-shares its core with another process holds up all of them. `benchmarks/threads.py` measured on 2
-cores with a busy neighbour: one thread generates more than two (66.6 against 53.1 tok/s) while on a
-quiet machine two are faster. So every `interval_s` the governor reads how much CPU the *other*
-processes took (all busy time from /proc/stat minus our own) and runs on the cores they leave,
-between 1 and the thread count the engine started with. Linux only; elsewhere it does nothing.
+shares its core with another process holds up all of them: beside a busy neighbour fewer threads
+generate more, while on a quiet machine every core helps (`benchmarks/threads.py`). So every
+`interval_s` the governor reads how much CPU the *other* processes took (all busy time from
+/proc/stat minus our own) and runs on the cores they leave, between 1 and the thread count the
+engine started with. Linux only; elsewhere it does nothing.
 
 It gives cores up at once and takes them back slowly: fewer threads as soon as one interval (1 s)
 shows a neighbour, more only once every interval of the last `raise_after_s` (5 s) left room.
 Where the job started on a quiet machine its idle threads spin at barriers (batchgen/runtime/omp.py), and
-two spinning threads beside a busy neighbour run several times slower than one: measured with a
-neighbour arriving mid-job, a 5 s check cost 6% of the whole run against passive waiting.
+two spinning threads beside a busy neighbour run several times slower than one, so a neighbour
+that arrives mid-job must be noticed within a second, not after a slow check.
 
 While idle threads spin (batchgen/runtime/omp.py), niced processes count as neighbours too: a time slice
 the scheduler gives one stalls every barrier our threads meet.

@@ -1,7 +1,7 @@
 """Bad rows, bad files and bad disks: each case ends in error rows (the job goes on) or in one
 clear exit-2 error naming the file, row and column; never in a traceback, a lost or a doubled row.
 
-Policies pinned here (README "Bad input"):
+Policies pinned here (docs/output-and-resume.md, "Bad input"):
   - null, empty, whitespace and non-text prompts, prompts over the context under
     --on-long-prompt error, cells that are not valid text (invalid UTF-8 in Parquet, lone
     surrogates in JSON) -> error rows;

@@ -85,7 +85,7 @@ def job(tmp_path, requests, out="out", **overrides):
 
 def parquet_rows(out) -> dict:
     """The committed Parquet rows by custom_id, exactly once; beside output.jsonl the directory is read
-    as the README says (a JSON Lines file is no Parquet part)."""
+    as docs/openai-batch.md says (a JSON Lines file is no Parquet part)."""
     table = ds.dataset(str(out), format="parquet", exclude_invalid_files=True).to_table()
     ids = table.column("custom_id").to_pylist()
     assert len(ids) == len(set(ids)), "an id appears twice"

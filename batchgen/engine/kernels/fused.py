@@ -1,10 +1,9 @@
 """Fused CPU kernels for the pointwise chains of Llama-style models: RMSNorm, SiLU(gate) * up and
 the rotary embedding.
 
-In eager PyTorch these chains are many small ops, each a pass over the activations, a dispatch
-and an OpenMP wake-up: ~26% of a bf16 prefill and ~15% of a decode step on SmolLM2
-(csrc/pointwise.c has the measurements). Each becomes one C call (built like the decode kernel,
-engine/kernels/native.py).
+In eager PyTorch these chains are many small ops, each a pass over the activations, a dispatch and
+an OpenMP wake-up, which together make a real share of a small model's step. Each becomes one C call
+(built like the decode kernel, engine/kernels/native.py).
 
 The model stays the Hugging Face model: only the `forward` of matching module instances is
 replaced, and only where the replacement computes what the original does. A module matches when
@@ -13,8 +12,8 @@ its class's forward is, bytecode for bytecode, transformers' Llama RMSNorm or Ll
 activation for the MLP. Anything else keeps its own forward. bf16 and float32: in float32 the
 only difference from the eager ops is the norm's summation order and the SiLU's exp (about 1 ulp),
 the kind of difference oneDNN's float32 linears (engine/model/prepack.py) already make; greedy output
-still equals `model.generate` in the engine's tests. The eager float32 chains were ~10% of a
-float32 ShareGPT run's profile (mul, silu, add, pow, mean, cat, neg as separate passes). A float32
+still equals `model.generate` in the engine's tests. In float32 too the eager chains are separate
+passes (mul, silu, add, pow, mean, cat, neg) worth fusing. A float32
 model with quantized linear layers keeps the eager ops: their activations are quantized per token,
 which turns a 1-ulp difference in a norm's output into another int8 value, and then into another
 greedy token than the eager model's (measured on a torchao int8 checkpoint of the tiny test model).
@@ -39,7 +38,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine.forward_context import current_metadata
+from batchgen.engine.attention import paged as attention
 from batchgen.engine.kernels import native
 from batchgen.engine.kernels.fused_int8 import DTYPE_CODES as _DTYPE_CODES
 from batchgen.engine.kernels.fused_int8 import Int8RowKernels
@@ -235,7 +234,7 @@ def fuse_rope(model: torch.nn.Module, kernels: PointwiseKernels) -> list[str]:
 
 def _make_rope(kernels: PointwiseKernels, original):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if current_metadata() is not None and unsqueeze_dim == 1 and _rope_layout_ok(q, k, cos, sin):
+        if attention.current_metadata() is not None and unsqueeze_dim == 1 and _rope_layout_ok(q, k, cos, sin):
             return kernels.rope(q, k, cos, sin)
         return original(q, k, cos, sin, unsqueeze_dim)
 

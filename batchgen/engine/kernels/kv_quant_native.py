@@ -1,7 +1,7 @@
 """ctypes binding of csrc/kv_quant_write.c: the int8 KV cache's write (engine/kv/quant.py) as one C
 call per layer, quantizing the step's new K and V and scattering values and scales into the pages.
 
-The same bytes as kv_quant's torch ops (tests/engine/test_kv_quant.py compares them); those stay
+The same bytes as kv_quant's torch ops (tests/engine/kv/test_kv_quant.py compares them); those stay
 the path where this library cannot be built (BATCHGEN_NO_NATIVE=1, no C compiler) and on CUDA.
 """
 

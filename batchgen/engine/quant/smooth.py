@@ -1,8 +1,8 @@
 """SmoothQuant-style per-input-channel smoothing for the dynamic int8 linear layers (engine/quant/int8.py).
 
 Why: per-token int8 activations lose most where a few input channels run far above the rest (on
-SmolLM2-135M the widest channel of a down_proj input spans 6-41x the median channel's range, over
-16 ShareGPT prompts). The outlier sets the token's scale, and every other channel of that token is
+SmolLM2-135M the widest channel of a down_proj input spans many times the median channel's
+range). The outlier sets the token's scale, and every other channel of that token is
 left a handful of int8 levels. SmoothQuant
 (Xiao et al., 2023) moves part of that range into the weight, which is quantized per output row
 and has room to spare: for an input channel j with activation range a_j and weight range w_j,
@@ -13,7 +13,7 @@ Here the 1/s factor is not folded into a preceding norm or projection: it is app
 activation quantizer (csrc/pointwise.c: quantize_rows_u8_scaled, a float32 multiply in the pass
 that already reads x), so every linear layer can be smoothed (o_proj and down_proj too, whose
 inputs come from attention and SiLU(gate) * up, not from a norm), the model's own modules and
-weights stay as they are, and the measured cost is what the quantizer's extra multiply costs.
+weights stay as they are, and the only cost is the quantizer's extra multiply.
 s_j is rounded to a power of two, so W * s and x / s are exact in float and a factor computed on
 another machine (another thread count, a last-bit difference in a_j) rarely changes any weight.
 

@@ -8,10 +8,11 @@ are admitted while the budget, `max_num_seqs` and free blocks allow. A finished 
 its blocks the step it finishes.
 
 A prompt that fits one step whole but not the budget this step has left waits for the next step
-(at most MAX_PREFILL_DEFERRALS times) instead of being split: the tail chunk of a split prompt
-attends over its cached head with an explicit mask, which torch's CPU flash kernel runs 1.35-1.6x
-slower than the same tokens' causal attention in one piece. Shorter prompts behind it fill the
-budget it leaves (first fit), so steps stay full.
+(at most MAX_PREFILL_DEFERRALS times) instead of being split, so that it is prefilled in one causal
+pass: a split prompt's tail chunk has to read its head's K/V back out of the pages, and on the SDPA
+path (CUDA without flash-attn, CPUs or head sizes without the C prefill kernel) it attends over
+the gathered context with an explicit mask rather than with causal attention in one piece. Shorter
+prompts behind it fill the budget it leaves (first fit), so steps stay full.
 
 Static policy: a batch is admitted only when nothing is running; each member reserves blocks for
 its whole prompt + max_new_tokens up front (or prompt + a planner's predicted output length), so

@@ -1,14 +1,14 @@
 """Numbered ids that form no run, by number: a paged array per head (batchgen.io.ids.index).
 
-A committed part's derived ids (`<file key>:<row index>`) run consecutively only when rows finish
-in input order. The planner sorts each window's rows by predicted length, so rows finish in
-length order and a part holds, say, every fourth row of a few windows: no runs. Hashing those
-(batchgen.io.ids.table) cost ~32-48 bytes an id, plus a sorted copy of their numbers rebuilt at
-every commit and a table rehash whose peak at a million ids was ~100 MiB (benchmarks/README.md,
-"id index"). But a file's row numbers are dense: once a job has committed a stretch of rows, it
-has committed nearly all of them. So here each head keeps pages of PAGE_NUMBERS locations,
-indexed by number (a location + 1; 0: absent), allocated as numbers arrive: 8 bytes an id once
-the pages fill, no rehash, no copy, a lookup by indexing.
+A committed part's derived ids (`<file key>:<row index>`) run consecutively only when rows finish in
+input order. The planner sorts each window's rows by predicted length, so rows finish in length
+order and a part holds, say, every fourth row of a few windows: no runs. Hashing those
+(batchgen.io.ids.table) cost ~32-48 bytes an id, plus a sorted copy of their numbers rebuilt at every
+commit and a table rehash whose peak grows with the ids (benchmarks/id_index_memory.py;
+benchmarks/results/2026-12-02-scale-rows.md). But a file's row numbers are dense: once a job has
+committed a stretch of rows, it has committed nearly all of them. So here each head keeps pages of
+PAGE_NUMBERS locations, indexed by number (a location + 1; 0: absent), allocated as numbers arrive:
+8 bytes an id once the pages fill, no rehash, no copy, a lookup by indexing.
 
 Ids that are numbered but sparse (an --id-column of `<name>:<n>` strings with large, scattered
 numbers, or a few rows of each of many small files) would make mostly empty pages, so a head

@@ -7,9 +7,9 @@ row's prompt is built again and its hash compared with the committed one; a chan
 generated again and its new row replaces the old one (batchgen.jobs.durability.commit), as a retried error
 row does. Error rows are generated again unless --no-retry-errors.
 
-A resume looks committed ids up a batch at a time (`settle`, `unsettled_rows`): a million
-committed rows cost ~0.25-0.3 s of lookups (benchmarks/id_lookup.py), and settled rows are never
-built into InputRows.
+A resume looks committed ids up a batch at a time (`settle`, `unsettled_rows`), which costs a
+fraction of looking them up one by one (benchmarks/id_lookup.py), and settled rows are never built
+into InputRows.
 """
 
 from __future__ import annotations

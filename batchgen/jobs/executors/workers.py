@@ -2,9 +2,7 @@
 
 Why: on a CPU, one engine on all cores meets every other thread at a barrier after each op (~600
 a decode step), and its cores wait on the slowest. N engines of cores/N threads each, on disjoint
-rows, meet nowhere. Measured on a 2-core Xeon (bf16 SmolLM2, 128 ShareGPT rows and 32 documents,
-two single-thread shard processes against one two-thread process): 1.37x and 1.59x the job's rate
-(benchmarks/README.md, issue 10).
+rows, meet nowhere. That pays most where other work shares the cores (docs/performance.md).
 
 Each worker is `batchgen run` with the job's resolved settings and `--num-shards N --shard-index I`,
 so it writes `shard-I-of-N/` under --output with the sharded runs' exactly-once commit protocol, and

@@ -109,8 +109,8 @@ class EngineSlot:
 
     def drop(self, *, collect: bool = False) -> None:
         """Free the engine (and its KV cache) before another is built. An engine holds no reference
-        cycle, so dropping the last reference frees it; `collect` runs the cycle collector too (about
-        0.2 s with a model loaded) for one that failed, which exception frames may still reach."""
+        cycle, so dropping the last reference frees it; `collect` runs the cycle collector too (not free
+        with a model's many objects alive) for one that failed, which exception frames may still reach."""
         if self.engine is None:
             return
         self.engine = None

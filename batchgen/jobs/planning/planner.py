@@ -9,8 +9,8 @@ Order. Rows run by predicted output length, longest first (`sort_by_length`), in
 Static: each batch then holds rows of alike length, since a batch runs until its longest member
 finishes while the finished members' slots idle. Continuous: a slot is refilled the step it frees,
 but the shard still ends with its last rows running in a draining batch, and longest-first
-(LPT scheduling) leaves the short rows for that tail. Measured on ShareGPT lengths (256 rows,
-batch 64, benchmarks/planner.py): input order took 1430 steps, bucketed static 1311.
+(LPT scheduling) leaves the short rows for that tail, so the shard ends in fewer steps
+(benchmarks/planner.py compares sorted and unsorted runs).
 
 Mode (`--mode auto`). The planner cuts the shard, in run order, into the batches the static policy
 would take (batch_size rows, fewer where the KV cache holds fewer) and predicts how busy their
@@ -24,18 +24,15 @@ either mode), and a wide but predictable spread, once sorted, gives batches of a
 in the denominator counts uncertainty against static: with nothing learned (p50 = max/2,
 p90 = max) occupancy is 0.5. Static pays off where occupancy x (static / continuous tokens/s on
 uniform lengths) >= 1; benchmarks/planner.py measures that ratio and prints the threshold it implies.
-The default 1.0 is that measurement: on a 2-core CPU (SmolLM2-135M, bf16, medians of 3 rounds)
-static ran 0.96x continuous on uniform lengths, in the same number of steps (520 against 519), so
-static pays only where its batches leave no slot idle. That is no accident of the CPU: our static
+The default 1.0 says that static pays only where its batches leave no slot idle: a static step
+costs what a continuous one does. That is no accident of the CPU: our static
 policy runs the same steps through the same runner as continuous, with no per-step saving to trade
 for idle slots. A device where static steps run cheaper (a captured or compiled fixed-shape step)
 would lower the threshold; `--static-min-occupancy` sets it.
 
 Prompt-heavy shards go continuous even at full occupancy: when a static batch's prompts need more
 than one step's token budget to prefill, the static batch decodes nothing until the last of them
-is in, while continuous decodes the rows already prefilled inside those same steps. On 32
-documents of ~590 prompt tokens and 64 output tokens each (occupancy 100%, 10 prefill steps),
-continuous ran the job in 0.90x static's time.
+is in, while continuous decodes the rows already prefilled inside those same steps.
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def test_the_recipe_takes_per_layer_fractions(monkeypatch):
     assert torch.equal(down.outlier_rows(), down_weight[:, down.outliers].t().float())
 
 
-# the outlier recipes measured in benchmarks/README.md (issue 13's eighth stop): 5% with smoothing,
+# the outlier recipes measured in benchmarks/results/2026-12-02-int8-recipes.md: 5% with smoothing,
 # and 3% with o_proj at 5%, no smoothing, down_proj asymmetric, the LM head in int8 without outliers
 RECIPES = [{"INT8_OUTLIER_FRACTION": 0.05},
            {"INT8_OUTLIER_FRACTION": 0.03, "INT8_OUTLIER_FRACTION_BY_LAYER": {"o_proj": 0.05, "lm_head": 0.0},

@@ -12,12 +12,12 @@
  *                 p holding wo[2p][j + c], wo[2p + 1][j + c], zeros padding an odd k and a partial
  *                 block (quantize_outliers.pack_bf16_pairs).
  * Why one pass: the per-token scale was a pass of its own, and the outlier channels as an
- * index_select plus a small matmul cost ~40 us a call at 64 rows, a fifth of the int8 layer.
- * Why the bf16 layout: as 16-lane f32 FMAs (four rows a load) the outlier products of 5% of the
- * channels cost +35-43% of the int8 layer at 64-512 rows and the whole gain of int8 over bf16 end to
- * end (issue 13); vdpbf16ps does 32 products an instruction (exact in f32, as the FMAs' were) from
- * half the bytes, eight rows a load, each 16 columns' weights loaded once for all rows: +8-13%. (An int8 form, vpdpbusd on the outlier inputs quantized
- * at a scale of their own, measured no faster at k = 1-77 and rounds them: not kept.) */
+ * index_select plus a small matmul were a large share of the int8 layer's call.
+ * Why the bf16 layout: as 16-lane f32 FMAs (four rows a load) the outlier products cost about the
+ * whole gain of int8 over bf16 end to end; vdpbf16ps does 32 products an instruction (exact in f32,
+ * as the FMAs' were) from half the bytes, eight rows a load, each 16 columns' weights loaded once
+ * for all rows. (An int8 form, vpdpbusd on the outlier inputs quantized at a scale of their own,
+ * was no faster and rounds them: not kept.) */
 #include <stdlib.h>
 
 #define FINISH_ROWS 8
@@ -65,14 +65,13 @@ void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const flo
     /* Tiles of FINISH_TILE columns outer, then blocks of FINISH_ROWS rows, then 16 columns: a tile's
      * outlier weights (k = 29: 30 KB) stay in L1/L2 for every row and each row's acc is read in
      * 1 KB runs. Rows outer re-read all of wo per 8 rows (from L3 for the LM head's 49,152 columns);
-     * 16 columns outer read acc 32 bytes a row at a time (the head at 128 rows: 32 ms against
-     * int8's 19). */
+     * 16 columns outer read acc 32 bytes a row at a time, slower on the LM head's wide rows. */
     const int64_t col_blocks = (cols + 15) / 16, tile_blocks = FINISH_TILE / 16;
     const int64_t tiles = (col_blocks + tile_blocks - 1) / tile_blocks;
     /* Threads split the rows into one contiguous chunk each, every chunk walking all tiles (tiles
      * outer within it, as above); only when there are fewer row blocks than threads (a few decode
      * rows: the LM head at one row) do they split tiles. Split by tiles alone, a 576-column layer
-     * (two tiles, 512 and 64 columns) left one of two threads ~90% of the work. */
+     * (two tiles, 512 and 64 columns) left one of two threads nearly all of the work. */
     const int64_t row_blocks = (rows + FINISH_ROWS - 1) / FINISH_ROWS;
     const int64_t chunks = row_blocks < num_threads ? row_blocks : num_threads;
     const int64_t chunk_rows = (row_blocks + chunks - 1) / chunks * FINISH_ROWS;

@@ -12,7 +12,7 @@
  * together by one shuffle tree, and V accumulates in registers, one KV head at a time, two tokens
  * per vdpbf16ps: their rows interleaved into (v_t[d], v_t+1[d]) pairs against the pair of their
  * probabilities rounded to bf16 (the relative error of a bf16 output, and half the instructions
- * of widening each row to f32 for FMAs: 1.3-1.7x the whole kernel at 128 sequences of 400 tokens). */
+ * of widening each row to f32 for FMAs). */
 #define HAVE_BF16_PATH 1
 
 /* One sequence, 16 tokens at a time, each group's rows read whole (all KV heads) once per pass;

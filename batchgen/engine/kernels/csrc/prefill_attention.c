@@ -2,8 +2,8 @@
  * chunk of one after a cached past) attend over their context read from the paged KV cache.
  *
  * Why C: torch's CPU SDPA (flash kernel) runs these shapes (head_dim 64, GQA, 256-2048 tokens)
- * at 10-100 GFLOP/s on an AVX-512 CPU whose bf16 matmuls reach 700, which made prefill attention
- * a third of a summarization job's time; and a chunk with a cached past first had to copy
+ * far below the rate the same CPU's bf16 matmuls reach, which made prefill attention a large share
+ * of a summarization job's time; and a chunk with a cached past first had to copy
  * ("gather") its context out of the pages. Here:
  *   1. each (sequence, KV head)'s context is packed once from the pages into the layout the
  *      multiply instructions read: for bf16 the AVX512-BF16 pair layout (vdpbf16ps multiplies
