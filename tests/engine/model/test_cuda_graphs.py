@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.engine.attention.test_registry import fake_flash_attn_varlen_func
 
 from batchgen.engine.attention import flash
 from batchgen.engine.engine import EngineConfig, LLMEngine
@@ -18,6 +17,7 @@ from batchgen.engine.model.cuda_graphs import DecodeBuffers, capture_sizes, is_d
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.engine.scheduler.scheduler import ScheduledSeq, SchedulerOutput
 from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from tests.engine.attention.test_registry import fake_flash_attn_varlen_func
 from tests.engine.test_engine_equivalence import build_case, check_completions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
