@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from batchgen.config.choices import Policy
 from batchgen.config.rules import (
     AUTO,
     LONG_PROMPT_POLICIES,
@@ -22,7 +23,6 @@ from batchgen.config.rules import (
     parse_bytes,
     validate_job_config,
 )
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.errors import ConfigError
 
 # importers take these from here; their definitions sit with the rules
@@ -61,7 +61,7 @@ class JobConfig:
     batch_size: int | None = None  # static: rows per batch; continuous: max running sequences; None: auto
     max_num_batched_tokens: int | None = None  # token budget per step; None: auto (engine/scheduler/sizing.py)
     block_size: int | None = None  # tokens per KV block; None: the attention backend's (256 flash-attn, else 16)
-    attention_backend: str = "auto"  # auto | torch | cpu | flash (engine/attention/paged.py: auto's rule)
+    attention_backend: str = "auto"  # auto | cpu | sdpa | flash (engine/attention/registry.py: auto's rule)
     cuda_graphs: bool = True  # CUDA: replay captured graphs for decode-only steps (engine/model/cuda_graphs.py)
     kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
     enable_prefix_caching: bool = True

@@ -38,7 +38,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine.attention import paged as attention
+from batchgen.engine.forward_context import current_metadata
 from batchgen.engine.kernels import native
 from batchgen.engine.kernels.fused_int8 import DTYPE_CODES as _DTYPE_CODES
 from batchgen.engine.kernels.fused_int8 import Int8RowKernels
@@ -234,7 +234,7 @@ def fuse_rope(model: torch.nn.Module, kernels: PointwiseKernels) -> list[str]:
 
 def _make_rope(kernels: PointwiseKernels, original):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if attention.current_metadata() is not None and unsqueeze_dim == 1 and _rope_layout_ok(q, k, cos, sin):
+        if current_metadata() is not None and unsqueeze_dim == 1 and _rope_layout_ok(q, k, cos, sin):
             return kernels.rope(q, k, cos, sin)
         return original(q, k, cos, sin, unsqueeze_dim)
 
