@@ -27,29 +27,25 @@ from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt
 from benchmarks.throughput import kv_blocks_for
 
-# int8/onednn: the default recipe (quantize_recipe.INT8_RECIPE: smoothed, q/k/v and gate/up stacked);
-# the variants below are quantized here from a bf16 load with the recipe's switches set for them:
-#   int8/onednn-plain       no smoothing, no stacking (the recipe before issue 13's fifth stop)
-#   int8/onednn-unstacked   smoothed, every layer its own matmul
-#   int8/onednn+bf16-down   the default with the MLP down projections left in bf16
-#   int8/onednn+int8-head   the default with the LM head as one more int8 x int8 layer
+# int8/onednn: the default recipe (quantize_recipe.INT8_RECIPE: outlier channels from a calibration
+# pass, down_proj asymmetric, q/k/v and gate/up stacked); the variants below are quantized here from
+# a bf16 load with the recipe's constants set for them:
 #   int8/onednn+copies      the default with gate/up copied out of the stacked output (before views)
+# The smoothed, unstacked, bf16-down_proj and int8-LM-head variants measured in benchmarks/README.md
+# went with their switches (issue 33).
 SYSTEMS = {"bf16": ("none", "auto"), "int8/onednn": ("int8", "onednn"), "int8/torchao": ("int8", "torchao")}
-VARIANTS = {"int8/onednn-plain": {"INT8_STACK_SIBLINGS": False, "calibrate": False},
-            "int8/onednn-unstacked": {"INT8_STACK_SIBLINGS": False},
-            "int8/onednn+bf16-down": {"INT8_FULL_PRECISION_LAYERS": ("down_proj",)},
-            "int8/onednn+int8-head": {"INT8_LM_HEAD": True},
-            "int8/onednn+copies": {"VIEW_SIBLINGS": ()}}
+VARIANTS = {"int8/onednn+copies": {"VIEW_SIBLINGS": ()}}
 
 
 def load_variant(name: str, switches: dict | None = None):
     """A bf16 load quantized with `name`'s recipe switches (VARIANTS, or `switches`), restored
     afterwards. A switch is a module constant of engine/quant/int8_model.py (where the recipe's
-    switches are read) or of engine/quant/int8_siblings.py (VIEW_SIBLINGS)."""
+    INT8_OUTLIER_FRACTION and INT8_ASYMMETRIC_LAYERS are read) or of engine/quant/int8_siblings.py
+    (VIEW_SIBLINGS); "calibrate": False skips the calibration pass (no outlier channels)."""
     from batchgen.engine.quant import int8_model as quantize_int8_model
     from batchgen.engine.quant import int8_siblings as quantize_int8_siblings
     from batchgen.engine.quant import quantize
-    from batchgen.engine.quant.smooth import calibration_ids
+    from batchgen.engine.quant.calibration import calibration_ids
 
     switches = dict(VARIANTS[name] if switches is None else switches)
     calibrate = switches.pop("calibrate", True)

@@ -47,11 +47,6 @@ TEMPLATE = "Summarize the following Python documentation in two sentences.\n\n{t
 SCHEMES = [("bf16", "none", "auto", "auto", "none"),
            ("int8/torchao", "int8", "torchao", "auto", "none"),
            ("int8/onednn", "int8", "onednn", "auto", "none"),
-           # int8/onednn recipe variants (benchmarks/int8_one_thread.py's VARIANTS): the default's parts priced
-           ("int8/onednn-plain", "int8", "onednn", "auto", "none"),
-           ("int8/onednn-unstacked", "int8", "onednn", "auto", "none"),
-           ("int8/onednn+bf16-down", "int8", "onednn", "auto", "none"),
-           ("int8/onednn+int8-head", "int8", "onednn", "auto", "none"),
            ("int8-weight/torchao", "int8-weight", "torchao", "auto", "none"),
            ("int8-weight/quanto", "int8-weight", "quanto", "auto", "none"),
            ("int8-weight/quanto+int8-embedding", "int8-weight", "quanto", "auto", "int8"),

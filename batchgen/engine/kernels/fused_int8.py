@@ -20,7 +20,7 @@ class Int8RowKernels:
         for fn in (self._quant, self._quant_u8):
             fn.argtypes = [_P, _I, _P, _P, _L, _L, _I]
             fn.restype = None
-        self._quant_u8_scaled = lib.quantize_rows_u8_scaled  # with a per-column factor (engine/quant/smooth.py)
+        self._quant_u8_scaled = lib.quantize_rows_u8_scaled  # with a per-column factor (0 at outlier channels)
         self._quant_u8_scaled.argtypes = [_P, _I, _P, _P, _P, _L, _L, _I]
         self._quant_u8_scaled.restype = None
         self._quant_asym = lib.quantize_rows_u8_asym  # per-row zero points (quantize_int8.py's asymmetric layers)

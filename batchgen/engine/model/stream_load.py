@@ -221,7 +221,7 @@ def load_quantized(name: str, model_dir: str, dtype: torch.dtype, scheme: str, b
                              torch.device("cpu"))
     if plan.scheme == "none" and plan.embedding == "none":
         return None
-    if plan.calibrated:  # its smoothing factors come from running the whole full-precision model first
+    if plan.calibrated:  # its outlier channels come from running the whole full-precision model first
         return None
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")

@@ -114,7 +114,3 @@ def quantize_embeddings(model: torch.nn.Module) -> int:
             qweight, scale = quantize_rows(head.weight, dtype)
         model.set_output_embeddings(Int8LMHead(qweight, scale))
     return replaced
-
-
-def is_quantized(model: torch.nn.Module) -> bool:
-    return isinstance(model.get_input_embeddings(), Int8Embedding)

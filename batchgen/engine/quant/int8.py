@@ -18,8 +18,6 @@ module swap; the HF forward is unchanged):
              per-column compensation computed when the weight is reordered (`zpm2` in its verbose)
     output   oneDNN computes (q_x @ q_w^T) * w_scale in int32 -> bf16; the per-token scale is applied
              after (oneDNN's op takes one activation scale per tensor), then the bias
-    smooth   optional per-input-channel factors s (engine/quant/smooth.py): the weight quantized
-             is W * s, and the quantizer reads x * (1/s) in the same pass
     outliers optional input channels O kept out of the int8 matmul (engine/quant/outliers.py):
              the quantizer reads them as 0, their int8 weight columns are 0, and x[:, O] @ W[:, O]^T
              is added in float32 from the model dtype's values, in the C pass that applies the per-token
@@ -60,25 +58,18 @@ def _kernels():
 class Int8DynamicLinear(torch.nn.Module):
     """`nn.Linear` with int8 weights and per-token int8 activations (see the module docstring)."""
 
-    def __init__(self, linear: torch.nn.Linear, smooth: torch.Tensor | None = None,
-                 outliers: torch.Tensor | None = None, asymmetric: bool = False):
-        """`smooth`: [in] float32 per-input-channel factors s (engine/quant/smooth.py): the layer
-        multiplies x / s by W * s, the same product, with the activations' outlier range moved into W.
-        `outliers`: int64 indices of input channels computed in the model dtype, outside the int8
+    def __init__(self, linear: torch.nn.Linear, outliers: torch.Tensor | None = None, asymmetric: bool = False):
+        """`outliers`: int64 indices of input channels computed in the model dtype, outside the int8
         matmul (engine/quant/outliers.py). `asymmetric`: per-token asymmetric activations (a zero
         point per row, fused.quantize_rows_u8_asym) instead of symmetric ones."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
         weight = linear.weight.detach()
-        if smooth is not None:
-            weight = weight.float() * smooth.float()[None, :]
-        # 1/s, applied by the activation quantizer; None: no smoothing
-        self.register_buffer("inv_smooth", None if smooth is None else (1.0 / smooth.float()).contiguous())
-        # the activation quantizer's per-column factor: 1/s, with 0 at the outlier channels; None: 1
-        colscale = self.inv_smooth
+        # the activation quantizer's per-column factor: 0 at the outlier channels, else 1; None: no outliers
+        colscale = None
         self.register_buffer("outliers", None)  # [k] int64
-        # W[:, outliers]^T, unsmoothed: a bf16 model's in finish_rows' bf16 dot-product layout
+        # W[:, outliers]^T: a bf16 model's in finish_rows' bf16 dot-product layout
         # (quantize_outliers.pack_bf16_pairs: the bf16 weights as they are), else [k, out] float32
         self.register_buffer("outlier_weight", None)
         if outliers is not None and outliers.numel():
@@ -88,7 +79,7 @@ class Int8DynamicLinear(torch.nn.Module):
                                    else rows.float().contiguous())
             weight = weight.float().clone()
             weight[:, self.outliers] = 0  # their share of the product is the full-precision matmul's
-            colscale = torch.ones(self.in_features) if colscale is None else colscale.clone()
+            colscale = torch.ones(self.in_features)
             colscale[self.outliers] = 0  # read as 0: they neither set a token's scale nor add to the int8 sum
         self.register_buffer("colscale", colscale)
         qweight, scale = quantize_rows(weight, torch.float32)
@@ -104,10 +95,7 @@ class Int8DynamicLinear(torch.nn.Module):
         if flat.dtype != self.out_dtype or not flat.is_contiguous():
             flat = flat.to(self.out_dtype).contiguous()
         if self.weight_colsum is None and self.outliers is None:
-            if self.colscale is None:
-                q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
-            else:
-                q, x_scale = _kernels().quantize_rows_u8_scaled(flat, self.colscale)
+            q, x_scale = _kernels().quantize_rows_u8(flat)  # symmetric int8 + 128: see the module docstring
             out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
                                                      self.weight_zero_point, None, 1.0, 0, self.out_dtype,
                                                      "none", [], "")
@@ -141,8 +129,6 @@ class Int8DynamicLinear(torch.nn.Module):
         eye = torch.eye(self.in_features, dtype=torch.uint8).add_(ZERO_POINT)
         ones = torch.ops.onednn.qlinear_pointwise(eye, 1.0, ZERO_POINT, self.packed_weight, self.weight_scale,
                                                   self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
-        if self.inv_smooth is not None:  # (W * s) / s per input column: exact, s is a power of two
-            ones.mul_(self.inv_smooth[:, None])
         if self.outliers is not None:  # their rows are 0 in the int8 weight
             ones[self.outliers] = self.outlier_rows()
         return ones.t().contiguous()
@@ -160,6 +146,6 @@ class Int8DynamicLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 x int8 (oneDNN){kept}"
 
 
-def quantize_linear(parent: torch.nn.Module, child: str, smooth: torch.Tensor | None = None,
-                    outliers: torch.Tensor | None = None, asymmetric: bool = False) -> None:
-    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), smooth, outliers, asymmetric))
+def quantize_linear(parent: torch.nn.Module, child: str, outliers: torch.Tensor | None = None,
+                    asymmetric: bool = False) -> None:
+    setattr(parent, child, Int8DynamicLinear(getattr(parent, child), outliers, asymmetric))

@@ -12,9 +12,9 @@ into the hidden states between the siblings' calls.) The forward stays the HF mo
 modules change.
 
 The stacked weight is what the siblings' weights were (rows concatenated), quantized per output
-row as before, and the siblings' shared input gets one smoothing factor per channel
-(engine/quant/smooth.py) from the stacked weight's column maxima, and one set of outlier channels
-(engine/quant/outliers.py).
+row as before, and the siblings' shared input gets one set of outlier channels
+(engine/quant/outliers.py). Its activations are symmetric per token (the recipe's asymmetric
+layers, engine/quant/recipe.py, are not siblings).
 
 Each sibling's output is its columns of the stacked output. q/k/v get a contiguous copy (the
 rotary kernel and attention read them token-major); gate/up get views with no copy (VIEW_SIBLINGS):
@@ -37,8 +37,7 @@ VIEW_SIBLINGS: tuple[tuple[str, ...], ...] = (("gate_proj", "up_proj"),)
 class SiblingGroup(torch.nn.Module):
     """One Int8DynamicLinear over the siblings' stacked weights, and the last output it gave."""
 
-    def __init__(self, linears: list[torch.nn.Linear], smooth: torch.Tensor | None = None,
-                 outliers: torch.Tensor | None = None, views: bool = False, asymmetric: bool = False):
+    def __init__(self, linears: list[torch.nn.Linear], outliers: torch.Tensor | None = None, views: bool = False):
         """`views`: each sibling's output is a view of the stacked output, else a contiguous copy."""
         super().__init__()
         biases = [lin.bias for lin in linears]
@@ -49,7 +48,7 @@ class SiblingGroup(torch.nn.Module):
         stacked.weight = torch.nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
         if biases[0] is not None:
             stacked.bias = torch.nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
-        self.linear = Int8DynamicLinear(stacked, smooth, outliers, asymmetric)
+        self.linear = Int8DynamicLinear(stacked, outliers)
         self.views = views
         ends = torch.tensor([lin.out_features for lin in linears]).cumsum(0).tolist()
         self.columns = [slice(start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
@@ -104,10 +103,8 @@ def sibling_sets(names: set[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def stack(parent: torch.nn.Module, children: list[str], smooth: torch.Tensor | None = None,
-          outliers: torch.Tensor | None = None, asymmetric: bool = False) -> None:
+def stack(parent: torch.nn.Module, children: list[str], outliers: torch.Tensor | None = None) -> None:
     """Swap `parent`'s `children` (nn.Linear, one input) for Int8SiblingLinear modules of one group."""
-    group = SiblingGroup([getattr(parent, c) for c in children], smooth, outliers,
-                         views=tuple(children) in VIEW_SIBLINGS, asymmetric=asymmetric)
+    group = SiblingGroup([getattr(parent, c) for c in children], outliers, views=tuple(children) in VIEW_SIBLINGS)
     for i, child in enumerate(children):
         setattr(parent, child, Int8SiblingLinear(group, i))

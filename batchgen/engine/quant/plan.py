@@ -47,8 +47,8 @@ class Quantization:
     scheme: str  # one of SCHEMES
     backend: str | None  # torchao | quanto; None for "none" or a pre-quantized checkpoint's own method
     embedding: str = "none"  # none | int8: the embedding/LM head (engine/quant/embedding.py)
-    # int8/onednn: its recipe's calibration pass ran (smoothing factors, outlier channels:
-    # quantize_int8_model.py); an int8/onednn model without it is plain per-token int8
+    # int8/onednn: its recipe's calibration pass ran (outlier channels: engine/quant/int8_model.py);
+    # an int8/onednn model without it is plain per-token int8
     calibrated_run: bool = False
 
     @property
@@ -59,14 +59,10 @@ class Quantization:
 
     @property
     def calibrated(self) -> bool:
-        """Whether this scheme calibrates (smoothing factors, outlier channels), so needs the
+        """Whether this scheme calibrates (int8/onednn: its outlier channels), so needs the
         full-precision model to run calibration text before its linear layers are swapped (not the
         streaming loader)."""
-        if self.scheme != "int8" or self.backend != "onednn":
-            return False
-        from batchgen.engine.quant import int8_model as quantize_int8_model  # lazily, as quantize.quantize_model does
-
-        return quantize_int8_model.calibrated()
+        return self.scheme == "int8" and self.backend == "onednn"
 
 
 def plan_quantization(config, scheme: str, backend: str, embedding: str, device: torch.device) -> Quantization:

@@ -12,9 +12,9 @@ Schemes (`--quantize`):
                (torchao's dynamic-activation path; quanto quantizes activations only statically,
                with calibration, so it is not offered), or oneDNN's int8 x int8 matmul with
                --quantize-backend onednn (engine/quant/int8.py; auto's choice on a CPU with
-               AVX-512 VNNI or AMX), whose recipe (quantize_recipe.INT8_RECIPE) adds SmoothQuant-style
-               smoothing from a calibration pass (engine/quant/smooth.py) and runs q/k/v and
-               gate/up as one stacked matmul each (engine/quant/int8_siblings.py), applied to
+               AVX-512 VNNI or AMX), whose recipe (quantize_recipe.INT8_RECIPE) adds LLM.int8()-style
+               outlier channels from a calibration pass (engine/quant/calibration.py) and runs q/k/v
+               and gate/up as one stacked matmul each (engine/quant/int8_siblings.py), applied to
                the model by engine/quant/int8_model.py
   int8-weight  int8 weights per output row, activations stay in the model dtype
   int4         int4 weights in groups of 32 input channels (the MLP gate projections: 64), asymmetric
@@ -54,8 +54,8 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
                    embedding: str = "auto", calibration: list[list[int]] | None = None) -> Quantization:
     """Quantize `model`'s decoder linear layers (and, per `embedding`, its embedding/LM head) in
     place; return what was applied. `calibration`: token ids the full-precision model runs first
-    where the scheme smooths its activations (Quantization.calibrated; the loader passes
-    quantize_smooth.calibration_ids); without them such a scheme runs uncalibrated (the label says so)."""
+    where the scheme calibrates (Quantization.calibrated; the loader passes
+    quantize_calibration.calibration_ids); without them such a scheme runs uncalibrated (the label says so)."""
     device = next(model.parameters()).device
     plan = plan_quantization(model.config, scheme, backend, embedding, device)
     if plan.scheme == "none":
@@ -63,11 +63,10 @@ def quantize_model(model: torch.nn.Module, scheme: str, backend: str = "auto",
             quantize_embeddings(model)
         return plan
     names = quantizable_linear_names(model, linear_group_size(plan))
-    if plan.backend == "onednn":  # its recipe: layers kept, the LM head, calibration, stacking
+    if plan.backend == "onednn":  # its recipe: calibration, stacking
         from batchgen.engine.quant import int8_model as quantize_int8_model
 
-        count, calibrated = quantize_int8_model.quantize_layers(
-            model, names, calibration if plan.calibrated else None, with_head=plan.embedding == "none")
+        count, calibrated = quantize_int8_model.quantize_layers(model, names, calibration)
         plan = dataclasses.replace(plan, calibrated_run=calibrated)
     else:
         parents = dict(model.named_modules())
@@ -97,7 +96,7 @@ def int4_group_size(child: str, in_features: int) -> int:
 def quantize_linear(parent: torch.nn.Module, child: str, plan: Quantization, device_type: str) -> None:
     """Quantize the linear layer `parent.<child>` alone: the unit both the after-load pass and the
     streaming loader (engine/model/stream_load.py) apply, so the two give the same weights (an int8/onednn
-    model is quantized after load by engine/quant/int8_model.py, which stacks and smooths)."""
+    model is quantized after load by engine/quant/int8_model.py, which calibrates and stacks)."""
     if plan.backend == "torchao":
         _quantize_torchao(parent, plan.scheme, child, device_type)
     elif plan.backend == "onednn":
@@ -229,8 +228,8 @@ def apply_at_load(model: torch.nn.Module, name: str, scheme: str, backend: str, 
     calibration = None
     device = next(model.parameters()).device
     if tokenizer is not None and plan_quantization(model.config, scheme, backend, embedding, device).calibrated:
-        from batchgen.engine.quant.smooth import calibration_ids
+        from batchgen.engine.quant.calibration import calibration_ids
 
-        calibration = calibration_ids(tokenizer)  # only where the scheme smooths: tokenizing costs start-up
+        calibration = calibration_ids(tokenizer)  # only where the scheme calibrates: tokenizing costs start-up
     return quantize_model(model, scheme, backend, embedding, calibration).label
 

@@ -71,8 +71,8 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
     if config.quantize == "int8" and config.quantize_backend in ("auto", "onednn"):
         from batchgen.engine.quant.recipe import INT8_RECIPE
 
-        # oneDNN's int8 smooths its activations (engine/quant/smooth.py): a job begun unsmoothed
-        # has other weights, so it is refused
+        # oneDNN's int8 recipe (outlier channels from a calibration pass, asymmetric down_proj,
+        # engine/quant/recipe.py): a job begun under another recipe has other weights, so it is refused
         fingerprint["int8_recipe"] = INT8_RECIPE
     sampling = {"repetition_penalty": config.repetition_penalty, "presence_penalty": config.presence_penalty,
                 "frequency_penalty": config.frequency_penalty, "min_tokens": config.min_tokens,

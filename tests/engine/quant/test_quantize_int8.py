@@ -7,7 +7,6 @@ import torch
 
 from batchgen.engine.kernels.fused import load_cached
 from batchgen.engine.quant import int8 as quantize_int8
-from batchgen.engine.quant import int8_model as quantize_int8_model
 from batchgen.engine.quant import quantize
 from tests.engine.greedy_pair import generate_and_engine_tokens
 from tests.tiny import make_tiny_model
@@ -31,6 +30,17 @@ def test_activation_quantizer_matches_the_eager_formula(dtype):
     q_u8, scale_u8 = load_cached().quantize_rows_u8(x)
     assert q_u8.dtype == torch.uint8 and torch.equal(scale_u8, scale)
     assert torch.equal(q_u8.int() - quantize_int8.ZERO_POINT, q.int())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scaled_quantizer_equals_quantizing_the_float32_product(dtype):
+    x = torch.randn(9, 100, dtype=dtype)
+    colscale = torch.exp2(torch.randint(-6, 6, (100,)).float()) * torch.rand(100).add(0.5)
+    colscale[[3, 40]] = 0  # outlier channels: read as 0
+    q, scale = load_cached().quantize_rows_u8_scaled(x, colscale)
+    q_want, scale_want = load_cached().quantize_rows_u8((x.float() * colscale).contiguous())
+    assert torch.equal(q, q_want) and torch.equal(scale, scale_want)
+    assert q[:, [3, 40]].eq(quantize_int8.ZERO_POINT).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -73,6 +83,9 @@ def test_quantize_model_swaps_every_decoder_linear_and_counts_the_packed_bytes()
         getattr(layer.self_attn, n).out_features for n in ("q_proj", "k_proj", "v_proj"))
     assert isinstance(model.lm_head, torch.nn.Linear)
     assert quantize.weight_bytes(model) < before
+    # the recipe's asymmetric activations: down_proj only (engine/quant/recipe.py)
+    assert layer.mlp.down_proj.weight_colsum is not None and layer.mlp.up_proj.group.linear.weight_colsum is None
+    assert layer.self_attn.o_proj.weight_colsum is None and layer.self_attn.q_proj.group.linear.weight_colsum is None
 
 
 def test_engine_greedy_equals_generate_of_the_same_model(tokenizer):
@@ -80,29 +93,6 @@ def test_engine_greedy_equals_generate_of_the_same_model(tokenizer):
     quantize.quantize_model(model, "int8", "onednn")
     refs, got = generate_and_engine_tokens(model, tokenizer)
     assert got == refs
-
-
-
-def test_the_recipe_can_leave_named_layers_in_full_precision(monkeypatch):
-    monkeypatch.setattr(quantize_int8_model, "INT8_FULL_PRECISION_LAYERS", ("down_proj",))
-    model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
-    quantize.quantize_model(model, "int8", "onednn", embedding="none")
-    layer = model.model.layers[0]
-    assert type(layer.mlp.down_proj) is torch.nn.Linear
-    assert isinstance(layer.self_attn.o_proj, quantize_int8.Int8DynamicLinear)
-
-
-def test_the_recipe_can_run_the_lm_head_in_int8(monkeypatch):
-    monkeypatch.setattr(quantize_int8_model, "INT8_LM_HEAD", True)
-    model = make_tiny_model("llama", seed=5)
-    model.config.tie_word_embeddings = True
-    model.tie_weights()
-    embedding = model.get_input_embeddings().weight.detach().clone()
-    quantize.quantize_model(model, "int8", "onednn", embedding="none")
-    head = model.get_output_embeddings()
-    assert isinstance(head, quantize_int8.Int8DynamicLinear)
-    torch.testing.assert_close(head.dequantized_weight(), embedding, atol=embedding.abs().max().item() / 127, rtol=0)
-    assert torch.equal(model.get_input_embeddings().weight, embedding)  # the lookup keeps its own matrix
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -148,13 +138,3 @@ def test_asymmetric_linear_equals_its_reference_and_beats_symmetric_on_one_sided
     symmetric = quantize_int8.Int8DynamicLinear(linear)(x).double()
     assert (got - exact).norm() < 0.8 * (symmetric - exact).norm()
 
-
-def test_the_recipe_makes_named_layers_asymmetric(monkeypatch, tokenizer):
-    monkeypatch.setattr(quantize_int8_model, "INT8_ASYMMETRIC_LAYERS", ("down_proj", "up_proj"))
-    model = make_tiny_model("llama", seed=6)  # float32: the engine's tokens equal generate's exactly
-    quantize.quantize_model(model, "int8", "onednn")
-    layer = model.model.layers[0]
-    assert layer.mlp.down_proj.weight_colsum is not None and layer.mlp.up_proj.group.linear.weight_colsum is not None
-    assert layer.self_attn.o_proj.weight_colsum is None and layer.self_attn.q_proj.group.linear.weight_colsum is None
-    refs, got = generate_and_engine_tokens(model, tokenizer)
-    assert got == refs

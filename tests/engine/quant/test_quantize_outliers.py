@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from batchgen.engine.quant import int8 as quantize_int8
-from batchgen.engine.quant import int8_model as quantize_int8_model
 from batchgen.engine.quant import int8_siblings as quantize_int8_siblings
 from batchgen.engine.quant import outliers as quantize_outliers
 from batchgen.engine.quant import quantize
-from batchgen.engine.quant import smooth as quantize_smooth
+from batchgen.engine.quant.calibration import input_ranges
+from batchgen.engine.quant.recipe import INT8_OUTLIER_FRACTION
 from tests.engine.greedy_pair import generate_and_engine_tokens
 from tests.tiny import make_tiny_model
 
@@ -23,12 +23,9 @@ CALIBRATION = [[5 + (11 * i + j) % 250 for j in range(40)] for i in range(3)]
 
 def test_the_channels_chosen_are_the_widest_the_quantizer_sees():
     ranges = torch.tensor([1.0, 50.0, 2.0, 9.0, 0.5, 30.0, 3.0, 1.0])
-    assert quantize_outliers.outlier_channels(ranges, None, 0.0) is None
-    assert quantize_outliers.outlier_channels(ranges, None, 0.25).tolist() == [1, 5]  # ceil(0.25 * 8) = 2, sorted
-    assert quantize_outliers.outlier_channels(ranges, None, 0.01).tolist() == [1]  # at least one
-    # with smoothing the quantizer reads x / s: channel 1 divided by 16 falls under channel 3
-    smooth = torch.tensor([1.0, 16.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
-    assert quantize_outliers.outlier_channels(ranges, smooth, 0.25).tolist() == [3, 5]
+    assert quantize_outliers.outlier_channels(ranges, 0.0) is None
+    assert quantize_outliers.outlier_channels(ranges, 0.25).tolist() == [1, 5]  # ceil(0.25 * 8) = 2, sorted
+    assert quantize_outliers.outlier_channels(ranges, 0.01).tolist() == [1]  # at least one
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, outliers: list[int]) -> torch.Tensor:
@@ -53,7 +50,7 @@ def test_the_split_computes_int8_plus_the_outliers_exact_product(dtype):
     x = torch.randn(11, 96, dtype=dtype)
     x[:, 7] *= 80  # outlier channels, as decoder inputs have
     x[:, 40] *= 30
-    outliers = quantize_outliers.outlier_channels(x.float().abs().amax(0), None, 0.02)
+    outliers = quantize_outliers.outlier_channels(x.float().abs().amax(0), 0.02)
     assert outliers.tolist() == [7, 40]
     layer = quantize_int8.Int8DynamicLinear(linear, outliers=outliers)
     got = layer(x).double()
@@ -69,25 +66,6 @@ def test_the_split_computes_int8_plus_the_outliers_exact_product(dtype):
     exact = x.double() @ w.double().T
     plain = quantize_int8.Int8DynamicLinear(linear)(x).double()
     assert (got - exact).norm() < 0.25 * (plain - exact).norm()
-
-
-def test_outliers_combine_with_smoothing():
-    torch.manual_seed(1)
-    linear = torch.nn.Linear(96, 64, bias=True).to(torch.bfloat16)
-    x = torch.randn(2, 6, 96, dtype=torch.bfloat16)
-    x[..., 3] *= 100
-    x[..., 50] *= 8
-    ranges = x.float().abs().reshape(-1, 96).amax(0)
-    s = quantize_smooth.smoothing_factors(ranges, linear.weight, 0.5)
-    outliers = quantize_outliers.outlier_channels(ranges, s, 0.01)
-    layer = quantize_int8.Int8DynamicLinear(linear, s, outliers)
-    assert layer.inv_smooth is not None and layer.colscale[outliers].eq(0).all()
-    got = layer(x).double()
-    exact = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
-    smoothed = quantize_int8.Int8DynamicLinear(linear, s)(x).double()
-    assert got.shape == exact.shape
-    assert (got - exact).norm() < (smoothed - exact).norm()
-    assert torch.equal(layer.dequantized_weight()[:, outliers], linear.weight.float()[:, outliers])
 
 
 def test_bf16_pairs_layout_round_trips_and_holds_row_pairs_per_lane():
@@ -133,63 +111,31 @@ def test_stacked_siblings_take_the_same_outliers_as_single_layers():
             assert torch.equal(quantize_int8_siblings.Int8SiblingLinear(group, i)(x), single(x))
 
 
-def test_the_recipe_takes_outliers_where_it_says(monkeypatch):
-    monkeypatch.setattr(quantize_int8_model, "INT8_OUTLIER_FRACTION", 0.05)
-    monkeypatch.setattr(quantize_int8_model, "INT8_OUTLIER_LAYERS", ("down_proj",))
-    model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
-    names = quantize.quantizable_linear_names(model, 1)
-    ranges = quantize_smooth.input_ranges(model, names, CALIBRATION)
-    quantize.quantize_model(model, "int8", "onednn", embedding="none", calibration=CALIBRATION)
-    layer = model.model.layers[0]
-    down = layer.mlp.down_proj
-    k = math.ceil(down.in_features * 5 / 100)
-    assert down.outliers is not None and down.outliers.numel() == k
-    seen = ranges["model.layers.0.mlp.down_proj"] * (1 if down.inv_smooth is None else down.inv_smooth)
-    assert set(down.outliers.tolist()) == set(seen.topk(k).indices.tolist())
-    assert layer.self_attn.o_proj.outliers is None and layer.mlp.gate_proj.group.linear.outliers is None
-    # every layer
-    monkeypatch.setattr(quantize_int8_model, "INT8_OUTLIER_LAYERS", ())
-    model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
-    quantize.quantize_model(model, "int8", "onednn", embedding="none", calibration=CALIBRATION)
-    layer = model.model.layers[0]
-    assert all(m.outliers is not None for m in (layer.self_attn.o_proj, layer.mlp.down_proj,
-                                                layer.self_attn.q_proj.group.linear, layer.mlp.up_proj.group.linear))
-
-
-def test_the_recipe_takes_per_layer_fractions(monkeypatch):
-    monkeypatch.setattr(quantize_int8_model, "INT8_OUTLIER_FRACTION", 0.02)
-    monkeypatch.setattr(quantize_int8_model, "INT8_OUTLIER_FRACTION_BY_LAYER", {"down_proj": 0.1, "up_proj": 0.0})
+def test_the_recipe_takes_outliers_in_every_layer():
     model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
     down_weight = model.model.layers[0].mlp.down_proj.weight.detach().clone()
+    names = quantize.quantizable_linear_names(model, 1)
+    ranges = input_ranges(model, names, CALIBRATION)
     quantize.quantize_model(model, "int8", "onednn", embedding="none", calibration=CALIBRATION)
     layer = model.model.layers[0]
+    # the widest channels by calibrated range, ceil(INT8_OUTLIER_FRACTION * in) of them; a stacked
+    # set by its shared input (its first child's)
+    for name, module in (("mlp.down_proj", layer.mlp.down_proj), ("self_attn.o_proj", layer.self_attn.o_proj),
+                         ("self_attn.q_proj", layer.self_attn.q_proj.group.linear),
+                         ("mlp.gate_proj", layer.mlp.up_proj.group.linear)):
+        seen = ranges[f"model.layers.0.{name}"]
+        k = math.ceil(module.in_features * INT8_OUTLIER_FRACTION)
+        assert module.outliers is not None and set(module.outliers.tolist()) == set(seen.topk(k).indices.tolist())
     down = layer.mlp.down_proj
-    assert down.outliers.numel() == math.ceil(down.in_features * 0.1)
-    o_proj = layer.self_attn.o_proj
-    assert o_proj.outliers.numel() == math.ceil(o_proj.in_features * 0.02)
-    assert layer.mlp.gate_proj.group.linear.outliers is None  # the stacked gate/up set goes by up_proj's 0
     assert down.outlier_weight.dtype == torch.bfloat16  # the bf16 model's dot-product layout
     assert torch.equal(down.outlier_rows(), down_weight[:, down.outliers].t().float())
 
 
-# the outlier recipes measured in benchmarks/results/2026-12-02-int8-recipes.md: 5% with smoothing,
-# and 3% with o_proj at 5%, no smoothing, down_proj asymmetric, the LM head in int8 without outliers
-RECIPES = [{"INT8_OUTLIER_FRACTION": 0.05},
-           {"INT8_OUTLIER_FRACTION": 0.03, "INT8_OUTLIER_FRACTION_BY_LAYER": {"o_proj": 0.05, "lm_head": 0.0},
-            "INT8_SMOOTH_ALPHA": None, "INT8_ASYMMETRIC_LAYERS": ("down_proj",), "INT8_LM_HEAD": True}]
-
-
-@pytest.mark.parametrize("recipe", RECIPES, ids=["o5-smoothed", "o3-by-layer-asym-head"])
-def test_engine_greedy_equals_generate_with_outliers(monkeypatch, tokenizer, recipe):
-    for switch, value in recipe.items():
-        monkeypatch.setattr(quantize_int8_model, switch, value)
+def test_engine_greedy_equals_generate_of_the_calibrated_model(tokenizer):
     model = make_tiny_model("llama", seed=6)  # float32: the engine's tokens equal generate's exactly
     quantize.quantize_model(model, "int8", "onednn", calibration=CALIBRATION)
     layer = model.model.layers[0]
-    assert layer.mlp.down_proj.outliers is not None
-    if "INT8_ASYMMETRIC_LAYERS" in recipe:
-        assert layer.mlp.down_proj.weight_colsum is not None and layer.self_attn.o_proj.inv_smooth is None
-        assert layer.self_attn.o_proj.outliers.numel() == math.ceil(0.05 * layer.self_attn.o_proj.in_features)
-        assert isinstance(model.lm_head, quantize_int8.Int8DynamicLinear) and model.lm_head.outliers is None
+    assert layer.mlp.down_proj.outliers is not None and layer.mlp.down_proj.weight_colsum is not None
+    assert layer.self_attn.o_proj.outliers is not None and layer.self_attn.o_proj.weight_colsum is None
     refs, got = generate_and_engine_tokens(model, tokenizer)
     assert got == refs

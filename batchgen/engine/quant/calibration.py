@@ -1,37 +1,18 @@
-"""SmoothQuant-style per-input-channel smoothing for the dynamic int8 linear layers (engine/quant/int8.py).
+"""The calibration pass of `--quantize int8` on oneDNN (engine/quant/int8_model.py): each linear
+layer's input range per channel, from which engine/quant/outliers.py picks the channels computed
+outside the int8 matmul.
 
-Why: per-token int8 activations lose most where a few input channels run far above the rest (on
-SmolLM2-135M the widest channel of a down_proj input spans many times the median channel's
-range). The outlier sets the token's scale, and every other channel of that token is
-left a handful of int8 levels. SmoothQuant
-(Xiao et al., 2023) moves part of that range into the weight, which is quantized per output row
-and has room to spare: for an input channel j with activation range a_j and weight range w_j,
-
-    s_j = a_j ** alpha / w_j ** (1 - alpha)      x' = x / s      W' = W * s     x' @ W'^T == x @ W^T
-
-Here the 1/s factor is not folded into a preceding norm or projection: it is applied inside the
-activation quantizer (csrc/pointwise.c: quantize_rows_u8_scaled, a float32 multiply in the pass
-that already reads x), so every linear layer can be smoothed (o_proj and down_proj too, whose
-inputs come from attention and SiLU(gate) * up, not from a norm), the model's own modules and
-weights stay as they are, and the only cost is the quantizer's extra multiply.
-s_j is rounded to a power of two, so W * s and x / s are exact in float and a factor computed on
-another machine (another thread count, a last-bit difference in a_j) rarely changes any weight.
-
-a_j comes from a calibration pass: the full-precision model runs CALIBRATION_PROMPTS (fixed text
-below, chat-formatted with the model's own template) once, before its linear layers are swapped,
-and a forward hook keeps each layer's max |x_j|. The text is part of the recipe, so the same model
-always gets the same factors (a resumed job recomputes them and gets the same weights).
+Why a pass at load time: the outlier channels are the input channels whose activations run far
+above the rest in every token; which ones they are is a property of the model, seen only by running
+it. The full-precision model runs CALIBRATION_PROMPTS (fixed text below, chat-formatted with the
+model's own template) once, before its linear layers are swapped, and a forward hook keeps each
+layer's max |x_j|. The text is part of the recipe, so the same model always gets the same channels
+(a resumed job recomputes them and gets the same weights).
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
-
-log = logging.getLogger(__name__)
-
-_FLOOR = 1e-5  # a channel never seen (or all-zero) keeps factor ~1, not 0 or inf
 
 # Fixed calibration text: a few short chat turns of the kinds of jobs batchgen runs (summaries,
 # questions, code, extraction, open-ended writing). Only each channel's max is kept, so a few
@@ -91,13 +72,3 @@ def input_ranges(model: torch.nn.Module, names: set[str], token_ids: list[list[i
         for h in hooks:
             h.remove()
     return ranges
-
-
-def smoothing_factors(input_range: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
-    """s [in] float32, a power of two per input channel: a^alpha / w^(1 - alpha), see the module docstring.
-    alpha (SmoothQuant's migration strength: the share of each channel's range moved into the
-    weight) is quantize_recipe.INT8_SMOOTH_ALPHA."""
-    a = input_range.float().clamp(min=_FLOOR)
-    w = weight.detach().float().abs().amax(0).clamp(min=_FLOOR)
-    s = a.pow(alpha) / w.pow(1 - alpha)
-    return torch.exp2(torch.log2(s).round())
