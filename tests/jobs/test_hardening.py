@@ -75,14 +75,16 @@ def test_null_empty_whitespace_and_non_string_prompts(tiny_model_dir, loaded, tm
     rows = output(out)
     assert summary.num_rows == len(records) == len(rows) and (out / SUCCESS_FILE).exists()
     errors = {int(k.split(":")[1]): r["error"] for k, r in rows.items()}
-    # numbers are read as text; a JSON column of mixed kinds holds the JSON text of each value
-    assert errors[0] is None and errors[6] is None and errors[4] is None
+    # numbers are read as text (as from Parquet); an array is no text, though its column of mixed
+    # kinds holds its JSON text (passed through as such)
+    assert errors[0] is None and errors[6] is None
+    assert errors[4] == f"prompt column 'text' holds a list, not text ({src}, row 4)"
     assert rows["in.jsonl:4"]["text"] == '["a", "list"]'
     assert errors[1] == "prompt column 'text' is null"
     assert errors[2] == "prompt column 'text' is empty"
     assert errors[3] == "prompt column 'text' is whitespace only"
     assert errors[5] in ("prompt column 'text' is null", "prompt column 'text' is missing from this row")
-    for i in (1, 2, 3, 5):
+    for i in (1, 2, 3, 4, 5):
         assert rows[f"in.jsonl:{i}"]["finish_reason"] == "error"
 
 
@@ -93,7 +95,38 @@ def test_non_text_parquet_prompt_column_is_an_error_row(tiny_model_dir, loaded, 
     pq.write_table(pa.table({"text": column}), src)
     out = tmp_path / "out"
     run_job(config(src, out, tiny_model_dir), loaded=loaded)
-    assert {r["error"] for r in output(out).values()} == {f"prompt column 'text' holds a {kind}, not text"}
+    assert {r["error"] for r in output(out).values()} == {f"prompt column 'text' holds a {kind}, not text ({src}, "
+                                                          f"row {i})" for i in range(2)}
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_chat_messages_column_is_an_error_row_in_either_format(tiny_model_dir, loaded, tmp_path, fmt):
+    """`--prompt-column messages` on a chat dataset used to generate, from JSON Lines, from the
+    JSON text `[{"role": ...}]`; Parquet made it an error row. Both now do, naming file, row and
+    column, and saying that a messages column is not supported."""
+    messages = [[{"role": "user", "content": "hi"}], [{"role": "system", "content": "be brief"},
+                                                       {"role": "user", "content": "why?"}]]
+    records = [{"messages": m, "meta": {"n": i}, "text": "plain"} for i, m in enumerate(messages)]
+    src = tmp_path / f"in.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl_bytes(src, [json.dumps(r).encode() for r in records])
+    else:
+        pq.write_table(pa.Table.from_pylist(records), src)
+    out = tmp_path / "out"
+    summary = run_job(config(src, out, tiny_model_dir, prompt_column="messages"), loaded=loaded)
+    rows = output(out)
+    assert summary.output_rows_error == 2 and (out / SUCCESS_FILE).exists()
+    for i in range(2):
+        error = rows[f"in.{fmt}:{i}"]["error"]
+        assert error.startswith(f"prompt column 'messages' holds a list, not text ({src}, row {i})"), error
+        assert "chat messages is not supported" in error and "--input-format openai-batch" in error
+    # a template column holding an object is no text either; the columns it does not read pass through
+    summary = run_job(config(src, tmp_path / "out2", tiny_model_dir, template="{text} {meta}"), loaded=loaded)
+    rows = output(tmp_path / "out2")
+    assert {rows[f"in.{fmt}:{i}"]["error"] for i in range(2)} == {
+        f"column 'meta' holds a dict, not text ({src}, row {i})" for i in range(2)}
+    summary = run_job(config(src, tmp_path / "out3", tiny_model_dir, prompt_column="text"), loaded=loaded)
+    assert summary.output_rows_error == 0
 
 
 @pytest.mark.parametrize("policy", ["truncate", "error"])
