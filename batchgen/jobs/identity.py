@@ -16,7 +16,9 @@ A resume compares them with the files it is given:
   out are --overwrite, a new --output, or an --id-column.
 - A shard of a sharded job (--num-shards) records only the files it reads, each with the row
   range it reads ("rows"): its check covers its share, and a changed split is a change.
-- With --id-column, files and rows may come and go between runs (incremental backfills): the
+- With --id-column, files and rows may come and go between runs (incremental backfills), except
+  in a sharded job, where the split follows the inputs: a shard's retry over changed inputs is
+  refused (`check_sharded_retry`), as the rows would move between shards. Otherwise the
   row's own id and its prompt hash decide (batchgen.jobs.resume), and committed ids that no longer
   appear in the input are counted ("orphans") for `batchgen status`, never deleted.
 """
@@ -132,6 +134,26 @@ def check_derived_ids(out_dir: str, num_committed_rows: int, old: list[dict[str,
         f"{out_dir} holds {num_committed_rows} rows committed from other inputs, and their ids are derived from "
         f"file name and row index, so they would be paired with other rows: {shown}. Rerun with the original "
         "inputs, pass --overwrite to start over, choose a new --output, or give rows stable ids with --id-column")
+
+
+def check_sharded_retry(out_dir: str, num_committed_rows: int, old: dict[str, Any] | None,
+                        new: list[dict[str, Any]], split: dict[str, Any] | None) -> None:
+    """--id-column in a sharded job: refuse (InputsChanged, exit 2) a shard's retry over inputs other
+    than its committed rows' (another file set or a changed file anywhere in the job moves the
+    split). Its rows would move between shards: ids committed here would be generated again by
+    another shard, and rows that moved here would be missed by the shard they left."""
+    if not num_committed_rows or old is None or split is None:
+        return
+    before = (old.get("split") or {}).get("job_inputs")
+    if before is None or before == split["job_inputs"]:
+        return
+    changes = input_changes(old["inputs"], new) or [
+        f"files of other shards changed (the job's inputs digest {before} -> {split['job_inputs']})"]
+    shown = "; ".join(changes[:5]) + (f"; and {len(changes) - 5} more" if len(changes) > 5 else "")
+    raise InputsChanged(
+        f"{out_dir} holds {num_committed_rows} rows of shard {split['shard_index']} of {split['num_shards']}, "
+        f"committed from other inputs, and the split follows the inputs, so rows would move between shards: "
+        f"{shown}. Rerun with the original inputs, or rerun every shard with --overwrite over the new ones")
 
 
 def orphans(committed: Any, input_ids: set[Any], *, num_examples: int = 5) -> dict[str, Any]:
