@@ -30,13 +30,13 @@ from typing import Any
 
 from batchgen.config import JobConfig
 from batchgen.io.openai_batch import CHAT_URL, COMPLETIONS_URL, api_error
+from batchgen.jobs.chat_rows import MESSAGE_ROLES
 from batchgen.jobs.planner import PlannedRow
 from batchgen.jobs.prompts import PromptBuilder, RowError
 from batchgen.jobs.rows import InputRow
 
 URLS = (CHAT_URL, COMPLETIONS_URL)
 MAX_STOP_STRINGS = 4  # the API's limit
-MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # body fields that do not change the generated text: accepted and not used (model is recorded)
 IGNORED_FIELDS = ("model", "user", "metadata", "store", "service_tier")
 # fields accepted only at the value that means "off"

@@ -49,6 +49,7 @@ from typing import Any
 from batchgen.config import OPENAI_BATCH, JobConfig
 from batchgen.engine.scheduler import Policy
 from batchgen.engine.sizing import BatchLimits, resolve_limits
+from batchgen.jobs.chat_rows import conversation_token_ids
 from batchgen.jobs.length import LengthPrediction, LengthPredictor, parse_known_length
 from batchgen.jobs.prompts import PromptBuilder, row_max_new_tokens
 from batchgen.jobs.resume import prompt_hash
@@ -93,6 +94,11 @@ def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> Pla
     known = parse_known_length(row.values.get(config.length_column), config.length_column) \
         if config.length_column else None
     sampling = row_sampling(row.values, config.sampling_column)
+    if row.messages is not None:  # a chat dataset's conversation (batchgen.jobs.chat_rows)
+        ids = conversation_token_ids(row.messages, builder, column=config.prompt_column, system=config.system,
+                                     max_new_tokens=max_new)
+        return PlannedRow(row, ids, max_new, 0, known, sampling=sampling,
+                          settings_key=row_settings_key(config, max_new, sampling))
     prompt = builder.build(row.values, max_new)
     return PlannedRow(row, prompt.token_ids, max_new, prompt.num_truncated_tokens, known, sampling=sampling,
                       settings_key=row_settings_key(config, max_new, sampling))

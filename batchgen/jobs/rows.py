@@ -29,6 +29,7 @@ from batchgen.io.cells import invalid_cells, json_cells
 from batchgen.io.discovery import InputShard, resolve_inputs
 from batchgen.io.readers import iter_batches, read_schema
 from batchgen.io.schema import OUTPUT_FIXED_FIELDS
+from batchgen.jobs.chat_rows import is_conversation
 from batchgen.jobs.prompts import Template
 from batchgen.jobs.split import split_inputs
 
@@ -42,6 +43,9 @@ class InputRow:
     row_index: int  # 0-based within the file (also in a sharded job's share of it)
     values: dict[str, Any]  # the columns read (template, max-tokens and passthrough columns)
     error: str | None = None  # a cell did not hold valid text (read with U+FFFD): an error row
+    # the prompt column's conversation, where it holds chat messages and no --template is set
+    # (batchgen.jobs.chat_rows): the prompt is built from these, not from the template
+    messages: list[dict[str, Any]] | None = None
 
 
 class RowSource:
@@ -177,17 +181,21 @@ class RowChunk:
         typed = [c for c in columns if not _text_like(batch.schema.field(c).type)]
         where = range(len(self.ids)) if positions is None else positions
         for k, values in zip(where, batch.to_pylist(), strict=True):
-            error = invalid.get(k)
-            if error is None and (typed or k in nested):
-                error = self._non_text(values, typed, nested.get(k, ()), self.first_row + k)
-            yield InputRow(self.ids[k], self.shard, self.first_row + k, values, error)
+            row = InputRow(self.ids[k], self.shard, self.first_row + k, values, invalid.get(k))
+            if row.error is None and (typed or k in nested):
+                row.error, row.messages = self._non_text(values, typed, nested.get(k, ()), row.row_index)
+            yield row
 
-    def _non_text(self, values: dict[str, Any], typed: list[str], nested: Iterable[str], row: int) -> str | None:
-        """The error of a row whose template column holds no text: a Parquet list, struct, map or
-        bytes cell, or a JSON Lines array or object (held as its JSON text, batchgen.io.jsonl).
+    def _non_text(self, values: dict[str, Any], typed: list[str], nested: Iterable[str], row: int
+                  ) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """(error, conversation) of a row whose template column holds no text: a Parquet list,
+        struct, map or bytes cell, or a JSON Lines array or object (held as its JSON text,
+        batchgen.io.jsonl), is an error, but for chat messages in the prompt column with no
+        --template, which are the row's conversation (batchgen.jobs.chat_rows), in either format.
         Numbers are text to the template (batchgen.jobs.template), in either format."""
         template = self.template
         assert template is not None
+        messages = None
         for name in template.columns:
             if name in nested:
                 value = json.loads(values[name])
@@ -195,13 +203,16 @@ class RowChunk:
                 value = values[name]
             else:
                 continue
+            if template.text is None and name == template.prompt_column and is_conversation(value):
+                messages = value
+                continue
             label = f"prompt column {name!r}" if name == template.prompt_column else f"column {name!r}"
             message = f"{label} holds a {type(value).__name__}, not text ({self.shard.path}, row {row})"
-            if _chat_messages(value):
-                message += ("; a column of chat messages is not supported: render the conversation into a text "
-                            "column, or give the rows as OpenAI Batch requests (--input-format openai-batch)")
-            return message
-        return None
+            if is_conversation(value):
+                message += ("; chat messages are a conversation only as the prompt column with no --template "
+                            "(or as OpenAI Batch requests: --input-format openai-batch)")
+            return message, None
+        return None, messages
 
 
 def _text_like(arrow_type: pa.DataType) -> bool:
@@ -209,12 +220,6 @@ def _text_like(arrow_type: pa.DataType) -> bool:
     t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
             or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
-
-
-def _chat_messages(value: Any) -> bool:
-    """A list of {"role", "content"} objects: what a chat dataset's messages column holds."""
-    return (isinstance(value, list) and bool(value)
-            and all(isinstance(m, dict) and "role" in m and "content" in m for m in value))
 
 
 def unify_schemas(shards: list[InputShard], schemas: list[pa.Schema]) -> pa.Schema:
