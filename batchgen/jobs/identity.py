@@ -38,8 +38,9 @@ _FIELDS = (("num_rows", "rows"), ("size", "bytes"), ("schema", "schema"), ("mtim
            ("rows", "row range"), ("digest", "content"))
 # fields a batchgen before them did not record: compared only where both identities have them
 _ADDED_FIELDS = ("digest",)
-# files up to this size are hashed whole; a larger Parquet file by its footer alone
-CONTENT_DIGEST_MAX_BYTES = 16 << 20
+# files up to this size are hashed whole; a larger Parquet file by its footer alone. Small on
+# purpose: every shard of a sharded job identifies every file of the job (batchgen.jobs.scan)
+CONTENT_DIGEST_MAX_BYTES = 4 << 20
 _READ_BYTES = 1 << 20
 
 
