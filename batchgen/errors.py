@@ -80,6 +80,11 @@ class OutputLocked(OutputError):
     """Another live batchgen process holds the output directory's lock."""
 
 
+class DamagedSnapshot(OutputError):
+    """A manifest snapshot's rows file is unreadable or not the file its entry recorded (sha256):
+    the load replays the entries before the snapshot instead, where they are all still there."""
+
+
 class FingerprintMismatch(OutputError):
     """The output directory holds rows committed under a different job config."""
 

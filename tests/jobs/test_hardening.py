@@ -76,14 +76,16 @@ def test_null_empty_whitespace_and_non_string_prompts(tiny_model_dir, loaded, tm
     rows = output(out)
     assert summary.num_rows == len(records) == len(rows) and (out / SUCCESS_FILE).exists()
     errors = {int(k.split(":")[1]): r["error"] for k, r in rows.items()}
-    # numbers are read as text; a JSON column of mixed kinds holds the JSON text of each value
-    assert errors[0] is None and errors[6] is None and errors[4] is None
+    # numbers are read as text (as from Parquet); an array is no text, though its column of mixed
+    # kinds holds its JSON text (passed through as such)
+    assert errors[0] is None and errors[6] is None
+    assert errors[4] == f"prompt column 'text' holds a list, not text ({src}, row 4)"
     assert rows["in.jsonl:4"]["text"] == '["a", "list"]'
     assert errors[1] == "prompt column 'text' is null"
     assert errors[2] == "prompt column 'text' is empty"
     assert errors[3] == "prompt column 'text' is whitespace only"
     assert errors[5] in ("prompt column 'text' is null", "prompt column 'text' is missing from this row")
-    for i in (1, 2, 3, 5):
+    for i in (1, 2, 3, 4, 5):
         assert rows[f"in.jsonl:{i}"]["finish_reason"] == "error"
 
 
@@ -94,7 +96,64 @@ def test_non_text_parquet_prompt_column_is_an_error_row(tiny_model_dir, loaded, 
     pq.write_table(pa.table({"text": column}), src)
     out = tmp_path / "out"
     run_job(config(src, out, tiny_model_dir), loaded=loaded)
-    assert {r["error"] for r in output(out).values()} == {f"prompt column 'text' holds a {kind}, not text"}
+    assert {r["error"] for r in output(out).values()} == {f"prompt column 'text' holds a {kind}, not text ({src}, "
+                                                          f"row {i})" for i in range(2)}
+
+
+CONVERSATIONS = [[{"role": "user", "content": "hi"}],
+                 [{"role": "system", "content": "be brief"}, {"role": "user", "content": "why?"}]]
+
+
+def write_chat(tmp_path, fmt, conversations):
+    records = [{"messages": m, "meta": {"n": i}, "text": "plain"} for i, m in enumerate(conversations)]
+    src = tmp_path / f"in.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl_bytes(src, [json.dumps(r).encode() for r in records])
+    else:
+        pq.write_table(pa.Table.from_pylist(records), src)
+    return src
+
+
+def test_a_chat_messages_column_is_the_conversation_in_either_format(tiny_model_dir, loaded, tmp_path, tokenizer):
+    """`--prompt-column messages` on a chat dataset used to generate, from JSON Lines, from the
+    JSON text `[{"role": ...}]`, where Parquet made it an error row: both now render the
+    conversation through the chat template (batchgen.jobs.pipeline.chat_rows), as for Batch API requests."""
+    results = {}
+    for fmt in ("jsonl", "parquet"):
+        (tmp_path / fmt).mkdir()
+        src = write_chat(tmp_path / fmt, fmt, CONVERSATIONS)
+        out = tmp_path / fmt / "out"
+        summary = run_job(config(src, out, tiny_model_dir, prompt_column="messages", chat=True), loaded=loaded)
+        assert summary.output_rows_error == 0 and (out / SUCCESS_FILE).exists()
+        rows = output(out)
+        results[fmt] = [{k: rows[f"in.{fmt}:{i}"][k] for k in ("generated_text", "num_prompt_tokens", "prompt_hash")}
+                        for i in range(2)]
+    assert results["jsonl"] == results["parquet"]
+    expected = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in CONVERSATIONS]
+    assert [r["num_prompt_tokens"] for r in results["jsonl"]] == [
+        len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in expected]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_chat_messages_that_cannot_be_a_conversation_are_error_rows(tiny_model_dir, loaded, tmp_path, fmt):
+    src = write_chat(tmp_path, fmt, [[{"role": "tool", "content": "x"}], [{"role": "user", "content": "ok"}]])
+    summary = run_job(config(src, tmp_path / "out", tiny_model_dir, prompt_column="messages", chat=True),
+                      loaded=loaded)
+    rows = output(tmp_path / "out")
+    assert summary.output_rows_error == 1 and rows[f"in.{fmt}:1"]["error"] is None
+    assert rows[f"in.{fmt}:0"]["error"].startswith("prompt column 'messages', message 0: role 'tool' is not supported")
+    # without the chat template: error rows that say so
+    run_job(config(src, tmp_path / "plain", tiny_model_dir, prompt_column="messages"), loaded=loaded)
+    assert all("need the model's chat template" in r["error"] for r in output(tmp_path / "plain").values())
+    # a template column holding messages or an object is no text, naming file, row and column
+    run_job(config(src, tmp_path / "out2", tiny_model_dir, template="{text} {messages}"), loaded=loaded)
+    errors = {r["error"] for r in output(tmp_path / "out2").values()}
+    assert errors == {f"column 'messages' holds a list, not text ({src}, row {i}); chat messages are a conversation "
+                      "only as the prompt column with no --template (or as OpenAI Batch requests: --input-format "
+                      "openai-batch)" for i in range(2)}
+    run_job(config(src, tmp_path / "out3", tiny_model_dir, template="{text} {meta}"), loaded=loaded)
+    assert {r["error"] for r in output(tmp_path / "out3").values()} == {
+        f"column 'meta' holds a dict, not text ({src}, row {i})" for i in range(2)}
 
 
 @pytest.mark.parametrize("policy", ["truncate", "error"])

@@ -8,6 +8,7 @@ Schema drift between files is unified or refused before any commit. In-process, 
 
 from __future__ import annotations
 
+import json
 import os
 
 import pyarrow as pa
@@ -197,3 +198,31 @@ def test_url_output_is_refused_not_written_as_a_local_directory(tmp_path, url):
 def test_object_store_output_urls_pass_validation(tmp_path):
     src = write(tmp_path / "in.parquet", TEXTS)
     assert build_config(None, inputs=[str(src)], output="s3://bucket/out").output == "s3://bucket/out"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "parquet-footer"])
+def test_a_same_size_edit_that_keeps_the_mtime_is_refused(tiny_model_dir, loaded, tmp_path, monkeypatch, fmt):
+    """`cp -p` / `rsync -a` of an edited file keeps size and modification time: the identity used
+    to see nothing, and derived ids paired committed outputs with the edited rows."""
+    if fmt == "parquet-footer":  # a file over the whole-file limit: its footer (here: a column's max) tells
+        from batchgen.jobs.durability import identity
+
+        monkeypatch.setattr(identity, "CONTENT_DIGEST_MAX_BYTES", 0)
+    src = tmp_path / ("in.jsonl" if fmt == "jsonl" else "in.parquet")
+
+    def write_rows(texts):
+        if fmt == "jsonl":
+            src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        else:
+            write(src, texts)
+
+    write_rows(TEXTS)
+    out = tmp_path / "out"
+    run_job(config([src], out, tiny_model_dir, max_rows=5), loaded=loaded)
+    stat = src.stat()
+    edited = [*TEXTS[:-1], TEXTS[-1].replace("doc", "dog")]  # the last row, the same length
+    write_rows(edited)
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert src.stat().st_size == stat.st_size and src.stat().st_mtime_ns == stat.st_mtime_ns
+    with pytest.raises(InputsChanged, match=f"{src}: content changed"):
+        run_job(config([src], out, tiny_model_dir), loaded=loaded)

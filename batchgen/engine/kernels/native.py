@@ -3,7 +3,9 @@
 Building at first use rather than shipping a binary keeps the wheel pure Python and lets the
 compiler target this CPU (-march=native: AVX-512, bf16 conversions). The shared object is cached
 under the batchgen cache dir, keyed by the source, the flags, the compiler and the CPU's feature
-flags, and published by an atomic rename so concurrent jobs never load a half-written file.
+flags, and published by an atomic rename so concurrent jobs never load a half-written file. A
+cached file is loaded only if this user owns it, nobody else may write it, and its sha256 is the
+one its build recorded (batchgen.engine.kernels.kernel_cache); else it is built again.
 Without a C compiler, or if the build fails, `load()` returns None once (with a warning) and the
 engine keeps the pure-torch attention path: slower, never wrong.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from batchgen.engine.kernels import kernel_cache
 from batchgen.runtime.cache_dir import cache_root
 
 log = logging.getLogger(__name__)
@@ -138,8 +141,12 @@ def _build(source_path: Path = SOURCE) -> Path:
                                      _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
     out_dir = cache_root() / "kernels"
     target = out_dir / f"{source_path.stem}-{key}.so"
-    if target.exists():
-        return target
+    if target.exists() or target.is_symlink():
+        why = kernel_cache.problem(target)
+        if why is None:
+            return target
+        log.warning("not loading the cached kernel %s: %s; building it again", target, why)
+        kernel_cache.remove(target)  # an OSError (another user's file in a sticky dir): no kernel
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         obj, lib = Path(tmp) / f"{source_path.stem}.o", Path(tmp) / f"{source_path.stem}.so"
@@ -150,7 +157,7 @@ def _build(source_path: Path = SOURCE) -> Path:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
             if done.returncode:
                 raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {done.stderr.strip()[:500]}")
-        os.replace(lib, target)
+        kernel_cache.publish(lib, target)
     log.info("built the CPU kernels of %s: %s", source_path.name, target)
     return target
 

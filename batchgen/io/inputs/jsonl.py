@@ -23,7 +23,9 @@ A string column keeps strings as they are and holds every other value as its JSO
 (5 -> "5", true -> "true", {"a": 1} -> '{"a": 1}'): no value is dropped or rounded, only the JSON
 type of values in a mixed column is given up. This is the lossless choice; refusing the file
 would lose the whole job instead. Objects and arrays are always JSON text because their shape may
-differ from record to record, which no single Arrow type can hold.
+differ from record to record, which no single Arrow type can hold; each batch lists those cells
+(batchgen.io.inputs.cells.JSON_CELLS_KEY), so that a prompt column holding one is an error row, as a
+Parquet list or struct is, not a prompt made of JSON text.
 
 Keys that first appear after the sample are not columns (a column asked for by name must appear in
 the sample, so that a misspelt name fails at once): a read of all columns warns once and drops
@@ -46,7 +48,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from batchgen.errors import InputError
-from batchgen.io.inputs.cells import with_invalid_cells
+from batchgen.io.inputs.cells import with_invalid_cells, with_json_cells
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +191,9 @@ def records_to_batches(
     `num_sample_records` (how many records decided `schema`) only makes the messages precise.
     """
     rows: list[dict[str, Any]] = []
+    nested: list[list] = []  # [row in batch, column] of arrays and objects held as JSON text
     known_keys = set(schema.names)
+    text_columns = {f.name for f in schema if pa.types.is_string(f.type)}
     for row, record in records:
         if warn_new_keys and not record.keys() <= known_keys:
             logger.warning(
@@ -200,19 +204,27 @@ def records_to_batches(
             warn_new_keys = False  # once per shard: the log is for people, not one line per row
         converted = {}
         for field in schema:
+            value = record.get(field.name)
             try:
-                converted[field.name] = coerce_value(record.get(field.name), field.type)
+                converted[field.name] = coerce_value(value, field.type)
             except ValueMismatch as e:
                 raise InputError(
                     f"{e}, the type its first {num_sample_records} records gave this column",
                     path=path, row=row, column=field.name,
                 ) from None
+            if isinstance(value, (list, dict)) and field.name in text_columns:
+                nested.append([len(rows), field.name])
         rows.append(converted)
         if len(rows) == batch_size:
-            yield pa.RecordBatch.from_pylist(rows, schema=schema)
-            rows = []
+            yield _batch(rows, schema, nested)
+            rows, nested = [], []
     if rows:
-        yield pa.RecordBatch.from_pylist(rows, schema=schema)
+        yield _batch(rows, schema, nested)
+
+
+def _batch(rows: list[dict[str, Any]], schema: pa.Schema, nested: list[list]) -> pa.RecordBatch:
+    batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+    return with_json_cells(batch, nested) if nested else batch
 
 
 # ---------------------------------------------------------------- a shard

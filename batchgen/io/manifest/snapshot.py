@@ -12,7 +12,10 @@ replays them all. Every SNAPSHOT_EVERY_ENTRIES entries the writer (batchgen.io.m
                                       "rows": {"name", "num_rows", "num_bytes", "sha256"}}
 
 then deletes the entries before it (oldest first, so a crash leaves a contiguous suffix) and the
-previous snapshot's rows file. The entry is the commit point as always: a rows file no entry
+previous snapshot's rows file. A load checks the rows file against the entry's sha256 before it
+reads a row; a damaged one (DamagedSnapshot) is passed over where the entries before the snapshot
+are all still there (batchgen.io.manifest.state.load_manifest), else the directory is refused.
+The entry is the commit point as always: a rows file no entry
 names is garbage, which `clean_rows_files` deletes. A reader that needs counts only (status)
 does not open the rows file: per-part counts are in the entry.
 """
@@ -26,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchgen.errors import OutputError
+from batchgen.errors import DamagedSnapshot, OutputError
 from batchgen.io.manifest.state import MANIFEST_DIR, ManifestState, PartRecord, read_entry
 from batchgen.io.store.store import OutputStore, open_store
 
@@ -216,6 +219,7 @@ class _RowsReader:
         assert out_dir is not None, "a snapshot's rows are read from its directory"
         self.store, self.name = open_store(out_dir), f"{MANIFEST_DIR}/{entry['rows']['name']}"
         self.columns = columns
+        _check_digest(self.store, self.name, entry)
         try:
             self.file = self.store.open_input(self.name)
             parquet = pq.ParquetFile(self.file)
@@ -270,19 +274,37 @@ class _RowsReader:
         pa.default_memory_pool().release_unused()  # decode buffers: back to the system, not kept
 
     def _damaged(self, e: Exception):
-        raise OutputError(f"manifest snapshot rows {self.store / self.name} are unreadable ({e}); the output "
-                          "directory is damaged: pass --overwrite to start over") from e
+        raise DamagedSnapshot(f"manifest snapshot rows {self.store / self.name} are unreadable ({e}); the output "
+                              "directory is damaged: pass --overwrite to start over") from e
+
+
+def _check_digest(store: OutputStore, name: str, entry: dict[str, Any]) -> None:
+    """The rows file is the one the snapshot entry recorded (its sha256, where recorded): a file
+    changed or replaced since would hand the load other ids, which no later check could tell."""
+    recorded = entry["rows"].get("sha256")
+    if recorded is None:
+        return
+    try:
+        num_bytes, sha256 = store.digest(name)
+    except OSError as e:
+        raise DamagedSnapshot(f"manifest snapshot rows {store / name} are unreadable ({e}); the output directory "
+                              "is damaged: pass --overwrite to start over") from e
+    if (num_bytes, sha256) != (entry["rows"].get("num_bytes", num_bytes), recorded):
+        raise DamagedSnapshot(f"manifest snapshot rows {store / name} are not the file the snapshot recorded "
+                              f"(sha256 {sha256[:16]}, recorded {recorded[:16]}); the output directory is damaged: "
+                              "pass --overwrite to start over")
 
 
 def _read_rows(out_dir: OutputStore | None, entry: dict[str, Any]) -> pa.Table:
     assert out_dir is not None, "a snapshot's rows are read from its directory"
     store = open_store(out_dir)
     path = store / f"{MANIFEST_DIR}/{entry['rows']['name']}"
+    _check_digest(store, f"{MANIFEST_DIR}/{entry['rows']['name']}", entry)
     try:
         table = store.read_table(f"{MANIFEST_DIR}/{entry['rows']['name']}")
     except (OSError, pa.ArrowInvalid) as e:
-        raise OutputError(f"manifest snapshot rows {path} are unreadable ({e}); the output directory is damaged: "
-                          "pass --overwrite to start over") from e
+        raise DamagedSnapshot(f"manifest snapshot rows {path} are unreadable ({e}); the output directory is "
+                              "damaged: pass --overwrite to start over") from e
     if table.num_rows != entry["rows"]["num_rows"]:
         raise OutputError(f"manifest snapshot rows {path} hold {table.num_rows} rows, not {entry['rows']['num_rows']}")
     return table

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchgen.errors import OutputError
+from batchgen.errors import DamagedSnapshot, OutputError
 from batchgen.io.ids.index import IdIndex
 from batchgen.io.manifest.entries import (  # re-exported: readers of the state import them from here
     ENTRY_RE,
@@ -217,10 +217,33 @@ def load_manifest(out_dir: str | Path | OutputStore, *, keep_rows: bool = False,
     `with_ids=False` (status): parts carried by a snapshot have their counts but no ids."""
     store = open_store(out_dir)
     state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=store)
+    since_begin: list[tuple[int, str]] | None = None  # the entries from the last "begin", none summed up
     for seq, name in entry_paths(store):
-        entry = read_entry_file(store, name)
-        if entry.get("format") != FORMAT or entry.get("seq") != seq:
-            raise OutputError(f"manifest entry {store / name} has format {entry.get('format')!r}, seq "
-                              f"{entry.get('seq')!r}; it was not written by this batchgen")
-        state.apply(entry, keep_rows=keep_rows)
+        entry = _read(store, seq, name)
+        try:
+            state.apply(entry, keep_rows=keep_rows)
+        except DamagedSnapshot:
+            # the snapshot sums up the entries before it: where a crash kept them all (from a
+            # "begin", none missing) they say the same, so replay them and pass the snapshot over
+            if since_begin is None or [s for s, _ in since_begin] != list(range(since_begin[0][0], seq)):
+                raise
+            state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=store)
+            for earlier_seq, earlier in since_begin:
+                state.apply(_read(store, earlier_seq, earlier), keep_rows=keep_rows)
+            state.last_seq = seq  # the next entry still comes after the snapshot's number
+            continue
+        if entry["op"] == "begin":
+            since_begin = []
+        elif entry["op"] == "snapshot":
+            since_begin = None
+        if since_begin is not None:
+            since_begin.append((seq, name))
     return state
+
+
+def _read(store: OutputStore, seq: int, name: str) -> dict[str, Any]:
+    entry = read_entry_file(store, name)
+    if entry.get("format") != FORMAT or entry.get("seq") != seq:
+        raise OutputError(f"manifest entry {store / name} has format {entry.get('format')!r}, seq "
+                          f"{entry.get('seq')!r}; it was not written by this batchgen")
+    return entry

@@ -2,7 +2,9 @@
 
 The checks, in the order a failing one is reported (each names the shard):
 
-    every shard-I-of-N/ for I in 0..N-1 exists, holds a job, is not running and has its _SUCCESS
+    every shard-I-of-N/ for I in 0..N-1 exists, holds a job, is not running and has its _SUCCESS,
+    which is checked against the shard's manifest, not trusted (its rows, error rows and
+    fingerprint are the manifest's, and its committed rows cover the inputs its last run read)
         -> ShardsIncomplete (exit 4): run or resume that shard, then finalize again
     every shard was begun with the same job fingerprint (settings, model, N), read the same input
     files (the identity digest its runs recorded), and no row id is committed by two shards
@@ -34,6 +36,7 @@ from typing import Any
 from batchgen.errors import OutputError, ShardsIncomplete, ShardsMismatch
 from batchgen.io.manifest.manifest import (
     SUCCESS_FILE,
+    ManifestState,
     clear_success,
     fingerprint_digest,
     is_job_dir,
@@ -86,6 +89,7 @@ def check_shards(output: str | Path | OutputStore) -> list[CheckedShard]:
     with SharedIdCheck(expected_ids) as ids:
         for index in range(num_shards):  # one shard's manifest (and ids) in memory at a time
             state = load_manifest(by_index[index].store)
+            _check_success(by_index[index], successes[index], state)
             shard = CheckedShard(by_index[index], state.fingerprint, _job_inputs(state.inputs),
                                  state.num_committed_rows, len(state.error_ids))
             _check_same_job(output, shards[0] if shards else shard, shard)
@@ -116,6 +120,24 @@ def _check_complete(shard: ShardDir) -> dict[str, Any]:
     except ValueError:  # a _SUCCESS of another writer: it counts, its figures do not
         success = {}
     return success if isinstance(success, dict) else {}
+
+
+def _check_success(shard: ShardDir, success: dict[str, Any], state: ManifestState) -> None:
+    """The shard's _SUCCESS re-derived from its manifest, not trusted: its figures (where it has
+    them) are the manifest's, and the committed rows cover every input row its last run read. A
+    _SUCCESS left from before a rerun changed rows fails here."""
+    derived = {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
+               "fingerprint": fingerprint_digest(state.fingerprint)}
+    stale = [f"{key} {success[key]!r} (the manifest: {value!r})" for key, value in derived.items()
+             if key in success and success[key] != value]
+    inputs = (state.inputs or {}).get("inputs") or []
+    num_input_rows = sum(int(i.get("num_rows") or 0) for i in inputs)
+    if not stale and state.num_committed_rows < num_input_rows:
+        stale = [f"{state.num_committed_rows} rows committed of the {num_input_rows} its last run read"]
+    if stale:
+        raise ShardsIncomplete(f"shard {shard.index} of {shard.num_shards} ({shard.path}) has a {SUCCESS_FILE} that "
+                               f"does not match its manifest: {'; '.join(stale)}; rerun its `batchgen run` command "
+                               "to resume it, then finalize again")
 
 
 def _why_incomplete(store: OutputStore) -> str:

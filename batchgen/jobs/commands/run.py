@@ -13,7 +13,9 @@ Finished rows are committed every --commit-every rows and every --commit-every-s
 (batchgen.io.manifest.manifest describes a commit), so a crash loses at most that much work. Running the
 same command again resumes: committed rows are skipped by id, error rows are generated again
 (unless --no-retry-errors) and replace their old row. `_SUCCESS` is written last, once every
-input row has a committed output row and the error rate is within --max-error-rate.
+input row has a committed output row and the error rate is within --max-error-rate; a rerun
+removes an earlier one before it changes anything (before the model loads where the ids show that
+rows will change; under --id-column, else, once the first changed prompt is built).
 SIGTERM / SIGINT commit the finished rows and exit 143 / 130 (batchgen.jobs.pipeline.signals).
 One shard of a sharded job (--num-shards, batchgen.jobs.sharding.split) is such a job over its share of
 the input, in OUTPUT/shard-I-of-N/.
@@ -90,6 +92,10 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                     with guard.critical():
                         summary = _nothing_to_do(config, session)
                     return summary
+                if config.overwrite or not ResumeRule(session.state, config.retry_errors,
+                                                      check_prompts=False).nothing_to_do(inputs):
+                    with guard.critical():  # rows will change: the old _SUCCESS no longer holds
+                        _clear_success(config, session)
                 if config.executor == "ray":
                     # the actors load the model; the job begins once they report its fingerprint
                     from batchgen.ray.driver import RayJob
@@ -134,6 +140,9 @@ def _local_job(config: JobConfig, inputs, loaded: LoadedModel | None, session: O
                             trust_remote_code=config.trust_remote_code, quantize=config.quantize,
                             quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
     job = LocalJob(config, inputs, loaded, session, guard, schema)
+    # --id-column rows are settled by their prompt hash, known once the prompt is built: the first
+    # row found changed (or an error row) takes the _SUCCESS down, before it is generated
+    job.job.on_change = lambda: _clear_success(config, session)
     with guard.critical():
         if config.num_shards is not None:  # this shard's rows may change: the set is not final
             clear_success(config.output)
@@ -142,6 +151,14 @@ def _local_job(config: JobConfig, inputs, loaded: LoadedModel | None, session: O
         log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,
                  session.state.num_committed_rows, len(session.state.error_ids))
     return job
+
+
+def _clear_success(config: JobConfig, session: OutputSession) -> None:
+    """This run changes rows: no _SUCCESS may claim the output complete meanwhile, neither the
+    directory's nor, for a shard, the sharded job's (a kill before the first commit would leave it)."""
+    clear_success(session.store)
+    if config.num_shards is not None:
+        clear_success(config.output)
 
 
 def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:

@@ -33,8 +33,17 @@ MODEL_KEYS = ("model_revision", "dtype", "chat", "tokenizer", "eos_token_ids", "
 INFO_KEYS = ("model",)
 # Keys a directory begun by an older batchgen does not record: not compared there (unknown), so
 # such a directory still resumes. Keys an older fingerprint has and this one lacks
-# (batchgen_version, max_context_tokens) are ignored the same way: only the new keys are compared.
+# (batchgen_version, max_context_tokens) are ignored (fingerprint_changes).
 ADDED_KEYS = ("output_format", "tokenizer", "eos_token_ids", "parse_special_tokens")
+# Keys job_fingerprint records only when not at their default (so that fingerprints of jobs begun
+# before these options existed still match), with that default: a side that lacks one had it at
+# the default. Both sides are compared over the union of their keys, so a resume that drops
+# `--repetition-penalty 1.3` is refused as one that adds it is. None: absent means "not recorded"
+# (a recipe, or an embedding setting of an int4 job begun before it was recorded), never a value.
+DEFAULTS = {"input_format": "auto", "quantize": "none", "quantize_backend": "auto", "kv_cache_dtype": "auto",
+            "quantize_embedding": None, "int4_recipe": None, "int8_recipe": None, "repetition_penalty": 1.0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0, "sampling_column": None,
+            "num_shards": None}
 
 
 def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, model: dict[str, Any] | None = None
@@ -119,16 +128,29 @@ def tokenizer_digest(tokenizer) -> str:
 
 
 def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """'key old -> new' for each compared key that differs. Only the keys of `new` are compared,
-    so a fingerprint made before the model is loaded checks everything but MODEL_KEYS; ADDED_KEYS
-    missing from `old` (a directory begun by an older batchgen) are not compared."""
+    """'key old -> new' for each compared key that differs.
+
+    Compared: every key of `new`, and every DEFAULTS key of `old` (a key either side lacks has its
+    default there). MODEL_KEYS only where `new` has them, so a fingerprint made before the model is
+    loaded checks everything else; ADDED_KEYS missing from `old` (a directory begun by an older
+    batchgen) are not compared; keys only an older fingerprint has (batchgen_version,
+    max_context_tokens) are ignored."""
     changes = []
-    for key in new:
+    for key in [*new, *(k for k in old if k in DEFAULTS and k not in new)]:
         if key in INFO_KEYS or (key in ADDED_KEYS and key not in old):
             continue
-        if old.get(key) != new[key]:
-            changes.append(f"{key} {_short(old.get(key))} -> {_short(new[key])}")
+        before, after = _value(old, key), _value(new, key)
+        if before != after:
+            changes.append(f"{key} {_short(before)} -> {_short(after)}")
     return changes
+
+
+def _value(fingerprint: dict[str, Any], key: str) -> Any:
+    if key in fingerprint:
+        return fingerprint[key]
+    if key == "quantize_embedding" and fingerprint.get("quantize", "none") == "none":
+        return "auto"  # recorded whenever quantize is set, else only when not auto
+    return DEFAULTS.get(key)
 
 
 def _short(value: Any) -> str:

@@ -1,8 +1,13 @@
 """Input identity: what the manifest records about each input file, and what a resume compares.
 
 Every run records, per input file, its path and what identifies its content: size, modification
-time (where the filesystem gives one), the Parquet footer's row count and a digest of the file's
-schema ("inputs" manifest entry). A resume compares them with the files it is given:
+time (where the filesystem gives one), the Parquet footer's row count, a digest of the file's
+schema, and a digest of the bytes ("inputs" manifest entry). The bytes digest is a sha256 of the
+whole file up to CONTENT_DIGEST_MAX_BYTES, and of a larger Parquet file's footer (its row groups'
+offsets, sizes and column statistics: an edit that leaves those alike is missed); a larger JSON
+Lines file has none, and only its size and modification time tell. So a same-size edit whose
+modification time was kept (`cp -p`, `rsync -a`) is seen in small files and in most Parquet ones.
+A resume compares them with the files it is given:
 
 - Derived ids ("<file name>:<row index>") name a row by its place in a file, so any change to the
   set of files or to a file's identity would silently pair committed outputs with other prompts
@@ -11,7 +16,9 @@ schema ("inputs" manifest entry). A resume compares them with the files it is gi
   out are --overwrite, a new --output, or an --id-column.
 - A shard of a sharded job (--num-shards) records only the files it reads, each with the row
   range it reads ("rows"): its check covers its share, and a changed split is a change.
-- With --id-column, files and rows may come and go between runs (incremental backfills): the
+- With --id-column, files and rows may come and go between runs (incremental backfills), except
+  in a sharded job, where the split follows the inputs: a shard's retry over changed inputs is
+  refused (`check_sharded_retry`), as the rows would move between shards. Otherwise the
   row's own id and its prompt hash decide (batchgen.jobs.durability.resume), and committed ids that no longer
   appear in the input are counted ("orphans") for `batchgen status`, never deleted.
 """
@@ -23,12 +30,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchgen.errors import InputsChanged
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.errors import InputError, InputsChanged
+from batchgen.io.inputs.discovery import InputShard, filesystem
 
 # the fields of an identity, with how a change is described
 _FIELDS = (("num_rows", "rows"), ("size", "bytes"), ("schema", "schema"), ("mtime_ns", "modified"),
-           ("rows", "row range"))
+           ("rows", "row range"), ("digest", "content"))
+# fields a batchgen before them did not record: compared only where both identities have them
+_ADDED_FIELDS = ("digest",)
+# files up to this size are hashed whole; a larger Parquet file by its footer alone. Small on
+# purpose: every shard of a sharded job identifies every file of the job (batchgen.jobs.pipeline.scan)
+CONTENT_DIGEST_MAX_BYTES = 4 << 20
+_READ_BYTES = 1 << 20
 
 
 def file_identity(shard: InputShard, schema: pa.Schema) -> dict[str, Any]:
@@ -38,11 +51,37 @@ def file_identity(shard: InputShard, schema: pa.Schema) -> dict[str, Any]:
                                 "schema": hashlib.sha256(text.encode()).hexdigest()[:16]}
     if shard.num_rows is not None:
         identity["num_rows"] = shard.num_rows  # the Parquet footer's count (JSONL: unknown unread)
+    digest = content_digest(shard)
+    if digest is not None:
+        identity["digest"] = digest
     if shard.rows is not None:
         # a sharded job's share of the file (batchgen.jobs.sharding.split): another split (other files, another
         # --num-shards) moves rows between shards, which a resume of this shard must not miss
         identity["rows"] = list(shard.rows)
     return identity
+
+
+def content_digest(shard: InputShard) -> str | None:
+    """"sha256:<hex16>" of the whole file (up to CONTENT_DIGEST_MAX_BYTES), "footer:<hex16>" of a
+    larger Parquet file's footer, None for a larger JSON Lines file (see the module docstring)."""
+    fs, fs_path = filesystem(shard.path)
+    h = hashlib.sha256()
+    try:
+        with fs.open_input_file(fs_path) as f:
+            size = f.size()
+            if size <= CONTENT_DIGEST_MAX_BYTES:
+                while chunk := f.read(_READ_BYTES):
+                    h.update(chunk)
+                return f"sha256:{h.hexdigest()[:16]}"
+            if shard.format != "parquet":
+                return None
+            f.seek(size - 8)  # the footer's length (4 bytes, little-endian), then "PAR1"
+            footer_length = int.from_bytes(f.read(4), "little")
+            f.seek(max(0, size - 8 - footer_length))
+            h.update(f.read(footer_length))
+            return f"footer:{h.hexdigest()[:16]}"
+    except OSError as e:
+        raise InputError(f"cannot read the file to identify it: {e}", path=shard.path) from e
 
 
 def input_changes(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[str]:
@@ -59,7 +98,8 @@ def input_changes(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[
         if before is None or now.get("identity") is None:
             continue
         what = [_describe(key, label, before.get(key), now["identity"].get(key)) for key, label in _FIELDS
-                if before.get(key) != now["identity"].get(key)]
+                if before.get(key) != now["identity"].get(key)
+                and (key not in _ADDED_FIELDS or (key in before and key in now["identity"]))]
         if what:
             changes.append(f"{path}: {', '.join(what)}")
     return changes
@@ -68,6 +108,8 @@ def input_changes(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[
 def _describe(key: str, label: str, before: Any, now: Any) -> str:
     if key == "mtime_ns":
         return "modified since"
+    if key == "digest":
+        return "content changed"
     if key == "schema":
         return "columns or types changed"
     if key == "rows":
@@ -93,6 +135,26 @@ def check_derived_ids(out_dir: str, num_committed_rows: int, old: list[dict[str,
         f"{out_dir} holds {num_committed_rows} rows committed from other inputs, and their ids are derived from "
         f"file name and row index, so they would be paired with other rows: {shown}. Rerun with the original "
         "inputs, pass --overwrite to start over, choose a new --output, or give rows stable ids with --id-column")
+
+
+def check_sharded_retry(out_dir: str, num_committed_rows: int, old: dict[str, Any] | None,
+                        new: list[dict[str, Any]], split: dict[str, Any] | None) -> None:
+    """--id-column in a sharded job: refuse (InputsChanged, exit 2) a shard's retry over inputs other
+    than its committed rows' (another file set or a changed file anywhere in the job moves the
+    split). Its rows would move between shards: ids committed here would be generated again by
+    another shard, and rows that moved here would be missed by the shard they left."""
+    if not num_committed_rows or old is None or split is None:
+        return
+    before = (old.get("split") or {}).get("job_inputs")
+    if before is None or before == split["job_inputs"]:
+        return
+    changes = input_changes(old["inputs"], new) or [
+        f"files of other shards changed (the job's inputs digest {before} -> {split['job_inputs']})"]
+    shown = "; ".join(changes[:5]) + (f"; and {len(changes) - 5} more" if len(changes) > 5 else "")
+    raise InputsChanged(
+        f"{out_dir} holds {num_committed_rows} rows of shard {split['shard_index']} of {split['num_shards']}, "
+        f"committed from other inputs, and the split follows the inputs, so rows would move between shards: "
+        f"{shown}. Rerun with the original inputs, or rerun every shard with --overwrite over the new ones")
 
 
 def orphans(committed: Any, input_ids: set[Any], *, num_examples: int = 5) -> dict[str, Any]:

@@ -37,7 +37,8 @@ LOOKUP_ROWS = 4096
 def prompt_hash(token_ids: list[int], settings: str | None = None) -> str:
     """The documented `prompt_hash` output column: blake2b-64 (16 hex digits) of the prompt's
     token ids as little-endian uint32, then of the row's own generation `settings` where it has
-    them (an OpenAI Batch request's max_tokens, sampling, seed, stop: its "prompt" is the request)."""
+    them (an OpenAI Batch request's max_tokens, sampling, seed, stop: its "prompt" is the request;
+    a row's --max-new-tokens-column and --sampling-column values that differ from the job's)."""
     packed = array("I", token_ids)
     if sys.byteorder == "big":
         packed.byteswap()

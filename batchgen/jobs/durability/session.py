@@ -30,7 +30,7 @@ from batchgen.io.store.schema import PROMPT_HASH
 from batchgen.io.store.store import LocalStore, OutputStore, open_store
 from batchgen.io.store.writers import check_output_dir
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
-from batchgen.jobs.durability.identity import check_derived_ids, orphans
+from batchgen.jobs.durability.identity import check_derived_ids, check_sharded_retry, orphans
 from batchgen.jobs.pipeline.scan import InputScan
 
 log = logging.getLogger("batchgen")
@@ -106,10 +106,16 @@ class OutputSession:
         return any(name == PROMPT_HASH for name, _ in old.get("output_schema", []))
 
     def check_inputs(self, scan: InputScan, *, id_column: str | None) -> None:
-        """Derived ids: refuse inputs that differ from the committed rows' (exit 2) unless --overwrite."""
-        if id_column is None and not self.overwrite:
+        """Refuse inputs that differ from the committed rows' (exit 2) unless --overwrite: under
+        derived ids, and in a shard of a sharded job under --id-column."""
+        if self.overwrite:
+            return
+        if id_column is None:
             old = self.state.inputs["inputs"] if self.state.inputs else None
             check_derived_ids(str(self.out_dir), self.state.num_committed_rows, old, scan.to_json())
+        else:  # a shard of a sharded job: its rows follow the inputs (batchgen.jobs.sharding.split)
+            check_sharded_retry(str(self.out_dir), self.state.num_committed_rows, self.state.inputs, scan.to_json(),
+                                scan.split)
 
     def start(self, fingerprint: dict[str, Any], scan: InputScan, max_rows: int | None) -> None:
         """Begin the job (first run, --overwrite, or nothing committed under another config),

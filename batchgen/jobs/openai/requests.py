@@ -30,13 +30,13 @@ from typing import Any
 
 from batchgen.config.job import JobConfig
 from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL, api_error
+from batchgen.jobs.pipeline.chat_rows import MESSAGE_ROLES
 from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.planner import PlannedRow
 
 URLS = (CHAT_URL, COMPLETIONS_URL)
 MAX_STOP_STRINGS = 4  # the API's limit
-MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # body fields that do not change the generated text: accepted and not used (model is recorded)
 IGNORED_FIELDS = ("model", "user", "metadata", "store", "service_tier")
 # fields accepted only at the value that means "off"

@@ -65,6 +65,8 @@ class PreparedJob:
     num_rows_retried: int = 0  # error rows of an earlier run read to be generated again
     num_error_rows: int = 0  # rows whose prompt could not be built
     num_rows_changed: int = 0  # committed rows (--id-column) whose prompt changed: generated again
+    # called once, before the first row that will change the output (generated, or an error row)
+    on_change: Callable[[], None] | None = None
 
     def rows(self, on_error: Callable[[InputRow, str], None]) -> Iterator[PlannedRow]:
         """The rows to generate, prompts built; settled rows skipped, error rows handed to on_error."""
@@ -79,6 +81,7 @@ class PreparedJob:
             except RowError as e:
                 self.num_rows_changed += check  # its prompt no longer builds: an error row replaces it
                 self.num_error_rows += 1
+                self._changing()
                 on_error(row, str(e))
                 continue
             if check:
@@ -86,7 +89,13 @@ class PreparedJob:
                     self.num_rows_skipped += 1
                     continue
                 self.num_rows_changed += 1
+            self._changing()
             yield planned
+
+    def _changing(self) -> None:
+        if self.on_change is not None:
+            on_change, self.on_change = self.on_change, None
+            on_change()
 
     def _count_skipped(self, num_rows: int) -> None:
         self.num_rows_skipped += num_rows

@@ -14,9 +14,10 @@ naming both files, so a job never fails half way through its inputs.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +25,11 @@ import pyarrow as pa
 
 from batchgen.config.job import JobConfig
 from batchgen.errors import ConfigError, InputError
-from batchgen.io.inputs.cells import invalid_cells
+from batchgen.io.inputs.cells import invalid_cells, json_cells
 from batchgen.io.inputs.discovery import InputShard, resolve_inputs
 from batchgen.io.inputs.readers import iter_batches, read_schema
 from batchgen.io.store.schema import OUTPUT_FIXED_FIELDS
+from batchgen.jobs.pipeline.chat_rows import is_conversation
 from batchgen.jobs.pipeline.prompts import Template
 from batchgen.jobs.sharding.split import split_inputs
 
@@ -41,6 +43,9 @@ class InputRow:
     row_index: int  # 0-based within the file (also in a sharded job's share of it)
     values: dict[str, Any]  # the columns read (template, max-tokens and passthrough columns)
     error: str | None = None  # a cell did not hold valid text (read with U+FFFD): an error row
+    # the prompt column's conversation, where it holds chat messages and no --template is set
+    # (batchgen.jobs.pipeline.chat_rows): the prompt is built from these, not from the template
+    messages: list[dict[str, Any]] | None = None
 
 
 class RowSource:
@@ -153,7 +158,7 @@ class RowSource:
                                          row=row_index + ids.index(None), column=self.config.id_column)
                 else:
                     ids = [f"{label}:{i}" for i in range(row_index, row_index + batch.num_rows)]
-                yield RowChunk(shard, row_index, ids, batch)
+                yield RowChunk(shard, row_index, ids, batch, self.template)
                 row_index += batch.num_rows
 
 
@@ -165,14 +170,56 @@ class RowChunk:
     first_row: int  # the row index (within its file) of the batch's first row
     ids: list[Any]
     batch: pa.RecordBatch
+    template: Template | None = None  # its columns must hold text: other cells make error rows
 
     def rows(self, positions: list[int] | None = None) -> Iterator[InputRow]:
         """The rows at `positions` within the batch (all of them: None), in order."""
         batch = self.batch if positions is None else self.batch.take(pa.array(positions, pa.int64()))
         invalid = invalid_cells(self.batch)  # by position in the whole batch
+        nested = json_cells(self.batch)
+        columns = [] if self.template is None else [c for c in self.template.columns if c in batch.schema.names]
+        typed = [c for c in columns if not _text_like(batch.schema.field(c).type)]
         where = range(len(self.ids)) if positions is None else positions
         for k, values in zip(where, batch.to_pylist(), strict=True):
-            yield InputRow(self.ids[k], self.shard, self.first_row + k, values, invalid.get(k))
+            row = InputRow(self.ids[k], self.shard, self.first_row + k, values, invalid.get(k))
+            if row.error is None and (typed or k in nested):
+                row.error, row.messages = self._non_text(values, typed, nested.get(k, ()), row.row_index)
+            yield row
+
+    def _non_text(self, values: dict[str, Any], typed: list[str], nested: Iterable[str], row: int
+                  ) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """(error, conversation) of a row whose template column holds no text: a Parquet list,
+        struct, map or bytes cell, or a JSON Lines array or object (held as its JSON text,
+        batchgen.io.inputs.jsonl), is an error, but for chat messages in the prompt column with no
+        --template, which are the row's conversation (batchgen.jobs.pipeline.chat_rows), in either format.
+        Numbers are text to the template (batchgen.jobs.pipeline.template), in either format."""
+        template = self.template
+        assert template is not None
+        messages = None
+        for name in template.columns:
+            if name in nested:
+                value = json.loads(values[name])
+            elif name in typed and values.get(name) is not None:
+                value = values[name]
+            else:
+                continue
+            if template.text is None and name == template.prompt_column and is_conversation(value):
+                messages = value
+                continue
+            label = f"prompt column {name!r}" if name == template.prompt_column else f"column {name!r}"
+            message = f"{label} holds a {type(value).__name__}, not text ({self.shard.path}, row {row})"
+            if is_conversation(value):
+                message += ("; chat messages are a conversation only as the prompt column with no --template "
+                            "(or as OpenAI Batch requests: --input-format openai-batch)")
+            return message, None
+        return None, messages
+
+
+def _text_like(arrow_type: pa.DataType) -> bool:
+    """A type whose values the template reads as text: strings, numbers, bools (and null)."""
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+            or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
 
 
 def unify_schemas(shards: list[InputShard], schemas: list[pa.Schema]) -> pa.Schema:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from batchgen.engine.attention import registry
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import kernel_cache, native
 
 
 @pytest.fixture(scope="module")
@@ -104,4 +104,50 @@ def test_build_is_cached_and_keyed_by_source(monkeypatch, tmp_path):
     assert first.parent == tmp_path / "kernels" and first.exists()
     mtime = first.stat().st_mtime_ns
     assert native._build() == first and first.stat().st_mtime_ns == mtime, "a second build reuses the file"
-    assert not [p for p in first.parent.iterdir() if p != first], "no temporary files left behind"
+    assert not [p for p in first.parent.iterdir() if p not in (first, kernel_cache.digest_path(first))], \
+        "no temporary files left behind"
+
+
+@pytest.mark.parametrize("tamper", ["content", "mode", "owner", "no digest", "symlink"])
+def test_an_untrusted_cached_kernel_is_built_again_not_loaded(monkeypatch, tmp_path, caplog, tamper):
+    """Loading a .so runs its code: one another user could have written (a shared cache dir) is
+    never loaded; it used to be, whatever its owner, mode or bytes."""
+    monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path))
+    source = native.Path(native.__file__).parent / "csrc" / "argmax.c"
+    built = native._build(source)
+    good = built.read_bytes()
+    assert kernel_cache.problem(built) is None
+    assert kernel_cache.digest_path(built).read_text().strip() == kernel_cache.sha256(built)
+    assert not built.stat().st_mode & 0o022
+    if tamper == "content":
+        built.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same owner and mode: the digest tells
+    elif tamper == "mode":
+        built.chmod(0o777)
+    elif tamper == "owner":
+        monkeypatch.setattr(kernel_cache.os, "geteuid", lambda: built.stat().st_uid + 1)
+    elif tamper == "no digest":
+        kernel_cache.digest_path(built).unlink()
+    else:
+        elsewhere = tmp_path / "elsewhere.so"
+        built.rename(elsewhere)
+        built.symlink_to(elsewhere)
+    assert kernel_cache.problem(built) is not None
+    if tamper == "owner":
+        monkeypatch.undo()  # the rebuild is this user's again
+        monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path))
+        monkeypatch.setattr(kernel_cache, "problem", _refuse_once(kernel_cache.problem))
+    with caplog.at_level("WARNING"):
+        again = native._build(source)
+    assert again == built and "building it again" in caplog.text
+    assert not again.is_symlink() and kernel_cache.problem(again) is None  # built and recorded anew
+    if tamper == "content":
+        assert again.read_bytes() != good[:-1] + bytes([good[-1] ^ 1])
+
+
+def _refuse_once(real):
+    calls = []
+
+    def problem(target):
+        calls.append(target)
+        return "is owned by uid 12345, not by this user" if len(calls) == 1 else real(target)
+    return problem

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 
+from batchgen.errors import DamagedSnapshot
 from batchgen.io.manifest import manifest as manifest_module
 from batchgen.io.manifest import snapshot as manifest_snapshot
 from batchgen.io.manifest.manifest import MANIFEST_DIR, Manifest, PartRecord, load_manifest, part_rows
@@ -192,3 +194,47 @@ def test_counts_only_loads_count_every_committed_row_after_a_snapshot(out):
     full.check_integrity()
     assert full.num_committed_rows == light.num_committed_rows == 2 * (2 * EVERY + 2) - 1
     assert {n: r.shard_counts for n, r in light.parts.items()} == {n: r.shard_counts for n, r in full.parts.items()}
+
+
+def rows_file(out):
+    (path,) = (out / MANIFEST_DIR).glob("*.rows.parquet")
+    return path
+
+
+def test_a_rows_file_other_than_the_recorded_one_is_refused(out):
+    """The rows file's sha256 was recorded but never checked: a rows file replaced by another
+    valid one (here: an id changed) handed the load other committed ids."""
+    manifest = Manifest(out)
+    writer = PartWriter(out, SCHEMA)
+    for n in range(EVERY):
+        commit(manifest, writer, [n])
+    path = rows_file(out)
+    table = pa.parquet.read_table(path)
+    ids = table.column("id").to_pylist()
+    table = table.set_column(table.schema.get_field_index("id"), "id", pa.array([ids[0] + 1000, *ids[1:]]))
+    pa.parquet.write_table(table, path)
+    with pytest.raises(DamagedSnapshot, match="not the file the snapshot recorded") as e:
+        load_manifest(out)
+    assert e.value.exit_code == 2 and "--overwrite" in str(e.value)
+    assert load_manifest(out, with_ids=False).num_committed_rows == EVERY  # status reads counts only
+
+
+def test_a_damaged_snapshot_falls_back_to_the_entries_a_crash_kept(out, monkeypatch):
+    manifest = Manifest(out)
+    writer = PartWriter(out, SCHEMA)
+
+    def die_before_deleting(self, name):
+        raise Crash
+
+    monkeypatch.setattr(LocalStore, "delete", die_before_deleting)
+    with pytest.raises(Crash):  # the snapshot is committed; the entries before it are all still there
+        for n in range(EVERY + 1):
+            commit(manifest, writer, [n])
+    monkeypatch.undo()
+    rows_file(out).write_bytes(b"damaged")
+    state = load_manifest(out)
+    state.check_integrity()
+    assert state.ok_ids == set(range(EVERY - 1)) and state.last_seq == EVERY + 1
+    manifest = Manifest(out, state)
+    commit(manifest, PartWriter(out, SCHEMA), [100])  # the job goes on after the damaged snapshot
+    assert load_manifest(out).ok_ids == {*range(EVERY - 1), 100}

@@ -156,3 +156,40 @@ def test_int8_fingerprint_carries_the_calibration_recipe(tmp_path):
     assert fingerprint(quantize="int8", quantize_backend="onednn")["int8_recipe"] == INT8_RECIPE
     assert "int8_recipe" not in fingerprint(quantize="int8", quantize_backend="torchao")
     assert "int8_recipe" not in fingerprint() and "int8_recipe" not in fingerprint(quantize="int4")
+
+
+@pytest.mark.parametrize("setting", [dict(repetition_penalty=1.3), dict(min_tokens=2)])
+def test_a_resume_that_drops_a_setting_is_refused(tiny_model_dir, loaded, src, tmp_path, setting):
+    """Such settings are recorded only when not at their default: a resume without the flag used to
+    compare only its own keys, find no change and mix two configurations in one output."""
+    out = tmp_path / "out"
+    run_job(config(src, out, tiny_model_dir, max_rows=4, **setting), loaded=loaded)
+    with pytest.raises(FingerprintMismatch, match=next(iter(setting))):
+        run_job(config(src, out, tiny_model_dir), loaded=loaded)
+    rest = run_job(config(src, out, tiny_model_dir, **setting), loaded=loaded)  # the original flags resume
+    assert (rest.num_rows, rest.num_rows_skipped) == (len(TEXTS) - 4, 4)
+
+
+def test_fingerprints_compare_the_union_of_their_keys(tmp_path):
+    from batchgen.jobs.durability.fingerprint import fingerprint_changes, job_fingerprint
+
+    def fingerprint(**overrides):
+        config = tiny_job_config(tmp_path / "in.parquet", tmp_path / "out", tmp_path / "model", **overrides)
+        return job_fingerprint(config, None, pa.schema([("id", pa.int64())]))
+
+    plain = fingerprint()
+    for setting in (dict(quantize="int8"), dict(kv_cache_dtype="int8"), dict(input_format="jsonl"),
+                    dict(num_shards=2, shard_index=0), dict(sampling_column="s"), dict(presence_penalty=0.5)):
+        dropped = fingerprint_changes(fingerprint(**setting), plain)
+        added = fingerprint_changes(plain, fingerprint(**setting))
+        assert dropped and added, setting
+        assert any(change.startswith(next(iter(setting))) for change in dropped), dropped
+    # a key written at its default (an older batchgen that recorded it always) is the same as absent
+    assert fingerprint_changes({**plain, "repetition_penalty": 1.0, "quantize": "none"}, plain) == []
+    assert fingerprint_changes(plain, {**plain, "min_tokens": 0}) == []
+    # keys only an older fingerprint has, and the model keys a check before loading lacks, are not compared
+    assert fingerprint_changes({**plain, "batchgen_version": "0.1.0", "dtype": "float32"}, plain) == []
+    # an int4 job begun before the embedding setting was recorded had its embedding unquantized
+    int4 = fingerprint(quantize="int4")
+    assert any(c.startswith("quantize_embedding") for c in
+               fingerprint_changes({k: v for k, v in int4.items() if k != "quantize_embedding"}, int4))

@@ -5,6 +5,7 @@ test_kill.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pyarrow as pa
@@ -253,7 +254,7 @@ def test_status_of_a_finished_job_is_written_in_the_manifest(tiny_model_dir, loa
     stat = src.stat()
     assert state.inputs["inputs"] == [{"path": str(src), "num_rows": len(TEXTS), "identity": {
         "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "schema": state.inputs["inputs"][0]["identity"]["schema"],
-        "num_rows": len(TEXTS)}}]
+        "num_rows": len(TEXTS), "digest": "sha256:" + hashlib.sha256(src.read_bytes()).hexdigest()[:16]}}]
     assert state.inputs["orphans"] == {"num_rows": 0, "examples": []}
     assert state.fingerprint["model_revision"] == loaded.revision and state.fingerprint["id_column"] == "id"
 

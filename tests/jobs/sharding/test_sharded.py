@@ -105,6 +105,27 @@ def test_a_changed_split_is_refused_by_the_shard_and_by_finalize(tmp_path, input
         finalize_output(out)
 
 
+def test_a_sharded_id_column_retry_over_changed_inputs_is_refused(tmp_path, tiny_model_dir, loaded):
+    """--id-column lets inputs change between runs, but a shard's share follows the inputs: its
+    retry used to run over the moved split, generating ids another shard holds and missing others."""
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(pa.table({"text": [f"a {i}" for i in range(6)], "id": list(range(6))}), a)
+    pq.write_table(pa.table({"text": [f"b {i}" for i in range(6)], "id": list(range(100, 106))}), b)
+    out = tmp_path / "out"
+    run_shards([a, b], out, tiny_model_dir, loaded, 2, id_column="id")  # shard 0 reads a, shard 1 b
+    pq.write_table(pa.table({"text": [f"b {i}!" for i in range(6)], "id": list(range(100, 106))}), b)
+    with pytest.raises(InputsChanged, match=rf"shard 1 of 2.*{b}: .*modified since") as e:  # its own file
+        run_job(config([a, b], out, tiny_model_dir, num_shards=2, shard_index=1, id_column="id"), loaded=loaded)
+    assert e.value.exit_code == 2 and "--overwrite" in str(e.value)
+    with pytest.raises(InputsChanged, match="shard 0 of 2.*files of other shards changed"):
+        run_job(config([a, b], out, tiny_model_dir, num_shards=2, shard_index=0, id_column="id"), loaded=loaded)
+    more = tmp_path / "more.parquet"
+    pq.write_table(pa.table({"text": ["c"], "id": [200]}), more)
+    with pytest.raises(InputsChanged, match=rf"{more}: a new input|the split changed"):
+        run_job(config([a, b, more], out, tiny_model_dir, num_shards=2, shard_index=1, id_column="id"),
+                loaded=loaded)
+
+
 def test_ids_in_two_shards_are_refused(tmp_path, tiny_model_dir, loaded):
     src = tmp_path / "dup.parquet"
     pq.write_table(pa.table({"text": ["a", "b", "c", "d"], "id": [1, 2, 3, 1]}), src)
