@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
+from batchgen.cli.escapes import unescape
+
 # CLI parameter -> JobConfig field, where the names differ
 RENAMED = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
            "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
@@ -27,9 +29,11 @@ NOT_CONFIG = {"config", "calibration_rows", "as_json", "workers"}
 def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
     """A command's parameters (its `locals()`) as build_config overrides; None = not given."""
     out = {RENAMED.get(name, name): value for name, value in params.items() if name not in NOT_CONFIG}
+    # shells pass "\n" literally; in these flags users mean a newline, as in vLLM's stop=["\n"]
     if out.get("template") is not None:
-        # shells pass "\n" literally; a template flag is where users mean a newline
-        out["template"] = out["template"].replace("\\n", "\n").replace("\\t", "\t")
+        out["template"] = unescape(out["template"], "--template")
+    if out.get("stop"):
+        out["stop"] = [unescape(s, "--stop") for s in out["stop"]]
     return out
 
 
@@ -83,7 +87,8 @@ SamplingColumn = Annotated[str | None, _opt("--sampling-column", metavar="COL", 
     "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens (null = the job's)."))]
 Seed = Annotated[int | None, _opt("--seed", metavar="N", help=(
     "Job seed; each row's seed derives from it and the row id [0]."))]
-Stop = Annotated[list[str] | None, _opt("--stop", metavar="TEXT", help="Stop string; repeatable.")]
+Stop = Annotated[list[str] | None, _opt("--stop", metavar="TEXT", help=(
+    'Stop string; repeatable. Backslash escapes are read as in vLLM/JSON: --stop "\\n" stops at a newline.'))]
 IgnoreEos = Annotated[bool | None, _opt("--ignore-eos", help="Generate through EOS (benchmarks).")]
 BatchSize = Annotated[int | None, _opt("--batch-size", metavar="N", help=(
     "Sequences running at once [auto: what the KV cache holds of this job's rows, at most 256 on CPU, "

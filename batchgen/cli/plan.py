@@ -60,8 +60,9 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Dry run: shards, prompt and predicted output lengths, mode per shard and why, KV memory, time, output size."""
-    overrides = o.config_overrides(locals())
-    with user_errors():
+    params = dict(locals())
+    with user_errors():  # config_overrides reads escapes in --stop/--template, which can be malformed
+        overrides = o.config_overrides(params)
         from batchgen.config import build_config
         from batchgen.jobs.plan import plan_job, plan_lines  # imports torch only once the checks have passed
 

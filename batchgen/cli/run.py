@@ -87,8 +87,9 @@ def run(
     workers: o.Workers = None,
 ) -> None:
     """Generate a completion for every input row and write Parquet parts to --output."""
-    overrides = o.config_overrides(locals())
-    with user_errors():
+    params = dict(locals())
+    with user_errors():  # config_overrides reads escapes in --stop/--template, which can be malformed
+        overrides = o.config_overrides(params)
         from batchgen.config import build_config
         from batchgen.errors import ConfigError
         from batchgen.jobs.run import run_job  # imports torch only once the job's checks have passed
