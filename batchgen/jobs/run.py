@@ -41,8 +41,10 @@ from batchgen.io.schema import output_schema
 from batchgen.io.writers import json_bytes
 from batchgen.jobs.fingerprint import job_fingerprint
 from batchgen.jobs.prepare import open_inputs
+from batchgen.jobs.prompt_check import prompts_unchanged
 from batchgen.jobs.report import RunSummary, plural
 from batchgen.jobs.resume import ResumeRule
+from batchgen.jobs.scan import InputScan
 from batchgen.jobs.session import SUMMARY_FILE, OutputSession
 from batchgen.jobs.sharded import check_job_output
 from batchgen.jobs.signals import Interrupt, SignalGuard
@@ -86,9 +88,10 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)
-                if not config.overwrite and resume.nothing_to_do(inputs):
+                if not config.overwrite and (resume.nothing_to_do(inputs)
+                                             or prompts_unchanged(config, inputs, resume)):
                     with guard.critical():
-                        summary = _nothing_to_do(config, session)
+                        summary = _nothing_to_do(config, session, scan)
                     return summary
                 if config.executor == "ray":
                     # the actors load the model; the job begins once they report its fingerprint
@@ -157,12 +160,14 @@ def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:
     return not ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs)
 
 
-def _nothing_to_do(config: JobConfig, session: OutputSession) -> RunSummary:
+def _nothing_to_do(config: JobConfig, session: OutputSession, scan: InputScan) -> RunSummary:
     """A rerun over a job whose every input row is committed: no model, no new commit; the
     summary and _SUCCESS are written as by any run (also after a crash between the last commit
     and _SUCCESS)."""
     summary = RunSummary(output_dir=str(session.out_dir), model=config.model or "default", mode=config.mode,
                          nothing_to_do=True, num_rows_skipped=session.state.num_committed_rows)
+    if config.id_column is not None:  # its rows may have moved or gone since the last run: status says so
+        session.record_inputs(scan, config.max_rows)
     _finish(config, session, summary)
     return summary
 

@@ -134,6 +134,12 @@ class OutputSession:
                 manifest.recover()  # deletes the parts the "begin" dropped
             manifest.drop_history()
             clean_partial_files(self.store, keep=None)  # the "begin" dropped them
+        self.record_inputs(scan, max_rows, began=began)
+
+    def record_inputs(self, scan: InputScan, max_rows: int | None, *, began: bool = False) -> None:
+        """Record this run's inputs (and under --id-column the committed ids gone from them) for
+        `batchgen status`; also a rerun with nothing to do, whose inputs may differ from the last."""
+        manifest = self.manifest
         inputs = scan.to_json()
         payload: dict[str, Any] = {"inputs": inputs, "max_rows": max_rows}
         if scan.split is not None:  # a shard of a sharded job (batchgen.jobs.split)
