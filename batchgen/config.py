@@ -7,6 +7,7 @@ and the validation in batchgen/config_rules.py, so the CLI stays thin and tests 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,17 @@ from batchgen.engine.scheduler import Policy
 from batchgen.errors import ConfigError
 
 # importers take these from here; their definitions sit with the rules
-__all__ = ["AUTO", "LONG_PROMPT_POLICIES", "OPENAI_BATCH", "JobConfig", "build_config", "check_penalties",
-           "load_config_file", "parse_bytes"]
+__all__ = ["AUTO", "KEY_ALIASES", "LONG_PROMPT_POLICIES", "OPENAI_BATCH", "JobConfig", "build_config",
+           "check_penalties", "load_config_file", "parse_bytes"]
+
+
+# YAML key -> JobConfig field, where they differ. Every `run` flag's own name is a YAML key
+# (--commit-every-seconds: commit_every_seconds, tests/test_config_keys.py walks the flags), and
+# vLLM's max_tokens is max_new_tokens. The CLI maps its parameters through the same table.
+KEY_ALIASES = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
+               "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
+               "checkpoint_in_flight_every": "checkpoint_in_flight_every_s", "ray_keep_warm": "ray_keep_warm_s",
+               "max_tokens": "max_new_tokens"}
 
 
 @dataclass(slots=True)
@@ -108,6 +118,7 @@ class JobConfig:
     executor: str = "local"  # local: this process; ray: a Ray Data actor pool (batchgen.ray), RAY_ADDRESS's cluster
     ray_actors: int | None = None  # ray: actors (models loaded); None = one per GPU, else one per node
     ray_keep_warm_s: float = 0.0  # ray: > 0: kept-warm engines (batchgen.ray.engines) instead of the actor pool
+    workers: int | None = None  # CPU: the job as this many shard processes, then finalize (jobs/workers.py); None = 1
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -142,18 +153,27 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: expected a mapping of settings, got {type(raw).__name__}")
     out: dict[str, Any] = {}
+    given: dict[str, Any] = {}  # field -> the key that set it
     known = JobConfig.field_names()
     for key, value in raw.items():
-        name = str(key).replace("-", "_")
-        if name == "input":
-            name = "inputs"
+        name = KEY_ALIASES.get(str(key).replace("-", "_"), str(key).replace("-", "_"))
         if name not in known:
-            raise ConfigError(f"{p}: unknown setting {key!r} (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{p}: unknown setting {key!r}{_did_you_mean(str(key).replace('-', '_'))} "
+                              "(configs/default.yaml lists every setting)")
+        if name in given:
+            raise ConfigError(f"{p}: {given[name]!r} and {key!r} are the same setting; keep one")
+        given[name] = key
         out[name] = value
     for name in ("inputs", "stop", "keep_columns"):  # one string = a list of one, not of characters
         if isinstance(out.get(name), str):
             out[name] = [out[name]]
     return out
+
+
+def _did_you_mean(key: str) -> str:
+    """'; did you mean 'x'?' for the closest known key, or '' when none is close."""
+    close = difflib.get_close_matches(key, sorted(JobConfig.field_names() | set(KEY_ALIASES)), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def build_config(config_file: str | Path | None = None, *, need_output: bool = True, **overrides: Any) -> JobConfig:

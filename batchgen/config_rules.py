@@ -103,6 +103,8 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
         raise ConfigError(f"output_format {config.output_format} needs Batch API requests as input: "
                           "pass --input-format openai-batch")
     _choice("executor", config.executor, EXECUTORS)
+    if config.workers is not None:
+        _positive("workers", config.workers)
     if config.ray_actors is not None:
         _positive("ray_actors", config.ray_actors)
     if (isinstance(config.ray_keep_warm_s, bool) or not isinstance(config.ray_keep_warm_s, (int, float))

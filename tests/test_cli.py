@@ -481,7 +481,7 @@ def test_bad_config_values(runner, tiny_model_dir, tmp_path, flags, needle):
 
 
 @pytest.mark.parametrize(("text", "needle"), [
-    ("max_tokens: 5\n", "unknown setting 'max_tokens'"),
+    ("max_token: 5\n", "unknown setting 'max_token'; did you mean 'max_tokens'?"),
     ("max_new_tokens: [5\n", "not valid YAML"),
     ("top_k: '40'\n", "top_k must be an integer"),
     ("- a list\n", "expected a mapping"),

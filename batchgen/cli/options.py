@@ -2,7 +2,8 @@
 
 Adding a job option is two local changes: an alias here (its flag, metavar and help) and a
 parameter of that type in the command (cli/run.py, cli/plan.py). A parameter whose name is a
-JobConfig field is passed through by `config_overrides`; RENAMED maps the few that differ.
+JobConfig field is passed through by `config_overrides`; RENAMED (batchgen.config.KEY_ALIASES, the
+YAML keys' table) maps the few that differ.
 
 Metavars are explicit (PATH, DIR, COL, N, ...): Typer's own render Python types (`<list[str]>`).
 `--input` and `--output` cannot be click-required, because a --config file may set them; their
@@ -17,13 +18,12 @@ from typing import Annotated, Any
 import typer
 
 from batchgen.cli.escapes import unescape
+from batchgen.config import KEY_ALIASES
 
-# CLI parameter -> JobConfig field, where the names differ
-RENAMED = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
-           "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
-           "checkpoint_in_flight_every": "checkpoint_in_flight_every_s"}
+# CLI parameter -> JobConfig field, where the names differ: the YAML keys' own table
+RENAMED = KEY_ALIASES
 # parameters of a command that are not job settings
-NOT_CONFIG = {"config", "calibration_rows", "as_json", "workers"}
+NOT_CONFIG = {"config", "calibration_rows", "as_json"}
 
 
 def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
@@ -66,8 +66,8 @@ Template = Annotated[str | None, _opt("--template", metavar="TEXT", help=(
 System = Annotated[str | None, _opt("--system", metavar="TEXT", help="System prompt (chat models).")]
 Chat = Annotated[bool | None, _opt("--chat/--no-chat", help=(
     "Apply the tokenizer's chat template [on when it has one]."))]
-MaxNewTokens = Annotated[int | None, _opt("--max-new-tokens", metavar="N", help=(
-    "Most tokens to generate per row [256]."))]
+MaxNewTokens = Annotated[int | None, _opt("--max-new-tokens", "--max-tokens", metavar="N", help=(
+    "Most tokens to generate per row (vLLM's max_tokens) [256]."))]
 MaxNewTokensColumn = Annotated[str | None, _opt("--max-new-tokens-column", metavar="COL", help=(
     "Column with a per-row max_new_tokens (null = the default)."))]
 Temperature = Annotated[float | None, _opt("--temperature", metavar="T", help="0 = greedy [0].")]

@@ -83,7 +83,7 @@ def run(
     metrics_every_seconds: o.MetricsEverySeconds = None,
     executor: o.Executor = None,
     ray_actors: o.RayActors = None,
-    ray_keep_warm_s: o.RayKeepWarm = None,
+    ray_keep_warm: o.RayKeepWarm = None,
     workers: o.Workers = None,
 ) -> None:
     """Generate a completion for every input row and write Parquet parts to --output."""
@@ -91,13 +91,11 @@ def run(
     with user_errors():  # config_overrides reads escapes in --stop/--template, which can be malformed
         overrides = o.config_overrides(params)
         from batchgen.config import build_config
-        from batchgen.errors import ConfigError
         from batchgen.jobs.run import run_job  # imports torch only once the job's checks have passed
 
         job_config = build_config(config, **overrides)
         setup_logging(job_config.quiet)
-        if workers is not None and workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {workers}")
+        workers = job_config.workers  # the flag, else the config file's `workers:`
         if workers is not None and workers > 1:
             from batchgen.jobs.workers import run_workers
 

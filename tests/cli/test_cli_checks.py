@@ -73,9 +73,9 @@ def test_template_naming_a_missing_column(docs, tmp_path):
 
 def test_unknown_config_key(docs, tmp_path):
     config = tmp_path / "job.yaml"
-    config.write_text("prompt_column: body\nmax_tokens: 5\n")
+    config.write_text("prompt_column: body\ntemprature: 5\n")
     assert_answers_light(*batchgen("run", "--config", config, "-i", docs, "-o", tmp_path / "out"),
-                         "unknown setting 'max_tokens'")
+                         "unknown setting 'temprature'; did you mean 'temperature'?")
 
 
 def test_bad_sampling_value(docs, tmp_path):
