@@ -21,7 +21,7 @@ LONG_PROMPT_POLICIES = ("truncate", "error")
 QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized GGUF's nearest scheme, else none
 QUANTIZE_BACKENDS = ("auto", "torchao", "quanto", "onednn")
 QUANTIZE_EMBEDDING = ("auto", "none", "int8")  # auto: int8 with int4 weights (engine/quantize_plan.py EMBEDDING_AUTO)
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+KV_CACHE_DTYPES = ("auto", "int8")  # fp8: refused before any load (FP8_KV_REFUSAL), so not offered
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash")
 OPENAI_BATCH = "openai-batch"  # the OpenAI Batch API's request / output JSONL (jobs/openai_requests.py)
 INPUT_FORMATS = ("auto", "parquet", "jsonl", OPENAI_BATCH)  # auto: by file suffix
@@ -32,6 +32,10 @@ OPENAI_ID_COLUMN = "custom_id"
 OPENAI_BODY_COLUMN = "body"
 OPENAI_KEPT_COLUMNS = ("method", "url", "model")
 EXECUTORS = ("local", "ray")
+# engine/kv_quant.py's fp8_refusal says the same with the device in hand
+FP8_KV_REFUSAL = ("--kv-cache-dtype fp8 is not available: batchgen has no fp8 attention kernel yet (on CUDA it "
+                  "would need flash-attn 3 on Hopper; there is none on CPU); use --kv-cache-dtype int8 "
+                  "(every device)")
 
 
 def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
@@ -90,6 +94,8 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("quantize", config.quantize, QUANTIZE)
     _choice("quantize_backend", config.quantize_backend, QUANTIZE_BACKENDS)
     _choice("quantize_embedding", config.quantize_embedding, QUANTIZE_EMBEDDING)
+    if config.kv_cache_dtype == "fp8":
+        raise ConfigError(FP8_KV_REFUSAL)
     _choice("kv_cache_dtype", config.kv_cache_dtype, KV_CACHE_DTYPES)
     _choice("attention_backend", config.attention_backend, ATTENTION_BACKENDS)
     if not isinstance(config.cuda_graphs, bool):
@@ -97,6 +103,7 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("on_long_prompt", config.on_long_prompt, LONG_PROMPT_POLICIES)
     _choice("input_format", config.input_format, INPUT_FORMATS)
     _choice("output_format", config.output_format, OUTPUT_FORMATS)
+    _combinations(config)
     if config.input_format == OPENAI_BATCH:
         _openai_batch_settings(config)
     elif config.output_format != "parquet":
@@ -121,6 +128,25 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
         raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
                           f"got {config.metrics_port!r}")
+
+
+def _combinations(config: JobConfig) -> None:
+    """Settings that cannot go together whatever the model and the machine: refused here, before
+    any load, where they used to surface after the model had loaded (the engine and the prompt
+    builder keep their own checks for callers that build them directly)."""
+    if config.system is not None and config.chat is False:
+        raise ConfigError("--system needs the chat template, and --no-chat turns it off: drop one of them, "
+                          "or put the text in --template")
+    if config.kv_cache_dtype == "int8" and config.attention_backend == "flash":
+        raise ConfigError("--kv-cache-dtype int8 runs on --attention-backend cpu or torch: flash-attn reads no "
+                          "int8 KV pages")
+    if config.quantize_backend == "onednn" and (config.quantize in ("int8-weight", "int4") or (
+            config.quantize != "none" and config.device == "cuda")):
+        raise ConfigError(f"--quantize-backend onednn runs --quantize int8 on CPU only; got --quantize "
+                          f"{config.quantize} --device {config.device}")
+    if config.quantize_backend == "quanto" and config.quantize == "int8":
+        raise ConfigError("--quantize int8 (dynamic int8 activations) runs on torchao only: use "
+                          "--quantize-backend torchao, or --quantize int8-weight for quanto")
 
 
 def _openai_batch_settings(config: JobConfig) -> None:

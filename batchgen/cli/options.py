@@ -143,7 +143,7 @@ QuantizeBackend = Annotated[str | None, _opt("--quantize-backend", metavar="NAME
 QuantizeEmbedding = Annotated[str | None, _opt("--quantize-embedding", metavar="SCHEME", help=(
     "Embedding/LM head: auto (int8 with --quantize int4) | none | int8 [auto]."))]
 KvCacheDtype = Annotated[str | None, _opt("--kv-cache-dtype", metavar="DTYPE", help=(
-    "auto (model dtype) | int8 | fp8 [auto]."))]
+    "auto (model dtype) | int8 (per-token, per-head scales) [auto]."))]
 MaxRows = Annotated[int | None, _opt("--max-rows", metavar="N", help="Process only the first N rows [all].")]
 Workers = Annotated[int | None, _opt("--workers", metavar="N", help=(
     "CPU: run the job as N shard processes of cores/N threads each (output in shard-I-of-N/), then "

@@ -111,3 +111,28 @@ def test_rerun_of_a_finished_job_loads_no_model(docs, tmp_path, tiny_model_dir):
                           timeout=120)
     assert json.loads(plan.stdout.strip().splitlines()[-1]) == {"code": 0, "heavy": []}, plan.stderr
     assert "nothing to do: all 2 rows are committed" in plan.stdout
+
+
+@pytest.mark.parametrize(("flags", "needles"), [
+    (["--no-chat", "--system", "Be brief."], ["--system needs the chat template", "--no-chat"]),
+    (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype fp8 is not available", "--kv-cache-dtype int8"]),
+    (["--kv-cache-dtype", "int8", "--attention-backend", "flash"], ["flash-attn reads no int8 KV pages"]),
+    (["--quantize", "int4", "--quantize-backend", "onednn"], ["--quantize-backend onednn runs --quantize int8"]),
+    (["--quantize", "int8", "--quantize-backend", "quanto"], ["runs on torchao only"]),
+])
+def test_impossible_combinations_answer_before_any_load(docs, tmp_path, flags, needles):
+    """Choices no model or machine can make work are refused before torch is imported (issue 35:
+    --no-chat --system used to load the model for 12 s first)."""
+    assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body", *flags),
+                         *needles)
+    assert not (tmp_path / "out").exists()
+
+
+def test_fp8_is_not_advertised():
+    from typer.testing import CliRunner
+
+    from batchgen.cli import app
+
+    help_text = CliRunner().invoke(app, ["run", "--help"]).output
+    kv_help = help_text[help_text.index("--kv-cache-dtype"):][:200]
+    assert "int8" in kv_help and "fp8" not in kv_help
