@@ -16,6 +16,7 @@ import yaml
 
 from batchgen.config_rules import (
     AUTO,
+    KEY_ALIASES,
     LONG_PROMPT_POLICIES,
     OPENAI_BATCH,
     check_penalties,
@@ -29,15 +30,6 @@ from batchgen.errors import ConfigError
 # importers take these from here; their definitions sit with the rules
 __all__ = ["AUTO", "KEY_ALIASES", "LONG_PROMPT_POLICIES", "OPENAI_BATCH", "JobConfig", "build_config",
            "check_penalties", "load_config_file", "parse_bytes"]
-
-
-# YAML key -> JobConfig field, where they differ. Every `run` flag's own name is a YAML key
-# (--commit-every-seconds: commit_every_seconds, tests/test_config_keys.py walks the flags), and
-# vLLM's max_tokens is max_new_tokens. The CLI maps its parameters through the same table.
-KEY_ALIASES = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
-               "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
-               "checkpoint_in_flight_every": "checkpoint_in_flight_every_s", "ray_keep_warm": "ray_keep_warm_s",
-               "max_tokens": "max_new_tokens"}
 
 
 @dataclass(slots=True)

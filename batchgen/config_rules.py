@@ -5,6 +5,7 @@ input cannot do yet). batchgen.config holds the record itself and how it is buil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from batchgen.engine.scheduler import Policy
@@ -12,6 +13,29 @@ from batchgen.errors import ConfigError
 
 if TYPE_CHECKING:
     from batchgen.config import JobConfig
+
+# YAML key -> JobConfig field, where they differ. Every `run` flag's own name is a YAML key
+# (--commit-every-seconds: commit_every_seconds, tests/test_config_keys.py walks the flags), and
+# vLLM's max_tokens is max_new_tokens. The CLI maps its parameters through the same table.
+KEY_ALIASES = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
+               "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
+               "checkpoint_in_flight_every": "checkpoint_in_flight_every_s", "ray_keep_warm": "ray_keep_warm_s",
+               "max_tokens": "max_new_tokens"}
+# field -> the key (and flag) users type for it; max_tokens is an alias, not the name errors use
+_KEYS = {field: key for key, field in KEY_ALIASES.items() if key != "max_tokens"}
+# settings with a YAML key but no flag (tests/test_config_keys.py checks this list against the CLI)
+NO_FLAG = frozenset({"read_batch_size", "log_every_s", "enable_prefix_caching"})
+TOP_K_OFF = (0, -1)  # vLLM's top_k=-1 (and 0): no limit
+
+
+def label(field: str) -> str:
+    """How an error names a setting: the flag a user types and the YAML key, e.g. "--top-k (YAML
+    top_k)"; the key alone for the few settings without a flag."""
+    key = _KEYS.get(field, field)
+    if field in NO_FLAG:
+        return key
+    return f"--{key.replace('_', '-')} (YAML {key})"
+
 
 AUTO = "auto"  # the mode that lets the length planner choose a Policy per shard
 MODES = (AUTO, *(p.value for p in Policy))
@@ -60,34 +84,38 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _positive("window_rows", config.window_rows)
     if (isinstance(config.static_min_occupancy, bool) or not isinstance(config.static_min_occupancy, (int, float))
             or not 0.0 <= config.static_min_occupancy <= 1.0):
-        raise ConfigError(f"static_min_occupancy must be a number in [0, 1], got {config.static_min_occupancy!r}")
+        raise ConfigError(f"{label('static_min_occupancy')} must be a number in [0, 1], "
+                          f"got {config.static_min_occupancy!r}")
     if config.commit_every_rows is not None:
         _positive("commit_every_rows", config.commit_every_rows)
     if config.commit_every_s is not None and (isinstance(config.commit_every_s, bool)
                                             or not isinstance(config.commit_every_s, (int, float))
                                             or config.commit_every_s < 0):
-        raise ConfigError(f"commit_every_s must be a number of seconds >= 0 (0 = off), got {config.commit_every_s!r}")
+        raise ConfigError(f"{label('commit_every_s')} must be a number of seconds >= 0 (0 = off), "
+                          f"got {config.commit_every_s!r}")
     for name in ("stop_grace_s", "checkpoint_in_flight_every_s"):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise ConfigError(f"{name} must be a number of seconds >= 0 (0 = off), got {value!r}")
+            raise ConfigError(f"{label(name)} must be a number of seconds >= 0 (0 = off), got {value!r}")
     from batchgen.jobs.split import check_shard_flags  # pyarrow-only imports: no cycle, no torch
 
     check_shard_flags(config.num_shards, config.shard_index)
     if config.max_rows is not None and config.max_rows < 0:
-        raise ConfigError(f"max_rows must be >= 0, got {config.max_rows}")
+        raise ConfigError(f"{label('max_rows')} must be >= 0, got {config.max_rows}")
     if config.max_prompt_tokens is not None:
         _positive("max_prompt_tokens", config.max_prompt_tokens)
     if config.max_error_rate is not None and not 0.0 <= config.max_error_rate <= 1.0:
-        raise ConfigError(f"max_error_rate must be in [0, 1], got {config.max_error_rate}")
+        raise ConfigError(f"{label('max_error_rate')} must be in [0, 1], got {config.max_error_rate}")
     if config.temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {config.temperature}")
+        raise ConfigError(f"{label('temperature')} must be >= 0, got {config.temperature}")
     if not 0.0 < config.top_p <= 1.0:
-        raise ConfigError(f"top_p must be in (0, 1], got {config.top_p}")
+        raise ConfigError(f"{label('top_p')} must be in (0, 1], got {config.top_p}")
+    if config.top_k in TOP_K_OFF and not isinstance(config.top_k, bool):
+        config.top_k = None  # vLLM's -1 (and 0) mean no limit
     if config.top_k is not None and config.top_k < 1:
-        raise ConfigError(f"top_k must be >= 1 (or unset), got {config.top_k}")
+        raise ConfigError(f"{label('top_k')} must be >= 1, or -1 / 0 for no limit; got {config.top_k}")
     check_penalties(config.repetition_penalty, config.presence_penalty, config.frequency_penalty, config.min_tokens,
-                    ConfigError)
+                    ConfigError, label)
     _choice("mode", config.mode, MODES)
     _choice("device", config.device, DEVICES)
     _choice("dtype", config.dtype, DTYPES)
@@ -99,7 +127,7 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("kv_cache_dtype", config.kv_cache_dtype, KV_CACHE_DTYPES)
     _choice("attention_backend", config.attention_backend, ATTENTION_BACKENDS)
     if not isinstance(config.cuda_graphs, bool):
-        raise ConfigError(f"cuda_graphs must be true or false, got {config.cuda_graphs!r}")
+        raise ConfigError(f"{label('cuda_graphs')} must be true or false, got {config.cuda_graphs!r}")
     _choice("on_long_prompt", config.on_long_prompt, LONG_PROMPT_POLICIES)
     _choice("input_format", config.input_format, INPUT_FORMATS)
     _choice("output_format", config.output_format, OUTPUT_FORMATS)
@@ -116,17 +144,18 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
         _positive("ray_actors", config.ray_actors)
     if (isinstance(config.ray_keep_warm_s, bool) or not isinstance(config.ray_keep_warm_s, (int, float))
             or config.ray_keep_warm_s < 0):
-        raise ConfigError(f"ray_keep_warm_s must be a number of seconds >= 0, got {config.ray_keep_warm_s!r}")
+        raise ConfigError(f"{label('ray_keep_warm_s')} must be a number of seconds >= 0, "
+                          f"got {config.ray_keep_warm_s!r}")
     if any(s == "" for s in config.stop):
-        raise ConfigError("stop strings must not be empty")
+        raise ConfigError(f"{label('stop')}: a stop string must not be empty")
     if config.kv_cache_memory is not None:
         parse_bytes(config.kv_cache_memory)
     if (isinstance(config.metrics_every_s, bool) or not isinstance(config.metrics_every_s, (int, float))
             or config.metrics_every_s <= 0):
-        raise ConfigError(f"metrics_every_s must be a number of seconds > 0, got {config.metrics_every_s!r}")
+        raise ConfigError(f"{label('metrics_every_s')} must be a number of seconds > 0, got {config.metrics_every_s!r}")
     if config.metrics_port is not None and (isinstance(config.metrics_port, bool) or not isinstance(
             config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
-        raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
+        raise ConfigError(f"{label('metrics_port')} must be a port number 0-65535 (0 = any free port), "
                           f"got {config.metrics_port!r}")
 
 
@@ -154,7 +183,7 @@ def _openai_batch_settings(config: JobConfig) -> None:
     columns for them are refused, and the id, prompt and kept columns are set (idempotent)."""
     for name in ("template", "system", "max_new_tokens_column", "sampling_column", "length_column"):
         if getattr(config, name) is not None:
-            raise ConfigError(f"{name} does not apply to --input-format openai-batch: each request's body "
+            raise ConfigError(f"{label(name)} does not apply to --input-format openai-batch: each request's body "
                               "carries its messages or prompt, max_tokens and sampling settings")
     if config.chat is False:
         raise ConfigError("--no-chat does not apply to --input-format openai-batch: /v1/chat/completions "
@@ -168,19 +197,21 @@ def _openai_batch_settings(config: JobConfig) -> None:
     config.keep_columns = [*OPENAI_KEPT_COLUMNS, *(c for c in kept if c not in OPENAI_KEPT_COLUMNS)]
 
 
-def check_penalties(repetition: Any, presence: Any, frequency: Any, min_tokens: Any, error: type[Exception]) -> None:
-    """vLLM's ranges for the penalties; raise `error` naming the first value outside them."""
-    for name, value in (("repetition_penalty", repetition), ("presence_penalty", presence),
-                        ("frequency_penalty", frequency)):
+def check_penalties(repetition: Any, presence: Any, frequency: Any, min_tokens: Any, error: Callable[[str], Exception],
+                    name: Callable[[str], str] = str) -> None:
+    """vLLM's ranges for the penalties; raise `error` naming the first value outside them, as
+    `name` spells a setting (label: the flag and YAML key; a sampling cell: its own key)."""
+    for key, value in (("repetition_penalty", repetition), ("presence_penalty", presence),
+                       ("frequency_penalty", frequency)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise error(f"{name} must be a number, got {value!r}")
+            raise error(f"{name(key)} must be a number, got {value!r}")
     if not repetition > 0:
-        raise error(f"repetition_penalty must be > 0 (1 = off), got {repetition}")
-    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        raise error(f"{name('repetition_penalty')} must be > 0 (1 = off), got {repetition}")
+    for key, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
         if not -2.0 <= value <= 2.0:
-            raise error(f"{name} must be in [-2, 2] (0 = off), got {value}")
+            raise error(f"{name(key)} must be in [-2, 2] (0 = off), got {value}")
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
-        raise error(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+        raise error(f"{name('min_tokens')} must be an integer >= 0, got {min_tokens!r}")
 
 
 def parse_bytes(text: str) -> int:
@@ -195,7 +226,7 @@ def parse_bytes(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in units or value <= 0:
-        raise ConfigError(f"kv_cache_memory: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
+        raise ConfigError(f"{label('kv_cache_memory')}: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
     return int(value * units[unit])
 
 
@@ -206,20 +237,20 @@ def check_types(config: JobConfig) -> None:
                        ("temperature", (int, float)), ("top_p", (int, float))):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, kind):
-            raise ConfigError(f"{name} must be a number, got {value!r}")
+            raise ConfigError(f"{label(name)} must be a number, got {value!r}")
     # Optional numbers: validate() compares them with <, which a YAML string would turn into a TypeError.
     for name, kind in (("top_k", int), ("max_rows", int), ("max_error_rate", (int, float))):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
             what = "an integer" if kind is int else "a number"
-            raise ConfigError(f"{name} must be {what} or unset, got {value!r}")
+            raise ConfigError(f"{label(name)} must be {what} or unset, got {value!r}")
 
 
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{label(name)} must be a positive integer, got {value!r}")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        raise ConfigError(f"{label(name)} must be one of {', '.join(allowed)}; got {value!r}")

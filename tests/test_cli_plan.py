@@ -104,7 +104,7 @@ def test_plan_user_errors_exit_2(runner, tiny_model_dir, inputs):
                                  "--length-column", "nope"])
     assert result.exit_code == 2 and "--length-column 'nope' not found" in result.output
     result = runner.invoke(app, ["plan", "--input", str(inputs / "a.parquet"), "--mode", "fastest"])
-    assert result.exit_code == 2 and "mode must be one of auto, continuous, static" in result.output
+    assert result.exit_code == 2 and "--mode (YAML mode) must be one of auto, continuous, static" in result.output
 
 
 def _flags(command: str) -> set[str]:

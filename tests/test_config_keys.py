@@ -90,7 +90,7 @@ def test_unknown_key_with_nothing_close(tmp_path):
 
 
 def test_workers_below_one_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="workers must be a positive integer, got 0"):
+    with pytest.raises(ConfigError, match=r"--workers \(YAML workers\) must be a positive integer, got 0"):
         build_config(None, inputs=["x.parquet"], output=str(tmp_path / "out"), workers=0)
 
 
@@ -114,3 +114,35 @@ def test_cli_max_tokens_and_yaml_workers_reach_the_job(tmp_path, monkeypatch):
     assert (seen["workers"], seen["config"].max_new_tokens) == (2, 7)
     CliRunner().invoke(app, argv)
     assert seen["workers"] is None  # no workers: one process
+
+
+def test_settings_without_a_flag_are_exactly_no_flag():
+    from batchgen.config_rules import NO_FLAG
+
+    flagged = set()
+    for command in ("run", "plan"):
+        for option in command_options(command):
+            if option.name not in NOT_CONFIG:
+                flagged |= set(config_overrides({option.name: "x"}))
+    assert JobConfig.field_names() - flagged == NO_FLAG
+
+
+@pytest.mark.parametrize("off", ["0", "-1"])
+def test_top_k_minus_one_and_zero_mean_off(tmp_path, monkeypatch, off):
+    """vLLM's top_k=-1 is "no limit": accepted on the command line, in YAML and in a sampling cell."""
+    import batchgen.jobs.run as job_run
+    from batchgen.jobs.row_sampling import row_sampling
+
+    seen = {}
+
+    def fake_run_job(config):
+        seen["config"] = config
+        raise ConfigError("stopped here")
+
+    monkeypatch.setattr(job_run, "run_job", fake_run_job)
+    result = CliRunner().invoke(app, ["run", "-i", "x.parquet", "-o", str(tmp_path / "out"), "--top-k", off])
+    assert seen["config"].top_k is None, result.output
+    path = tmp_path / "job.yaml"
+    path.write_text(f"top_k: {off}\n")
+    assert build_config(path, inputs=["x"], output="o").top_k is None
+    assert row_sampling({"s": f'{{"top_k": {off}}}'}, "s") == {"top_k": None}

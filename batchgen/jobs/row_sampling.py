@@ -12,6 +12,7 @@ import numbers
 from typing import Any
 
 from batchgen.config import JobConfig, check_penalties
+from batchgen.config_rules import TOP_K_OFF
 from batchgen.jobs.prompts import RowError
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
@@ -40,6 +41,8 @@ def row_sampling(row: dict[str, Any], column: str | None) -> dict[str, Any] | No
         raise RowError(f"column {column!r}: unknown sampling setting {unknown[0]!r} (known: "
                        f"{', '.join(SAMPLING_KEYS)})", column=column)
     _check(overrides, column)
+    if overrides.get("top_k") in TOP_K_OFF:
+        overrides["top_k"] = None  # vLLM's -1 (or 0): this row samples with no top-k limit
     return overrides or None
 
 
@@ -67,8 +70,8 @@ def _check(overrides: dict[str, Any], column: str) -> None:
         raise RowError(f"column {column!r}: temperature must be >= 0, got {temperature}", column=column)
     if top_p is not None and not 0 < top_p <= 1:
         raise RowError(f"column {column!r}: top_p must be in (0, 1], got {top_p}", column=column)
-    if top_k is not None and top_k < 1:
-        raise RowError(f"column {column!r}: top_k must be >= 1, got {top_k}", column=column)
+    if top_k is not None and top_k < 1 and top_k not in TOP_K_OFF:
+        raise RowError(f"column {column!r}: top_k must be >= 1, or -1 / 0 for no limit; got {top_k}", column=column)
     for key in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         number(key)
     number("min_tokens", integer=True)

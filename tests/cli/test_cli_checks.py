@@ -80,7 +80,8 @@ def test_unknown_config_key(docs, tmp_path):
 
 def test_bad_sampling_value(docs, tmp_path):
     assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body",
-                                   "--presence-penalty", "3"), "presence_penalty must be in [-2, 2]")
+                                   "--presence-penalty", "3"),
+                         "--presence-penalty (YAML presence_penalty) must be in [-2, 2]")
 
 
 def test_output_directory_holding_something_else_is_refused(docs, tmp_path):
@@ -136,3 +137,12 @@ def test_fp8_is_not_advertised():
     help_text = CliRunner().invoke(app, ["run", "--help"]).output
     kv_help = help_text[help_text.index("--kv-cache-dtype"):][:200]
     assert "int8" in kv_help and "fp8" not in kv_help
+
+
+def test_a_batch_api_file_read_as_plain_jsonl_hints_the_input_format(tmp_path):
+    path = tmp_path / "requests.jsonl"
+    request = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
+    path.write_text(json.dumps(request) + "\n")
+    line = assert_answers_light(*batchgen("run", "-i", path, "-o", tmp_path / "out"), "prompt column 'text' not found")
+    assert line.endswith("these are OpenAI Batch API requests: pass --input-format openai-batch"), line
