@@ -135,7 +135,9 @@ SortByLength = Annotated[bool | None, _opt("--sort-by-length/--no-sort-by-length
 StaticMinOccupancy = Annotated[float | None, _opt("--static-min-occupancy", metavar="X", help=(
     "auto: static when its batches would keep at least this share of slots busy [1.0]."))]
 Device = Annotated[str | None, _opt("--device", metavar="DEVICE", help="auto | cpu | cuda [auto].")]
-Dtype = Annotated[str | None, _opt("--dtype", metavar="DTYPE", help="auto | float32 | bfloat16 | float16 [auto].")]
+Dtype = Annotated[str | None, _opt("--dtype", metavar="DTYPE", help=(
+    "auto | float32 | bfloat16 | float16 [auto: bf16 on CUDA; on CPU bf16 where native (avx512_bf16, AMX), "
+    "else float32]."))]
 Quantize = Annotated[str | None, _opt("--quantize", metavar="SCHEME", help=(
     "Weights: none | auto (a quantized GGUF's nearest) | int8 | int8-weight | int4 [none]."))]
 QuantizeBackend = Annotated[str | None, _opt("--quantize-backend", metavar="NAME", help=(

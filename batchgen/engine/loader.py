@@ -208,7 +208,7 @@ def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: b
             error = e
     if not is_local and attempts == [True]:
         raise ModelLoadError(f"model {name!r} not found locally: pass a local path, or download it "
-                             f"first with `huggingface-cli download {name}`") from error
+                             f"first with `hf download {name}`") from error
     raise ModelLoadError(f"cannot load model {name!r}: {_first_line(error)}") from error
 
 
