@@ -56,6 +56,10 @@ class JobConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_tokens: int = 0  # tokens generated before EOS or a stop string may end a row
+    min_p: float = 0.0  # sampled rows: drop tokens below min_p x the likeliest token's probability; 0 = off
+    stop_token_ids: list[int] = field(default_factory=list)  # token ids that end a row, as EOS does
+    include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
+    skip_special_tokens: bool = True  # the text leaves special tokens out
     sampling_column: str | None = None  # per-row overrides of the above (a JSON object or struct per cell)
     seed: int = 0
     stop: list[str] = field(default_factory=list)
@@ -156,6 +160,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{p}: {given[name]!r} and {key!r} are the same setting; keep one")
         given[name] = key
         out[name] = value
+    if isinstance(out.get("stop_token_ids"), int):
+        out["stop_token_ids"] = [out["stop_token_ids"]]
     for name in ("inputs", "stop", "keep_columns"):  # one string = a list of one, not of characters
         if isinstance(out.get(name), str):
             out[name] = [out[name]]

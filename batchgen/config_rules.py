@@ -146,6 +146,14 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             or config.ray_keep_warm_s < 0):
         raise ConfigError(f"{label('ray_keep_warm_s')} must be a number of seconds >= 0, "
                           f"got {config.ray_keep_warm_s!r}")
+    if isinstance(config.min_p, bool) or not isinstance(config.min_p, (int, float)) or not 0.0 <= config.min_p <= 1.0:
+        raise ConfigError(f"{label('min_p')} must be a number in [0, 1] (0 = off), got {config.min_p!r}")
+    if not isinstance(config.stop_token_ids, list) or any(
+            isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in config.stop_token_ids):
+        raise ConfigError(f"{label('stop_token_ids')} must be token ids (integers >= 0), got {config.stop_token_ids!r}")
+    for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{label(name)} must be true or false, got {getattr(config, name)!r}")
     if any(s == "" for s in config.stop):
         raise ConfigError(f"{label('stop')}: a stop string must not be empty")
     if config.kv_cache_memory is not None:

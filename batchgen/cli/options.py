@@ -84,7 +84,16 @@ MinTokens = Annotated[int | None, _opt("--min-tokens", metavar="N", help=(
     "Generate at least N tokens before EOS or a stop string may end a row [0]."))]
 SamplingColumn = Annotated[str | None, _opt("--sampling-column", metavar="COL", help=(
     "Column of per-row sampling overrides: a JSON object (or struct) with any of temperature, top_p, "
-    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens (null = the job's)."))]
+    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens, min_p (null = the job's)."))]
+MinP = Annotated[float | None, _opt("--min-p", metavar="P", help=(
+    "Sampled rows: drop tokens less likely than P times the likeliest token, in [0, 1]; 0 = off [0]."))]
+StopTokenIds = Annotated[list[int] | None, _opt("--stop-token-ids", metavar="ID", help=(
+    "Token id that ends a row as EOS does (even with --ignore-eos); repeatable."))]
+IncludeStopStrInOutput = Annotated[bool | None, _opt("--include-stop-str-in-output/--no-include-stop-str-in-output",
+                                                     help="Keep the stop string (or stop token) that ended a row in "
+                                                          "its text [off].")]
+SkipSpecialTokens = Annotated[bool | None, _opt("--skip-special-tokens/--no-skip-special-tokens", help=(
+    "Leave special tokens out of the generated text [on]."))]
 Seed = Annotated[int | None, _opt("--seed", metavar="N", help=(
     "Job seed; each row's seed derives from it and the row id [0]."))]
 Stop = Annotated[list[str] | None, _opt("--stop", metavar="TEXT", help=(

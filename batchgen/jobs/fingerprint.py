@@ -37,6 +37,10 @@ INFO_KEYS = ("model",)
 ADDED_KEYS = ("output_format", "tokenizer", "eos_token_ids", "parse_special_tokens")
 
 
+CONTROL_DEFAULTS = {"min_p": 0.0, "stop_token_ids": [], "include_stop_str_in_output": False,
+                    "skip_special_tokens": True}
+
+
 def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, model: dict[str, Any] | None = None
                     ) -> dict[str, Any]:
     """Settings that decide a row's output. `model` (from the loaded model and the prompt
@@ -80,6 +84,11 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
     if sampling != {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
                     "sampling_column": None}:
         fingerprint.update(sampling)
+    # vLLM's output controls, only when set: fingerprints of jobs begun before they existed still match
+    controls = {"min_p": config.min_p, "stop_token_ids": list(config.stop_token_ids),
+                "include_stop_str_in_output": config.include_stop_str_in_output,
+                "skip_special_tokens": config.skip_special_tokens}
+    fingerprint.update({k: v for k, v in controls.items() if v != CONTROL_DEFAULTS[k]})
     if config.num_shards is not None:
         # a sharded job's shards share one fingerprint (the index is the directory's name), and the
         # number of shards is in it: shards of two different splits of a job never pass as one set
