@@ -22,7 +22,7 @@ from batchgen import __version__
 from batchgen.cli import app
 
 FIXED_COLUMNS = ["generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens", "error",
-                 "prompt_hash"]
+                 "prompt_hash", "prompt_truncated"]
 MAX_NEW = 8
 
 

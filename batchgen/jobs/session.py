@@ -26,7 +26,7 @@ from batchgen.io.manifest import (
     load_manifest,
 )
 from batchgen.io.partials import clean_partial_files
-from batchgen.io.schema import PROMPT_HASH
+from batchgen.io.schema import PROMPT_HASH, PROMPT_TRUNCATED
 from batchgen.io.store import LocalStore, OutputStore, open_store
 from batchgen.io.writers import check_output_dir
 from batchgen.jobs.fingerprint import fingerprint_changes
@@ -100,10 +100,17 @@ class OutputSession:
     def writes_prompt_hash(self) -> bool:
         """Whether this run's parts carry the prompt_hash column: yes, unless it resumes rows
         committed by a batchgen from before the column (their parts must stay one table)."""
+        return self._writes_column(PROMPT_HASH)
+
+    def writes_prompt_truncated(self) -> bool:
+        """The same for the prompt_truncated column."""
+        return self._writes_column(PROMPT_TRUNCATED)
+
+    def _writes_column(self, column: str) -> bool:
         old = self.state.fingerprint
         if old is None or self.overwrite or not self.state.num_committed_rows:
             return True
-        return any(name == PROMPT_HASH for name, _ in old.get("output_schema", []))
+        return any(name == column for name, _ in old.get("output_schema", []))
 
     def check_inputs(self, scan: InputScan, *, id_column: str | None) -> None:
         """Derived ids: refuse inputs that differ from the committed rows' (exit 2) unless --overwrite."""
