@@ -37,8 +37,33 @@ def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# each option's --help section (batchgen/cli/help.py), by its flag
+_PANELS = {
+    "Input": ("--input", "--input-format", "--prompt-column", "--id-column", "--max-rows", "--max-new-tokens-column",
+              "--sampling-column", "--length-column"),
+    "Prompt": ("--template", "--system", "--chat", "--parse-special-tokens", "--on-long-prompt", "--max-prompt-tokens"),
+    "Model": ("--model", "--trust-remote-code", "--device", "--dtype", "--quantize", "--quantize-backend",
+              "--quantize-embedding"),
+    "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
+                 "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
+                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos"),
+    "Output": ("--output", "--output-format", "--keep-columns", "--rows-per-part", "--commit-every",
+               "--commit-every-seconds", "--stop-grace-seconds", "--checkpoint-in-flight-every", "--retry-errors",
+               "--overwrite", "--max-error-rate"),
+    "Engine": ("--batch-size", "--max-num-batched-tokens", "--kv-cache-memory", "--kv-cache-dtype", "--compile",
+               "--attention-backend", "--block-size", "--cuda-graphs", "--mode", "--window-rows", "--sort-by-length",
+               "--static-min-occupancy"),
+    "Sharding and executors": ("--workers", "--num-shards", "--shard-index", "--executor", "--ray-actors",
+                               "--ray-keep-warm"),
+    "Monitoring": ("--quiet", "--metrics", "--metrics-textfile", "--metrics-port", "--metrics-host",
+                   "--metrics-every-seconds"),
+}
+PANEL_OF = {flag: panel for panel, flags in _PANELS.items() for flag in flags}
+
+
 def _opt(*names: str, metavar: str | None = None, help: str) -> typer.models.OptionInfo:
-    return typer.Option(*names, metavar=metavar, help=help)
+    panel = PANEL_OF.get(names[0].split("/")[0])  # None: the last section (--config)
+    return typer.Option(*names, metavar=metavar, help=help, rich_help_panel=panel)
 
 
 REQUIRED = "required, here or in --config"

@@ -10,13 +10,14 @@ import typer
 from batchgen.cli import options as o
 from batchgen.cli.app import app
 from batchgen.cli.console import setup_logging, user_errors
+from batchgen.cli.help import PanelCommand
 
 
-@app.command()
+@app.command(cls=PanelCommand)
 def plan(
     input: o.Input = None,
     input_format: o.InputFormat = None,
-    output: Annotated[str | None, typer.Option("--output", "-o", metavar="DIR", help=(
+    output: Annotated[str | None, typer.Option("--output", "-o", metavar="DIR", rich_help_panel="Output", help=(
         "The job's output directory, if it exists: only the rows a resume would run are planned, with its "
         "learned output lengths. Nothing is written."))] = None,
     output_format: o.OutputFormat = None,
@@ -88,10 +89,10 @@ def plan(
     ray_actors: o.RayActors = None,
     ray_keep_warm: o.RayKeepWarm = None,
     workers: o.Workers = None,
-    calibration_rows: Annotated[int, typer.Option(metavar="N", help=(
+    calibration_rows: Annotated[int, typer.Option(metavar="N", rich_help_panel="Plan", help=(
         "Rows of the first shard the calibration run generates a few tokens for (0 = no calibration, no time "
         "estimate)."))] = 16,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", rich_help_panel="Plan", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Dry run: shards, prompt and predicted output lengths, mode per shard and why, KV memory, time, output size.
 

@@ -13,9 +13,10 @@ import typer
 from batchgen.cli import options as o
 from batchgen.cli.app import app
 from batchgen.cli.console import setup_logging, user_errors
+from batchgen.cli.help import PanelCommand
 
 
-@app.command()
+@app.command(cls=PanelCommand)
 def run(
     input: o.Input = None,
     input_format: o.InputFormat = None,
