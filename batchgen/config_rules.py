@@ -5,7 +5,9 @@ input cannot do yet). batchgen.config holds the record itself and how it is buil
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchgen.engine.scheduler import Policy
@@ -56,6 +58,9 @@ OPENAI_ID_COLUMN = "custom_id"
 OPENAI_BODY_COLUMN = "body"
 OPENAI_KEPT_COLUMNS = ("method", "url", "model")
 EXECUTORS = ("local", "ray")
+# apply_chat_template arguments batchgen passes itself: --chat-template-kwargs may not set them
+RESERVED_CHAT_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "chat_template", "add_generation_prompt",
+                                           "tokenize", "tools", "documents"})
 # engine/kv_quant.py's fp8_refusal says the same with the device in hand
 FP8_KV_REFUSAL = ("--kv-cache-dtype fp8 is not available: batchgen has no fp8 attention kernel yet (on CUDA it "
                   "would need flash-attn 3 on Hopper; there is none on CPU); use --kv-cache-dtype int8 "
@@ -131,6 +136,7 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("on_long_prompt", config.on_long_prompt, LONG_PROMPT_POLICIES)
     _choice("input_format", config.input_format, INPUT_FORMATS)
     _choice("output_format", config.output_format, OUTPUT_FORMATS)
+    _chat_template_settings(config)
     _combinations(config)
     if config.input_format == OPENAI_BATCH:
         _openai_batch_settings(config)
@@ -165,6 +171,43 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
         raise ConfigError(f"{label('metrics_port')} must be a port number 0-65535 (0 = any free port), "
                           f"got {config.metrics_port!r}")
+
+
+def chat_template_text(value: str) -> str:
+    """--chat-template's Jinja text: the file it names, or (as vLLM reads it) the text itself when
+    it holds template syntax; ConfigError for a file that is not there."""
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{label('chat_template')}: cannot read {value!r} ({e.__class__.__name__}): pass a "
+                          "Jinja template file") from None
+
+
+def _chat_template_settings(config: JobConfig) -> None:
+    """Read the --chat-template file and parse --chat-template-kwargs now, before any load."""
+    if config.chat_template is not None:
+        if not isinstance(config.chat_template, str) or not config.chat_template:
+            raise ConfigError(f"{label('chat_template')} must be a file path, got {config.chat_template!r}")
+        chat_template_text(config.chat_template)
+    kwargs = config.chat_template_kwargs
+    if isinstance(kwargs, str):  # the flag's JSON
+        try:
+            kwargs = json.loads(kwargs)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{label('chat_template_kwargs')}: not valid JSON: {e}") from None
+    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+        raise ConfigError(f"{label('chat_template_kwargs')} must be a JSON object, e.g. "
+                          f"'{{\"enable_thinking\": false}}'; got {config.chat_template_kwargs!r}")
+    if kwargs is not None and set(kwargs) & RESERVED_CHAT_TEMPLATE_KWARGS:
+        raise ConfigError(f"{label('chat_template_kwargs')}: {sorted(set(kwargs) & RESERVED_CHAT_TEMPLATE_KWARGS)} "
+                          "are set by batchgen itself")
+    config.chat_template_kwargs = kwargs or None
+    if config.chat is False and (config.chat_template is not None or config.chat_template_kwargs):
+        raise ConfigError("--chat-template and --chat-template-kwargs need the chat template, and --no-chat turns "
+                          "it off: drop one of them")
 
 
 def _combinations(config: JobConfig) -> None:

@@ -41,7 +41,8 @@ def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
 _PANELS = {
     "Input": ("--input", "--input-format", "--prompt-column", "--id-column", "--max-rows", "--max-new-tokens-column",
               "--sampling-column", "--length-column"),
-    "Prompt": ("--template", "--system", "--chat", "--parse-special-tokens", "--on-long-prompt", "--max-prompt-tokens"),
+    "Prompt": ("--template", "--system", "--chat", "--chat-template", "--chat-template-kwargs",
+               "--parse-special-tokens", "--on-long-prompt", "--max-prompt-tokens"),
     "Model": ("--model", "--trust-remote-code", "--device", "--dtype", "--quantize", "--quantize-backend",
               "--quantize-embedding"),
     "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
@@ -89,6 +90,11 @@ IdColumn = Annotated[str | None, _opt("--id-column", metavar="COL", help=(
 Template = Annotated[str | None, _opt("--template", metavar="TEXT", help=(
     'Prompt template with {column} placeholders, e.g. "Summarize:\\n\\n{text}".'))]
 System = Annotated[str | None, _opt("--system", metavar="TEXT", help="System prompt (chat models).")]
+ChatTemplate = Annotated[str | None, _opt("--chat-template", metavar="FILE", help=(
+    "Jinja chat template file replacing the tokenizer's own (vLLM's --chat-template; template text works too)."))]
+ChatTemplateKwargs = Annotated[str | None, _opt("--chat-template-kwargs", metavar="JSON", help=(
+    "JSON object of extra chat template variables, passed to apply_chat_template, e.g. "
+    "'{\"enable_thinking\": false}'."))]
 Chat = Annotated[bool | None, _opt("--chat/--no-chat", help=(
     "Apply the tokenizer's chat template [on when it has one]."))]
 MaxNewTokens = Annotated[int | None, _opt("--max-new-tokens", "--max-tokens", metavar="N", help=(

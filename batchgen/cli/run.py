@@ -30,6 +30,8 @@ def run(
     template: o.Template = None,
     system: o.System = None,
     chat: o.Chat = None,
+    chat_template: o.ChatTemplate = None,
+    chat_template_kwargs: o.ChatTemplateKwargs = None,
     parse_special_tokens: o.ParseSpecialTokens = None,
     max_new_tokens: o.MaxNewTokens = None,
     max_new_tokens_column: o.MaxNewTokensColumn = None,

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchgen.config import JobConfig
+from batchgen.config_rules import chat_template_text
 from batchgen.io.manifest import fingerprint_digest
 from batchgen.jobs.rows import RowSource
 
@@ -84,6 +85,11 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
     if sampling != {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
                     "sampling_column": None}:
         fingerprint.update(sampling)
+    if config.chat_template is not None:  # its text, not its path: an edited file is another prompt
+        text = chat_template_text(config.chat_template)
+        fingerprint["chat_template"] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    if config.chat_template_kwargs:
+        fingerprint["chat_template_kwargs"] = config.chat_template_kwargs
     # vLLM's output controls, only when set: fingerprints of jobs begun before they existed still match
     controls = {"min_p": config.min_p, "stop_token_ids": list(config.stop_token_ids),
                 "include_stop_str_in_output": config.include_stop_str_in_output,

@@ -59,9 +59,6 @@ def _builder(config: JobConfig, inputs: JobInputs) -> PromptBuilder | None:
         return None
     tokenizer, max_context_tokens = found
     try:
-        return PromptBuilder(tokenizer, inputs.source.template, system=config.system, chat=config.chat,
-                             max_context_tokens=max_context_tokens, on_long_prompt=config.on_long_prompt,
-                             max_prompt_tokens=config.max_prompt_tokens,
-                             parse_special_tokens=config.parse_special_tokens)
+        return PromptBuilder.for_job(config, tokenizer, inputs.source.template, max_context_tokens)
     except BatchgenError:
         return None
