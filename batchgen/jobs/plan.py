@@ -51,6 +51,9 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
         return {"nothing_to_do": True, "output": str(out_dir), "num_rows": 0, "num_rows_done": state.num_committed_rows,
                 "num_error_rows_done": len(state.error_ids), "shards": []}
     # torch and transformers load here, once every check has passed
+    from batchgen.engine.hf_imports import keep_torchao_out
+
+    keep_torchao_out(config)  # before transformers loads: no torchao for a plan that does not quantize
     from batchgen.engine.loader import load_model
     from batchgen.jobs.core import build_engine
     from batchgen.jobs.estimate import Tally, calibrate, kv_bytes, shard_seconds, shard_work

@@ -74,6 +74,9 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     if config.executor == "local" and _needs_model(config, inputs, session):
         # torch and transformers load here, before the lock, so that holding the lock means "past the
         # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
+        from batchgen.engine.hf_imports import keep_torchao_out
+
+        keep_torchao_out(config)  # no torchao import (and its warnings) for a job that does not use it
         import batchgen.engine.loader  # noqa: F401
         import batchgen.jobs.local  # noqa: F401
     summary: RunSummary | None = None
