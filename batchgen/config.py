@@ -45,7 +45,7 @@ class JobConfig:
     template: str | None = None  # "{column}" placeholders only
     system: str | None = None
     chat: bool | None = None  # None = on when the tokenizer has a chat template
-    chat_template: str | None = None  # a Jinja file (or the template text) replacing the tokenizer's own
+    chat_template: str | None = None  # Jinja file or text replacing the tokenizer's own; the text once validated
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template (a JSON object)
     parse_special_tokens: bool | None = None  # row text may hold control tokens; None = only with chat off
     max_new_tokens: int = 256

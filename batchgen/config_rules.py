@@ -176,14 +176,22 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
 def chat_template_text(value: str) -> str:
     """--chat-template's Jinja text: the file it names, or (as vLLM reads it) the text itself when
     it holds template syntax; ConfigError for a file that is not there."""
-    if "{{" in value or "{%" in value:
+    if _is_jinja(value):
         return value
     path = Path(value).expanduser()
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{label('chat_template')}: cannot read {value!r} ({e.__class__.__name__}): pass a "
                           "Jinja template file") from None
+    if not _is_jinja(text):
+        raise ConfigError(f"{label('chat_template')}: {value} holds no Jinja ({{{{ }}}} or {{% %}}), so it would "
+                          "render no message")
+    return text
+
+
+def _is_jinja(text: str) -> bool:
+    return "{{" in text or "{%" in text
 
 
 def _chat_template_settings(config: JobConfig) -> None:
@@ -191,7 +199,8 @@ def _chat_template_settings(config: JobConfig) -> None:
     if config.chat_template is not None:
         if not isinstance(config.chat_template, str) or not config.chat_template:
             raise ConfigError(f"{label('chat_template')} must be a file path, got {config.chat_template!r}")
-        chat_template_text(config.chat_template)
+        # the text from here on: Ray actors and --workers processes need no access to the file
+        config.chat_template = chat_template_text(config.chat_template)
     kwargs = config.chat_template_kwargs
     if isinstance(kwargs, str):  # the flag's JSON
         try:

@@ -70,3 +70,17 @@ def test_a_job_renders_with_the_file_and_its_fingerprint_follows_the_text(tmp_pa
     with pytest.raises(FingerprintMismatch, match="chat_template"):
         run_job(tiny_job_config(src, out, tiny_model_dir, id_column="id", max_new_tokens=2,
                                 chat_template=str(template_file)), loaded=loaded)
+
+
+def test_the_config_holds_the_text_once_validated(tmp_path, template_file):
+    """Validated again (workers, Ray actors) on a machine without the file, it still holds."""
+    config = build_config(None, inputs=["x"], output="o", chat_template=str(template_file))
+    template_file.unlink()
+    assert config.chat_template == TEMPLATE and config.validate().chat_template == TEMPLATE
+
+
+def test_a_file_without_jinja_is_refused(tmp_path):
+    path = tmp_path / "plain.txt"
+    path.write_text("just text")
+    with pytest.raises(ConfigError, match="holds no Jinja"):
+        build_config(None, inputs=["x"], output="o", chat_template=str(path))
