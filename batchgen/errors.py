@@ -10,6 +10,10 @@ Exit codes (documented in README):
   130  interrupted by SIGINT (Ctrl-C): finished rows were committed, rerun the command to resume
   143  interrupted by SIGTERM: the same
 
+`batchgen status` exits 0 for every state it reports, "not_started" included (an output no run
+has written yet): a sensor polling it before the first run does not fail. It exits 2 only for a
+directory that holds something else.
+
 No code is 99, which Airflow's BashOperator reads as "skip the task" (skip_on_exit_code): every
 failure above must fail (and retry) an Airflow task, never skip it. tests/test_errors.py checks.
 """

@@ -22,7 +22,7 @@ from batchgen import __version__
 from batchgen.cli import app
 
 FIXED_COLUMNS = ["generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens", "error",
-                 "prompt_hash"]
+                 "prompt_hash", "prompt_truncated"]
 MAX_NEW = 8
 
 
@@ -280,7 +280,7 @@ def test_system_prompt_without_chat_is_a_usage_error(runner, tiny_model_dir, tmp
     src = write_parquet(tmp_path / "in.parquet", text=["x"])
     out = tmp_path / "out"
     result = invoke(runner, tiny_model_dir, src, out, "--no-chat", "--system", "Be brief.")
-    assert_user_error(result, out, "system prompt", after_model_load=True)
+    assert_user_error(result, out, "--system needs the chat template")  # before the model loads
 
 
 def test_long_prompt_truncate(runner, short_context_model_dir, tmp_path):
@@ -465,14 +465,16 @@ def test_output_path_that_is_a_file(runner, tiny_model_dir, tmp_path):
 
 
 @pytest.mark.parametrize(("flags", "needle"), [
-    (["--max-new-tokens", "-3"], "max_new_tokens must be a positive integer, got -3"),
-    (["--mode", "fast"], "mode must be one of auto, continuous, static; got 'fast'"),
-    (["--top-p", "0"], "top_p must be in (0, 1]"),
-    (["--on-long-prompt", "skip"], "on_long_prompt must be one of truncate, error"),
-    (["--kv-cache-memory", "lots"], "kv_cache_memory: cannot read 'lots'"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens (YAML max_new_tokens) must be a positive integer, got -3"),
+    (["--mode", "fast"], "--mode (YAML mode) must be one of auto, continuous, static; got 'fast'"),
+    (["--top-p", "0"], "--top-p (YAML top_p) must be in (0, 1]"),
+    (["--on-long-prompt", "skip"], "--on-long-prompt (YAML on_long_prompt) must be one of truncate, error"),
+    (["--kv-cache-memory", "lots"], "--kv-cache-memory (YAML kv_cache_memory): cannot read 'lots'"),
+    (["--top-k", "-7"], "--top-k (YAML top_k) must be >= 1, or -1 / 0 for no limit; got -7"),
     (["--template", "{text.__class__}"], "not allowed"),
-    (["--stop-grace-seconds", "-1"], "stop_grace_s must be a number of seconds >= 0"),
-    (["--checkpoint-in-flight-every", "-5"], "checkpoint_in_flight_every_s must be a number of seconds >= 0"),
+    (["--stop-grace-seconds", "-1"], "--stop-grace-seconds (YAML stop_grace_seconds) must be a number of seconds >= 0"),
+    (["--checkpoint-in-flight-every", "-5"],
+     "--checkpoint-in-flight-every (YAML checkpoint_in_flight_every) must be a number of seconds >= 0"),
 ])
 def test_bad_config_values(runner, tiny_model_dir, tmp_path, flags, needle):
     src = write_parquet(tmp_path / "in.parquet", text=["x"])
@@ -481,9 +483,9 @@ def test_bad_config_values(runner, tiny_model_dir, tmp_path, flags, needle):
 
 
 @pytest.mark.parametrize(("text", "needle"), [
-    ("max_tokens: 5\n", "unknown setting 'max_tokens'"),
+    ("max_token: 5\n", "unknown setting 'max_token'; did you mean 'max_tokens'?"),
     ("max_new_tokens: [5\n", "not valid YAML"),
-    ("top_k: '40'\n", "top_k must be an integer"),
+    ("top_k: '40'\n", "--top-k (YAML top_k) must be an integer"),
     ("- a list\n", "expected a mapping"),
 ])
 def test_bad_yaml_config(runner, tiny_model_dir, tmp_path, text, needle):
@@ -571,7 +573,7 @@ def test_engine_flags_reach_the_config_and_bad_values_exit_2(runner, tmp_path):
     assert (config.attention_backend, config.block_size, config.cuda_graphs) == ("sdpa", 32, False)  # old name
     result = runner.invoke(app, ["run", "--input", "x.parquet", "--output", str(tmp_path / "o"),
                                  "--attention-backend", "flashinfer"])
-    assert result.exit_code == 2 and "attention_backend must be one of" in result.output
+    assert result.exit_code == 2 and "--attention-backend (YAML attention_backend) must be one of" in result.output
 
 
 def test_no_arguments_shows_help(runner):

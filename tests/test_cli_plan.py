@@ -64,7 +64,10 @@ def test_plan_json_shape(runner, tiny_model_dir, inputs, tmp_path):
     assert report["predicted_output_tokens"] == 56
     assert report["prompt_tokens"]["count"] == 9 and report["prompt_tokens"]["max"] == len("a longer prompt " * 3)
     assert report["kv"]["bytes_per_token"] > 0 and report["calibration"]["num_steps"] > 0
-    assert report["estimated_seconds"] == pytest.approx(sum(s["estimated_seconds"] for s in shards), abs=0.01)
+    # the whole job's time: the model's load (timed as the plan loaded it) and every shard's
+    assert report["model_load_seconds"] > 0
+    assert report["estimated_seconds"] == pytest.approx(
+        report["model_load_seconds"] + sum(s["estimated_seconds"] for s in shards), abs=0.01)
 
 
 def test_plan_text_and_forced_mode(runner, tiny_model_dir, inputs):
@@ -101,4 +104,27 @@ def test_plan_user_errors_exit_2(runner, tiny_model_dir, inputs):
                                  "--length-column", "nope"])
     assert result.exit_code == 2 and "--length-column 'nope' not found" in result.output
     result = runner.invoke(app, ["plan", "--input", str(inputs / "a.parquet"), "--mode", "fastest"])
-    assert result.exit_code == 2 and "mode must be one of auto, continuous, static" in result.output
+    assert result.exit_code == 2 and "--mode (YAML mode) must be one of auto, continuous, static" in result.output
+
+
+def _flags(command: str) -> set[str]:
+    import typer.main
+
+    params = typer.main.get_command(app).commands[command].params
+    return {flag for p in params for flag in (*p.opts, *p.secondary_opts)}
+
+
+def test_plan_takes_every_run_flag():
+    assert _flags("run") - _flags("plan") == set()
+
+
+def test_a_pasted_run_command_plans(runner, tiny_model_dir, inputs, tmp_path):
+    """A `run` command with its sampling, commit and metrics flags, `run` replaced by `plan`."""
+    result = plan(runner, tiny_model_dir, inputs, "--output", tmp_path / "out", "--temperature", "0.7",
+                  "--top-p", "0.9", "--top-k", "20", "--seed", "3", "--stop", "\\n", "--min-tokens", "1",
+                  "--commit-every", "10", "--commit-every-seconds", "5", "--rows-per-part", "100", "--quiet",
+                  "--no-metrics", "--max-error-rate", "0.5", "--stop-grace-seconds", "10", "--overwrite")
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("plan: 9 rows (1 error row)")
+    assert any("(model load " in line for line in lines if line.startswith("calibration: "))
+    assert not (tmp_path / "out").exists()

@@ -97,9 +97,25 @@ def test_status_of_an_interrupted_job(runner, tiny_model_dir, inputs, tmp_path, 
 
 
 def test_status_of_a_directory_that_is_no_job(runner, tmp_path):
+    (tmp_path / "notes.txt").write_text("someone else's")
     result = runner.invoke(app, ["status", "--output", str(tmp_path)])
     assert result.exit_code == 2
     assert stderr_lines(result) == [f"error: {tmp_path} is not a batchgen output directory (it has no _manifest)"]
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_status_of_an_output_no_run_has_written_is_not_started_exit_0(runner, tmp_path, made):
+    """An Airflow sensor polls the output before the first run: that is a state, not a failure (issue 35)."""
+    out = tmp_path / "out"
+    if made:
+        out.mkdir()
+    result = runner.invoke(app, ["status", "--output", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.stdout)
+    assert (status["state"], status["complete"], status["done"]) == ("not_started", False, 0)
+    text = runner.invoke(app, ["status", "--output", str(out)])
+    assert text.exit_code == 0 and "state: not started: no run has written there yet" in text.stdout
+    assert out.exists() == made  # status writes nothing
 
 
 def test_compact_rewrites_in_input_order(runner, tiny_model_dir, inputs, tmp_path):

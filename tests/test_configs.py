@@ -77,3 +77,10 @@ def test_make_docs_reproduces_the_committed_files(tmp_path):
                    check=True, capture_output=True)
     assert pq.read_table(tmp_path / "docs.parquet").equals(pq.read_table(EXAMPLES / "docs.parquet"))
     assert (tmp_path / "docs_small.jsonl").read_bytes() == (EXAMPLES / "docs_small.jsonl").read_bytes()
+
+
+def test_default_yaml_dtype_comment_says_what_auto_does():
+    """auto on CPU is bf16 where the CPU has it natively (engine/loader.cpu_auto_dtype), not always fp32."""
+    line = next(line for line in (ROOT / "configs" / "default.yaml").read_text().splitlines()
+                if line.startswith("dtype:"))
+    assert "fp32 on CPU)" not in line and "avx512_bf16" in line and "else fp32" in line

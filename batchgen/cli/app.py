@@ -1,7 +1,8 @@
 """The Typer app the commands register on, and `--version`.
 
-rich_markup_mode=None: plain click help. Rich markup reads the "[text]", "[auto]" defaults in the
-option help as style tags and drops them, and its table cuts long flag names on 80 columns.
+rich_markup_mode=None: plain click help (batchgen/cli/help.py puts run's options in sections).
+Rich markup reads the "[text]", "[auto]" defaults in the option help as style tags and drops
+them, and its table cuts long flag names on 80 columns.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import typer
 
 from batchgen import __version__
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,
+# -h as well as --help, in every command; shell completion (--install-completion) on
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Offline batch LLM generation: Parquet/JSONL prompts in, Parquet out.")
 
 

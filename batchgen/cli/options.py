@@ -2,7 +2,8 @@
 
 Adding a job option is two local changes: an alias here (its flag, metavar and help) and a
 parameter of that type in the command (cli/run.py, cli/plan.py). A parameter whose name is a
-JobConfig field is passed through by `config_overrides`; RENAMED maps the few that differ.
+JobConfig field is passed through by `config_overrides`; RENAMED (batchgen.config.job.KEY_ALIASES, the
+YAML keys' table) maps the few that differ.
 
 Metavars are explicit (PATH, DIR, COL, N, ...): Typer's own render Python types (`<list[str]>`).
 `--input` and `--output` cannot be click-required, because a --config file may set them; their
@@ -16,25 +17,54 @@ from typing import Annotated, Any
 
 import typer
 
-# CLI parameter -> JobConfig field, where the names differ
-RENAMED = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
-           "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
-           "checkpoint_in_flight_every": "checkpoint_in_flight_every_s"}
+from batchgen.cli.escapes import unescape
+from batchgen.config.job import KEY_ALIASES
+
+# CLI parameter -> JobConfig field, where the names differ: the YAML keys' own table
+RENAMED = KEY_ALIASES
 # parameters of a command that are not job settings
-NOT_CONFIG = {"config", "calibration_rows", "as_json", "workers"}
+NOT_CONFIG = {"config", "calibration_rows", "as_json"}
 
 
 def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
     """A command's parameters (its `locals()`) as build_config overrides; None = not given."""
     out = {RENAMED.get(name, name): value for name, value in params.items() if name not in NOT_CONFIG}
+    # shells pass "\n" literally; in these flags users mean a newline, as in vLLM's stop=["\n"]
     if out.get("template") is not None:
-        # shells pass "\n" literally; a template flag is where users mean a newline
-        out["template"] = out["template"].replace("\\n", "\n").replace("\\t", "\t")
+        out["template"] = unescape(out["template"], "--template")
+    if out.get("stop"):
+        out["stop"] = [unescape(s, "--stop") for s in out["stop"]]
     return out
 
 
+# each option's --help section (batchgen/cli/help.py), by its flag
+_PANELS = {
+    "Input": ("--input", "--input-format", "--prompt-column", "--id-column", "--max-rows", "--max-new-tokens-column",
+              "--sampling-column", "--length-column"),
+    "Prompt": ("--template", "--system", "--chat", "--chat-template", "--chat-template-kwargs",
+               "--parse-special-tokens", "--on-long-prompt", "--max-prompt-tokens"),
+    "Model": ("--model", "--trust-remote-code", "--device", "--dtype", "--quantize", "--quantize-backend",
+              "--quantize-embedding"),
+    "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
+                 "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
+                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos"),
+    "Output": ("--output", "--output-format", "--keep-columns", "--rows-per-part", "--commit-every",
+               "--commit-every-seconds", "--stop-grace-seconds", "--checkpoint-in-flight-every", "--retry-errors",
+               "--overwrite", "--max-error-rate"),
+    "Engine": ("--batch-size", "--max-num-batched-tokens", "--kv-cache-memory", "--kv-cache-dtype", "--compile",
+               "--attention-backend", "--block-size", "--cuda-graphs", "--mode", "--window-rows", "--sort-by-length",
+               "--static-min-occupancy"),
+    "Sharding and executors": ("--workers", "--num-shards", "--shard-index", "--executor", "--ray-actors",
+                               "--ray-keep-warm"),
+    "Monitoring": ("--quiet", "--metrics", "--metrics-textfile", "--metrics-port", "--metrics-host",
+                   "--metrics-every-seconds"),
+}
+PANEL_OF = {flag: panel for panel, flags in _PANELS.items() for flag in flags}
+
+
 def _opt(*names: str, metavar: str | None = None, help: str) -> typer.models.OptionInfo:
-    return typer.Option(*names, metavar=metavar, help=help)
+    panel = PANEL_OF.get(names[0].split("/")[0])  # None: the last section (--config)
+    return typer.Option(*names, metavar=metavar, help=help, rich_help_panel=panel)
 
 
 REQUIRED = "required, here or in --config"
@@ -60,10 +90,15 @@ IdColumn = Annotated[str | None, _opt("--id-column", metavar="COL", help=(
 Template = Annotated[str | None, _opt("--template", metavar="TEXT", help=(
     'Prompt template with {column} placeholders, e.g. "Summarize:\\n\\n{text}".'))]
 System = Annotated[str | None, _opt("--system", metavar="TEXT", help="System prompt (chat models).")]
+ChatTemplate = Annotated[str | None, _opt("--chat-template", metavar="FILE", help=(
+    "Jinja chat template file replacing the tokenizer's own (vLLM's --chat-template; template text works too)."))]
+ChatTemplateKwargs = Annotated[str | None, _opt("--chat-template-kwargs", metavar="JSON", help=(
+    "JSON object of extra chat template variables, passed to apply_chat_template, e.g. "
+    "'{\"enable_thinking\": false}'."))]
 Chat = Annotated[bool | None, _opt("--chat/--no-chat", help=(
     "Apply the tokenizer's chat template [on when it has one]."))]
-MaxNewTokens = Annotated[int | None, _opt("--max-new-tokens", metavar="N", help=(
-    "Most tokens to generate per row [256]."))]
+MaxNewTokens = Annotated[int | None, _opt("--max-new-tokens", "--max-tokens", metavar="N", help=(
+    "Most tokens to generate per row (vLLM's max_tokens) [256]."))]
 MaxNewTokensColumn = Annotated[str | None, _opt("--max-new-tokens-column", metavar="COL", help=(
     "Column with a per-row max_new_tokens (null = the default)."))]
 Temperature = Annotated[float | None, _opt("--temperature", metavar="T", help="0 = greedy [0].")]
@@ -80,10 +115,20 @@ MinTokens = Annotated[int | None, _opt("--min-tokens", metavar="N", help=(
     "Generate at least N tokens before EOS or a stop string may end a row [0]."))]
 SamplingColumn = Annotated[str | None, _opt("--sampling-column", metavar="COL", help=(
     "Column of per-row sampling overrides: a JSON object (or struct) with any of temperature, top_p, "
-    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens (null = the job's)."))]
+    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens, min_p (null = the job's)."))]
+MinP = Annotated[float | None, _opt("--min-p", metavar="P", help=(
+    "Sampled rows: drop tokens less likely than P times the likeliest token, in [0, 1]; 0 = off [0]."))]
+StopTokenIds = Annotated[list[int] | None, _opt("--stop-token-ids", metavar="ID", help=(
+    "Token id that ends a row as EOS does (even with --ignore-eos); repeatable."))]
+IncludeStopStrInOutput = Annotated[bool | None, _opt("--include-stop-str-in-output/--no-include-stop-str-in-output",
+                                                     help="Keep the stop string (or stop token) that ended a row in "
+                                                          "its text [off].")]
+SkipSpecialTokens = Annotated[bool | None, _opt("--skip-special-tokens/--no-skip-special-tokens", help=(
+    "Leave special tokens out of the generated text [on]."))]
 Seed = Annotated[int | None, _opt("--seed", metavar="N", help=(
     "Job seed; each row's seed derives from it and the row id [0]."))]
-Stop = Annotated[list[str] | None, _opt("--stop", metavar="TEXT", help="Stop string; repeatable.")]
+Stop = Annotated[list[str] | None, _opt("--stop", metavar="TEXT", help=(
+    'Stop string; repeatable. Backslash escapes are read as in vLLM/JSON: --stop "\\n" stops at a newline.'))]
 IgnoreEos = Annotated[bool | None, _opt("--ignore-eos", help="Generate through EOS (benchmarks).")]
 BatchSize = Annotated[int | None, _opt("--batch-size", metavar="N", help=(
     "Sequences running at once [auto: what the KV cache holds of this job's rows, at most 256 on CPU, "
@@ -130,7 +175,9 @@ SortByLength = Annotated[bool | None, _opt("--sort-by-length/--no-sort-by-length
 StaticMinOccupancy = Annotated[float | None, _opt("--static-min-occupancy", metavar="X", help=(
     "auto: static when its batches would keep at least this share of slots busy [1.0]."))]
 Device = Annotated[str | None, _opt("--device", metavar="DEVICE", help="auto | cpu | cuda [auto].")]
-Dtype = Annotated[str | None, _opt("--dtype", metavar="DTYPE", help="auto | float32 | bfloat16 | float16 [auto].")]
+Dtype = Annotated[str | None, _opt("--dtype", metavar="DTYPE", help=(
+    "auto | float32 | bfloat16 | float16 [auto: bf16 on CUDA; on CPU bf16 where native (avx512_bf16, AMX), "
+    "else float32]."))]
 Quantize = Annotated[str | None, _opt("--quantize", metavar="SCHEME", help=(
     "Weights: none | auto (a quantized GGUF's nearest) | int8 | int8-weight | int4 [none]."))]
 QuantizeBackend = Annotated[str | None, _opt("--quantize-backend", metavar="NAME", help=(
@@ -138,7 +185,7 @@ QuantizeBackend = Annotated[str | None, _opt("--quantize-backend", metavar="NAME
 QuantizeEmbedding = Annotated[str | None, _opt("--quantize-embedding", metavar="SCHEME", help=(
     "Embedding/LM head: auto (int8 with --quantize int4) | none | int8 [auto]."))]
 KvCacheDtype = Annotated[str | None, _opt("--kv-cache-dtype", metavar="DTYPE", help=(
-    "auto (model dtype) | int8 | fp8 [auto]."))]
+    "auto (model dtype) | int8 (per-token, per-head scales) [auto]."))]
 MaxRows = Annotated[int | None, _opt("--max-rows", metavar="N", help="Process only the first N rows [all].")]
 Workers = Annotated[int | None, _opt("--workers", metavar="N", help=(
     "CPU: run the job as N shard processes of cores/N threads each (output in shard-I-of-N/), then "

@@ -13,9 +13,10 @@ import typer
 from batchgen.cli import options as o
 from batchgen.cli.app import app
 from batchgen.cli.console import setup_logging, user_errors
+from batchgen.cli.help import PanelCommand
 
 
-@app.command()
+@app.command(cls=PanelCommand)
 def run(
     input: o.Input = None,
     input_format: o.InputFormat = None,
@@ -29,6 +30,8 @@ def run(
     template: o.Template = None,
     system: o.System = None,
     chat: o.Chat = None,
+    chat_template: o.ChatTemplate = None,
+    chat_template_kwargs: o.ChatTemplateKwargs = None,
     parse_special_tokens: o.ParseSpecialTokens = None,
     max_new_tokens: o.MaxNewTokens = None,
     max_new_tokens_column: o.MaxNewTokensColumn = None,
@@ -40,6 +43,10 @@ def run(
     frequency_penalty: o.FrequencyPenalty = None,
     min_tokens: o.MinTokens = None,
     sampling_column: o.SamplingColumn = None,
+    min_p: o.MinP = None,
+    stop_token_ids: o.StopTokenIds = None,
+    include_stop_str_in_output: o.IncludeStopStrInOutput = None,
+    skip_special_tokens: o.SkipSpecialTokens = None,
     seed: o.Seed = None,
     stop: o.Stop = None,
     ignore_eos: o.IgnoreEos = None,
@@ -83,20 +90,19 @@ def run(
     metrics_every_seconds: o.MetricsEverySeconds = None,
     executor: o.Executor = None,
     ray_actors: o.RayActors = None,
-    ray_keep_warm_s: o.RayKeepWarm = None,
+    ray_keep_warm: o.RayKeepWarm = None,
     workers: o.Workers = None,
 ) -> None:
     """Generate a completion for every input row and write Parquet parts to --output."""
-    overrides = o.config_overrides(locals())
-    with user_errors():
+    params = dict(locals())
+    with user_errors():  # config_overrides reads escapes in --stop/--template, which can be malformed
+        overrides = o.config_overrides(params)
         from batchgen.config.job import build_config
-        from batchgen.errors import ConfigError
         from batchgen.jobs.commands.run import run_job  # imports torch only once the job's checks have passed
 
         job_config = build_config(config, **overrides)
         setup_logging(job_config.quiet)
-        if workers is not None and workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {workers}")
+        workers = job_config.workers  # the flag, else the config file's `workers:`
         if workers is not None and workers > 1:
             from batchgen.jobs.executors.workers import run_workers
 

@@ -7,6 +7,7 @@ and the validation in batchgen/config/rules.py, so the CLI stays thin and tests 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import yaml
 from batchgen.config.choices import Policy
 from batchgen.config.rules import (
     AUTO,
+    KEY_ALIASES,
     LONG_PROMPT_POLICIES,
     OPENAI_BATCH,
     check_penalties,
@@ -26,8 +28,8 @@ from batchgen.config.rules import (
 from batchgen.errors import ConfigError
 
 # importers take these from here; their definitions sit with the rules
-__all__ = ["AUTO", "LONG_PROMPT_POLICIES", "OPENAI_BATCH", "JobConfig", "build_config", "check_penalties",
-           "load_config_file", "parse_bytes"]
+__all__ = ["AUTO", "KEY_ALIASES", "LONG_PROMPT_POLICIES", "OPENAI_BATCH", "JobConfig", "build_config",
+           "check_penalties", "load_config_file", "parse_bytes"]
 
 
 @dataclass(slots=True)
@@ -43,6 +45,8 @@ class JobConfig:
     template: str | None = None  # "{column}" placeholders only
     system: str | None = None
     chat: bool | None = None  # None = on when the tokenizer has a chat template
+    chat_template: str | None = None  # Jinja file or text replacing the tokenizer's own; the text once validated
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template (a JSON object)
     parse_special_tokens: bool | None = None  # row text may hold control tokens; None = only with chat off
     max_new_tokens: int = 256
     max_new_tokens_column: str | None = None
@@ -54,6 +58,10 @@ class JobConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_tokens: int = 0  # tokens generated before EOS or a stop string may end a row
+    min_p: float = 0.0  # sampled rows: drop tokens below min_p x the likeliest token's probability; 0 = off
+    stop_token_ids: list[int] = field(default_factory=list)  # token ids that end a row, as EOS does
+    include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
+    skip_special_tokens: bool = True  # the text leaves special tokens out
     sampling_column: str | None = None  # per-row overrides of the above (a JSON object or struct per cell)
     seed: int = 0
     stop: list[str] = field(default_factory=list)
@@ -108,6 +116,8 @@ class JobConfig:
     executor: str = "local"  # local: this process; ray: a Ray Data actor pool (batchgen.ray), RAY_ADDRESS's cluster
     ray_actors: int | None = None  # ray: actors (models loaded); None = one per GPU, else one per node
     ray_keep_warm_s: float = 0.0  # ray: > 0: kept-warm engines (batchgen.ray.engines) instead of the actor pool
+    # CPU: the job as this many shard processes, then finalize (jobs/executors/workers.py); None = 1
+    workers: int | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -142,18 +152,29 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: expected a mapping of settings, got {type(raw).__name__}")
     out: dict[str, Any] = {}
+    given: dict[str, Any] = {}  # field -> the key that set it
     known = JobConfig.field_names()
     for key, value in raw.items():
-        name = str(key).replace("-", "_")
-        if name == "input":
-            name = "inputs"
+        name = KEY_ALIASES.get(str(key).replace("-", "_"), str(key).replace("-", "_"))
         if name not in known:
-            raise ConfigError(f"{p}: unknown setting {key!r} (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{p}: unknown setting {key!r}{_did_you_mean(str(key).replace('-', '_'))} "
+                              "(configs/default.yaml lists every setting)")
+        if name in given:
+            raise ConfigError(f"{p}: {given[name]!r} and {key!r} are the same setting; keep one")
+        given[name] = key
         out[name] = value
+    if isinstance(out.get("stop_token_ids"), int):
+        out["stop_token_ids"] = [out["stop_token_ids"]]
     for name in ("inputs", "stop", "keep_columns"):  # one string = a list of one, not of characters
         if isinstance(out.get(name), str):
             out[name] = [out[name]]
     return out
+
+
+def _did_you_mean(key: str) -> str:
+    """'; did you mean 'x'?' for the closest known key, or '' when none is close."""
+    close = difflib.get_close_matches(key, sorted(JobConfig.field_names() | set(KEY_ALIASES)), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def build_config(config_file: str | Path | None = None, *, need_output: bool = True, **overrides: Any) -> JobConfig:

@@ -5,6 +5,9 @@ input cannot do yet). batchgen.config.job holds the record itself and how it is 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchgen.config.choices import ATTENTION_BACKEND_ALIASES, ATTENTION_BACKENDS, Policy, canonical_attention_backend
@@ -12,6 +15,29 @@ from batchgen.errors import ConfigError
 
 if TYPE_CHECKING:
     from batchgen.config.job import JobConfig
+
+# YAML key -> JobConfig field, where they differ. Every `run` flag's own name is a YAML key
+# (--commit-every-seconds: commit_every_seconds, tests/test_config_keys.py walks the flags), and
+# vLLM's max_tokens is max_new_tokens. The CLI maps its parameters through the same table.
+KEY_ALIASES = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
+               "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
+               "checkpoint_in_flight_every": "checkpoint_in_flight_every_s", "ray_keep_warm": "ray_keep_warm_s",
+               "max_tokens": "max_new_tokens"}
+# field -> the key (and flag) users type for it; max_tokens is an alias, not the name errors use
+_KEYS = {field: key for key, field in KEY_ALIASES.items() if key != "max_tokens"}
+# settings with a YAML key but no flag (tests/test_config_keys.py checks this list against the CLI)
+NO_FLAG = frozenset({"read_batch_size", "log_every_s", "enable_prefix_caching"})
+TOP_K_OFF = (0, -1)  # vLLM's top_k=-1 (and 0): no limit
+
+
+def label(field: str) -> str:
+    """How an error names a setting: the flag a user types and the YAML key, e.g. "--top-k (YAML
+    top_k)"; the key alone for the few settings without a flag."""
+    key = _KEYS.get(field, field)
+    if field in NO_FLAG:
+        return key
+    return f"--{key.replace('_', '-')} (YAML {key})"
+
 
 AUTO = "auto"  # the mode that lets the length planner choose a Policy per shard
 MODES = (AUTO, *(p.value for p in Policy))
@@ -21,7 +47,7 @@ LONG_PROMPT_POLICIES = ("truncate", "error")
 QUANTIZE = ("none", "auto", "int8", "int8-weight", "int4")  # auto: a quantized GGUF's nearest scheme, else none
 QUANTIZE_BACKENDS = ("auto", "torchao", "quanto", "onednn")
 QUANTIZE_EMBEDDING = ("auto", "none", "int8")  # auto: int8 with int4 weights (engine/quant/plan.py EMBEDDING_AUTO)
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+KV_CACHE_DTYPES = ("auto", "int8")  # fp8: refused before any load (FP8_KV_REFUSAL), so not offered
 OPENAI_BATCH = "openai-batch"  # the OpenAI Batch API's request / output JSONL (jobs/openai/requests.py)
 INPUT_FORMATS = ("auto", "parquet", "jsonl", OPENAI_BATCH)  # auto: by file suffix
 OUTPUT_FORMATS = ("parquet", OPENAI_BATCH, "both")
@@ -31,6 +57,13 @@ OPENAI_ID_COLUMN = "custom_id"
 OPENAI_BODY_COLUMN = "body"
 OPENAI_KEPT_COLUMNS = ("method", "url", "model")
 EXECUTORS = ("local", "ray")
+# apply_chat_template arguments batchgen passes itself: --chat-template-kwargs may not set them
+RESERVED_CHAT_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "chat_template", "add_generation_prompt",
+                                           "tokenize", "tools", "documents"})
+# engine/kv/quant.py's fp8_refusal says the same with the device in hand
+FP8_KV_REFUSAL = ("--kv-cache-dtype fp8 is not available: batchgen has no fp8 attention kernel yet (on CUDA it "
+                  "would need flash-attn 3 on Hopper; there is none on CPU); use --kv-cache-dtype int8 "
+                  "(every device)")
 
 
 def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
@@ -55,70 +88,154 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _positive("window_rows", config.window_rows)
     if (isinstance(config.static_min_occupancy, bool) or not isinstance(config.static_min_occupancy, (int, float))
             or not 0.0 <= config.static_min_occupancy <= 1.0):
-        raise ConfigError(f"static_min_occupancy must be a number in [0, 1], got {config.static_min_occupancy!r}")
+        raise ConfigError(f"{label('static_min_occupancy')} must be a number in [0, 1], "
+                          f"got {config.static_min_occupancy!r}")
     if config.commit_every_rows is not None:
         _positive("commit_every_rows", config.commit_every_rows)
     if config.commit_every_s is not None and (isinstance(config.commit_every_s, bool)
                                             or not isinstance(config.commit_every_s, (int, float))
                                             or config.commit_every_s < 0):
-        raise ConfigError(f"commit_every_s must be a number of seconds >= 0 (0 = off), got {config.commit_every_s!r}")
+        raise ConfigError(f"{label('commit_every_s')} must be a number of seconds >= 0 (0 = off), "
+                          f"got {config.commit_every_s!r}")
     for name in ("stop_grace_s", "checkpoint_in_flight_every_s"):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise ConfigError(f"{name} must be a number of seconds >= 0 (0 = off), got {value!r}")
+            raise ConfigError(f"{label(name)} must be a number of seconds >= 0 (0 = off), got {value!r}")
     from batchgen.jobs.sharding.split import check_shard_flags  # pyarrow-only imports: no cycle, no torch
 
     check_shard_flags(config.num_shards, config.shard_index)
     if config.max_rows is not None and config.max_rows < 0:
-        raise ConfigError(f"max_rows must be >= 0, got {config.max_rows}")
+        raise ConfigError(f"{label('max_rows')} must be >= 0, got {config.max_rows}")
     if config.max_prompt_tokens is not None:
         _positive("max_prompt_tokens", config.max_prompt_tokens)
     if config.max_error_rate is not None and not 0.0 <= config.max_error_rate <= 1.0:
-        raise ConfigError(f"max_error_rate must be in [0, 1], got {config.max_error_rate}")
+        raise ConfigError(f"{label('max_error_rate')} must be in [0, 1], got {config.max_error_rate}")
     if config.temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {config.temperature}")
+        raise ConfigError(f"{label('temperature')} must be >= 0, got {config.temperature}")
     if not 0.0 < config.top_p <= 1.0:
-        raise ConfigError(f"top_p must be in (0, 1], got {config.top_p}")
+        raise ConfigError(f"{label('top_p')} must be in (0, 1], got {config.top_p}")
+    if config.top_k in TOP_K_OFF and not isinstance(config.top_k, bool):
+        config.top_k = None  # vLLM's -1 (and 0) mean no limit
     if config.top_k is not None and config.top_k < 1:
-        raise ConfigError(f"top_k must be >= 1 (or unset), got {config.top_k}")
+        raise ConfigError(f"{label('top_k')} must be >= 1, or -1 / 0 for no limit; got {config.top_k}")
     check_penalties(config.repetition_penalty, config.presence_penalty, config.frequency_penalty, config.min_tokens,
-                    ConfigError)
+                    ConfigError, label)
     _choice("mode", config.mode, MODES)
     _choice("device", config.device, DEVICES)
     _choice("dtype", config.dtype, DTYPES)
     _choice("quantize", config.quantize, QUANTIZE)
     _choice("quantize_backend", config.quantize_backend, QUANTIZE_BACKENDS)
     _choice("quantize_embedding", config.quantize_embedding, QUANTIZE_EMBEDDING)
+    if config.kv_cache_dtype == "fp8":
+        raise ConfigError(FP8_KV_REFUSAL)
     _choice("kv_cache_dtype", config.kv_cache_dtype, KV_CACHE_DTYPES)
     _choice("attention_backend", config.attention_backend, (*ATTENTION_BACKENDS, *ATTENTION_BACKEND_ALIASES))
     config.attention_backend = canonical_attention_backend(config.attention_backend)
     if not isinstance(config.cuda_graphs, bool):
-        raise ConfigError(f"cuda_graphs must be true or false, got {config.cuda_graphs!r}")
+        raise ConfigError(f"{label('cuda_graphs')} must be true or false, got {config.cuda_graphs!r}")
     _choice("on_long_prompt", config.on_long_prompt, LONG_PROMPT_POLICIES)
     _choice("input_format", config.input_format, INPUT_FORMATS)
     _choice("output_format", config.output_format, OUTPUT_FORMATS)
+    _chat_template_settings(config)
+    _combinations(config)
     if config.input_format == OPENAI_BATCH:
         _openai_batch_settings(config)
     elif config.output_format != "parquet":
         raise ConfigError(f"output_format {config.output_format} needs Batch API requests as input: "
                           "pass --input-format openai-batch")
     _choice("executor", config.executor, EXECUTORS)
+    if config.workers is not None:
+        _positive("workers", config.workers)
     if config.ray_actors is not None:
         _positive("ray_actors", config.ray_actors)
     if (isinstance(config.ray_keep_warm_s, bool) or not isinstance(config.ray_keep_warm_s, (int, float))
             or config.ray_keep_warm_s < 0):
-        raise ConfigError(f"ray_keep_warm_s must be a number of seconds >= 0, got {config.ray_keep_warm_s!r}")
+        raise ConfigError(f"{label('ray_keep_warm_s')} must be a number of seconds >= 0, "
+                          f"got {config.ray_keep_warm_s!r}")
+    if isinstance(config.min_p, bool) or not isinstance(config.min_p, (int, float)) or not 0.0 <= config.min_p <= 1.0:
+        raise ConfigError(f"{label('min_p')} must be a number in [0, 1] (0 = off), got {config.min_p!r}")
+    if not isinstance(config.stop_token_ids, list) or any(
+            isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in config.stop_token_ids):
+        raise ConfigError(f"{label('stop_token_ids')} must be token ids (integers >= 0), got {config.stop_token_ids!r}")
+    for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{label(name)} must be true or false, got {getattr(config, name)!r}")
     if any(s == "" for s in config.stop):
-        raise ConfigError("stop strings must not be empty")
+        raise ConfigError(f"{label('stop')}: a stop string must not be empty")
     if config.kv_cache_memory is not None:
         parse_bytes(config.kv_cache_memory)
     if (isinstance(config.metrics_every_s, bool) or not isinstance(config.metrics_every_s, (int, float))
             or config.metrics_every_s <= 0):
-        raise ConfigError(f"metrics_every_s must be a number of seconds > 0, got {config.metrics_every_s!r}")
+        raise ConfigError(f"{label('metrics_every_s')} must be a number of seconds > 0, got {config.metrics_every_s!r}")
     if config.metrics_port is not None and (isinstance(config.metrics_port, bool) or not isinstance(
             config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
-        raise ConfigError(f"metrics_port must be a port number 0-65535 (0 = any free port), "
+        raise ConfigError(f"{label('metrics_port')} must be a port number 0-65535 (0 = any free port), "
                           f"got {config.metrics_port!r}")
+
+
+def chat_template_text(value: str) -> str:
+    """--chat-template's Jinja text: the file it names, or (as vLLM reads it) the text itself when
+    it holds template syntax; ConfigError for a file that is not there."""
+    if _is_jinja(value):
+        return value
+    path = Path(value).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{label('chat_template')}: cannot read {value!r} ({e.__class__.__name__}): pass a "
+                          "Jinja template file") from None
+    if not _is_jinja(text):
+        raise ConfigError(f"{label('chat_template')}: {value} holds no Jinja ({{{{ }}}} or {{% %}}), so it would "
+                          "render no message")
+    return text
+
+
+def _is_jinja(text: str) -> bool:
+    return "{{" in text or "{%" in text
+
+
+def _chat_template_settings(config: JobConfig) -> None:
+    """Read the --chat-template file and parse --chat-template-kwargs now, before any load."""
+    if config.chat_template is not None:
+        if not isinstance(config.chat_template, str) or not config.chat_template:
+            raise ConfigError(f"{label('chat_template')} must be a file path, got {config.chat_template!r}")
+        # the text from here on: Ray actors and --workers processes need no access to the file
+        config.chat_template = chat_template_text(config.chat_template)
+    kwargs = config.chat_template_kwargs
+    if isinstance(kwargs, str):  # the flag's JSON
+        try:
+            kwargs = json.loads(kwargs)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{label('chat_template_kwargs')}: not valid JSON: {e}") from None
+    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+        raise ConfigError(f"{label('chat_template_kwargs')} must be a JSON object, e.g. "
+                          f"'{{\"enable_thinking\": false}}'; got {config.chat_template_kwargs!r}")
+    if kwargs is not None and set(kwargs) & RESERVED_CHAT_TEMPLATE_KWARGS:
+        raise ConfigError(f"{label('chat_template_kwargs')}: {sorted(set(kwargs) & RESERVED_CHAT_TEMPLATE_KWARGS)} "
+                          "are set by batchgen itself")
+    config.chat_template_kwargs = kwargs or None
+    if config.chat is False and (config.chat_template is not None or config.chat_template_kwargs):
+        raise ConfigError("--chat-template and --chat-template-kwargs need the chat template, and --no-chat turns "
+                          "it off: drop one of them")
+
+
+def _combinations(config: JobConfig) -> None:
+    """Settings that cannot go together whatever the model and the machine: refused here, before
+    any load, where they used to surface after the model had loaded (the engine and the prompt
+    builder keep their own checks for callers that build them directly)."""
+    if config.system is not None and config.chat is False:
+        raise ConfigError("--system needs the chat template, and --no-chat turns it off: drop one of them, "
+                          "or put the text in --template")
+    if config.kv_cache_dtype == "int8" and config.attention_backend == "flash":
+        raise ConfigError("--kv-cache-dtype int8 runs on --attention-backend cpu or torch: flash-attn reads no "
+                          "int8 KV pages")
+    if config.quantize_backend == "onednn" and (config.quantize in ("int8-weight", "int4") or (
+            config.quantize != "none" and config.device == "cuda")):
+        raise ConfigError(f"--quantize-backend onednn runs --quantize int8 on CPU only; got --quantize "
+                          f"{config.quantize} --device {config.device}")
+    if config.quantize_backend == "quanto" and config.quantize == "int8":
+        raise ConfigError("--quantize int8 (dynamic int8 activations) runs on torchao only: use "
+                          "--quantize-backend torchao, or --quantize int8-weight for quanto")
 
 
 def _openai_batch_settings(config: JobConfig) -> None:
@@ -126,7 +243,7 @@ def _openai_batch_settings(config: JobConfig) -> None:
     columns for them are refused, and the id, prompt and kept columns are set (idempotent)."""
     for name in ("template", "system", "max_new_tokens_column", "sampling_column", "length_column"):
         if getattr(config, name) is not None:
-            raise ConfigError(f"{name} does not apply to --input-format openai-batch: each request's body "
+            raise ConfigError(f"{label(name)} does not apply to --input-format openai-batch: each request's body "
                               "carries its messages or prompt, max_tokens and sampling settings")
     if config.chat is False:
         raise ConfigError("--no-chat does not apply to --input-format openai-batch: /v1/chat/completions "
@@ -140,19 +257,21 @@ def _openai_batch_settings(config: JobConfig) -> None:
     config.keep_columns = [*OPENAI_KEPT_COLUMNS, *(c for c in kept if c not in OPENAI_KEPT_COLUMNS)]
 
 
-def check_penalties(repetition: Any, presence: Any, frequency: Any, min_tokens: Any, error: type[Exception]) -> None:
-    """vLLM's ranges for the penalties; raise `error` naming the first value outside them."""
-    for name, value in (("repetition_penalty", repetition), ("presence_penalty", presence),
-                        ("frequency_penalty", frequency)):
+def check_penalties(repetition: Any, presence: Any, frequency: Any, min_tokens: Any, error: Callable[[str], Exception],
+                    name: Callable[[str], str] = str) -> None:
+    """vLLM's ranges for the penalties; raise `error` naming the first value outside them, as
+    `name` spells a setting (label: the flag and YAML key; a sampling cell: its own key)."""
+    for key, value in (("repetition_penalty", repetition), ("presence_penalty", presence),
+                       ("frequency_penalty", frequency)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise error(f"{name} must be a number, got {value!r}")
+            raise error(f"{name(key)} must be a number, got {value!r}")
     if not repetition > 0:
-        raise error(f"repetition_penalty must be > 0 (1 = off), got {repetition}")
-    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        raise error(f"{name('repetition_penalty')} must be > 0 (1 = off), got {repetition}")
+    for key, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
         if not -2.0 <= value <= 2.0:
-            raise error(f"{name} must be in [-2, 2] (0 = off), got {value}")
+            raise error(f"{name(key)} must be in [-2, 2] (0 = off), got {value}")
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
-        raise error(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+        raise error(f"{name('min_tokens')} must be an integer >= 0, got {min_tokens!r}")
 
 
 def parse_bytes(text: str) -> int:
@@ -167,7 +286,7 @@ def parse_bytes(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in units or value <= 0:
-        raise ConfigError(f"kv_cache_memory: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
+        raise ConfigError(f"{label('kv_cache_memory')}: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
     return int(value * units[unit])
 
 
@@ -178,20 +297,20 @@ def check_types(config: JobConfig) -> None:
                        ("temperature", (int, float)), ("top_p", (int, float))):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, kind):
-            raise ConfigError(f"{name} must be a number, got {value!r}")
+            raise ConfigError(f"{label(name)} must be a number, got {value!r}")
     # Optional numbers: validate() compares them with <, which a YAML string would turn into a TypeError.
     for name, kind in (("top_k", int), ("max_rows", int), ("max_error_rate", (int, float))):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
             what = "an integer" if kind is int else "a number"
-            raise ConfigError(f"{name} must be {what} or unset, got {value!r}")
+            raise ConfigError(f"{label(name)} must be {what} or unset, got {value!r}")
 
 
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{label(name)} must be a positive integer, got {value!r}")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        raise ConfigError(f"{label(name)} must be one of {', '.join(allowed)}; got {value!r}")

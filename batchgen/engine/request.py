@@ -16,7 +16,7 @@ from enum import Enum
 
 
 class FinishReason(str, Enum):
-    STOP = "stop"  # an EOS token or a stop string
+    STOP = "stop"  # an EOS token, a stop token id or a stop string
     LENGTH = "length"  # max_new_tokens reached (or the context length)
 
 
@@ -34,6 +34,10 @@ class SamplingParams:
     presence_penalty: float = 0.0  # minus x for every token the output already holds
     frequency_penalty: float = 0.0  # minus x times the count of every token the output already holds
     min_tokens: int = 0  # EOS is masked and stop strings ignored until this many tokens are generated
+    min_p: float = 0.0  # sampled rows: drop tokens less likely than min_p x the likeliest one's probability
+    stop_token_ids: tuple[int, ...] = ()  # ids that end a row like EOS (masked before min_tokens too)
+    include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token's text) in the text
+    skip_special_tokens: bool = True  # the text leaves special tokens out (stop strings match that text)
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens
@@ -42,6 +46,7 @@ class SamplingParams:
         assert self.top_k is None or self.top_k >= 1, self.top_k
         assert self.repetition_penalty > 0.0, self.repetition_penalty
         assert 0 <= self.min_tokens, self.min_tokens
+        assert 0.0 <= self.min_p <= 1.0, self.min_p
 
     @property
     def greedy(self) -> bool:
@@ -51,7 +56,7 @@ class SamplingParams:
     def has_logits_controls(self) -> bool:
         """Any control that changes the logits before sampling (the sampler tracks these rows)."""
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.min_tokens > 0)
+                or self.min_tokens > 0)  # min_tokens masks EOS and stop_token_ids (engine/sampling/penalties.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +93,7 @@ class Completion:
     # every sampled token, a final EOS included (it cost a step), so len() counts real work;
     # with a stop string the tokens after the match are dropped
     token_ids: list[int]
-    text: str  # decoded without special tokens, cut before a stop string
+    text: str  # decoded (without special tokens unless asked), cut before a stop string unless asked
     finish_reason: FinishReason
     num_prompt_tokens: int
     # how many prompt tokens came from the prefix cache instead of being computed

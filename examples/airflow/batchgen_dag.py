@@ -5,11 +5,16 @@
 
 Each mapped task is one process with its own output directory (OUTPUT/shard-I-of-N/), so the shards
 run on any workers at once, and Airflow's retries resume a shard where it stopped: committed rows
-are skipped, never generated twice. batchgen's exit codes fit Airflow: 0 is success; every failure
-is non-zero and never 99 (BashOperator's "skip" code), so a failed shard fails and retries; a task
-Airflow stops (timeout, a cleared task, a worker shutting down) gets SIGTERM, commits its finished
-rows and exits 143, and the retry continues from there. `batchgen finalize` exits 4 while a shard
-is missing or incomplete, 2 when the shards are not one job (other settings or inputs).
+are skipped, never generated twice. batchgen's exit codes fit Airflow (batchgen_task.py): 0 is
+success; exit 2 (a usage, config or input error, which a retry repeats) fails the task at once,
+without retries; any other failure retries. A task Airflow stops (timeout, a cleared task, a worker
+shutting down) gets SIGTERM, commits its finished rows and exits 143, and the retry continues from
+there. `batchgen finalize` exits 4 while a shard is missing or incomplete (retried), 2 when the
+shards are not one job (other settings or inputs).
+
+At most MAX_PARALLEL_SHARDS shards of one run generate at once: each loads its own model and
+takes a machine's cores or GPU. To cap batchgen across DAGs too, create a pool
+(`airflow pools set batchgen 4 "batchgen jobs"`) and set POOL to its name.
 
 Trigger it with a conf (or edit the params' defaults):
 
@@ -27,7 +32,12 @@ from __future__ import annotations
 import shlex
 from datetime import timedelta
 
+from airflow.exceptions import AirflowException, AirflowFailException
 from airflow.sdk import DAG, Param, task
+from batchgen_task import run_batchgen  # beside this file: Airflow puts the DAGs folder on sys.path
+
+MAX_PARALLEL_SHARDS = 4  # mapped run_shard tasks of one DAG run at once
+POOL = "default_pool"  # a pool of your own ("batchgen") caps batchgen processes across DAGs
 
 with DAG(
     dag_id="batchgen_sharded",
@@ -51,18 +61,20 @@ with DAG(
         """0..N-1: one mapped run_shard task per shard, decided when the run starts (conf may change N)."""
         return list(range(int(params["num_shards"])))
 
-    @task.bash(execution_timeout=timedelta(hours=12))
-    def run_shard(shard_index: int, params=None) -> str:
+    @task(execution_timeout=timedelta(hours=12), max_active_tis_per_dag=MAX_PARALLEL_SHARDS, pool=POOL)
+    def run_shard(shard_index: int, params=None) -> None:
         """One shard; a retry runs the same command, which resumes it."""
         command = [params["batchgen"], "run", "--input", params["input"], "--output", params["output"],
                    "--num-shards", str(params["num_shards"]), "--shard-index", str(shard_index), "--quiet"]
         if params["model"]:
             command += ["--model", params["model"]]
-        return shlex.join(command) + (" " + params["args"] if params["args"] else "")
+        command += shlex.split(params["args"])
+        run_batchgen(command, fail=AirflowFailException, retry=AirflowException)
 
-    @task.bash
-    def finalize(params=None) -> str:
+    @task(pool=POOL)
+    def finalize(params=None) -> None:
         """Runs once every shard succeeded: checks the set, writes OUTPUT/_SUCCESS (idempotent)."""
-        return shlex.join([params["batchgen"], "finalize", "--output", params["output"]])
+        run_batchgen([params["batchgen"], "finalize", "--output", params["output"]], fail=AirflowFailException,
+                     retry=AirflowException)
 
     run_shard.expand(shard_index=shard_indices()) >> finalize()

@@ -73,14 +73,15 @@ def test_template_naming_a_missing_column(docs, tmp_path):
 
 def test_unknown_config_key(docs, tmp_path):
     config = tmp_path / "job.yaml"
-    config.write_text("prompt_column: body\nmax_tokens: 5\n")
+    config.write_text("prompt_column: body\ntemprature: 5\n")
     assert_answers_light(*batchgen("run", "--config", config, "-i", docs, "-o", tmp_path / "out"),
-                         "unknown setting 'max_tokens'")
+                         "unknown setting 'temprature'; did you mean 'temperature'?")
 
 
 def test_bad_sampling_value(docs, tmp_path):
     assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body",
-                                   "--presence-penalty", "3"), "presence_penalty must be in [-2, 2]")
+                                   "--presence-penalty", "3"),
+                         "--presence-penalty (YAML presence_penalty) must be in [-2, 2]")
 
 
 def test_output_directory_holding_something_else_is_refused(docs, tmp_path):
@@ -111,3 +112,37 @@ def test_rerun_of_a_finished_job_loads_no_model(docs, tmp_path, tiny_model_dir):
                           timeout=120)
     assert json.loads(plan.stdout.strip().splitlines()[-1]) == {"code": 0, "heavy": []}, plan.stderr
     assert "nothing to do: all 2 rows are committed" in plan.stdout
+
+
+@pytest.mark.parametrize(("flags", "needles"), [
+    (["--no-chat", "--system", "Be brief."], ["--system needs the chat template", "--no-chat"]),
+    (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype fp8 is not available", "--kv-cache-dtype int8"]),
+    (["--kv-cache-dtype", "int8", "--attention-backend", "flash"], ["flash-attn reads no int8 KV pages"]),
+    (["--quantize", "int4", "--quantize-backend", "onednn"], ["--quantize-backend onednn runs --quantize int8"]),
+    (["--quantize", "int8", "--quantize-backend", "quanto"], ["runs on torchao only"]),
+])
+def test_impossible_combinations_answer_before_any_load(docs, tmp_path, flags, needles):
+    """Choices no model or machine can make work are refused before torch is imported (issue 35:
+    --no-chat --system used to load the model for 12 s first)."""
+    assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body", *flags),
+                         *needles)
+    assert not (tmp_path / "out").exists()
+
+
+def test_fp8_is_not_advertised():
+    from typer.testing import CliRunner
+
+    from batchgen.cli import app
+
+    help_text = CliRunner().invoke(app, ["run", "--help"]).output
+    kv_help = help_text[help_text.index("--kv-cache-dtype"):][:200]
+    assert "int8" in kv_help and "fp8" not in kv_help
+
+
+def test_a_batch_api_file_read_as_plain_jsonl_hints_the_input_format(tmp_path):
+    path = tmp_path / "requests.jsonl"
+    request = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
+    path.write_text(json.dumps(request) + "\n")
+    line = assert_answers_light(*batchgen("run", "-i", path, "-o", tmp_path / "out"), "prompt column 'text' not found")
+    assert line.endswith("these are OpenAI Batch API requests: pass --input-format openai-batch"), line

@@ -19,7 +19,7 @@ def test_help_names_values_not_python_types_and_marks_required_options(command):
     text = " ".join(CliRunner().invoke(app, [command, "--help"]).output.split())  # unwrapped
     assert not re.search(r"<\w+(\[\w+\])?>", text), "a metavar shows a Python type"
     assert "-i, --input PATH Input file" in text
-    assert "--output DIR" in text and "--prompt-column COL" in text and "--max-new-tokens N" in text
+    assert "--output DIR" in text and "--prompt-column COL" in text and "--max-new-tokens, --max-tokens N" in text
     assert text.count("required, here or in --config") == (2 if command == "run" else 1)
 
 

@@ -83,7 +83,7 @@ def test_parse_bytes(text, expected):
 
 @pytest.mark.parametrize("text", ["", "abc", "GiB", "0", "-1GiB", "5TB", "1.2.3MiB", "12 parsecs"])
 def test_parse_bytes_rejects(text):
-    with pytest.raises(ConfigError, match="kv_cache_memory: cannot read"):
+    with pytest.raises(ConfigError, match=r"--kv-cache-memory \(YAML kv_cache_memory\): cannot read"):
         parse_bytes(text)
 
 
@@ -93,22 +93,23 @@ def test_parse_bytes_rejects(text):
 @pytest.mark.parametrize(("changes", "message"), [
     (dict(inputs=[]), "no input given"),
     (dict(output=None), "no output directory given"),
-    (dict(max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
-    (dict(max_new_tokens=-5), "max_new_tokens must be a positive integer, got -5"),
-    (dict(batch_size=0), "batch_size must be a positive integer"),
-    (dict(max_num_batched_tokens=-1), "max_num_batched_tokens must be a positive integer"),
-    (dict(rows_per_part=0), "rows_per_part must be a positive integer"),
-    (dict(max_rows=-1), "max_rows must be >= 0"),
-    (dict(temperature=-0.1), "temperature must be >= 0"),
-    (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
-    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
-    (dict(top_k=0), "top_k must be >= 1"),
-    (dict(mode="fast"), "mode must be one of auto, continuous, static; got 'fast'"),
-    (dict(device="tpu"), "device must be one of auto, cpu, cuda"),
-    (dict(dtype="int4"), "dtype must be one of auto, float32, bfloat16, float16"),
-    (dict(on_long_prompt="skip"), "on_long_prompt must be one of truncate, error"),
-    (dict(stop=["END", ""]), "stop strings must not be empty"),
-    (dict(kv_cache_memory="lots"), "kv_cache_memory: cannot read 'lots'"),
+    (dict(max_new_tokens=0), r"--max-new-tokens \(YAML max_new_tokens\) must be a positive integer, got 0"),
+    (dict(max_new_tokens=-5), r"--max-new-tokens \(YAML max_new_tokens\) must be a positive integer, got -5"),
+    (dict(batch_size=0), r"--batch-size \(YAML batch_size\) must be a positive integer"),
+    (dict(max_num_batched_tokens=-1),
+     r"--max-num-batched-tokens \(YAML max_num_batched_tokens\) must be a positive integer"),
+    (dict(rows_per_part=0), r"--rows-per-part \(YAML rows_per_part\) must be a positive integer"),
+    (dict(max_rows=-1), r"--max-rows \(YAML max_rows\) must be >= 0"),
+    (dict(temperature=-0.1), r"--temperature \(YAML temperature\) must be >= 0"),
+    (dict(top_p=0.0), r"--top-p \(YAML top_p\) must be in \(0, 1\], got 0.0"),
+    (dict(top_p=1.5), r"--top-p \(YAML top_p\) must be in \(0, 1\]"),
+    (dict(top_k=-5), r"--top-k \(YAML top_k\) must be >= 1, or -1 / 0 for no limit; got -5"),
+    (dict(mode="fast"), r"--mode \(YAML mode\) must be one of auto, continuous, static; got 'fast'"),
+    (dict(device="tpu"), r"--device \(YAML device\) must be one of auto, cpu, cuda"),
+    (dict(dtype="int4"), r"--dtype \(YAML dtype\) must be one of auto, float32, bfloat16, float16"),
+    (dict(on_long_prompt="skip"), r"--on-long-prompt \(YAML on_long_prompt\) must be one of truncate, error"),
+    (dict(stop=["END", ""]), r"--stop \(YAML stop\): a stop string must not be empty"),
+    (dict(kv_cache_memory="lots"), r"--kv-cache-memory \(YAML kv_cache_memory\): cannot read 'lots'"),
 ])
 def test_validation_messages(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -121,17 +122,17 @@ def test_unknown_override_is_a_config_error():
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("max_new_tokens: ten\n", "max_new_tokens must be a number, got 'ten'"),
-    ("max_new_tokens: true\n", "max_new_tokens must be a number, got True"),
-    ("temperature: hot\n", "temperature must be a number"),
-    ("top_p: [1]\n", "top_p must be a number"),
-    ("seed: 1.5\n", "seed must be a number"),
-    ("top_k: '40'\n", "top_k must be an integer or unset, got '40'"),
-    ("max_rows: '100'\n", "max_rows must be an integer or unset"),
-    ("top_k: 2.5\n", "top_k must be an integer or unset, got 2.5"),
-    ("max_rows: 1.5\n", "max_rows must be an integer"),
-    ("max_error_rate: '0.1'\n", "max_error_rate must be a number"),
-    ("mode: 3\n", "mode must be one of"),
+    ("max_new_tokens: ten\n", r"--max-new-tokens \(YAML max_new_tokens\) must be a number, got 'ten'"),
+    ("max_new_tokens: true\n", r"--max-new-tokens \(YAML max_new_tokens\) must be a number, got True"),
+    ("temperature: hot\n", r"--temperature \(YAML temperature\) must be a number"),
+    ("top_p: [1]\n", r"--top-p \(YAML top_p\) must be a number"),
+    ("seed: 1.5\n", r"--seed \(YAML seed\) must be a number"),
+    ("top_k: '40'\n", r"--top-k \(YAML top_k\) must be an integer or unset, got '40'"),
+    ("max_rows: '100'\n", r"--max-rows \(YAML max_rows\) must be an integer or unset"),
+    ("top_k: 2.5\n", r"--top-k \(YAML top_k\) must be an integer or unset, got 2.5"),
+    ("max_rows: 1.5\n", r"--max-rows \(YAML max_rows\) must be an integer"),
+    ("max_error_rate: '0.1'\n", r"--max-error-rate \(YAML max_error_rate\) must be a number"),
+    ("mode: 3\n", r"--mode \(YAML mode\) must be one of"),
 ])
 def test_wrong_types_in_yaml_are_config_errors(tmp_path, text, message):
     """A quoted number or a word where a number belongs is the user's mistake, never a TypeError."""
@@ -140,13 +141,13 @@ def test_wrong_types_in_yaml_are_config_errors(tmp_path, text, message):
         build_config(path)
 
 
-def test_unknown_yaml_key_lists_the_known_ones(tmp_path):
-    path = _yaml(tmp_path, "inputs: a.parquet\nmax_tokens: 5\n")
+def test_unknown_yaml_key_names_the_likely_one(tmp_path):
+    path = _yaml(tmp_path, "inputs: a.parquet\nmax_new_token: 5\n")
     with pytest.raises(ConfigError) as info:
         build_config(path)
     message = str(info.value)
-    assert "unknown setting 'max_tokens'" in message
-    assert "max_new_tokens" in message and str(path) in message
+    assert "unknown setting 'max_new_token'; did you mean 'max_new_tokens'?" in message
+    assert str(path) in message
     assert "\n" not in message
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
@@ -105,26 +105,7 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     name = DEFAULT_MODEL if name_or_path in (None, DEFAULT_MODEL) else str(name_or_path)
-    local = Path(os.path.expanduser(name))
-    gguf = None
-
-    if name == DEFAULT_MODEL:
-        gguf = _default_gguf_path()
-        directory, revision = _gguf_cache_dir(gguf, DEFAULT_MODEL), _hash_files([gguf])
-        model_dir = str(directory)
-    elif name.endswith(".gguf") or local.is_file():
-        if not local.is_file():
-            raise ModelLoadError(f"model file not found: {local}")
-        if local.suffix != ".gguf":
-            raise ModelLoadError(f"model {name!r} is a file but not a .gguf; pass a model directory")
-        gguf, directory, revision = local, _gguf_cache_dir(local, f"gguf-{local.stem.lower()}"), _hash_files([local])
-        model_dir = str(directory)
-    elif local.is_dir():
-        model_dir, revision = str(local), _hash_dir(local)
-    elif name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:  # hub ids: "org/name"
-        raise ModelLoadError(f"model path not found: {local}")
-    else:
-        model_dir, revision = name, ""  # a hub id; its revision is hashed once its files are local
+    model_dir, revision, gguf = _locate(name)
 
     streamed = None
     if (quantize != "none" or quantize_embedding not in ("none", "auto")) and torch_device.type == "cpu" \
@@ -155,6 +136,54 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
                        max_context_tokens=_max_context(name, model, tokenizer), quantization=quantization)
 
 
+def _locate(name: str, *, convert: bool = True) -> tuple[str, str, Path | None]:
+    """(HF directory or hub id, revision, the .gguf it came from) of the model `name`. A GGUF is
+    converted on first use; with `convert=False` an unconverted one gives model_dir "" instead."""
+    local = Path(os.path.expanduser(name))
+    if name == DEFAULT_MODEL:
+        gguf = _default_gguf_path()
+        return _gguf_dir(gguf, DEFAULT_MODEL, convert), _hash_files([gguf]), gguf
+    if name.endswith(".gguf") or local.is_file():
+        if not local.is_file():
+            raise ModelLoadError(f"model file not found: {local}")
+        if local.suffix != ".gguf":
+            raise ModelLoadError(f"model {name!r} is a file but not a .gguf; pass a model directory")
+        return _gguf_dir(local, f"gguf-{local.stem.lower()}", convert), _hash_files([local]), local
+    if local.is_dir():
+        return str(local), _hash_dir(local), None
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:  # hub ids: "org/name"
+        raise ModelLoadError(f"model path not found: {local}")
+    return name, "", None  # a hub id; its revision is hashed once its files are local
+
+
+def _gguf_dir(gguf: Path, prefix: str, convert: bool) -> str:
+    if convert:
+        return str(_gguf_cache_dir(gguf, prefix))
+    target = _gguf_cache_target(gguf, prefix)
+    return str(target) if (target / "config.json").is_file() else ""
+
+
+def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False
+                   ) -> tuple[PreTrainedTokenizerBase, int] | None:
+    """The tokenizer and the context length of a model from its config and tokenizer files alone:
+    no weights are read. A rerun whose prompts turn out unchanged (batchgen.jobs.durability.prompt_check) then
+    needs no model. None where that takes more (a GGUF not converted yet, a hub model not in the
+    local cache, a tokenizer that fails to load): the caller loads the model, which says why."""
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    name = DEFAULT_MODEL if name_or_path in (None, DEFAULT_MODEL) else str(name_or_path)
+    try:
+        model_dir, _, _ = _locate(name, convert=False)
+        if not model_dir:
+            return None
+        kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+        config = AutoConfig.from_pretrained(model_dir, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
+        return tokenizer, _context_limit(name, config, tokenizer)
+    except Exception:  # anything: the model load that follows reports it properly
+        return None
+
+
 def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: bool):
     """from_pretrained for a local directory or a hub id; every failure becomes ModelLoadError."""
     is_local = os.path.isdir(model_dir)
@@ -180,7 +209,7 @@ def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: b
             error = e
     if not is_local and attempts == [True]:
         raise ModelLoadError(f"model {name!r} not found locally: pass a local path, or download it "
-                             f"first with `huggingface-cli download {name}`") from error
+                             f"first with `hf download {name}`") from error
     raise ModelLoadError(f"cannot load model {name!r}: {_first_line(error)}") from error
 
 
@@ -195,6 +224,10 @@ def _default_gguf_path() -> Path:
     return path
 
 
+def _gguf_cache_target(gguf: Path, prefix: str) -> Path:
+    return cache_root() / "models" / f"{prefix}-{_hash_files([gguf])[:12]}"
+
+
 def _gguf_cache_dir(gguf: Path, prefix: str) -> Path:
     """The dequantized safetensors copy of `gguf`, converted on first use.
 
@@ -202,7 +235,7 @@ def _gguf_cache_dir(gguf: Path, prefix: str) -> Path:
     never hit a stale cache. Written to a temp dir and renamed into place: a concurrent run sees
     either nothing or a complete directory.
     """
-    target = cache_root() / "models" / f"{prefix}-{_hash_files([gguf])[:12]}"
+    target = _gguf_cache_target(gguf, prefix)
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -295,7 +328,11 @@ def find_eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
 
 
 def _max_context(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> int:
-    from_config = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return _context_limit(name, model.config, tokenizer)
+
+
+def _context_limit(name: str, config, tokenizer: PreTrainedTokenizerBase) -> int:
+    from_config = getattr(config.get_text_config(), "max_position_embeddings", None)
     from_tokenizer = getattr(tokenizer, "model_max_length", None)
     if not (isinstance(from_tokenizer, int) and 0 < from_tokenizer < MAX_SANE_TOKENIZER_LENGTH):
         from_tokenizer = None

@@ -7,9 +7,10 @@ Definitions (vLLM's; `output` is the tokens this row generated so far, `prompt` 
                            as transformers' RepetitionPenaltyLogitsProcessor over prompt + output)
     frequency_penalty f:   logit -= f * count of the token in output             (0 = off)
     presence_penalty p:    logit -= p * (1 if the token is in output else 0)     (0 = off)
-    min_tokens m:          while fewer than m tokens are generated, every EOS id's logit = -inf
-                           (transformers' MinNewTokensLengthLogitsProcessor); stop strings are not
-                           checked either (engine/sampling/stopping.py)
+    min_tokens m:          while fewer than m tokens are generated, every EOS id's and every
+                           stop_token_ids id's logit = -inf (transformers'
+                           MinNewTokensLengthLogitsProcessor, vLLM's min_tokens); stop strings are
+                           not checked either (engine/sampling/stopping.py)
 
 Applied in that order (min_tokens first, as vLLM does; -inf stays -inf through the others), to
 float32 logits, before temperature, top-k and top-p. Frequency and presence count the output
@@ -53,8 +54,12 @@ class RowPenalties:
     def apply(self, logits: torch.Tensor, num_generated_tokens: int, eos_token_ids: torch.Tensor) -> None:
         # logits: [vocab_size] float32, changed in place
         p, device, vocab_size = self.params, logits.device, logits.shape[0]
-        if num_generated_tokens < p.min_tokens and eos_token_ids.numel():
-            logits.index_fill_(0, eos_token_ids, float("-inf"))
+        if num_generated_tokens < p.min_tokens:
+            if eos_token_ids.numel():
+                logits.index_fill_(0, eos_token_ids, float("-inf"))
+            stop_ids = [t for t in p.stop_token_ids if t < vocab_size]  # they end a row as EOS does
+            if stop_ids:
+                logits.index_fill_(0, torch.tensor(stop_ids, dtype=torch.long, device=device), float("-inf"))
         if self.seen is not None:
             if self._seen_ids is None or self._seen_ids.device != device:
                 self._seen_ids = torch.tensor(sorted(t for t in self.seen if t < vocab_size), dtype=torch.long,

@@ -1,4 +1,4 @@
-"""Token sampling: greedy, temperature, top-k, top-p, each row with its own seeded generator.
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, each row with its own seeded generator.
 
 A row's random stream belongs to the row alone (seeded from its SamplingParams.seed and
 advanced once per sampled token), so its text does not depend on which rows share its batch.
@@ -44,6 +44,8 @@ class Sampler:
                 continue
             row = logits[i].float().cpu() / params.temperature
             row = _top_k_top_p(row, params.top_k, params.top_p)
+            if params.min_p > 0.0:
+                row = _min_p(row, params.min_p)
             probs = torch.softmax(row, dim=-1)
             out.append(int(torch.multinomial(probs, 1, generator=self._generator(seq)).item()))
         return out
@@ -75,6 +77,13 @@ class Sampler:
     def release(self, seq: Sequence) -> None:
         self._generators.pop(seq.seq_id, None)
         self.penalties.release(seq)
+
+
+def _min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """vLLM's min_p: after temperature (and top-k/top-p), drop every token whose probability is
+    below min_p times the likeliest token's; the likeliest always stays."""
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 PROMPT_HASH = "prompt_hash"
+PROMPT_TRUNCATED = "prompt_truncated"
 # Fixed output columns, after the id column and before the passthrough input columns.
 OUTPUT_FIXED_FIELDS: tuple[pa.Field, ...] = (
     pa.field("generated_text", pa.string()),
@@ -15,16 +16,22 @@ OUTPUT_FIXED_FIELDS: tuple[pa.Field, ...] = (
     # blake2b-64 of the prompt token ids the row was generated from (null for error rows): under
     # --id-column a resume regenerates a committed row whose prompt hash changed
     pa.field(PROMPT_HASH, pa.string()),
+    # true when the prompt was cut to fit the context or --max-prompt-tokens (--on-long-prompt
+    # truncate); null for error rows
+    pa.field(PROMPT_TRUNCATED, pa.bool_()),
 )
 FINISH_REASONS = ("stop", "length", "error")
 
 
-def output_schema(id_field: pa.Field, passthrough: list[pa.Field], *, with_prompt_hash: bool = True) -> pa.Schema:
+def output_schema(id_field: pa.Field, passthrough: list[pa.Field], *, with_prompt_hash: bool = True,
+                  with_prompt_truncated: bool = True) -> pa.Schema:
     """The id field, then OUTPUT_FIXED_FIELDS, then the passthrough input columns in input order.
 
-    `with_prompt_hash=False`: the schema of directories begun before the prompt_hash column, which
-    keep it so that their parts stay one table."""
-    fixed = [f for f in OUTPUT_FIXED_FIELDS if with_prompt_hash or f.name != PROMPT_HASH]
+    `with_prompt_hash=False` / `with_prompt_truncated=False`: the schema of directories begun
+    before that column, which keep it so that their parts stay one table."""
+    dropped = {name for name, keep in ((PROMPT_HASH, with_prompt_hash), (PROMPT_TRUNCATED, with_prompt_truncated))
+               if not keep}
+    fixed = [f for f in OUTPUT_FIXED_FIELDS if f.name not in dropped]
     fields = [id_field, *fixed, *passthrough]
     names = [f.name for f in fields]
     # The CLI rejects colliding names with a usage error; reaching here with one is a bug.

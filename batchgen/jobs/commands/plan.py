@@ -8,13 +8,15 @@ output lengths, the mode with its reason, the KV memory needed and an estimated 
 bounded like the job's: one window of rows at a time, per-shard aggregates, and bounded samples for
 the job-wide quantiles.
 
-Estimated time comes from a short calibration run (batchgen.jobs.planning.estimate). Without a sample (no
-rows, or --calibration-rows 0) there is no estimate.
+Estimated time comes from a short calibration run (batchgen.jobs.planning.estimate), plus the model's load,
+timed as the plan loads it (the run loads it the same way). Without a sample (no rows, or
+--calibration-rows 0) there is no estimate.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ from batchgen.config.choices import Policy
 from batchgen.config.job import JobConfig
 from batchgen.io.manifest.manifest import is_job_dir, load_manifest
 from batchgen.io.store.store import open_store
+from batchgen.jobs.durability.prompt_check import prompts_unchanged
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job
 from batchgen.jobs.pipeline.summary import plural
@@ -37,23 +40,31 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     inputs = open_inputs(config, need_output=False)
     # the job's (or this shard's) output: a local directory or an object-store prefix, read, never written
     out = open_store(shard_output_dir(config.output, config.shard_index, config.num_shards)) if config.output else None
-    out_dir = out if out is not None and is_job_dir(out) else None
+    # --overwrite: the run would start over, so nothing committed there is skipped or learned from
+    out_dir = out if out is not None and is_job_dir(out) and not config.overwrite else None
     # a resume runs neither the committed rows nor, without --retry-errors, the committed error rows;
     # with --id-column a committed row counts as done only while its prompt hash is unchanged, as in a run
     check_prompts = config.id_column is not None
     state = load_manifest(out_dir, keep_hashes=check_prompts) if out_dir is not None else None
-    if state is not None and ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs):
+    resume = ResumeRule(state, config.retry_errors, check_prompts) if state is not None else None
+    if resume is not None and (resume.nothing_to_do(inputs) or prompts_unchanged(config, inputs, resume)):
         return {"nothing_to_do": True, "output": str(out_dir), "num_rows": 0, "num_rows_done": state.num_committed_rows,
                 "num_error_rows_done": len(state.error_ids), "shards": []}
     # torch and transformers load here, once every check has passed
+    from batchgen.engine.model.hf_imports import keep_torchao_out
+
+    keep_torchao_out(config)  # before transformers loads: no torchao for a plan that does not quantize
     from batchgen.engine.model.loader import load_model
     from batchgen.jobs.pipeline.core import build_engine
     from batchgen.jobs.planning.estimate import Tally, calibrate, kv_bytes, shard_seconds, shard_work
 
+    load_s = None  # a model handed in (tests) was loaded by someone else: no load time measured
     if loaded is None:
+        started = time.perf_counter()  # the run loads the same model the same way: its time is part of the job's
         loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                             trust_remote_code=config.trust_remote_code, quantize=config.quantize,
                             quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
+        load_s = time.perf_counter() - started
     engine = build_engine(config, loaded)
     job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
     planner, block_size = job.planner, engine.block_size
@@ -81,7 +92,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
         work.append(shard_work(plan, budget))
 
     calibration = calibrate(engine, sample) if sample else None
-    total_s = 0.0 if calibration else None
+    total_s = (load_s or 0.0) if calibration else None
     for entry, w in zip(shards, work, strict=True):
         if calibration is None:
             entry["estimated_seconds"] = None
@@ -111,7 +122,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             "num_rows": calibration.num_rows, "num_steps": calibration.num_steps,
             "step_overhead_ms": round(1000 * calibration.step_overhead_s, 3),
             "ms_per_token": round(1000 * calibration.seconds_per_token, 5)},
-        "estimated_seconds": None if total_s is None else round(total_s, 3),
+        "model_load_seconds": None if load_s is None else round(load_s, 3),
+        "estimated_seconds": None if total_s is None else round(total_s, 3),  # the model's load included
         "output_size": size.describe(p50_tally.total, text_bytes_per_token(loaded.tokenizer, sample)),
         "shards": shards,
     }
@@ -149,13 +161,18 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"calibration: {cal['num_steps']} steps on {cal['num_rows']} rows: a step costs "
                      f"{cal['step_overhead_ms']} ms + {cal['ms_per_token']} ms per token; estimated time "
-                     f"{report['estimated_seconds']:.1f} s")
+                     f"{report['estimated_seconds']:.1f} s{_load_part(report)}")
     lines.append(f"{'shard':>5} {'rows':>7} {'mode':<10} {'est s':>9} {'occupancy':>9}  source (first row): reason")
     for s in report["shards"]:
         est = "-" if s["estimated_seconds"] is None else f"{s['estimated_seconds']:.1f}"
         lines.append(f"{s['index']:>5} {s['num_rows']:>7} {s['mode']:<10} {est:>9} {s['static_occupancy']:>9.0%}  "
                      f"{Path(s['path']).name} ({s['first_row']}): {s['reason']}")
     return lines
+
+
+def _load_part(report: dict[str, Any]) -> str:
+    load_s = report.get("model_load_seconds")
+    return "" if load_s is None else f" (model load {load_s:.1f} s, measured here, + generation)"
 
 
 def _size(num_bytes: int) -> str:

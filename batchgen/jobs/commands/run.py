@@ -42,9 +42,11 @@ from batchgen.io.manifest.manifest import clear_success, fingerprint_digest, is_
 from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import json_bytes
 from batchgen.jobs.durability.fingerprint import job_fingerprint
+from batchgen.jobs.durability.prompt_check import prompts_unchanged
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
 from batchgen.jobs.pipeline.prepare import open_inputs
+from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary, plural
 from batchgen.jobs.sharding.sharded import check_job_output
@@ -74,6 +76,9 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     if config.executor == "local" and _needs_model(config, inputs, session):
         # torch and transformers load here, before the lock, so that holding the lock means "past the
         # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
+        from batchgen.engine.model.hf_imports import keep_torchao_out
+
+        keep_torchao_out(config)  # no torchao import (and its warnings) for a job that does not use it
         import batchgen.engine.model.loader  # noqa: F401
         import batchgen.jobs.executors.local  # noqa: F401
     summary: RunSummary | None = None
@@ -84,13 +89,15 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                 with guard.critical():
                     session.open()
                 schema = output_schema(source.id_field, source.passthrough_fields,
-                                       with_prompt_hash=session.writes_prompt_hash())
+                                       with_prompt_hash=session.writes_prompt_hash(),
+                                       with_prompt_truncated=session.writes_prompt_truncated())
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)
-                if not config.overwrite and resume.nothing_to_do(inputs):
+                if not config.overwrite and (resume.nothing_to_do(inputs)
+                                             or prompts_unchanged(config, inputs, resume)):
                     with guard.critical():
-                        summary = _nothing_to_do(config, session)
+                        summary = _nothing_to_do(config, session, scan)
                     return summary
                 if config.overwrite or not ResumeRule(session.state, config.retry_errors,
                                                       check_prompts=False).nothing_to_do(inputs):
@@ -174,12 +181,14 @@ def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:
     return not ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs)
 
 
-def _nothing_to_do(config: JobConfig, session: OutputSession) -> RunSummary:
+def _nothing_to_do(config: JobConfig, session: OutputSession, scan: InputScan) -> RunSummary:
     """A rerun over a job whose every input row is committed: no model, no new commit; the
     summary and _SUCCESS are written as by any run (also after a crash between the last commit
     and _SUCCESS)."""
     summary = RunSummary(output_dir=str(session.out_dir), model=config.model or "default", mode=config.mode,
                          nothing_to_do=True, num_rows_skipped=session.state.num_committed_rows)
+    if config.id_column is not None:  # its rows may have moved or gone since the last run: status says so
+        session.record_inputs(scan, config.max_rows)
     _finish(config, session, summary)
     return summary
 

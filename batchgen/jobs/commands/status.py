@@ -4,6 +4,10 @@ Read-only: it takes no lock and changes nothing, so it is safe to poll while a j
 counts come from the manifest (batchgen.io.manifest.manifest): committed rows per input shard, split
 into ok ("done") and error rows, against the row counts the latest run recorded for its inputs.
 A sharded job's OUTPUT shows every shard and the totals (batchgen.jobs.sharding.sharded).
+
+Every state it reports exits 0, "not_started" included (an output that does not exist yet, or
+holds only a starting run's lock): a sensor polls before the first run without failing. Exit 2
+is kept for a directory that holds something else.
 """
 
 from __future__ import annotations
@@ -14,11 +18,15 @@ from typing import Any
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import SUCCESS_FILE, is_job_dir, load_manifest
+from batchgen.io.store.lease import LEASE_FILE
+from batchgen.io.store.lock import LOCK_FILE
 from batchgen.io.store.store import LocalStore, OutputStore, open_store
 from batchgen.jobs.durability.fingerprint import fingerprint_summary
 from batchgen.jobs.pipeline.summary import plural
 from batchgen.jobs.sharding.sharded import is_sharded_output, sharded_status, sharded_status_lines
 from batchgen.monitor.live import live_figures
+
+NOT_STARTED = "not_started"  # `status` exits 0 for it, as for every state it reports
 
 
 def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
@@ -29,6 +37,8 @@ def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
     if is_sharded_output(store):
         return sharded_status(store)
     if not is_job_dir(store):
+        if _not_started(store):
+            return _not_started_status(out_dir, store.holder())
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
     state = load_manifest(store, with_ids=False)  # counts only: O(parts) after a snapshot
     done: dict[str, list[int]] = {}
@@ -71,6 +81,22 @@ def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
     }
 
 
+def _not_started(store: OutputStore) -> bool:
+    """Nothing there yet, or only what a run leaves before its first commit (its lock or lease,
+    hidden temp files): the output of a job that has not started, not someone else's directory."""
+    return all(name in (LOCK_FILE, LEASE_FILE) or (name.startswith(".") and name.endswith(".tmp"))
+               for name in store.list())
+
+
+def _not_started_status(out_dir, holder: dict[str, Any] | None) -> dict[str, Any]:
+    """A job no run has committed to yet: a state like any other (exit 0), so that a sensor polling
+    an output before its first run sees "not started", not a failure."""
+    return {"output": str(out_dir), "state": NOT_STARTED if holder is None else "starting", "complete": False,
+            "running": holder, "max_rows": None, "orphans": None, "rows": 0, "done": 0, "errored": 0,
+            "remaining": None, "shards": [], "fingerprint": None, "last_commit_time": None, "num_parts": 0,
+            "partial_rows": 0, "partial_tokens": 0, "num_entries": 0, "live": None}
+
+
 def _shard(path: str, num_rows: int | None, num_ok: int, num_error: int) -> dict[str, Any]:
     remaining = None if num_rows is None else max(num_rows - num_ok - num_error, 0)
     return {"path": path, "rows": num_rows, "done": num_ok, "errored": num_error, "remaining": remaining}
@@ -81,6 +107,10 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     if "job_shards" in status:
         return sharded_status_lines(status)
     state = status["state"]
+    if state in (NOT_STARTED, "starting"):
+        what = "not started: no run has written there yet" if state == NOT_STARTED else (
+            f"starting: a run (pid {(status['running'] or {}).get('pid')}) holds it, nothing committed yet")
+        return [f"output: {status['output']}", f"state: {what}"]
     if state == "running":
         holder = status["running"] or {}
         state = f"running (pid {holder.get('pid')} on {holder.get('host')})"

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchgen.config.job import JobConfig
+from batchgen.config.rules import chat_template_text
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.jobs.pipeline.rows import RowSource
 
@@ -44,6 +45,10 @@ DEFAULTS = {"input_format": "auto", "quantize": "none", "quantize_backend": "aut
             "quantize_embedding": None, "int4_recipe": None, "int8_recipe": None, "repetition_penalty": 1.0,
             "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0, "sampling_column": None,
             "num_shards": None}
+
+
+CONTROL_DEFAULTS = {"min_p": 0.0, "stop_token_ids": [], "include_stop_str_in_output": False,
+                    "skip_special_tokens": True}
 
 
 def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, model: dict[str, Any] | None = None
@@ -89,6 +94,16 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
     if sampling != {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
                     "sampling_column": None}:
         fingerprint.update(sampling)
+    if config.chat_template is not None:  # its text, not its path: an edited file is another prompt
+        text = chat_template_text(config.chat_template)
+        fingerprint["chat_template"] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    if config.chat_template_kwargs:
+        fingerprint["chat_template_kwargs"] = config.chat_template_kwargs
+    # vLLM's output controls, only when set: fingerprints of jobs begun before they existed still match
+    controls = {"min_p": config.min_p, "stop_token_ids": list(config.stop_token_ids),
+                "include_stop_str_in_output": config.include_stop_str_in_output,
+                "skip_special_tokens": config.skip_special_tokens}
+    fingerprint.update({k: v for k, v in controls.items() if v != CONTROL_DEFAULTS[k]})
     if config.num_shards is not None:
         # a sharded job's shards share one fingerprint (the index is the directory's name), and the
         # number of shards is in it: shards of two different splits of a job never pass as one set

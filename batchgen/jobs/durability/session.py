@@ -26,7 +26,7 @@ from batchgen.io.manifest.manifest import (
 from batchgen.io.store.lease import LEASE_FILE
 from batchgen.io.store.lock import LOCK_FILE
 from batchgen.io.store.partials import clean_partial_files
-from batchgen.io.store.schema import PROMPT_HASH
+from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED
 from batchgen.io.store.store import LocalStore, OutputStore, open_store
 from batchgen.io.store.writers import check_output_dir
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
@@ -100,10 +100,17 @@ class OutputSession:
     def writes_prompt_hash(self) -> bool:
         """Whether this run's parts carry the prompt_hash column: yes, unless it resumes rows
         committed by a batchgen from before the column (their parts must stay one table)."""
+        return self._writes_column(PROMPT_HASH)
+
+    def writes_prompt_truncated(self) -> bool:
+        """The same for the prompt_truncated column."""
+        return self._writes_column(PROMPT_TRUNCATED)
+
+    def _writes_column(self, column: str) -> bool:
         old = self.state.fingerprint
         if old is None or self.overwrite or not self.state.num_committed_rows:
             return True
-        return any(name == PROMPT_HASH for name, _ in old.get("output_schema", []))
+        return any(name == column for name, _ in old.get("output_schema", []))
 
     def check_inputs(self, scan: InputScan, *, id_column: str | None) -> None:
         """Refuse inputs that differ from the committed rows' (exit 2) unless --overwrite: under
@@ -140,6 +147,12 @@ class OutputSession:
                 manifest.recover()  # deletes the parts the "begin" dropped
             manifest.drop_history()
             clean_partial_files(self.store, keep=None)  # the "begin" dropped them
+        self.record_inputs(scan, max_rows, began=began)
+
+    def record_inputs(self, scan: InputScan, max_rows: int | None, *, began: bool = False) -> None:
+        """Record this run's inputs (and under --id-column the committed ids gone from them) for
+        `batchgen status`; also a rerun with nothing to do, whose inputs may differ from the last."""
+        manifest = self.manifest
         inputs = scan.to_json()
         payload: dict[str, Any] = {"inputs": inputs, "max_rows": max_rows}
         if scan.split is not None:  # a shard of a sharded job (batchgen.jobs.sharding.split)

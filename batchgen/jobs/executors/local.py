@@ -22,7 +22,7 @@ from batchgen.engine.request import Completion, Continuation
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.io.store.partials import PartialRow
-from batchgen.io.store.schema import PROMPT_HASH
+from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer
@@ -70,6 +70,7 @@ class LocalJob:
         self.job = prepare_job(config, inputs, loaded, first, out_dir=session.store, state=session.state)
         source = inputs.source
         self.with_prompt_hash = PROMPT_HASH in schema.names
+        self.with_prompt_truncated = PROMPT_TRUNCATED in schema.names
         self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
         self.commits = CommitSchedule(Committer(session.manifest, PartWriter(session.store, schema),
                                                 source.id_field.name, rows_per_part=config.rows_per_part),
@@ -173,7 +174,8 @@ class LocalJob:
                                          num_prompt_tokens=completion.num_prompt_tokens,
                                          num_generated_tokens=completion.num_generated_tokens,
                                          predicted_tokens=prediction.p50, error=False)
-        self.emit(planned.row, self.output_row(planned.row, completion=completion, digest=planned.prompt_hash))
+        self.emit(planned.row, self.output_row(planned.row, completion=completion, digest=planned.prompt_hash,
+                                               truncated=planned.num_truncated_tokens > 0))
 
     def failed(self, row: InputRow, message: str) -> None:
         if self.monitor is not None:
@@ -182,9 +184,10 @@ class LocalJob:
         self.emit(row, self.output_row(row, error=message))
 
     def output_row(self, row: InputRow, *, completion: Completion | None = None, error: str | None = None,
-                   digest: str | None = None) -> dict[str, Any]:
+                   digest: str | None = None, truncated: bool | None = None) -> dict[str, Any]:
         return output_row(self.id_name, self.passthrough, self.with_prompt_hash, row, completion=completion,
-                          error=error, digest=digest)
+                          error=error, digest=digest, truncated=truncated,
+                          with_prompt_truncated=self.with_prompt_truncated)
 
     def emit(self, row: InputRow, out: dict[str, Any]) -> None:
         is_error = self.summary.count_row(out)

@@ -54,7 +54,7 @@ def worker_config(config: JobConfig, num_workers: int, index: int) -> JobConfig:
     if config.device not in ("auto", "cpu"):
         raise ConfigError("--workers is for the CPU (one engine per core group); on a GPU run one job per "
                           "device with --num-shards/--shard-index")
-    return config.replace(num_shards=num_workers, shard_index=index).validate()
+    return config.replace(num_shards=num_workers, shard_index=index, workers=None).validate()  # one shard each
 
 
 def worker_env(num_workers: int, environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -29,7 +29,7 @@ from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.io.store.schema import PROMPT_HASH, output_schema
+from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED, output_schema
 from batchgen.jobs.durability.fingerprint import model_fingerprint
 from batchgen.jobs.pipeline.batch_columns import (
     BOOKKEEPING,
@@ -53,9 +53,11 @@ _TABLE_SOURCE = "<batch>"  # the SOURCE_PATH of rows handed over without one
 
 def output_row(id_name: str, passthrough: list[str], with_prompt_hash: bool, row: InputRow, *,
                completion: Completion | None = None, error: str | None = None,
-               digest: str | None = None) -> dict[str, Any]:
+               digest: str | None = None, truncated: bool | None = None,
+               with_prompt_truncated: bool = True) -> dict[str, Any]:
     """One output row (batchgen.io.store.schema's columns) of a finished row or an error row: the one
-    definition both executors write."""
+    definition both executors write. Without prompt_hash / prompt_truncated for a directory begun
+    before those columns (the writer refuses keys its schema lacks)."""
     out: dict[str, Any] = {id_name: row.row_id}
     if with_prompt_hash:
         out[PROMPT_HASH] = digest
@@ -66,6 +68,8 @@ def output_row(id_name: str, passthrough: list[str], with_prompt_hash: bool, row
     else:
         out.update(generated_text=None, finish_reason="error", num_prompt_tokens=None,
                    num_generated_tokens=0, error=error)
+    if with_prompt_truncated:
+        out[PROMPT_TRUNCATED] = None if completion is None else bool(truncated)
     for name in passthrough:
         out[name] = row.values.get(name)
     return out
@@ -99,7 +103,8 @@ class BatchGenerator:
         schema = self.schema if self.schema is not None else self._derive_schema(table)
         id_name = schema.field(0).name
         with_hash = PROMPT_HASH in schema.names
-        fixed = {id_name, PROMPT_HASH, "generated_text", "finish_reason", "num_prompt_tokens",
+        marks = {"with_prompt_truncated": PROMPT_TRUNCATED in schema.names}
+        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, "generated_text", "finish_reason", "num_prompt_tokens",
                  "num_generated_tokens", "error"}
         passthrough = [n for n in schema.names if n not in fixed]
         rows = self._input_rows(table)
@@ -113,7 +118,7 @@ class BatchGenerator:
                     raise RowError(row.error)
                 planned = prepare_row(row, self.builder, self.config)
             except RowError as e:
-                outputs[i] = output_row(id_name, passthrough, with_hash, row, error=str(e))
+                outputs[i] = output_row(id_name, passthrough, with_hash, row, error=str(e), **marks)
                 continue
             if committed is not None and committed[i] is not None and committed[i] == planned.prompt_hash:
                 self.num_rows_skipped += 1  # settled by an earlier run: no output row
@@ -124,7 +129,8 @@ class BatchGenerator:
             for planned, completion in self.core.generate(self.planner.plans(iter(planned_rows))):
                 self.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, planned.prediction)
                 outputs[position[id(planned)]] = output_row(id_name, passthrough, with_hash, planned.row,
-                                                            completion=completion, digest=planned.prompt_hash)
+                                                            completion=completion, digest=planned.prompt_hash,
+                                                            truncated=planned.num_truncated_tokens > 0, **marks)
         kept = [(row, out) for row, out in zip(rows, outputs, strict=True) if out is not None]
         result = pa.Table.from_pylist([out for _, out in kept], schema=schema)
         if SOURCE_PATH in table.column_names:  # the executor's provenance, for its committer

@@ -219,6 +219,9 @@ class JobCore:
                 max_new_tokens=planned.max_new_tokens,
                 seed=planned.seed if planned.seed is not None else row_seed(config.seed, planned.row.row_id),
                 stop=planned.stop if planned.stop is not None else tuple(config.stop), ignore_eos=config.ignore_eos,
+                stop_token_ids=tuple(config.stop_token_ids),
+                include_stop_str_in_output=config.include_stop_str_in_output,
+                skip_special_tokens=config.skip_special_tokens,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
                 predicted_num_output_tokens=planned.prediction.p90,
                 continuation=self.continuation_for(planned) if self.continuation_for is not None else None)

@@ -110,9 +110,7 @@ def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, r
     with a smaller budget cuts them shorter): the need is never under-counted."""
     if inputs.scan.num_rows - resume.num_rows_done > config.window_rows:
         return None
-    builder = PromptBuilder(loaded.tokenizer, inputs.source.template, system=config.system, chat=config.chat,
-                            max_context_tokens=loaded.max_context_tokens, on_long_prompt=config.on_long_prompt,
-                            max_prompt_tokens=config.max_prompt_tokens)
+    builder = PromptBuilder.for_job(config, loaded.tokenizer, inputs.source.template, loaded.max_context_tokens)
     needs = []
     for row, _ in resume.unsettled_rows(inputs.source):
         if row.error is not None:
@@ -132,10 +130,7 @@ def prompt_side(config: JobConfig, template: Template, loaded: LoadedModel, engi
     """The prompt builder (sized for `engine`'s context), the output-length predictor (learned state
     from `out_dir`, if any) and the planner (sized for its KV cache): what turns rows into shards.
     Shared by prepare_job and the engine-side batch function (batchgen.jobs.pipeline.batch_fn)."""
-    builder = PromptBuilder(loaded.tokenizer, template, system=config.system, chat=config.chat,
-                            max_context_tokens=engine.max_tokens_per_seq, on_long_prompt=config.on_long_prompt,
-                            max_prompt_tokens=config.max_prompt_tokens,
-                            parse_special_tokens=config.parse_special_tokens)
+    builder = PromptBuilder.for_job(config, loaded.tokenizer, template, engine.max_tokens_per_seq)
     predictor = LengthPredictor.load(out_dir, length_model_key(loaded, builder), ignore_eos=config.ignore_eos)
     planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_cache.num_blocks * engine.block_size,
                       block_size=engine.block_size, device_type=engine.device.type,

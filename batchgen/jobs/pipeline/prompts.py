@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batchgen.config.job import LONG_PROMPT_POLICIES
+from batchgen.config.job import LONG_PROMPT_POLICIES, JobConfig
+from batchgen.config.rules import chat_template_text
 from batchgen.errors import ConfigError
 from batchgen.jobs.pipeline.template import RowError, Template
 from batchgen.jobs.planning.stats import ceil_div
@@ -40,8 +41,12 @@ class PromptBuilder:
 
     def __init__(self, tokenizer, template: Template, *, system: str | None, chat: bool | None,
                  max_context_tokens: int, on_long_prompt: str = "truncate",
-                 max_prompt_tokens: int | None = None, parse_special_tokens: bool | None = None):
-        has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+                 max_prompt_tokens: int | None = None, parse_special_tokens: bool | None = None,
+                 chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None):
+        # --chat-template: Jinja text replacing the tokenizer's own; its kwargs: extra template variables
+        self.chat_template = chat_template
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        has_chat_template = bool(chat_template or getattr(tokenizer, "chat_template", None))
         if chat is None:
             chat = has_chat_template
         if chat and not has_chat_template:
@@ -72,6 +77,15 @@ class PromptBuilder:
                 self._tokenize("x")
             except Exception as e:
                 raise ConfigError(f"the model's chat template failed on a test message: {e}") from None
+
+    @classmethod
+    def for_job(cls, config: JobConfig, tokenizer, template: Template, max_context_tokens: int) -> PromptBuilder:
+        """The builder of a job's prompts: every prompt setting of `config`, one place for them all."""
+        return cls(tokenizer, template, system=config.system, chat=config.chat, max_context_tokens=max_context_tokens,
+                   on_long_prompt=config.on_long_prompt, max_prompt_tokens=config.max_prompt_tokens,
+                   parse_special_tokens=config.parse_special_tokens,
+                   chat_template=None if config.chat_template is None else chat_template_text(config.chat_template),
+                   chat_template_kwargs=config.chat_template_kwargs)
 
     def build(self, row: Mapping[str, Any], max_new_tokens: int) -> BuiltPrompt:
         max_prompt_tokens = self.max_context_tokens - max_new_tokens
@@ -136,7 +150,8 @@ class PromptBuilder:
     def _render(self, messages: list[dict[str, str]]) -> str:
         # Render to text and tokenize ourselves: apply_chat_template(tokenize=True) returns a
         # BatchEncoding in transformers 5.x but a list in 4.x.
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  chat_template=self.chat_template, **self.chat_template_kwargs)
 
     def _encode(self, text: str, *, parse: bool) -> list[int]:
         # The rendered text already holds BOS and the like: the tokenizer must not add them again.

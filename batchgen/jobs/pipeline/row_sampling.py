@@ -12,10 +12,11 @@ import numbers
 from typing import Any
 
 from batchgen.config.job import JobConfig, check_penalties
+from batchgen.config.rules import TOP_K_OFF
 from batchgen.jobs.pipeline.prompts import RowError
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                 "min_tokens")
+                 "min_tokens", "min_p")
 
 
 def row_sampling(row: dict[str, Any], column: str | None) -> dict[str, Any] | None:
@@ -40,6 +41,8 @@ def row_sampling(row: dict[str, Any], column: str | None) -> dict[str, Any] | No
         raise RowError(f"column {column!r}: unknown sampling setting {unknown[0]!r} (known: "
                        f"{', '.join(SAMPLING_KEYS)})", column=column)
     _check(overrides, column)
+    if overrides.get("top_k") in TOP_K_OFF:
+        overrides["top_k"] = None  # vLLM's -1 (or 0): this row samples with no top-k limit
     return overrides or None
 
 
@@ -67,8 +70,11 @@ def _check(overrides: dict[str, Any], column: str) -> None:
         raise RowError(f"column {column!r}: temperature must be >= 0, got {temperature}", column=column)
     if top_p is not None and not 0 < top_p <= 1:
         raise RowError(f"column {column!r}: top_p must be in (0, 1], got {top_p}", column=column)
-    if top_k is not None and top_k < 1:
-        raise RowError(f"column {column!r}: top_k must be >= 1, got {top_k}", column=column)
+    min_p = number("min_p")
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise RowError(f"column {column!r}: min_p must be in [0, 1], got {min_p}", column=column)
+    if top_k is not None and top_k < 1 and top_k not in TOP_K_OFF:
+        raise RowError(f"column {column!r}: top_k must be >= 1, or -1 / 0 for no limit; got {top_k}", column=column)
     for key in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         number(key)
     number("min_tokens", integer=True)

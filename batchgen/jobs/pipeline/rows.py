@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchgen.config.job import JobConfig
+from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.errors import ConfigError, InputError
 from batchgen.io.inputs.cells import invalid_cells, json_cells
 from batchgen.io.inputs.discovery import InputShard, resolve_inputs
@@ -33,6 +33,8 @@ from batchgen.jobs.pipeline.chat_rows import is_conversation
 from batchgen.jobs.pipeline.prompts import Template
 from batchgen.jobs.sharding.split import split_inputs
 
+# the columns of an OpenAI Batch API request file, read without --input-format openai-batch
+OPENAI_BATCH_SHAPE = {"custom_id", "method", "url", "body"}
 DERIVED_ID_COLUMN = "row_id"  # output id column when ids are derived from file name + row index
 
 
@@ -250,6 +252,8 @@ def _check_columns(config: JobConfig, template: Template, schema: pa.Schema, pat
     if config.prompt_column not in names and config.template is None:
         likely = likely_prompt_column(schema, config.prompt_column)
         hint = f"; pass --prompt-column {likely}" if likely else "; no column holds text"
+        if OPENAI_BATCH_SHAPE <= set(names):  # its body column is a request, not a prompt
+            hint = f"; these are OpenAI Batch API requests: pass --input-format {OPENAI_BATCH}"
         raise InputError(f"prompt column {config.prompt_column!r} not found; columns: {listed}{hint}",
                          path=path)
     template.check_columns(names, path)

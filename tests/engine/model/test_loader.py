@@ -156,7 +156,7 @@ def test_bogus_hub_id_offline(monkeypatch):
     name = "batchgen-tests/no-such-model-anywhere"
     with pytest.raises(ModelLoadError) as info:
         load_model(name, device="cpu")
-    assert name in str(info.value) and "huggingface-cli download" in str(info.value)
+    assert name in str(info.value) and "`hf download " in str(info.value) and "huggingface-cli" not in str(info.value)
 
 
 def test_missing_default_model_package(monkeypatch):

@@ -23,7 +23,7 @@ def make_rows(start, num_rows):
     return [
         {"row_id": f"docs.parquet:{i}", "generated_text": f"out {i}", "finish_reason": "stop",
          "num_prompt_tokens": 10 + i, "num_generated_tokens": i, "error": None,
-         "prompt_hash": f"{i:016x}", "topic": f"topic {i}", "year": 2000 + i}
+         "prompt_hash": f"{i:016x}", "prompt_truncated": False, "topic": f"topic {i}", "year": 2000 + i}
         for i in range(start, start + num_rows)
     ]
 
@@ -36,9 +36,9 @@ def writer(tmp_path):
 def test_output_schema_order_and_types():
     schema = output_schema(ID_FIELD, PASSTHROUGH)
     assert schema.names == ["row_id", "generated_text", "finish_reason", "num_prompt_tokens",
-                            "num_generated_tokens", "error", "prompt_hash", "topic", "year"]
+                            "num_generated_tokens", "error", "prompt_hash", "prompt_truncated", "topic", "year"]
     assert [f.type for f in OUTPUT_FIXED_FIELDS] == [pa.string(), pa.string(), pa.int32(), pa.int32(),
-                                                     pa.string(), pa.string()]
+                                                     pa.string(), pa.string(), pa.bool_()]
     # directories begun before the prompt_hash column keep their schema
     assert "prompt_hash" not in output_schema(ID_FIELD, PASSTHROUGH, with_prompt_hash=False).names
 

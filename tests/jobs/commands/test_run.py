@@ -7,6 +7,8 @@ tokenizer(text) with special tokens: the reference can build the same ids withou
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -193,8 +195,13 @@ def test_failed_start_leaves_no_directory(loaded_models, tmp_path):
     model_dir, loaded = loaded_models("plain")
     src = write_prompts(tmp_path / "in.parquet", ["a"])
     out = tmp_path / "nested" / "out"
+    # a mistake only the model shows (no chat template for --system), found after the lock was taken;
+    # --no-chat --system itself is refused before anything (config_rules)
+    tokenizer = copy.deepcopy(loaded.tokenizer)
+    tokenizer.chat_template = None
     with pytest.raises(ConfigError, match="system prompt"):
-        run_job(job_config(src, out, model_dir, system="Be brief."), loaded=loaded)  # chat=False
+        run_job(job_config(src, out, model_dir, system="Be brief.", chat=None),
+                loaded=dataclasses.replace(loaded, tokenizer=tokenizer))
     assert not out.exists()
 
 

@@ -16,7 +16,8 @@ from tests.jobs.helpers import committed_rows, tiny_job_config
 
 PROMPTS = ["a", "Hello world", "The quick brown fox jumps over the lazy dog", "x" * 70, "naïve café ☕",
            "Once upon a time, " * 5, "zz", "1234567890"]
-COMPARED = ("generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens", "error", "prompt_hash")
+COMPARED = ("generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens", "error", "prompt_hash",
+            "prompt_truncated")
 
 
 def config(src, out, model_dir, **overrides):

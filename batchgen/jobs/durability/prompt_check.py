@@ -1,0 +1,64 @@
+"""Is a finished --id-column job's rerun "nothing to do"? Decided with the tokenizer alone.
+
+Under --id-column a committed row is settled only while its prompt is unchanged
+(batchgen.jobs.durability.resume), so telling a finished job from a changed one means building every row's
+prompt again and comparing its hash with the committed one. That needs the tokenizer and the
+model's context length, never its weights: loading those to print "done: 0 rows" cost the
+whole model load.
+
+Prompts are built against the model's full context here, where the run builds them against its
+engine's (never longer). A row whose prompt fits both hashes the same either way; one that was
+cut to fit may hash differently here, and then the run loads the model and decides with its
+engine, as it always did: this check can only say "unchanged" where the run would agree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from batchgen.config.job import JobConfig
+from batchgen.errors import BatchgenError
+from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError
+from batchgen.jobs.planning.planner import prepare_row
+
+if TYPE_CHECKING:
+    from batchgen.jobs.pipeline.prepare import JobInputs
+
+
+def prompts_unchanged(config: JobConfig, inputs: JobInputs, resume: ResumeRule) -> bool:
+    """True when every input row is settled once committed prompts are compared: a run would
+    generate nothing. Loads the tokenizer (batchgen.engine.model.loader.load_tokenizer: imports torch,
+    reads no weights) only when every row left unsettled by id has a committed hash to compare."""
+    if not resume.check_prompts or not resume.state.num_committed_rows \
+            or resume.num_rows_done < inputs.scan.num_rows:
+        return False
+    builder: PromptBuilder | None = None
+    for row, committed_hash in resume.unsettled_rows(inputs.source):
+        if committed_hash is None or row.error is not None:
+            return False  # a row never committed, or one that is now an error row: there is work
+        if builder is None:  # the first row to compare: now the tokenizer is worth loading
+            builder = _builder(config, inputs)
+            if builder is None:
+                return False
+        try:
+            if prepare_row(row, builder, config).prompt_hash != committed_hash:
+                return False
+        except RowError:  # it would become an error row now
+            return False
+    return True
+
+
+def _builder(config: JobConfig, inputs: JobInputs) -> PromptBuilder | None:
+    """The run's prompt builder over the model's tokenizer and full context; None where the
+    tokenizer alone cannot be had or the builder refuses the settings (the run then reports it)."""
+    from batchgen.engine.model.loader import load_tokenizer  # imports torch: only a rerun that compares prompts
+
+    found = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+    if found is None:
+        return None
+    tokenizer, max_context_tokens = found
+    try:
+        return PromptBuilder.for_job(config, tokenizer, inputs.source.template, max_context_tokens)
+    except BatchgenError:
+        return None
