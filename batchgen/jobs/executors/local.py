@@ -39,7 +39,7 @@ from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
-from batchgen.jobs.planning.planner import PlannedRow
+from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")

@@ -33,7 +33,7 @@ from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL, api_error
 from batchgen.jobs.pipeline.chat_rows import MESSAGE_ROLES
 from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError
 from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.planning.planner import PlannedRow
+from batchgen.jobs.planning.planned_row import PlannedRow
 
 URLS = (CHAT_URL, COMPLETIONS_URL)
 MAX_STOP_STRINGS = 4  # the API's limit

@@ -44,7 +44,8 @@ from batchgen.jobs.pipeline.core import JobCore
 from batchgen.jobs.pipeline.prepare import prompt_side
 from batchgen.jobs.pipeline.prompts import RowError, Template
 from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, InputRow
-from batchgen.jobs.planning.planner import PlannedRow, prepare_row
+from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planner import prepare_row
 
 log = logging.getLogger("batchgen")
 

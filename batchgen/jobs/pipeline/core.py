@@ -36,7 +36,8 @@ from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.pipeline.row_sampling import sampling_settings
-from batchgen.jobs.planning.planner import PlannedRow, ShardPlan
+from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planner import ShardPlan
 
 log = logging.getLogger("batchgen")
 

@@ -21,7 +21,8 @@ from typing import Any
 from batchgen.engine.engine import LLMEngine
 from batchgen.engine.metrics import StepStats
 from batchgen.engine.request import Request, SamplingParams
-from batchgen.jobs.planning.planner import PlannedRow, ShardPlan, batch_slices
+from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planner import ShardPlan, batch_slices
 from batchgen.jobs.planning.stats import Reservoir, ceil_div, distribution
 
 CALIBRATION_NEW_TOKENS = 8

@@ -37,55 +37,27 @@ is in, while continuous decodes the rows already prefilled inside those same ste
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchgen.config.choices import Policy
 from batchgen.config.job import OPENAI_BATCH, JobConfig
-from batchgen.engine.scheduler.scheduler import Policy
 from batchgen.engine.scheduler.sizing import BatchLimits, resolve_limits
-from batchgen.jobs.durability.resume import prompt_hash
+from batchgen.jobs.openai.requests import prepare_request_row
 from batchgen.jobs.pipeline.chat_rows import conversation_token_ids
 from batchgen.jobs.pipeline.prompts import PromptBuilder, row_max_new_tokens
 from batchgen.jobs.pipeline.row_sampling import row_sampling
 from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.planning.length import LengthPrediction, LengthPredictor, parse_known_length
+from batchgen.jobs.planning.length import LengthPredictor, parse_known_length
+from batchgen.jobs.planning.planned_row import PlannedRow, row_settings_key
 from batchgen.jobs.planning.stats import ceil_div, distribution
-
-
-@dataclass(slots=True)
-class PlannedRow:
-    row: InputRow
-    prompt_token_ids: list[int]
-    max_new_tokens: int
-    num_truncated_tokens: int = 0
-    known_output_tokens: int | None = None  # from --length-column
-    prediction: LengthPrediction | None = None
-    shard_index: int | None = None  # the ShardPlan it was planned in (the metrics' rows per shard)
-    sampling: dict[str, Any] | None = None  # the row's own sampling settings (--sampling-column)
-    seed: int | None = None  # the row's own seed (a Batch API request's); None = derived from the job's
-    stop: tuple[str, ...] | None = None  # the row's own stop strings (a Batch API request's); None = the job's
-    # the row's own settings as canonical JSON (a Batch API request's, or row_settings_key's): part of
-    # its prompt hash, so that a resume under the same id regenerates a row whose settings changed, as
-    # one whose prompt did
-    settings_key: str | None = None
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def prompt_hash(self) -> str:
-        return prompt_hash(self.prompt_token_ids, self.settings_key)
 
 
 def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:
     """Prompt ids, budget and known length of one row; raises RowError for an error row."""
     if config.input_format == OPENAI_BATCH:
-        from batchgen.jobs.openai.requests import prepare_request_row  # it imports this module
-
         return prepare_request_row(row, builder, config)
     max_new = row_max_new_tokens(row.values, config.max_new_tokens_column, config.max_new_tokens)
     known = parse_known_length(row.values.get(config.length_column), config.length_column) \
@@ -99,23 +71,6 @@ def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> Pla
     prompt = builder.build(row.values, max_new)
     return PlannedRow(row, prompt.token_ids, max_new, prompt.num_truncated_tokens, known, sampling=sampling,
                       settings_key=row_settings_key(config, max_new, sampling))
-
-
-def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str, Any] | None) -> str | None:
-    """The row's own settings (--max-new-tokens-column, --sampling-column) where they differ from
-    the job's, as canonical JSON; None for a row run on the job's settings alone.
-
-    Part of the row's prompt hash: under --id-column a committed row whose own settings changed is
-    generated again, as one whose prompt changed, and a partial made under other settings is not
-    continued (batchgen.jobs.durability.inflight). The job's settings are in the fingerprint already, so a
-    row on them keeps the hash of its tokens alone (the hash rows committed before this had)."""
-    own: dict[str, Any] = {}
-    if max_new_tokens != config.max_new_tokens:
-        own["max_new_tokens"] = max_new_tokens
-    changed = {key: value for key, value in (sampling or {}).items() if value != getattr(config, key)}
-    if changed:
-        own["sampling"] = changed
-    return json.dumps(own, sort_keys=True) if own else None
 
 
 @dataclass(slots=True)

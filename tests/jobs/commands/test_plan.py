@@ -26,7 +26,8 @@ from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.pipeline import core, prepare
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LENGTH_MODEL_FILE, LengthPredictor
-from batchgen.jobs.planning.planner import PlannedRow, Planner, static_batches, windows
+from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planner import Planner, static_batches, windows
 
 # ---------------------------------------------------------------- planner decisions (no model)
 

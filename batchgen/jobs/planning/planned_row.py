@@ -1,0 +1,60 @@
+"""One input row made ready for the engine: its prompt ids, its budget, and the settings of its own.
+
+Apart from the planner so that every way a row is prepared (plain rows, chat messages, OpenAI Batch
+requests) builds the same record without importing the planner that orders them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from batchgen.config.job import JobConfig
+from batchgen.jobs.durability.resume import prompt_hash
+from batchgen.jobs.pipeline.rows import InputRow
+from batchgen.jobs.planning.length import LengthPrediction
+
+
+@dataclass(slots=True)
+class PlannedRow:
+    row: InputRow
+    prompt_token_ids: list[int]
+    max_new_tokens: int
+    num_truncated_tokens: int = 0
+    known_output_tokens: int | None = None  # from --length-column
+    prediction: LengthPrediction | None = None
+    shard_index: int | None = None  # the ShardPlan it was planned in (the metrics' rows per shard)
+    sampling: dict[str, Any] | None = None  # the row's own sampling settings (--sampling-column)
+    seed: int | None = None  # the row's own seed (a Batch API request's); None = derived from the job's
+    stop: tuple[str, ...] | None = None  # the row's own stop strings (a Batch API request's); None = the job's
+    # the row's own settings as canonical JSON (a Batch API request's, or row_settings_key's): part of
+    # its prompt hash, so that a resume under the same id regenerates a row whose settings changed, as
+    # one whose prompt did
+    settings_key: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def prompt_hash(self) -> str:
+        return prompt_hash(self.prompt_token_ids, self.settings_key)
+
+
+
+def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str, Any] | None) -> str | None:
+    """The row's own settings (--max-new-tokens-column, --sampling-column) where they differ from
+    the job's, as canonical JSON; None for a row run on the job's settings alone.
+
+    Part of the row's prompt hash: under --id-column a committed row whose own settings changed is
+    generated again, as one whose prompt changed, and a partial made under other settings is not
+    continued (batchgen.jobs.durability.inflight). The job's settings are in the fingerprint already, so a
+    row on them keeps the hash of its tokens alone (the hash rows committed before this had)."""
+    own: dict[str, Any] = {}
+    if max_new_tokens != config.max_new_tokens:
+        own["max_new_tokens"] = max_new_tokens
+    changed = {key: value for key, value in (sampling or {}).items() if value != getattr(config, key)}
+    if changed:
+        own["sampling"] = changed
+    return json.dumps(own, sort_keys=True) if own else None
