@@ -56,7 +56,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     keep_torchao_out(config)  # before transformers loads: no torchao for a plan that does not quantize
     from batchgen.engine.model.loader import load_model
     from batchgen.jobs.pipeline.core import build_engine
-    from batchgen.jobs.planning.estimate import Tally, calibrate, kv_bytes, shard_seconds, shard_work
+    from batchgen.jobs.planning.estimate import Tally, calibrate, kv_bytes, window_seconds, window_work
 
     load_s = None  # a model handed in (tests) was loaded by someone else: no load time measured
     if loaded is None:
@@ -89,7 +89,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
         entry = plan.describe()
         entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token)
         shards.append(entry)
-        work.append(shard_work(plan, budget))
+        work.append(window_work(plan, budget))
 
     calibration = calibrate(engine, sample) if sample else None
     total_s = (load_s or 0.0) if calibration else None
@@ -98,7 +98,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             entry["estimated_seconds"] = None
             entry["estimates"] = None
             continue
-        estimates = shard_seconds(calibration, w, entry["batch_size"], budget)
+        estimates = window_seconds(calibration, w, entry["batch_size"], budget)
         entry["estimates"] = estimates
         entry["estimated_seconds"] = estimates[entry["mode"]]
         total_s += estimates[entry["mode"]]

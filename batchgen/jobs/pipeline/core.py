@@ -4,7 +4,7 @@ The seam every executor builds on (today the local one, `batchgen run`; a sharde
 would wrap the same core around its own reader and writer):
 
     core = JobCore(config, loaded)
-    for planned, completion in core.generate(plans):   # plans: ShardPlans, pulled lazily
+    for planned, completion in core.generate(plans):   # plans: WindowPlans, pulled lazily
         ...                                             # write, commit, count, learn
 
 `generate` pulls a shard's rows only when the engine asks for them, so a window is planned with
@@ -37,7 +37,7 @@ from batchgen.engine.request import Completion, Continuation, Request, SamplingP
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.pipeline.row_sampling import sampling_settings
 from batchgen.jobs.planning.planned_row import PlannedRow
-from batchgen.jobs.planning.planner import ShardPlan
+from batchgen.jobs.planning.planner import WindowPlan
 
 log = logging.getLogger("batchgen")
 
@@ -139,16 +139,16 @@ class JobCore:
         self.between_steps = between_steps  # called between engine steps (stop, checkpoint)
         self.pending: dict[str, tuple[PlannedRow, Request]] = {}  # request id -> (row, its request)
         self.keys = itertools.count()
-        self.num_shards = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
+        self.num_windows = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
         self.num_static_fallbacks = 0
-        self.shard_index: int | None = None  # the shard whose rows the engine was fed last
+        self.window_index: int | None = None  # the shard whose rows the engine was fed last
 
     def context(self) -> tuple[str | None, int | None]:
         """(engine mode, newest shard fed): what a metrics record of this moment is labelled with."""
         policy = self.engines.policy
-        return (None if policy is None else policy.value), self.shard_index
+        return (None if policy is None else policy.value), self.window_index
 
-    def generate(self, plans: Iterator[ShardPlan]) -> Iterator[tuple[PlannedRow, Completion]]:
+    def generate(self, plans: Iterator[WindowPlan]) -> Iterator[tuple[PlannedRow, Completion]]:
         plan = next(plans, None)
         while plan is not None:
             stretch = _Stretch(self, plan, plans)
@@ -208,10 +208,10 @@ class JobCore:
         planned, _ = self.pending.pop(completion.request_id)
         return planned, completion
 
-    def shard_requests(self, plan: ShardPlan) -> Iterator[Request]:
+    def window_requests(self, plan: WindowPlan) -> Iterator[Request]:
         config = self.config
-        self.num_shards[plan.mode] += 1
-        self.shard_index = plan.index
+        self.num_windows[plan.mode] += 1
+        self.window_index = plan.index
         log.info("shard %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
                  plan.first_row_index, plan.mode, plan.reason)
         for planned in plan.rows:
@@ -239,10 +239,10 @@ class _Stretch:
     an exception raised there (`failed`) is ours and never blamed on the engine.
     """
 
-    def __init__(self, core: JobCore, first: ShardPlan, plans: Iterator[ShardPlan]):
+    def __init__(self, core: JobCore, first: WindowPlan, plans: Iterator[WindowPlan]):
         self.mode = first.mode
         self.batch_size = first.batch_size  # the first shard's: an engine's batch is set while it is idle
-        self.next_plan: ShardPlan | None = None
+        self.next_plan: WindowPlan | None = None
         self.shard_rest: Iterator[Request] = iter(())
         self.failed = False
         self.done = False  # every request of the stretch has been handed out
@@ -251,10 +251,10 @@ class _Stretch:
     def __iter__(self) -> Iterator[Request]:
         return self._requests
 
-    def _pull(self, core: JobCore, plan: ShardPlan, plans: Iterator[ShardPlan]) -> Iterator[Request]:
+    def _pull(self, core: JobCore, plan: WindowPlan, plans: Iterator[WindowPlan]) -> Iterator[Request]:
         try:
             while True:
-                self.shard_rest = core.shard_requests(plan)
+                self.shard_rest = core.window_requests(plan)
                 yield from self.shard_rest
                 plan = next(plans, None)
                 if plan is None or plan.mode != self.mode:

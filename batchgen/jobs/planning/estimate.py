@@ -22,7 +22,7 @@ from batchgen.engine.engine import LLMEngine
 from batchgen.engine.metrics import StepStats
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.jobs.planning.planned_row import PlannedRow
-from batchgen.jobs.planning.planner import ShardPlan, batch_slices
+from batchgen.jobs.planning.planner import WindowPlan, batch_slices
 from batchgen.jobs.planning.stats import Reservoir, ceil_div, distribution
 
 CALIBRATION_NEW_TOKENS = 8
@@ -80,7 +80,7 @@ def _fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 @dataclass(slots=True)
-class ShardWork:
+class WindowWork:
     """What a shard's time estimate needs, kept instead of its rows."""
 
     num_rows: int
@@ -111,16 +111,16 @@ class Tally:
         return d
 
 
-def shard_work(plan: ShardPlan, budget: int) -> ShardWork:
+def window_work(plan: WindowPlan, budget: int) -> WindowWork:
     static_steps = 0
     for batch in batch_slices(plan.rows, plan.static_batches):
         static_steps += ceil_div(sum(r.num_prompt_tokens for r in batch), budget)
         static_steps += max(r.prediction.p90 for r in batch)
-    return ShardWork(plan.num_rows, sum(r.num_prompt_tokens for r in plan.rows),
+    return WindowWork(plan.num_rows, sum(r.num_prompt_tokens for r in plan.rows),
                       sum(r.prediction.p50 for r in plan.rows), static_steps)
 
 
-def kv_bytes(plan: ShardPlan, batch_size: int, block_size: int, bytes_per_token: int) -> dict[str, int]:
+def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token: int) -> dict[str, int]:
     """KV memory the shard needs at its peak: the largest static batch's reservations (prompt + p90,
     whole blocks), or for continuous the batch_size longest rows at prompt + p50."""
     def blocks(r: PlannedRow, out: int) -> int:
@@ -136,7 +136,7 @@ def kv_bytes(plan: ShardPlan, batch_size: int, block_size: int, bytes_per_token:
     return result
 
 
-def shard_seconds(calibration: Calibration, work: ShardWork, batch_size: int, budget: int) -> dict[str, float]:
+def window_seconds(calibration: Calibration, work: WindowWork, batch_size: int, budget: int) -> dict[str, float]:
     """The shard's estimated seconds in each mode."""
     continuous_steps = ceil_div(work.prompt_tokens, budget) + ceil_div(work.output_tokens,
                                                                        min(batch_size, work.num_rows))

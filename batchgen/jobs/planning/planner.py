@@ -1,24 +1,26 @@
-"""Length-aware planning: input rows -> shards, each with predicted lengths, a run order and a mode.
+"""Length-aware planning: input rows -> windows, each with predicted lengths, a run order and a mode.
 
-Shards. A shard is an input file, or a window of at most `window_rows` consecutive rows of one
-file. Only one window is held at a time (its rows' columns and prompt token ids) and no sort
-reaches past it, so a file of any size is planned in bounded memory. A window is planned when the
-engine asks for its first row, so it is predicted with what the rows before it taught.
+Windows. A window is at most `window_rows` consecutive rows of one input file (docs/architecture.md:
+a shard is an input file, a partition a sharded job's share; the plan's JSON and the metrics call
+a window's index "shard", for compatibility). Only one window is held at a time (its rows' columns
+and prompt token ids) and no sort reaches past it, so a file of any size is planned in bounded
+memory. A window is planned when the engine asks for its first row, so it is predicted with what
+the rows before it taught.
 
 Order. Rows run by predicted output length, longest first (`sort_by_length`), in either mode.
 Static: each batch then holds rows of alike length, since a batch runs until its longest member
 finishes while the finished members' slots idle. Continuous: a slot is refilled the step it frees,
-but the shard still ends with its last rows running in a draining batch, and longest-first
-(LPT scheduling) leaves the short rows for that tail, so the shard ends in fewer steps
+but the window still ends with its last rows running in a draining batch, and longest-first
+(LPT scheduling) leaves the short rows for that tail, so the window ends in fewer steps
 (benchmarks/planner.py compares sorted and unsorted runs).
 
-Mode (`--mode auto`). The planner cuts the shard, in run order, into the batches the static policy
+Mode (`--mode auto`). The planner cuts the window, in run order, into the batches the static policy
 would take (batch_size rows, fewer where the KV cache holds fewer) and predicts how busy their
 slots would be:
 
     occupancy = sum(p50) / sum over batches of (rows in the batch x the batch's largest p90)
 
-Static when occupancy >= static_min_occupancy, else continuous. Not the spread of the shard's
+Static when occupancy >= static_min_occupancy, else continuous. Not the spread of the window's
 lengths: prompt lengths never idle a static slot (each prompt is prefilled once, in chunks, in
 either mode), and a wide but predictable spread, once sorted, gives batches of alike rows. The p90
 in the denominator counts uncertainty against static: with nothing learned (p50 = max/2,
@@ -30,7 +32,7 @@ policy runs the same steps through the same runner as continuous, with no per-st
 for idle slots. A device where static steps run cheaper (a captured or compiled fixed-shape step)
 would lower the threshold; `--static-min-occupancy` sets it.
 
-Prompt-heavy shards go continuous even at full occupancy: when a static batch's prompts need more
+Prompt-heavy windows go continuous even at full occupancy: when a static batch's prompts need more
 than one step's token budget to prefill, the static batch decodes nothing until the last of them
 is in, while continuous decodes the rows already prefilled inside those same steps.
 """
@@ -74,7 +76,7 @@ def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> Pla
 
 
 @dataclass(slots=True)
-class ShardPlan:
+class WindowPlan:
     index: int
     path: str
     first_row_index: int  # the window's first row within its file
@@ -111,7 +113,7 @@ class ShardPlan:
 
 
 class Planner:
-    """Windows of prepared rows -> ShardPlans (predictions, run order, mode and reason)."""
+    """Windows of prepared rows -> WindowPlans (predictions, run order, mode and reason)."""
 
     def __init__(self, config: JobConfig, predictor: LengthPredictor, *, kv_capacity_tokens: int | None = None,
                  block_size: int = 16, device_type: str = "cpu", max_model_len: int = 1 << 20):
@@ -121,19 +123,19 @@ class Planner:
         self.predictor = predictor
         self.kv_capacity_tokens = kv_capacity_tokens
         self.block_size = block_size
-        self.num_shards = 0
+        self.num_windows = 0
         self.num_planned_rows = 0
         self.num_predicted_tokens = 0  # sum of p50 over the planned rows
 
-    def plans(self, rows: Iterable[PlannedRow]) -> Iterator[ShardPlan]:
+    def plans(self, rows: Iterable[PlannedRow]) -> Iterator[WindowPlan]:
         for window in windows(rows, self.config.window_rows):
             yield self.plan(window)
 
-    def plan(self, window: list[PlannedRow]) -> ShardPlan:
+    def plan(self, window: list[PlannedRow]) -> WindowPlan:
         config = self.config
         for r in window:
             r.prediction = self.predictor.predict(r.num_prompt_tokens, r.max_new_tokens, r.known_output_tokens)
-            r.shard_index = self.num_shards
+            r.window_index = self.num_windows
             self.num_predicted_tokens += r.prediction.p50
         self.num_planned_rows += len(window)
         ordered = sort_by_length(window) if config.sort_by_length else list(window)
@@ -143,9 +145,9 @@ class Planner:
         cv = coefficient_of_variation([r.num_prompt_tokens + r.prediction.p50 for r in window])
         prefill_steps = max_prefill_steps(ordered, batches, limits.max_num_batched_tokens)
         mode, reason = choose_mode(config.mode, occupancy, config.static_min_occupancy, window, prefill_steps)
-        plan = ShardPlan(self.num_shards, window[0].row.shard.path, window[0].row.row_index, ordered, mode, reason,
+        plan = WindowPlan(self.num_windows, window[0].row.shard.path, window[0].row.row_index, ordered, mode, reason,
                          occupancy, cv, batches, limits.max_num_seqs, limits.reason)
-        self.num_shards += 1
+        self.num_windows += 1
         return plan
 
     def batch_limits(self, window: list[PlannedRow]) -> BatchLimits:
