@@ -111,6 +111,7 @@ class Manifest:
         self.out_dir = self.store.path() if isinstance(self.store, LocalStore) else self.store
         self.state = state if state is not None else load_manifest(self.store)
         self.guard = guard  # the lock or lease: checked before each entry where it can be lost (a lease)
+        self._entry_attempted = False  # the latest append got as far as writing its entry
 
     def append(self, op: str, **payload: Any) -> dict[str, Any]:
         """Write the next entry (the commit point) and apply it to the in-memory state."""
@@ -119,6 +120,7 @@ class Manifest:
         entry = {"format": FORMAT, "seq": self.state.last_seq + 1, "time": time.time(), "op": op, **payload}
         self.state.validate(entry)  # before it is durable: a bad entry would fail every later load
         self._check_guard()
+        self._entry_attempted = True
         write_json_atomic(self._entry_target(entry["seq"]), entry, exclusive=True)
         self.state.apply(entry)
         return entry
@@ -151,7 +153,18 @@ class Manifest:
             raise OutputError(f"cannot sync {self.out_dir}: {e.strerror or e}") from e
         shard_paths = sorted({s for _, r in parts for s in r.shards})
         index = {path: i for i, path in enumerate(shard_paths)}
-        self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
+        self._entry_attempted = False
+        try:
+            self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
+        except BaseException:
+            # refused before its entry was written (the lease lost, another writer's entry in the way):
+            # nothing commits these parts, and in an object store they sit under final names where a
+            # plain listing reads them. An entry whose write failed part way may have landed: keep
+            # its parts; the sweep before _SUCCESS (sweep) or the next run's recovery decides.
+            if not self._entry_attempted:
+                for staged, _ in parts:
+                    staged.discard()
+            raise
         self.publish([s for s, _ in parts], remove)
         if op == "commit" and self.state.last_seq - (self.state.snapshot_seq or 0) >= SNAPSHOT_EVERY_ENTRIES:
             self.snapshot()
@@ -223,6 +236,25 @@ class Manifest:
                 damaged.append(record)
         store.sync()
         return damaged
+
+    def sweep(self) -> list[str]:
+        """Delete every part file, visible or staged, that no committed entry holds; return their names.
+
+        Run before `_SUCCESS` is written: it vouches for a plain listing (`**/*.parquet`), which
+        must then hold exactly the committed parts. A commit that failed (this job's, or a stalled
+        job's that lost the lease) can leave a part under its final name in an object store, or a
+        staged temp in a directory; either would be read beside the committed rows."""
+        state, store = self.state, self.store
+        swept = []
+        for name in sorted(store.list()):
+            staged_temp = name.startswith(".part-") and name.endswith(TEMP_SUFFIX)
+            if (PART_NAME_RE.fullmatch(name) and name not in state.parts) or staged_temp:
+                log.info("removing %s: no committed manifest entry holds it", name)
+                store.delete(name)
+                swept.append(name)
+        if swept:
+            store.sync()
+        return swept
 
     def drop_history(self) -> None:
         """Delete entries before the latest "begin" or snapshot (dead since it)."""

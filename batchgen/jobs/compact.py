@@ -101,6 +101,7 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
         manifest.commit(staged, list(state.parts), op="compact")  # removes _SUCCESS first
         success = {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
                    "fingerprint": fingerprint_digest(state.fingerprint), "compacted": True}
+        manifest.sweep()  # _SUCCESS vouches for the listing (Manifest.sweep)
         if batch_files is not None:  # written again, now in input order, before _SUCCESS
             success[SUCCESS_KEY] = write_batch_files(store, manifest.state, batch_files["dir"],
                                                      created=batch_files.get("created"))
