@@ -16,6 +16,7 @@ them (batchgen.io.id_index), not a set of id objects: a million committed ids an
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from batchgen.io.manifest_entries import (  # re-exported: readers of the state 
     ENTRY_RE,
     FORMAT,
     MANIFEST_DIR,
+    EntryVanished,
     entry_name,
     entry_paths,
     fingerprint_digest,
@@ -42,10 +44,14 @@ from batchgen.io.prompt_hashes import PromptHashes
 from batchgen.io.store import OutputStore, open_store
 
 WRITE_OPS = ("commit", "compact", "repair")
+# a listing that a consolidation overtook is taken again this many times (with a short, growing
+# pause) before a vanished entry counts as damage: a snapshot's drop_before is a few deletes
+VANISHED_RETRIES = 8
+VANISHED_PAUSE_S = 0.02
 
-__all__ = ["ENTRY_RE", "FORMAT", "MANIFEST_DIR", "WRITE_OPS", "ManifestState", "PartRecord", "entry_name",
-           "entry_paths", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir", "part_row_lists",
-           "part_rows", "read_entry", "read_entry_file"]
+__all__ = ["ENTRY_RE", "FORMAT", "MANIFEST_DIR", "EntryVanished", "WRITE_OPS", "ManifestState", "PartRecord",
+           "entry_name", "entry_paths", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir",
+           "part_row_lists", "part_rows", "read_entry", "read_entry_file"]
 
 
 @dataclass(slots=True)
@@ -214,8 +220,21 @@ def load_manifest(out_dir: str | Path | OutputStore, *, keep_rows: bool = False,
                   with_ids: bool = True) -> ManifestState:
     """Replay `_manifest/` from its latest snapshot (an empty state when there is none).
 
-    `with_ids=False` (status): parts carried by a snapshot have their counts but no ids."""
+    `with_ids=False` (status): parts carried by a snapshot have their counts but no ids. A reader
+    without the lock can see an entry vanish under it (EntryVanished): it lists again, a bounded
+    number of times, before it calls the manifest damaged."""
     store = open_store(out_dir)
+    for attempt in range(VANISHED_RETRIES + 1):
+        try:
+            return _replay(store, keep_rows=keep_rows, keep_hashes=keep_hashes, with_ids=with_ids)
+        except EntryVanished:
+            if attempt == VANISHED_RETRIES:
+                raise
+            time.sleep(VANISHED_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _replay(store: OutputStore, *, keep_rows: bool, keep_hashes: bool, with_ids: bool) -> ManifestState:
     state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=store)
     for seq, name in entry_paths(store):
         entry = read_entry_file(store, name)
