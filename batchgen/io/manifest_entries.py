@@ -80,6 +80,17 @@ def part_row_lists(out_dir: str | Path | OutputStore,
     return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
 
 
+def entry_epoch(entry: dict[str, Any]) -> int:
+    """The lease epoch an entry was written under (batchgen.io.lease); 0 for a local store's."""
+    return int(entry.get("epoch") or 0)
+
+
+def listed_entries(store: OutputStore) -> dict[int, str]:
+    """{seq: name} of the entry files listed now, gaps and all (a reader follows the chain)."""
+    return {int(m.group(1)): f"{MANIFEST_DIR}/{name}" for name in store.list(MANIFEST_DIR)
+            if (m := ENTRY_RE.fullmatch(name))}
+
+
 def entry_paths(store: OutputStore) -> list[tuple[int, str]]:
     """(seq, name) of every entry, oldest first; a gap is damage."""
     names = store.list(MANIFEST_DIR)

@@ -29,10 +29,12 @@ from batchgen.io.manifest_entries import (  # re-exported: readers of the state 
     FORMAT,
     MANIFEST_DIR,
     EntryVanished,
+    entry_epoch,
     entry_name,
     entry_paths,
     fingerprint_digest,
     is_job_dir,
+    listed_entries,
     manifest_dir,
     part_row_lists,
     part_rows,
@@ -50,8 +52,8 @@ VANISHED_RETRIES = 8
 VANISHED_PAUSE_S = 0.02
 
 __all__ = ["ENTRY_RE", "FORMAT", "MANIFEST_DIR", "EntryVanished", "WRITE_OPS", "ManifestState", "PartRecord",
-           "entry_name", "entry_paths", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir",
-           "part_row_lists", "part_rows", "read_entry", "read_entry_file"]
+           "entry_epoch", "entry_name", "entry_paths", "fingerprint_digest", "is_job_dir", "load_manifest",
+           "manifest_dir", "part_row_lists", "part_rows", "read_entry", "read_entry_file"]
 
 
 @dataclass(slots=True)
@@ -126,6 +128,9 @@ class ManifestState:
             self.snapshot_rows = None
         elif op == "inputs":
             self.inputs = entry
+        elif op == "fence":  # chains past a superseded job's entries (batchgen.io.manifest): nothing else
+            self.last_seq = seq
+            return
         elif op == "partials":
             self.partials = entry
             self.last_seq = seq
@@ -235,11 +240,25 @@ def load_manifest(out_dir: str | Path | OutputStore, *, keep_rows: bool = False,
 
 
 def _replay(store: OutputStore, *, keep_rows: bool, keep_hashes: bool, with_ids: bool) -> ManifestState:
+    """Replay the chain of entries that ends at the newest: each names the one before it ("prev",
+    else seq - 1), back to the oldest listed or to a snapshot or "begin" (before which nothing
+    counts). An entry off the chain was written by a job that had lost the lease, and is skipped."""
     state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=store)
-    for seq, name in entry_paths(store):
-        entry = read_entry_file(store, name)
+    listed = listed_entries(store)
+    chain: list[dict[str, Any]] = []
+    seq = max(listed, default=0)
+    while seq:
+        entry = read_entry_file(store, listed[seq])
         if entry.get("format") != FORMAT or entry.get("seq") != seq:
-            raise OutputError(f"manifest entry {store / name} has format {entry.get('format')!r}, seq "
+            raise OutputError(f"manifest entry {store / listed[seq]} has format {entry.get('format')!r}, seq "
                               f"{entry.get('seq')!r}; it was not written by this batchgen")
+        chain.append(entry)
+        prev = entry.get("prev", seq - 1)
+        if prev < min(listed) or (prev not in listed and entry["op"] in ("snapshot", "begin")):
+            break
+        if prev not in listed:
+            raise EntryVanished(f"manifest is damaged: entry {prev:08d}.json is missing before {listed[seq]}")
+        seq = prev
+    for entry in reversed(chain):
         state.apply(entry, keep_rows=keep_rows)
     return state

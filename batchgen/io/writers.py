@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchgen.errors import OutputError
-from batchgen.io.store import LocalStore, OutputStore, check_output_url, open_store
+from batchgen.io.store import AlreadyExists, LocalStore, OutputStore, check_output_url, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ def write_with_atomic(path: Path, write: Callable[[Any], None], *, exclusive: bo
     except BaseException as e:
         _remove_quietly(temp_path)
         if isinstance(e, FileExistsError):
-            raise OutputError(f"{path} appeared while this job was writing it: another process is "
+            raise AlreadyExists(f"{path} appeared while this job was writing it: another process is "
                               "writing to this output directory") from e
         if isinstance(e, OSError):
             if placed:  # renamed but maybe not durable: undo, so "raised" means "not written"
