@@ -161,6 +161,7 @@ class Manifest:
             if other == json.loads(json_bytes(entry)):  # our own PUT landed, then its response was lost
                 return entry
             if entry_epoch(other) >= epoch:
+                self._entry_attempted = False  # certainly not written: the caller may discard its parts
                 raise OutputLocked(f"another job committed to {self.store} after this one lost its lease (manifest "
                                    f"entry {seq}); this job stopped without committing more")
             log.warning("writing past manifest entry %d of %s: a job that lost the lease wrote it (epoch %d < %d)",
@@ -194,6 +195,12 @@ class Manifest:
         """Commit staged parts (new ones and rewrites) and removals, then publish them."""
         if not parts and not remove:
             return
+        try:
+            self._check_guard()  # a job that lost the lease must not remove the new holder's _SUCCESS either
+        except BaseException:
+            for staged, _ in parts:
+                staged.discard()
+            raise
         clear_success(self.store)  # the visible output is about to change
         try:
             fault_point("fsync_staged")
