@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
 _SEQ_DIGITS = 5  # names sort in write order up to 99999 parts per prefix
+# rows per Parquet row group of a part: what `batchgen compact` holds of a part at a time
+# (batchgen.jobs.compact), so a part of any --rows-per-part is never read whole into memory
+ROW_GROUP_ROWS = 4096
 # renameat2(2) for a put-if-absent where there are no hard links (_rename_noreplace)
 _AT_FDCWD, _RENAME_NOREPLACE = -100, 1
 try:
@@ -123,7 +126,8 @@ class PartWriter:
         OSError becomes OutputError.
         """
         table = self._to_table(rows)
-        staged = self._stage(lambda file: pq.write_table(table, file, compression=self.compression), name, tag)
+        staged = self._stage(lambda file: pq.write_table(table, file, compression=self.compression,
+                                                         row_group_size=ROW_GROUP_ROWS), name, tag)
         staged.num_rows = table.num_rows
         return staged
 
