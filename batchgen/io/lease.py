@@ -97,7 +97,8 @@ class Lease(OutputClaim):
                      current.get("host"))
         self.started = time.time()
         self.epoch = max(_epoch(current) + 1, time.time_ns() // 1000)
-        if not self._write(create=current is None, version=version):
+        # created where there is no object; replaced, if unchanged, where there is one (expired, or not a lease)
+        if not self._write(create=version is None and current is None, version=version):
             raise OutputLocked(f"{self.store} is being taken by another batchgen job; try again")
         time.sleep(LEASE_SETTLE_S)
         current = read_lease(self.store)
