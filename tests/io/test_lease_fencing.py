@@ -138,3 +138,19 @@ def test_a_commit_needs_a_margin_of_lease_left(s3_out):
 def test_requests_time_out_well_inside_the_lease():
     connect, request = request_timeouts(60)
     assert request <= 10 and connect <= request and request < 60 * LEASE_MARGIN
+
+
+def test_an_object_that_is_not_a_lease_is_replaced(s3_out):
+    store = open_store(s3_out)
+    store.write_bytes("_batchgen.lease", b"not json")
+    with Lease(store, ttl_s=30) as lease:
+        assert read_lease(store)["holder"] == lease.holder_id
+
+
+def test_without_the_sdk_an_s3_output_is_refused_not_written_unsafely(s3_out, monkeypatch):
+    from batchgen.errors import UnsupportedOutputError
+    from batchgen.io import conditional_put
+
+    monkeypatch.setattr(conditional_put, "boto3", None)
+    with pytest.raises(UnsupportedOutputError, match=r"needs boto3 .*batchgen\[s3\]"):
+        open_store(s3_out)
