@@ -97,18 +97,24 @@ def tiny_run_args(src, out: str, model_dir, *flags: str) -> list[str]:
             "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", "16MiB", *flags, "--quiet"]
 
 
+KILLED_JOB_TTL_S = 4.0  # the killed job's lease: an unexpired lease is never taken over, so keep it short
+
+
 def kill_once_committed(args: list[str], store, at_least: int) -> bool:
     """Run the `batchgen run` command `args` and SIGKILL it once `store` holds `at_least` committed
-    rows (or let it end); True if it was killed. Either way it must have exited cleanly or by the kill."""
+    rows (or let it end); True if it was killed. Either way it must have exited cleanly or by the kill.
+    After a kill this waits out the job's lease (KILLED_JOB_TTL_S), as a retry would."""
     import os
     import signal
     import subprocess
     import time
 
     from batchgen.io.manifest.manifest import load_manifest
+    from batchgen.io.store.lease import TTL_ENV, read_lease
     from tests.jobs.kill_harness import JOB_ENV, reaped, sigkill
 
-    proc = subprocess.Popen(args, env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {**os.environ, **JOB_ENV, TTL_ENV: str(KILLED_JOB_TTL_S)}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     with reaped(proc):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -119,4 +125,7 @@ def kill_once_committed(args: list[str], store, at_least: int) -> bool:
     stderr = proc.stderr.read().decode(errors="replace")
     proc.stderr.close()
     assert proc.returncode in (0, -signal.SIGKILL), stderr
+    lease = read_lease(store) if killed else None
+    if lease is not None:
+        time.sleep(max(float(lease["expires"]) - time.time(), 0) + 0.1)
     return killed

@@ -91,8 +91,8 @@ def test_sigkill_mid_job_then_resume_writes_every_row_once(src, tiny_model_dir, 
         committed = now
         mid_job += killed and 0 < len(now) < NUM_ROWS
     assert kills >= 1 and mid_job >= 1, "no kill landed mid-job"
-    # the killed job's lease names a pid that no longer runs here: the resume takes it over at once
-    # (a second run that finished released its lease; a kill can also land just after that)
+    # the killed job's lease stays until it expires (kill_once_committed waits it out), then the
+    # resume takes it over (a second run that finished released its lease; a kill can also land just after that)
     if killed and len(committed) < NUM_ROWS:
         assert read_lease(store) is not None
     summary = run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)

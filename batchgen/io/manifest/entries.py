@@ -22,6 +22,12 @@ FORMAT = 1
 ENTRY_RE = re.compile(r"(\d{8})\.json")
 
 
+class EntryVanished(OutputError):
+    """An entry listed a moment ago is gone, or the listing has a gap: damage to a job holding the
+    lock, but to a lockless reader (`status`) the usual sign of a consolidation (a snapshot's
+    drop_before) deleting old entries between its listing and its reads: it lists again."""
+
+
 def manifest_dir(out_dir: str | Path) -> Path:
     """The local manifest directory (tests and local tools); the io modules go through the store."""
     return Path(out_dir) / MANIFEST_DIR
@@ -43,6 +49,9 @@ def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
 def read_entry_file(store: OutputStore, name: str) -> dict[str, Any]:
     try:
         return json.loads(store.read_bytes(name))
+    except FileNotFoundError as e:
+        raise EntryVanished(f"manifest entry {store / name} is missing ({e}); the output directory is damaged: "
+                            "pass --overwrite to start over") from e
     except (OSError, ValueError) as e:  # an entry is written whole (rename, or one PUT): this is damage
         raise OutputError(f"manifest entry {store / name} is unreadable ({e}); the output directory is "
                           "damaged: pass --overwrite to start over") from e
@@ -71,6 +80,17 @@ def part_row_lists(out_dir: str | Path | OutputStore,
     return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
 
 
+def entry_epoch(entry: dict[str, Any]) -> int:
+    """The lease epoch an entry was written under (batchgen.io.store.lease); 0 for a local store's."""
+    return int(entry.get("epoch") or 0)
+
+
+def listed_entries(store: OutputStore) -> dict[int, str]:
+    """{seq: name} of the entry files listed now, gaps and all (a reader follows the chain)."""
+    return {int(m.group(1)): f"{MANIFEST_DIR}/{name}" for name in store.list(MANIFEST_DIR)
+            if (m := ENTRY_RE.fullmatch(name))}
+
+
 def entry_paths(store: OutputStore) -> list[tuple[int, str]]:
     """(seq, name) of every entry, oldest first; a gap is damage."""
     names = store.list(MANIFEST_DIR)
@@ -78,5 +98,5 @@ def entry_paths(store: OutputStore) -> list[tuple[int, str]]:
                      if (m := ENTRY_RE.fullmatch(name)))
     for (a, _), (b, name) in zip(entries, entries[1:], strict=False):
         if b != a + 1:
-            raise OutputError(f"manifest is damaged: entry {a + 1:08d}.json is missing before {name}")
+            raise EntryVanished(f"manifest is damaged: entry {a + 1:08d}.json is missing before {name}")
     return entries

@@ -46,6 +46,10 @@ Entry payloads (every entry also has "format", "seq", "time"):
                                             what the latest run reads (batchgen.jobs.durability.identity)
     {"op": "commit" | "compact" | "repair", "shards": [input paths], "write": [part], "remove": [names]}
     {"op": "snapshot", ...}                 the whole state so far (batchgen.io.manifest.snapshot)
+    {"op": "fence"}                         nothing: chains past entries a superseded job wrote
+On an object store every entry also has "epoch" (the lease's, batchgen.io.store.lease), and "prev" where
+it was written past a superseded job's entry (Manifest._write_entry): readers follow "prev" (else
+seq - 1) back from the newest entry and replay only that chain.
 A part: {"name", "temp", "num_rows", "num_bytes", "sha256", "ids": [...], "errors": [positions of
          its error rows], "shard": [index into "shards", per row], "row": [input row index, per row],
          "hashes": [prompt hash per row, null for error rows]}.
@@ -60,19 +64,22 @@ plus an exact hash index of them, batchgen.io.ids.index), and the time follows t
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from pathlib import Path
 from typing import Any
 
-from batchgen.errors import OutputError
+from batchgen.errors import OutputError, OutputLocked
 from batchgen.io.manifest.snapshot import SNAPSHOT_EVERY_ENTRIES, clean_rows_files, snapshot_payload
 from batchgen.io.manifest.state import (  # re-exported: the manifest's readers import them from here
+    ENTRY_RE,
     FORMAT,
     MANIFEST_DIR,
     ManifestState,
     PartRecord,
+    entry_epoch,
     entry_name,
     entry_paths,
     fingerprint_digest,
@@ -81,12 +88,14 @@ from batchgen.io.manifest.state import (  # re-exported: the manifest's readers 
     manifest_dir,
     part_rows,
     read_entry,
+    read_entry_file,
 )
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.store import AlreadyExists, LocalStore, OutputStore, open_store
 from batchgen.io.store.writers import (
     TEMP_SUFFIX,
     StagedPart,
     fault_point,
+    json_bytes,
     publish_staged,
     write_json_atomic,
 )
@@ -111,17 +120,60 @@ class Manifest:
         self.out_dir = self.store.path() if isinstance(self.store, LocalStore) else self.store
         self.state = state if state is not None else load_manifest(self.store)
         self.guard = guard  # the lock or lease: checked before each entry where it can be lost (a lease)
+        self._entry_attempted = False  # the latest append got as far as writing its entry
 
     def append(self, op: str, **payload: Any) -> dict[str, Any]:
         """Write the next entry (the commit point) and apply it to the in-memory state."""
         store = self.store
         store.makedir(MANIFEST_DIR)
-        entry = {"format": FORMAT, "seq": self.state.last_seq + 1, "time": time.time(), "op": op, **payload}
-        self.state.validate(entry)  # before it is durable: a bad entry would fail every later load
+        base = {"format": FORMAT, "seq": self.state.last_seq + 1, "time": time.time(), "op": op, **payload}
+        self.state.validate(base)  # before it is durable: a bad entry would fail every later load
         self._check_guard()
-        write_json_atomic(self._entry_target(entry["seq"]), entry, exclusive=True)
+        self._entry_attempted = True
+        entry = self._write_entry(lambda seq: {**base, "seq": seq})
         self.state.apply(entry)
         return entry
+
+    def _write_entry(self, build: Any) -> dict[str, Any]:
+        """Write `build(seq)` at the next free seq (put-if-absent) and return it.
+
+        Under a lease (an object store) the entry carries the lease's epoch, and an entry found in
+        the way whose epoch is lower was written by a job that lost the lease while stalled: it is
+        written past, with "prev" naming the last entry this job's state holds, so readers (which
+        follow "prev" back from the newest entry, batchgen.io.manifest.state) skip it. An entry of a
+        higher epoch means this job is the superseded one: OutputLocked, nothing written."""
+        epoch = getattr(self.guard, "epoch", None)
+        prev = self.state.last_seq
+        seq = prev + 1
+        while True:
+            entry = build(seq)
+            if epoch is not None:
+                entry["epoch"] = epoch
+                if seq != prev + 1:
+                    entry["prev"] = prev
+            try:
+                write_json_atomic(self._entry_target(seq), entry, exclusive=True)
+                return entry
+            except AlreadyExists:
+                if epoch is None:
+                    raise
+                other = read_entry_file(self.store, entry_name(seq))
+            if other == json.loads(json_bytes(entry)):  # our own PUT landed, then its response was lost
+                return entry
+            if entry_epoch(other) >= epoch:
+                self._entry_attempted = False  # certainly not written: the caller may discard its parts
+                raise OutputLocked(f"another job committed to {self.store} after this one lost its lease (manifest "
+                                   f"entry {seq}); this job stopped without committing more")
+            log.warning("writing past manifest entry %d of %s: a job that lost the lease wrote it (epoch %d < %d)",
+                        seq, self.store, entry_epoch(other), epoch)
+            seq += 1
+
+    def fence_stale_entries(self) -> None:
+        """Entries past this job's own (a stalled job's, written after it lost the lease) would be
+        read as the newest: chain a "fence" entry past them, so every reader skips them."""
+        names = self.store.list(MANIFEST_DIR)
+        if any(int(m.group(1)) > self.state.last_seq for name in names if (m := ENTRY_RE.fullmatch(name))):
+            self.append("fence")
 
     def _entry_target(self, seq: int) -> Path | tuple[OutputStore, str]:
         if isinstance(self.store, LocalStore):
@@ -143,6 +195,12 @@ class Manifest:
         """Commit staged parts (new ones and rewrites) and removals, then publish them."""
         if not parts and not remove:
             return
+        try:
+            self._check_guard()  # a job that lost the lease must not remove the new holder's _SUCCESS either
+        except BaseException:
+            for staged, _ in parts:
+                staged.discard()
+            raise
         clear_success(self.store)  # the visible output is about to change
         try:
             fault_point("fsync_staged")
@@ -151,7 +209,18 @@ class Manifest:
             raise OutputError(f"cannot sync {self.out_dir}: {e.strerror or e}") from e
         shard_paths = sorted({s for _, r in parts for s in r.shards})
         index = {path: i for i, path in enumerate(shard_paths)}
-        self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
+        self._entry_attempted = False
+        try:
+            self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
+        except BaseException:
+            # refused before its entry was written (the lease lost, another writer's entry in the way):
+            # nothing commits these parts, and in an object store they sit under final names where a
+            # plain listing reads them. An entry whose write failed part way may have landed: keep
+            # its parts; the sweep before _SUCCESS (sweep) or the next run's recovery decides.
+            if not self._entry_attempted:
+                for staged, _ in parts:
+                    staged.discard()
+            raise
         self.publish([s for s, _ in parts], remove)
         if op == "commit" and self.state.last_seq - (self.state.snapshot_seq or 0) >= SNAPSHOT_EVERY_ENTRIES:
             self.snapshot()
@@ -160,11 +229,10 @@ class Manifest:
         """Consolidate: one entry (and its rows file) holding the whole state, then drop the
         entries before it (batchgen.io.manifest.snapshot), so a load stays O(parts)."""
         state = self.state
-        seq = state.last_seq + 1
-        entry = {"format": FORMAT, "seq": seq, "time": time.time(), "op": "snapshot",
-                 **snapshot_payload(self.store, state, seq)}
         self._check_guard()
-        write_json_atomic(self._entry_target(seq), entry, exclusive=True)
+        entry = self._write_entry(lambda seq: {"format": FORMAT, "seq": seq, "time": time.time(), "op": "snapshot",
+                                                **snapshot_payload(self.store, state, seq)})
+        seq = entry["seq"]
         # the in-memory state already is the snapshot's; only where each part's rows live moved
         for record in state.parts.values():
             record.seq = seq
@@ -223,6 +291,26 @@ class Manifest:
                 damaged.append(record)
         store.sync()
         return damaged
+
+    def sweep(self) -> list[str]:
+        """Delete every part file, visible or staged, that no committed entry holds; return their names.
+
+        Run before `_SUCCESS` is written: it vouches for a plain listing (`**/*.parquet`), which
+        must then hold exactly the committed parts. A commit that failed (this job's, or a stalled
+        job's that lost the lease) can leave a part under its final name in an object store, or a
+        staged temp in a directory; either would be read beside the committed rows."""
+        self.fence_stale_entries()
+        state, store = self.state, self.store
+        swept = []
+        for name in sorted(store.list()):
+            staged_temp = name.startswith(".part-") and name.endswith(TEMP_SUFFIX)
+            if (PART_NAME_RE.fullmatch(name) and name not in state.parts) or staged_temp:
+                log.info("removing %s: no committed manifest entry holds it", name)
+                store.delete(name)
+                swept.append(name)
+        if swept:
+            store.sync()
+        return swept
 
     def drop_history(self) -> None:
         """Delete entries before the latest "begin" or snapshot (dead since it)."""

@@ -16,6 +16,7 @@ them (batchgen.io.ids.index), not a set of id objects: a million committed ids a
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +28,13 @@ from batchgen.io.manifest.entries import (  # re-exported: readers of the state 
     ENTRY_RE,
     FORMAT,
     MANIFEST_DIR,
+    EntryVanished,
+    entry_epoch,
     entry_name,
     entry_paths,
     fingerprint_digest,
     is_job_dir,
+    listed_entries,
     manifest_dir,
     part_row_lists,
     part_rows,
@@ -42,10 +46,14 @@ from batchgen.io.manifest.prompt_hashes import PromptHashes
 from batchgen.io.store.store import OutputStore, open_store
 
 WRITE_OPS = ("commit", "compact", "repair")
+# a listing that a consolidation overtook is taken again this many times (with a short, growing
+# pause) before a vanished entry counts as damage: a snapshot's drop_before is a few deletes
+VANISHED_RETRIES = 8
+VANISHED_PAUSE_S = 0.02
 
-__all__ = ["ENTRY_RE", "FORMAT", "MANIFEST_DIR", "WRITE_OPS", "ManifestState", "PartRecord", "entry_name",
-           "entry_paths", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir", "part_row_lists",
-           "part_rows", "read_entry", "read_entry_file"]
+__all__ = ["ENTRY_RE", "FORMAT", "MANIFEST_DIR", "EntryVanished", "WRITE_OPS", "ManifestState", "PartRecord",
+           "entry_epoch", "entry_name", "entry_paths", "fingerprint_digest", "is_job_dir", "load_manifest",
+           "manifest_dir", "part_row_lists", "part_rows", "read_entry", "read_entry_file"]
 
 
 @dataclass(slots=True)
@@ -120,6 +128,9 @@ class ManifestState:
             self.snapshot_rows = None
         elif op == "inputs":
             self.inputs = entry
+        elif op == "fence":  # chains past a superseded job's entries (batchgen.io.manifest.manifest): nothing else
+            self.last_seq = seq
+            return
         elif op == "partials":
             self.partials = entry
             self.last_seq = seq
@@ -214,30 +225,56 @@ def load_manifest(out_dir: str | Path | OutputStore, *, keep_rows: bool = False,
                   with_ids: bool = True) -> ManifestState:
     """Replay `_manifest/` from its latest snapshot (an empty state when there is none).
 
-    `with_ids=False` (status): parts carried by a snapshot have their counts but no ids."""
+    `with_ids=False` (status): parts carried by a snapshot have their counts but no ids. A reader
+    without the lock can see an entry vanish under it (EntryVanished): it lists again, a bounded
+    number of times, before it calls the manifest damaged."""
     store = open_store(out_dir)
+    for attempt in range(VANISHED_RETRIES + 1):
+        try:
+            return _replay(store, keep_rows=keep_rows, keep_hashes=keep_hashes, with_ids=with_ids)
+        except EntryVanished:
+            if attempt == VANISHED_RETRIES:
+                raise
+            time.sleep(VANISHED_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _replay(store: OutputStore, *, keep_rows: bool, keep_hashes: bool, with_ids: bool) -> ManifestState:
+    """Replay the chain of entries that ends at the newest: each names the one before it ("prev",
+    else seq - 1), back to the oldest listed or to a snapshot or "begin" (before which nothing
+    counts). An entry off the chain was written by a job that had lost the lease, and is skipped."""
     state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=store)
-    since_begin: list[tuple[int, str]] | None = None  # the entries from the last "begin", none summed up
-    for seq, name in entry_paths(store):
-        entry = _read(store, seq, name)
+    listed = listed_entries(store)
+    chain: list[dict[str, Any]] = []
+    seq = max(listed, default=0)
+    while seq:
+        chain.append(_read(store, seq, listed[seq]))
+        prev = chain[-1].get("prev", seq - 1)
+        if prev < min(listed) or (prev not in listed and chain[-1]["op"] in ("snapshot", "begin")):
+            break
+        if prev not in listed:
+            raise EntryVanished(f"manifest is damaged: entry {prev:08d}.json is missing before {listed[seq]}")
+        seq = prev
+    since_begin: list[dict[str, Any]] | None = None  # the chain's entries from its last "begin", none summed up
+    for entry in reversed(chain):
         try:
             state.apply(entry, keep_rows=keep_rows)
         except DamagedSnapshot:
-            # the snapshot sums up the entries before it: where a crash kept them all (from a
-            # "begin", none missing) they say the same, so replay them and pass the snapshot over
-            if since_begin is None or [s for s, _ in since_begin] != list(range(since_begin[0][0], seq)):
+            # the snapshot sums up the entries before it: where a crash kept them all (the chain
+            # reaches back to a "begin") they say the same, so replay them and pass the snapshot over
+            if since_begin is None:
                 raise
             state = ManifestState(keep_hashes=keep_hashes, with_ids=with_ids, out_dir=store)
-            for earlier_seq, earlier in since_begin:
-                state.apply(_read(store, earlier_seq, earlier), keep_rows=keep_rows)
-            state.last_seq = seq  # the next entry still comes after the snapshot's number
+            for earlier in since_begin:
+                state.apply(earlier, keep_rows=keep_rows)
+            state.last_seq = entry["seq"]  # the next entry still comes after the snapshot's number
             continue
         if entry["op"] == "begin":
             since_begin = []
         elif entry["op"] == "snapshot":
             since_begin = None
         if since_begin is not None:
-            since_begin.append((seq, name))
+            since_begin.append(entry)
     return state
 
 

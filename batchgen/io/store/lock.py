@@ -22,7 +22,13 @@ import time
 from pathlib import Path
 
 from batchgen.errors import OutputError, OutputLocked
-from batchgen.io.store.claim import OutputClaim, holder_is_dead, holder_record, in_use_message
+from batchgen.io.store.claim import (
+    OutputClaim,
+    holder_is_dead,
+    holder_record,
+    in_use_message,
+    same_kernel_and_namespace,
+)
 
 try:
     import fcntl
@@ -115,14 +121,36 @@ class OutputLock(OutputClaim):
 
 
 def lock_holder(out_dir: str | Path) -> dict | None:
-    """{"pid", "host", "started"} of the job holding `out_dir`'s lock, else None.
+    """{"pid", "host", "started", ...} of the job holding `out_dir`'s lock, else None.
 
-    Decided from the file, never by locking it: a probe that took the lock even for a moment
-    could make a job starting at that instant fail. A lock file naming a pid that no longer
-    runs on this host is what a killed job leaves: not held.
+    Decided without locking: a probe that took the lock even for a moment could make a job
+    starting at that instant fail. The kernel's lock table (/proc/locks) says whether anyone
+    holds the file's flock, in any pid namespace: held is held; not held counts as free when
+    the holder ran under this kernel (a killed job's leftover file). Without the table, a holder
+    is free only when its whole identity shows it dead (batchgen.io.store.claim).
     """
-    holder = _read_holder_path(Path(out_dir) / LOCK_FILE)
-    return holder if holder and not holder_is_dead(holder) else None
+    path = Path(out_dir) / LOCK_FILE
+    holder = _read_holder_path(path)
+    if not holder:
+        return None
+    flocked = _flocked(path)
+    if flocked is True:
+        return holder
+    if flocked is False and same_kernel_and_namespace(holder):
+        return None
+    return None if holder_is_dead(holder) else holder
+
+
+def _flocked(path: Path) -> bool | None:
+    """Whether the kernel lists a flock on `path` (Linux /proc/locks), None when it cannot tell."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            table = f.read()
+    except OSError:
+        return None
+    file_id = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"  # as the kernel prints it
+    return any("FLOCK" in fields and file_id in fields for fields in map(str.split, table.splitlines()))
 
 
 def _read_holder(fd: int) -> dict | None:

@@ -19,11 +19,22 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from batchgen.errors import OutputError, UnsupportedOutputError
-from batchgen.io.store.store import URL_RE, OutputStore
+from batchgen.io.store.conditional_put import ConditionalPut, PreconditionFailed, conditional_put_for
+from batchgen.io.store.lease import Lease, lease_holder, lease_ttl_s
+from batchgen.io.store.store import URL_RE, AlreadyExists, OutputStore
 
 OBJECT_SCHEMES = ("s3", "gs")  # object stores pyarrow.fs reaches; gs only where pyarrow has GcsFileSystem
-S3_REQUEST_TIMEOUT_S = 60.0
-S3_CONNECT_TIMEOUT_S = 10.0
+# Every request must end well inside the lease (batchgen.io.store.lease): a commit is refused once less
+# than LEASE_MARGIN of it remains, so a request may take at most a sixth of the TTL (10 s of 60 s).
+S3_REQUEST_TIMEOUT_S = 10.0
+S3_CONNECT_TIMEOUT_S = 5.0
+MIN_REQUEST_TIMEOUT_S = 1.0
+
+
+def request_timeouts(ttl_s: float) -> tuple[float, float]:
+    """(connect, request) timeouts in seconds for a job whose lease lasts `ttl_s`."""
+    request = max(min(S3_REQUEST_TIMEOUT_S, ttl_s / 6), MIN_REQUEST_TIMEOUT_S)
+    return min(S3_CONNECT_TIMEOUT_S, request), request
 
 
 class ObjectStore(OutputStore):
@@ -32,10 +43,11 @@ class ObjectStore(OutputStore):
 
     renames = False
 
-    def __init__(self, fs: pafs.FileSystem, base: str, url: str):
+    def __init__(self, fs: pafs.FileSystem, base: str, url: str, conditional: ConditionalPut):
         self.fs = fs
         self.base = base.rstrip("/")
         self.url = url.rstrip("/")
+        self.conditional = conditional  # the SDK's conditional writes (batchgen.io.store.conditional_put)
 
     def _key(self, name: str) -> str:
         return f"{self.base}/{name}" if name else self.base
@@ -72,11 +84,34 @@ class ObjectStore(OutputStore):
             raise
 
     def place(self, name: str, write: Callable[[BinaryIO], None], *, exclusive: bool = False) -> None:
-        if exclusive and self.exists(name):
-            # no conditional PUT through pyarrow.fs: the lease keeps writers apart, this catches a bug
-            raise OutputError(f"{self / name} appeared while this job was writing it: another process is "
-                              "writing to this output")
-        self._put(name, write)
+        if not exclusive:
+            self._put(name, write)
+            return
+        buffer = io.BytesIO()  # exclusive: one conditional PUT through the SDK (If-None-Match: *)
+        write(buffer)
+        self.create(name, buffer.getvalue())
+
+    def create(self, name: str, data: bytes) -> str:
+        """Write `name` only if no object has it (AlreadyExists otherwise); its version token."""
+        from batchgen.io.store.writers import fault_point
+
+        fault_point("write")
+        try:
+            return self.conditional.put(self._key(name), data, if_absent=True)
+        except PreconditionFailed:
+            raise AlreadyExists(f"{self / name} appeared while this job was writing it: another process is "
+                                "writing to this output") from None
+
+    def read_versioned(self, name: str) -> tuple[bytes, str]:
+        """(data, version token) of `name` in one GET; FileNotFoundError when absent."""
+        return self.conditional.read(self._key(name))
+
+    def replace_if(self, name: str, data: bytes, version: str) -> str | None:
+        """Replace `name` only if it is still at `version`; its new token, or None if it changed."""
+        try:
+            return self.conditional.put(self._key(name), data, if_version=version)
+        except PreconditionFailed:
+            return None
 
     def stage(self, name: str, write: Callable[[BinaryIO], None]) -> None:
         self._put(name, write)
@@ -145,17 +180,13 @@ class ObjectStore(OutputStore):
         return self.fs.open_input_file(self._key(name))
 
     def lock(self):
-        from batchgen.io.store.lease import Lease
-
         return Lease(self)
 
     def holder(self) -> dict[str, Any] | None:
-        from batchgen.io.store.lease import lease_holder
-
         return lease_holder(self)
 
     def sub(self, name: str) -> ObjectStore:
-        return ObjectStore(self.fs, self._key(name), f"{self.url}/{name}")  # the same connection
+        return ObjectStore(self.fs, self._key(name), f"{self.url}/{name}", self.conditional)  # the same connection
 
 
 def _not_found(e: OSError) -> bool:
@@ -184,27 +215,33 @@ def open_object_store(url: str) -> ObjectStore:
     check_object_url(url)
     text = url.rstrip("/")
     scheme = URL_RE.match(text).group(1).lower()
+    connect_s, request_s = request_timeouts(lease_ttl_s())
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    conditional = conditional_put_for(scheme, text, endpoint=endpoint, region=region, connect_timeout_s=connect_s,
+                                      request_timeout_s=request_s)
     try:
         if scheme == "s3":
-            fs, base = _s3_filesystem(text)
+            fs, base = _s3_filesystem(text, connect_s, request_s)
         else:
             fs, base = pafs.FileSystem.from_uri(text)
     except (OSError, ValueError, pa.ArrowInvalid) as e:
         raise OutputError(f"--output {text}: cannot open the object store: {e}") from e
-    return ObjectStore(fs, base, text)
+    return ObjectStore(fs, base, text, conditional)
 
 
-def _s3_filesystem(url: str) -> tuple[pafs.FileSystem, str]:
+def _s3_filesystem(url: str, connect_s: float, request_s: float) -> tuple[pafs.FileSystem, str]:
     """S3 with the standard AWS environment: credentials through the AWS SDK's own chain
     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, instance roles), the
     region from AWS_REGION / AWS_DEFAULT_REGION (else asked of the bucket), and AWS_ENDPOINT_URL_S3
     or AWS_ENDPOINT_URL for an S3-compatible server (MinIO, Ceph, moto).
 
-    The request timeout is raised from the SDK's 3 s: a commit is a few requests, and a job on a
-    busy machine or a slow link should wait for them rather than fail."""
+    The request timeout (request_timeouts) is raised from the SDK's 3 s, for a busy machine or a
+    slow link, but kept well under the lease's TTL: a request that outlives the lease could land
+    after another job took the output over."""
     base = url.split("://", 1)[1]
     bucket = base.split("/", 1)[0]
-    options: dict[str, Any] = {"request_timeout": S3_REQUEST_TIMEOUT_S, "connect_timeout": S3_CONNECT_TIMEOUT_S}
+    options: dict[str, Any] = {"request_timeout": request_s, "connect_timeout": connect_s}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if endpoint:

@@ -31,6 +31,10 @@ from batchgen.errors import OutputError
 URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
+class AlreadyExists(OutputError):
+    """An exclusive write found its name taken: another writer got there first (a manifest entry)."""
+
+
 class OutputStore:
     """The operations the commit protocol needs; names are relative ("part-1.parquet", "_manifest/x")."""
 

@@ -16,6 +16,9 @@ a part is staged under its final, unique name (one PUT) and publishing it is a n
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import hashlib
 import json
 import logging
@@ -31,12 +34,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchgen.errors import OutputError
-from batchgen.io.store.store import LocalStore, OutputStore, check_output_url, open_store
+from batchgen.io.store.store import AlreadyExists, LocalStore, OutputStore, check_output_url, open_store
 
 logger = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
 _SEQ_DIGITS = 5  # names sort in write order up to 99999 parts per prefix
+# rows per Parquet row group of a part: what `batchgen compact` holds of a part at a time
+# (batchgen.jobs.commands.compact), so a part of any --rows-per-part is never read whole into memory
+ROW_GROUP_ROWS = 4096
+# renameat2(2) for a put-if-absent where there are no hard links (_rename_noreplace)
+_AT_FDCWD, _RENAME_NOREPLACE = -100, 1
+try:
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True) if os.name == "posix" else None
+except OSError:
+    _LIBC = None
 
 # Tests set this to inject faults: called with "write", "fsync", "rename", "fsync_dir" before
 # each stage of a part's write, with "file_write", "file_fsync", "file_rename",
@@ -114,7 +126,8 @@ class PartWriter:
         OSError becomes OutputError.
         """
         table = self._to_table(rows)
-        staged = self._stage(lambda file: pq.write_table(table, file, compression=self.compression), name, tag)
+        staged = self._stage(lambda file: pq.write_table(table, file, compression=self.compression,
+                                                         row_group_size=ROW_GROUP_ROWS), name, tag)
         staged.num_rows = table.num_rows
         return staged
 
@@ -230,8 +243,11 @@ def write_with_atomic(path: Path, write: Callable[[Any], None], *, exclusive: bo
     """Have `write` fill `path` so that a crash leaves the old file, or no file, or the new one.
 
     Temp file in the same directory, fsync, rename, directory fsync. `exclusive` refuses to
-    replace an existing file (a hard link instead of a rename: put-if-absent), which keeps a
-    second writer that got past the lock from silently overwriting a manifest entry.
+    replace an existing file (a hard link instead of a rename, or a no-replace rename where there
+    are no hard links: put-if-absent), which keeps a second writer that got past the lock from
+    silently overwriting a manifest entry. A directory fsync that fails once the file is in place
+    is reported (OutputError), and the file kept: the rename happened, and removing it now would
+    lose what it replaced as well.
     """
     temp_path = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
     placed = False
@@ -251,13 +267,15 @@ def write_with_atomic(path: Path, write: Callable[[Any], None], *, exclusive: bo
         fault_point("file_fsync_dir")
         _fsync_dir(path.parent)
     except BaseException as e:
-        _remove_quietly(temp_path)
+        if not placed:
+            _remove_quietly(temp_path)
         if isinstance(e, FileExistsError):
-            raise OutputError(f"{path} appeared while this job was writing it: another process is "
-                              "writing to this output directory") from e
+            raise AlreadyExists(f"{path} appeared while this job was writing it: another process is "
+                                "writing to this output directory") from e
         if isinstance(e, OSError):
-            if placed:  # renamed but maybe not durable: undo, so "raised" means "not written"
-                _remove_quietly(path)
+            if placed:  # renamed: removing it now would lose the file it replaced too
+                raise OutputError(f"wrote {path}, but could not sync its directory ({e.strerror or e}): it is in "
+                                  "place, though a power cut might still undo it; check the disk") from e
             raise OutputError(f"cannot write {path}: {e.strerror or e}") from e
         raise
 
@@ -293,14 +311,32 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def _link_exclusive(temp_path: Path, path: Path) -> None:
+    """Publish `temp_path` as `path` only if `path` does not exist (FileExistsError otherwise)."""
     try:
         os.link(temp_path, path)  # fails with FileExistsError if `path` exists
     except FileExistsError:
         raise
-    except OSError:  # a filesystem without hard links: the lock alone keeps writers apart
-        os.replace(temp_path, path)
+    except OSError as e:  # a filesystem without hard links: a rename that refuses to replace
+        _rename_noreplace(temp_path, path, e)
         return
     os.unlink(temp_path)
+
+
+def _rename_noreplace(temp_path: Path, path: Path, link_error: OSError) -> None:
+    """renameat2(RENAME_NOREPLACE) (Linux); where the filesystem has neither it nor hard links, refuse:
+    a plain rename would replace an entry another writer just made."""
+    renameat2 = getattr(_LIBC, "renameat2", None) if _LIBC is not None else None
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(temp_path), _AT_FDCWD, os.fsencode(path), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(path))
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EPERM):
+            raise OSError(err, os.strerror(err), str(path))
+    raise OutputError(f"cannot write {path} exclusively: its filesystem supports neither hard links "
+                      f"({link_error.strerror or link_error}) nor a rename that refuses to replace a file; a batchgen "
+                      "output needs one of them (a local disk or NFS has both)")
 
 
 def fault_point(name: str) -> None:

@@ -11,11 +11,13 @@ leaves the old output; after it, the next `batchgen run` or `compact` finishes p
 `_SUCCESS` is removed before the entry and written again at the end; a job that wrote the OpenAI
 Batch API files (batchgen.jobs.openai.output) gets them written again, in input order, before it.
 Needs free disk space for one more copy of the output while it runs; memory is bounded by
-CHUNK_ROWS rows and a few parts.
+CHUNK_ROWS rows and a few row groups (batchgen.io.store.writers.ROW_GROUP_ROWS rows each): a part is read
+a row group at a time, on an object store too, never whole.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import (
@@ -41,7 +44,7 @@ from batchgen.jobs.openai.output import SUCCESS_KEY, recorded_batch_files, write
 log = logging.getLogger("batchgen")
 
 CHUNK_ROWS = 8192  # rows gathered per row group of a compacted part
-PART_CACHE = 4  # source parts held open at once
+PART_CACHE = 4  # source parts held open at once, and row groups held decoded
 
 
 @dataclass(slots=True)
@@ -101,6 +104,7 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
         manifest.commit(staged, list(state.parts), op="compact")  # removes _SUCCESS first
         success = {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
                    "fingerprint": fingerprint_digest(state.fingerprint), "compacted": True}
+        manifest.sweep()  # _SUCCESS vouches for the listing (Manifest.sweep)
         if batch_files is not None:  # written again, now in input order, before _SUCCESS
             success[SUCCESS_KEY] = write_batch_files(store, manifest.state, batch_files["dir"],
                                                      created=batch_files.get("created"))
@@ -110,33 +114,64 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
 
 
 class _PartReader:
-    """Rows of committed parts by position, in chunks, with a few parts cached."""
+    """Rows of committed parts by position, in chunks: each part opened once (a few at a time) and
+    read a row group at a time, with a few row groups cached."""
 
     def __init__(self, store: OutputStore):
         self.store = store
-        self.cache: OrderedDict[str, pa.Table] = OrderedDict()
+        self.files: OrderedDict[str, tuple[object, pq.ParquetFile, list[int]]] = OrderedDict()
+        self.groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
 
     def gather(self, items: list[tuple[int, str, int]]) -> Iterator[pa.Table]:
-        for start in range(0, len(items), CHUNK_ROWS):
-            chunk = items[start:start + CHUNK_ROWS]
-            pieces = []
-            run_name, run_positions = None, []
-            for _, name, position in chunk:  # consecutive rows from one part are taken together
-                if name != run_name and run_positions:
-                    pieces.append(self._part(run_name).take(run_positions))
-                    run_positions = []
-                run_name = name
-                run_positions.append(position)
-            if run_positions:
-                pieces.append(self._part(run_name).take(run_positions))
-            yield pa.concat_tables(pieces)
+        try:
+            for start in range(0, len(items), CHUNK_ROWS):
+                chunk = items[start:start + CHUNK_ROWS]
+                pieces = []
+                run_key, run_positions = None, []
+                for _, name, position in chunk:  # consecutive rows from one row group are taken together
+                    key = (name, self._group_of(name, position))
+                    if key != run_key and run_positions:
+                        pieces.append(self._group(*run_key).take(run_positions))
+                        run_positions = []
+                    run_key = key
+                    run_positions.append(position - self._file(name)[2][key[1]])
+                if run_positions:
+                    pieces.append(self._group(*run_key).take(run_positions))
+                yield pa.concat_tables(pieces)
+        finally:
+            self.close()
 
-    def _part(self, name: str) -> pa.Table:
-        if name in self.cache:
-            self.cache.move_to_end(name)
-            return self.cache[name]
-        table = self.store.read_table(name)
-        self.cache[name] = table
-        if len(self.cache) > PART_CACHE:
-            self.cache.popitem(last=False)
+    def close(self) -> None:
+        for source, _, _ in self.files.values():
+            source.close()
+        self.files.clear()
+        self.groups.clear()
+
+    def _file(self, name: str) -> tuple[object, pq.ParquetFile, list[int]]:
+        if name in self.files:
+            self.files.move_to_end(name)
+            return self.files[name]
+        source = self.store.open_input(name)
+        parquet = pq.ParquetFile(source)
+        starts = [0]
+        for i in range(parquet.metadata.num_row_groups):
+            starts.append(starts[-1] + parquet.metadata.row_group(i).num_rows)
+        self.files[name] = (source, parquet, starts)
+        if len(self.files) > PART_CACHE:
+            _, (evicted, _, _) = self.files.popitem(last=False)
+            evicted.close()
+        return self.files[name]
+
+    def _group_of(self, name: str, position: int) -> int:
+        return bisect.bisect_right(self._file(name)[2], position) - 1
+
+    def _group(self, name: str, index: int) -> pa.Table:
+        key = (name, index)
+        if key in self.groups:
+            self.groups.move_to_end(key)
+            return self.groups[key]
+        table = self._file(name)[1].read_row_group(index)
+        self.groups[key] = table
+        if len(self.groups) > PART_CACHE:
+            self.groups.popitem(last=False)
         return table

@@ -178,8 +178,17 @@ def _job_inputs(inputs: dict[str, Any] | None) -> str | None:
 
 
 def finalize_output(output: str | Path | OutputStore) -> dict[str, Any]:
-    """Check the set (check_shards), then write OUTPUT/_summary.json and OUTPUT/_SUCCESS; the summary."""
+    """Check the set (check_shards), then write OUTPUT/_summary.json and OUTPUT/_SUCCESS; the summary.
+
+    Holds OUTPUT's own lock (or lease) throughout: two finalizes, or a finalize and a compact of the
+    job, would otherwise write the job's Batch files and _SUCCESS at once."""
     store = open_store(output)
+    with store.lock():
+        return finalize_locked(store)
+
+
+def finalize_locked(store: OutputStore) -> dict[str, Any]:
+    """finalize_output, for a caller that holds OUTPUT's lock (compact of a sharded job)."""
     output = output_location(store)
     shards = check_shards(store)
     per_shard = [{"index": shard.dir.index, "output": str(shard.dir.path), "rows": shard.num_rows,

@@ -209,6 +209,7 @@ def _write_partial(session: OutputSession, summary: RunSummary) -> None:
 def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> None:
     """Write _summary.json, then _SUCCESS (last) unless the error rate fails the job."""
     state = session.state
+    session.manifest.sweep()  # _SUCCESS vouches for the listing: no part there that no entry commits
     summary.output_rows = state.num_committed_rows
     summary.output_rows_error = len(state.error_ids)
     rate = config.max_error_rate

@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,14 +93,19 @@ def write_batch_files(out: str | Path | OutputStore, state: ManifestState, dir_n
 
 
 def _write_local(target: Path, lines: Iterator[tuple[bool, bytes]]) -> dict[str, int]:
-    """Both files under hidden temp names, fsynced; the old pair removed; the new pair renamed in."""
-    temps = {name: target / f".{name}{TEMP_SUFFIX}" for name in (OUTPUT_FILE, ERRORS_FILE)}
+    """Both files under hidden temp names, fsynced; the old pair removed; the new pair renamed in.
+
+    The temp names are this writer's own: two writers (a finalize and a compact that raced past
+    their lock, or a lock-free filesystem) never open one file between them, so each renames in
+    a whole file of its own. The caller holds the output's lock (finalize, compact, run)."""
+    token = uuid.uuid4().hex[:8]
+    temps = {name: target / f".{name}.{token}{TEMP_SUFFIX}" for name in (OUTPUT_FILE, ERRORS_FILE)}
     counts = {OUTPUT_FILE: 0, ERRORS_FILE: 0}
     try:
         if not target.is_dir():
             target.mkdir()
             fsync_dir(target.parent)
-        with open(temps[OUTPUT_FILE], "wb") as ok, open(temps[ERRORS_FILE], "wb") as bad:
+        with open(temps[OUTPUT_FILE], "xb") as ok, open(temps[ERRORS_FILE], "xb") as bad:
             for is_error, line in lines:
                 (bad if is_error else ok).write(line)
                 counts[ERRORS_FILE if is_error else OUTPUT_FILE] += 1

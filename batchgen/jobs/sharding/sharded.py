@@ -175,18 +175,20 @@ def compact_sharded(output: str | Path | OutputStore):
     """`batchgen compact` over a finalized sharded job: each shard compacted, then the job's
     _SUCCESS written again. While it runs the job has no _SUCCESS (readers wait, as for one directory)."""
     from batchgen.jobs.commands.compact import CompactSummary, compact_output
-    from batchgen.jobs.commands.finalize import check_shards, finalize_output
+    from batchgen.jobs.commands.finalize import check_shards, finalize_locked
 
     store = open_store(output)
     output = output_location(store)
-    if not store.exists(SUCCESS_FILE):
-        raise OutputError(f"{output} is a sharded job not finalized (no {SUCCESS_FILE}); run `batchgen finalize "
-                          f"--output {output}` first")
-    shards = check_shards(store)  # the set is whole before anything is rewritten
-    clear_success(store)
-    before = after = rows = 0
-    for shard in shards:
-        result = compact_output(shard.dir.store)
-        before, after, rows = before + result.num_parts_before, after + result.num_parts_after, rows + result.num_rows
-    finalize_output(store)
+    with store.lock():  # the job's own lock, as finalize holds it: never both writing the job's files
+        if not store.exists(SUCCESS_FILE):
+            raise OutputError(f"{output} is a sharded job not finalized (no {SUCCESS_FILE}); run `batchgen "
+                              f"finalize --output {output}` first")
+        shards = check_shards(store)  # the set is whole before anything is rewritten
+        clear_success(store)
+        before = after = rows = 0
+        for shard in shards:
+            result = compact_output(shard.dir.store)
+            before, after = before + result.num_parts_before, after + result.num_parts_after
+            rows += result.num_rows
+        finalize_locked(store)
     return CompactSummary(str(output), before, after, rows)

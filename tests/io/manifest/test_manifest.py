@@ -291,8 +291,10 @@ def test_unreadable_entry_and_gap_are_reported(out):
     with pytest.raises(OutputError, match="00000002.json is unreadable"):
         load_manifest(out)
     (out / MANIFEST_DIR / "00000002.json").unlink()
-    (out / MANIFEST_DIR / "00000004.json").write_text("{}")
-    with pytest.raises(OutputError, match="entry 00000002.json is missing"):
+    # read back from the newest entry along its chain: the first missing link is reported
+    (out / MANIFEST_DIR / "00000004.json").write_text(json.dumps({"format": 1, "seq": 4, "time": 0, "op": "inputs",
+                                                                  "inputs": [], "max_rows": None}))
+    with pytest.raises(OutputError, match="entry 00000003.json is missing"):
         load_manifest(out)
 
 

@@ -15,7 +15,14 @@ import pytest
 
 from batchgen.errors import OutputLocked
 from batchgen.io.store import lock as lock_module
+from batchgen.io.store.claim import boot_id, pid_namespace
 from batchgen.io.store.lock import LOCK_FILE, OutputLock, lock_holder
+
+
+def here(pid: int, **more) -> str:
+    """A lock file's record of `pid` on this host, kernel and pid namespace, as a job writes it."""
+    return json.dumps({"pid": pid, "host": socket.gethostname(), "boot_id": boot_id(), "pid_ns": pid_namespace(),
+                       **more})
 
 
 def dead_pid() -> int:
@@ -77,7 +84,7 @@ def test_a_live_process_holding_the_lock_is_refused_and_its_death_frees_it(tmp_p
 
 def test_a_stale_lock_file_naming_a_dead_pid_is_taken_over(tmp_path):
     pid = dead_pid()
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "started": 0}))
+    (tmp_path / LOCK_FILE).write_text(here(pid, started=0))
     assert lock_holder(tmp_path) is None
     with OutputLock(tmp_path):
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
@@ -111,7 +118,7 @@ def test_without_fcntl_the_lock_is_an_exclusive_file_with_a_pid(tmp_path, monkey
     with OutputLock(tmp_path):
         with pytest.raises(OutputLocked, match=f"pid {os.getpid()}"):
             OutputLock(tmp_path).acquire()
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname()}))
+    (tmp_path / LOCK_FILE).write_text(here(dead_pid()))
     with OutputLock(tmp_path):
         pass
     (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "another-host"}))
@@ -130,6 +137,6 @@ def test_zombie_holder_counts_as_dead(tmp_path):
         except OSError:
             pytest.skip("no /proc")
         time.sleep(0.02)
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname()}))
+    (tmp_path / LOCK_FILE).write_text(here(proc.pid))
     assert lock_holder(tmp_path) is None
     proc.wait()

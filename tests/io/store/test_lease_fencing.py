@@ -1,0 +1,156 @@
+"""A job that stalls past its lease and wakes must not overwrite the commits of the job that took over.
+
+Entries are written with a conditional PUT (If-None-Match: *), each carries the lease's epoch,
+and readers follow the chain the newest holder wrote; a commit needs a margin of lease left."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+
+from batchgen.errors import OutputLocked
+from batchgen.io.manifest.manifest import Manifest, PartRecord, load_manifest
+from batchgen.io.store import writers
+from batchgen.io.store.lease import LEASE_MARGIN, Lease, read_lease
+from batchgen.io.store.object_store import request_timeouts
+from batchgen.io.store.store import AlreadyExists, open_store
+from batchgen.io.store.writers import PartWriter
+
+pytestmark = pytest.mark.usefixtures("quick_lease_settle")
+
+SCHEMA = pa.schema([("id", pa.int64()), ("error", pa.string())])
+
+
+def staged(store, ids):
+    part = PartWriter(store, SCHEMA).stage_part([{"id": i, "error": None} for i in ids])
+    return part, PartRecord.staged(part, ids, [False] * len(ids), ["in.parquet"] * len(ids), ids)
+
+
+def stall(lease: Lease) -> None:
+    """The holder stops (SIGSTOP, a stuck mount): no renewals, and its lease runs out."""
+    lease._stop.set()
+    lease._thread.join()
+    time.sleep(max(lease.expires - time.time(), 0) + 0.05)
+
+
+def test_an_exclusive_write_never_replaces_an_object_that_appeared(s3_out, monkeypatch):
+    store = open_store(s3_out)
+    store.write_bytes("_manifest/00000001.json", b"theirs", exclusive=True)
+    monkeypatch.setattr(type(store), "exists", lambda self, name: False)  # a check that raced the other PUT
+    with pytest.raises(AlreadyExists):
+        store.write_bytes("_manifest/00000001.json", b"ours", exclusive=True)
+    assert store.read_bytes("_manifest/00000001.json") == b"theirs"  # before: replaced
+
+
+def run_in_stall(monkeypatch, action):
+    """Run `action` once, at the moment the next entry is about to be PUT (after the lease check)."""
+    fired = []
+
+    def hook(point: str) -> None:
+        if point == "write" and not fired:
+            fired.append(True)
+            action()
+
+    monkeypatch.setattr(writers, "_fault_hook", hook)
+
+
+def test_a_stalled_holder_cannot_replace_the_new_holders_entry(s3_out, monkeypatch):
+    store = open_store(s3_out)
+    old = Lease(store, ttl_s=0.6)
+    old.acquire()
+    a = Manifest(store, guard=old)
+    a.begin({"k": 1})
+    a.commit([staged(store, [1])])
+    part = staged(store, [2])
+    taken: list[Lease] = []
+
+    def take_over_and_commit() -> None:
+        stall(old)
+        new = Lease(store, ttl_s=30)
+        new.acquire()
+        taken.append(new)
+        b = Manifest(store, guard=new)
+        b.recover()  # deletes the stalled job's staged part: no entry names it
+        b.commit([staged(store, [3])])
+
+    run_in_stall(monkeypatch, take_over_and_commit)
+    with pytest.raises(OutputLocked):
+        a.commit([part])  # before: its PUT replaced the new holder's entry 3
+    monkeypatch.setattr(writers, "_fault_hook", None)
+    state = load_manifest(store)
+    assert set(state.ok_ids) == {1, 3}
+    assert all(store.exists(name) for name in state.parts)  # no entry names a deleted part
+    taken[0].release()
+
+
+def test_a_stalled_holders_late_entry_is_skipped_by_the_new_holder_and_readers(s3_out, monkeypatch):
+    store = open_store(s3_out)
+    old = Lease(store, ttl_s=0.6)
+    old.acquire()
+    a = Manifest(store, guard=old)
+    a.begin({"k": 1})
+    a.commit([staged(store, [1])])
+    part = staged(store, [2])
+    taken: list[tuple[Lease, Manifest]] = []
+
+    def take_over() -> None:
+        stall(old)
+        new = Lease(store, ttl_s=30)
+        new.acquire()
+        b = Manifest(store, guard=new)
+        b.recover()  # the stalled job's part goes: no entry names it yet
+        taken.append((new, b))
+
+    run_in_stall(monkeypatch, take_over)
+    a.commit([part])  # lands in the free slot 3: its part already deleted
+    monkeypatch.setattr(writers, "_fault_hook", None)
+    new, b = taken[0]
+    assert read_lease(store)["epoch"] > old.epoch
+    b.commit([staged(store, [2])])  # before: "appeared ... another process is writing"
+    b.sweep()  # as before _SUCCESS
+    state = load_manifest(store)
+    assert set(state.ok_ids) == {1, 2} and state.last_seq == 4
+    assert all(store.exists(name) for name in state.parts)
+    new.release()
+
+
+def test_a_commit_needs_a_margin_of_lease_left(s3_out):
+    store = open_store(s3_out)
+    lease = Lease(store, ttl_s=30)
+    lease.acquire()
+    try:
+        lease._stop.set()
+        lease._thread.join()
+        lease.expires = time.time() + 30 * LEASE_MARGIN / 2  # as if the renewals fell behind
+        lease.check()  # renewed on the spot: a full TTL again
+        assert lease.expires - time.time() > 30 * (1 - LEASE_MARGIN)
+        lease.store = type(store)(store.fs, store.base + "-elsewhere", store.url, store.conditional)
+        lease.expires = time.time() + 30 * LEASE_MARGIN / 2
+        with pytest.raises(OutputLocked):  # cannot renew (its lease is gone): refused, not 1 ms to spare
+            lease.check()
+    finally:
+        lease.store = store
+        lease._held = False
+
+
+def test_requests_time_out_well_inside_the_lease():
+    connect, request = request_timeouts(60)
+    assert request <= 10 and connect <= request and request < 60 * LEASE_MARGIN
+
+
+def test_an_object_that_is_not_a_lease_is_replaced(s3_out):
+    store = open_store(s3_out)
+    store.write_bytes("_batchgen.lease", b"not json")
+    with Lease(store, ttl_s=30) as lease:
+        assert read_lease(store)["holder"] == lease.holder_id
+
+
+def test_without_the_sdk_an_s3_output_is_refused_not_written_unsafely(s3_out, monkeypatch):
+    from batchgen.errors import UnsupportedOutputError
+    from batchgen.io.store import conditional_put
+
+    monkeypatch.setattr(conditional_put, "boto3", None)
+    with pytest.raises(UnsupportedOutputError, match=r"needs boto3 .*batchgen\[s3\]"):
+        open_store(s3_out)
