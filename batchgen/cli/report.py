@@ -22,7 +22,7 @@ def report(
 ) -> None:
     """One HTML page of a job's figures: throughput, batch and KV use, step times, lengths, shards, errors."""
     with user_errors():
-        from batchgen.jobs.sharding.sharded_report import render_report
+        from batchgen.jobs.commands.report import render_report
 
         files = render_report(output_dir, dest=to, png=png)
     typer.echo(json.dumps({"html": str(files.html_path), "png": [str(p) for p in files.png_paths]}))

@@ -9,7 +9,7 @@ reason). Nothing is locked or written inside the output directory except the rep
 An object-store output (s3://...) keeps no `_metrics/` (batchgen.jobs.executors.local): its page holds the
 manifest's and summary's figures, and is written into the store's `_report/` unless `--to` names a
 local directory. A sharded job's OUTPUT gets one page over all its shards
-(batchgen.jobs.sharding.sharded_report, which reuses the figures here).
+(batchgen.jobs.commands.report, which reuses the figures here).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ GAP_S = 30  # no engine step for this long: the job was not generating (loading,
 
 def render_job_report(out_dir: str | Path | OutputStore, *, dest: str | Path | None = None,
                       png: bool = False) -> ReportFiles:
-    """One job's page (a sharded job's: batchgen.jobs.sharding.sharded_report), written by `save_report`."""
+    """One job's page (a sharded job's: batchgen.jobs.commands.report), written by `save_report`."""
     store = open_store(out_dir)
     if not is_job_dir(store):
         raise OutputError(f"{store} is not a batchgen output directory (it has no _manifest)")

@@ -21,9 +21,9 @@ from batchgen.io.store.lease import Lease
 from batchgen.io.store.store import open_store
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.finalize import finalize_output
+from batchgen.jobs.commands.report import render_report
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status, status_lines
-from batchgen.jobs.sharding.sharded_report import render_report
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.s3_server import committed_by_id, kill_once_committed, tiny_run_args
 

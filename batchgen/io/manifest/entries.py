@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import OutputError
-from batchgen.io.manifest.part_record import PartRecord
 from batchgen.io.store.store import OutputStore, open_store
 
 MANIFEST_DIR = "_manifest"
@@ -59,25 +58,6 @@ def read_entry_file(store: OutputStore, name: str) -> dict[str, Any]:
 
 def read_entry(out_dir: str | Path | OutputStore, seq: int) -> dict[str, Any]:
     return read_entry_file(open_store(out_dir), entry_name(seq))
-
-
-def part_rows(out_dir: str | Path | OutputStore, record: PartRecord) -> tuple[list[str], list[int]]:
-    """(input shard path, input row index) per row of a committed part, from its entry."""
-    if record.shards is not None and record.rows is not None:
-        return record.shards, record.rows
-    return part_row_lists(out_dir, record)[:2]
-
-
-def part_row_lists(out_dir: str | Path | OutputStore,
-                   record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
-    """(shard path, row index, prompt hash or None) per row of a committed part, from its entry."""
-    entry = read_entry(out_dir, record.seq)
-    if entry["op"] == "snapshot":  # a part carried over by a snapshot: its rows are in the snapshot's file
-        from batchgen.io.manifest.snapshot import snapshot_part
-
-        return snapshot_part(out_dir, entry, record.name)
-    p = next(p for p in entry["write"] if p["name"] == record.name)
-    return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
 
 
 def entry_epoch(entry: dict[str, Any]) -> int:

@@ -23,15 +23,19 @@ does not open the rows file: per-part counts are in the entry.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchgen.errors import DamagedSnapshot, OutputError
-from batchgen.io.manifest.state import MANIFEST_DIR, ManifestState, PartRecord, read_entry
+from batchgen.io.manifest.entries import MANIFEST_DIR, read_entry
+from batchgen.io.manifest.part_record import PartRecord
 from batchgen.io.store.store import OutputStore, open_store
+
+if TYPE_CHECKING:
+    from batchgen.io.manifest.state import ManifestState
 
 SNAPSHOT_EVERY_ENTRIES = 64  # a load replays at most this many entries after the snapshot
 ROWS_SUFFIX = ".rows.parquet"
@@ -328,3 +332,20 @@ def clean_rows_files(out_dir: str | Path | OutputStore, keep: str | None) -> Non
     for name in store.list(MANIFEST_DIR):
         if name.endswith(ROWS_SUFFIX) and name != keep:
             store.delete(f"{MANIFEST_DIR}/{name}")
+
+
+def part_rows(out_dir: str | Path | OutputStore, record: PartRecord) -> tuple[list[str], list[int]]:
+    """(input shard path, input row index) per row of a committed part, from its entry."""
+    if record.shards is not None and record.rows is not None:
+        return record.shards, record.rows
+    return part_row_lists(out_dir, record)[:2]
+
+
+def part_row_lists(out_dir: str | Path | OutputStore,
+                   record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
+    """(shard path, row index, prompt hash or None) per row of a committed part, from its entry."""
+    entry = read_entry(out_dir, record.seq)
+    if entry["op"] == "snapshot":  # a part carried over by a snapshot: its rows are in the snapshot's file
+        return snapshot_part(out_dir, entry, record.name)
+    p = next(p for p in entry["write"] if p["name"] == record.name)
+    return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")

@@ -36,13 +36,12 @@ from batchgen.io.manifest.entries import (  # re-exported: readers of the state 
     is_job_dir,
     listed_entries,
     manifest_dir,
-    part_row_lists,
-    part_rows,
     read_entry,
     read_entry_file,
 )
 from batchgen.io.manifest.part_record import PartRecord
 from batchgen.io.manifest.prompt_hashes import PromptHashes
+from batchgen.io.manifest.snapshot import apply_snapshot, part_row_lists, part_rows
 from batchgen.io.store.store import OutputStore, open_store
 
 WRITE_OPS = ("commit", "compact", "repair")
@@ -136,7 +135,6 @@ class ManifestState:
             self.last_seq = seq
             return  # not a write of output rows: last_op stays (batchgen compact reads it)
         elif op == "snapshot":
-            from batchgen.io.manifest.snapshot import apply_snapshot  # the snapshot's own module
             self._clear()
             apply_snapshot(self, entry, keep_rows=keep_rows)
             self.snapshot_seq = seq

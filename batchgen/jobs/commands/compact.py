@@ -32,6 +32,7 @@ from batchgen.io.manifest.manifest import (
     SUCCESS_FILE,
     Manifest,
     PartRecord,
+    clear_success,
     fingerprint_digest,
     is_job_dir,
     load_manifest,
@@ -39,7 +40,9 @@ from batchgen.io.manifest.manifest import (
 )
 from batchgen.io.store.store import LocalStore, OutputStore, open_store
 from batchgen.io.store.writers import PartWriter
+from batchgen.jobs.commands.finalize import check_shards, finalize_locked
 from batchgen.jobs.openai.output import SUCCESS_KEY, recorded_batch_files, write_batch_files
+from batchgen.jobs.sharding.sharded import is_sharded_output, output_location
 
 log = logging.getLogger("batchgen")
 
@@ -59,8 +62,6 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
     store = open_store(out_dir)
     out_dir = store.path() if isinstance(store, LocalStore) else store
     if not is_job_dir(store):
-        from batchgen.jobs.sharding.sharded import compact_sharded, is_sharded_output
-
         if is_sharded_output(store):  # each shard compacted; the job's _SUCCESS written again
             return compact_sharded(store)
         raise OutputError(f"{out_dir} is not a batchgen output directory (it has no _manifest)")
@@ -175,3 +176,23 @@ class _PartReader:
         if len(self.groups) > PART_CACHE:
             self.groups.popitem(last=False)
         return table
+
+
+def compact_sharded(output: str | Path | OutputStore):
+    """`batchgen compact` over a finalized sharded job: each shard compacted, then the job's
+    _SUCCESS written again. While it runs the job has no _SUCCESS (readers wait, as for one directory)."""
+    store = open_store(output)
+    output = output_location(store)
+    with store.lock():  # the job's own lock, as finalize holds it: never both writing the job's files
+        if not store.exists(SUCCESS_FILE):
+            raise OutputError(f"{output} is a sharded job not finalized (no {SUCCESS_FILE}); run `batchgen "
+                              f"finalize --output {output}` first")
+        shards = check_shards(store)  # the set is whole before anything is rewritten
+        clear_success(store)
+        before = after = rows = 0
+        for shard in shards:
+            result = compact_output(shard.dir.store)
+            before, after = before + result.num_parts_before, after + result.num_parts_after
+            rows += result.num_rows
+        finalize_locked(store)
+    return CompactSummary(str(output), before, after, rows)

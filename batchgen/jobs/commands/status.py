@@ -23,7 +23,8 @@ from batchgen.io.store.lock import LOCK_FILE
 from batchgen.io.store.store import LocalStore, OutputStore, open_store
 from batchgen.jobs.durability.fingerprint import fingerprint_summary
 from batchgen.jobs.pipeline.summary import plural
-from batchgen.jobs.sharding.sharded import is_sharded_output, sharded_status, sharded_status_lines
+from batchgen.jobs.sharding.sharded import is_sharded_output, list_shard_dirs, num_shards_of, output_location
+from batchgen.jobs.sharding.split import shard_dir_name
 from batchgen.monitor.live import live_figures
 
 NOT_STARTED = "not_started"  # `status` exits 0 for it, as for every state it reports
@@ -153,4 +154,72 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         eta = "" if live["eta_seconds"] is None else f", ETA {live['eta_seconds']:.0f} s"
         lines.append(f"metrics: {live['tokens_per_s_last_minute']:.1f} tok/s over the last minute of records{eta}; "
                      f"{live['tokens_generated']} tokens generated in {live['engine_steps']} engine steps")
+    return lines
+
+
+def sharded_status(output: str | Path | OutputStore) -> dict[str, Any]:
+    """`batchgen status` of a sharded job: every shard's status, and the totals over the set."""
+    store = open_store(output)
+    output = output_location(store)
+    dirs = list_shard_dirs(store)
+    num_shards = num_shards_of(output, dirs)
+    by_index = {d.index: d for d in dirs}
+    per_shard, inputs, fingerprint = [], [], None
+    for index in range(num_shards):
+        shard_dir = by_index.get(index)
+        if shard_dir is None or not is_job_dir(shard_dir.store):
+            per_shard.append({"index": index, "output": str(store / shard_dir_name(index, num_shards)),
+                              "state": "not started", "rows": None, "done": 0, "errored": 0, "remaining": None,
+                              "fingerprint": None})
+            continue
+        status = job_status(shard_dir.store)
+        per_shard.append({"index": index, **{key: status[key] for key in (
+            "output", "state", "rows", "done", "errored", "remaining", "running", "last_commit_time", "num_parts",
+            "partial_rows", "live")}, "fingerprint": (status["fingerprint"] or {}).get("digest")})
+        inputs += [{**s, "job_shard": index} for s in status["shards"]]
+        fingerprint = status["fingerprint"] or fingerprint
+    complete = store.exists(SUCCESS_FILE)
+    running = [s["running"] for s in per_shard if s.get("running")]
+    states = {s["state"] for s in per_shard}
+    state = "complete" if complete else "running" if running else (
+        "unfinalized" if states == {"complete"} else "incomplete")
+    digests = {s["fingerprint"] for s in per_shard if s["fingerprint"] is not None}
+    totals = {key: sum(s[key] or 0 for s in per_shard) for key in ("done", "errored")}
+    known = all(s["rows"] is not None for s in per_shard)
+    commits = [s["last_commit_time"] for s in per_shard if s.get("last_commit_time") is not None]
+    return {
+        "output": str(output), "state": state, "complete": complete, "running": running or None,
+        "num_shards": num_shards,
+        "shards_complete": sum(s["state"] == "complete" for s in per_shard),
+        "rows": sum(s["rows"] for s in per_shard) if known else None, **totals,
+        "remaining": sum(s["remaining"] or 0 for s in per_shard) if known else None,
+        "shards": inputs,  # the input files (a file cut between shards: once per shard)
+        "job_shards": per_shard,
+        "fingerprint": fingerprint if len(digests) == 1 else None,
+        "fingerprints_differ": len(digests) > 1,
+        "last_commit_time": max(commits) if commits else None,
+        "num_parts": sum(s.get("num_parts") or 0 for s in per_shard),
+        "partial_rows": sum(s.get("partial_rows") or 0 for s in per_shard),
+        "max_rows": None, "orphans": None, "live": None,
+    }
+
+
+def sharded_status_lines(status: dict[str, Any]) -> list[str]:
+    state = {"unfinalized": "every shard complete; run `batchgen finalize --output DIR` to mark the job done",
+             "incomplete": "incomplete: run (or rerun, to resume) the shards not complete, then `batchgen "
+                           "finalize`"}.get(status["state"], status["state"])
+    rows = "?" if status["rows"] is None else status["rows"]
+    remaining = "?" if status["remaining"] is None else status["remaining"]
+    lines = [f"output: {status['output']} (sharded: {status['num_shards']} shards, {status['shards_complete']} "
+             "complete)",
+             f"state: {state}",
+             f"rows: {rows} in the input, {status['done']} done, {status['errored']} errored, {remaining} remaining"]
+    for s in status["job_shards"]:
+        what = s["state"] if s["state"] != "running" else f"running (pid {(s['running'] or {}).get('pid')})"
+        lines.append(f"  shard {s['index']}: {what}, {'?' if s['rows'] is None else s['rows']} rows, {s['done']} "
+                     f"done, {s['errored']} errored, fingerprint {s['fingerprint']}")
+    if status["fingerprints_differ"]:
+        lines.append("the shards' fingerprints differ: they were run with other settings (finalize will refuse)")
+    elif status["fingerprint"] is not None:
+        lines.append(f"fingerprint: {status['fingerprint']['digest']}")
     return lines

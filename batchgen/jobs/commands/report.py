@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from batchgen.io.manifest.manifest import load_manifest
 from batchgen.io.store.store import LocalStore, OutputStore, open_store
-from batchgen.jobs.sharding.sharded import is_sharded_output, list_shard_dirs, sharded_status
+from batchgen.jobs.commands.status import sharded_status
+from batchgen.jobs.sharding.sharded import is_sharded_output, list_shard_dirs
 from batchgen.monitor import figures
 from batchgen.monitor.html import Figure, Report, ReportFiles
 from batchgen.monitor.records import SCHEMAS

@@ -1,4 +1,4 @@
-"""`batchgen report` on a sharded job's local OUTPUT: one page over the shards (batchgen.jobs.sharding.sharded_report).
+"""`batchgen report` on a sharded job's local OUTPUT: one page over the shards (batchgen.jobs.commands.report).
 The object-store case is in tests/jobs/test_s3_sharded.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
 from batchgen.cli import app
+from batchgen.jobs.commands.report import render_report
 from batchgen.jobs.commands.run import run_job
-from batchgen.jobs.sharding.sharded_report import render_report
 from tests.jobs.helpers import tiny_job_config
 
 
