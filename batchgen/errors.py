@@ -76,6 +76,10 @@ class OutputError(UsageError):
     """The output directory cannot be used (not writable, holds another job's output, locked)."""
 
 
+class AlreadyExists(OutputError):
+    """An exclusive write found its name taken: another writer got there first (a manifest entry)."""
+
+
 class UnsupportedOutputError(OutputError):
     """The output is a URL that no object store here can write (ftp://, a bare bucket, gs:// without GCS)."""
 

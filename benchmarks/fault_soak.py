@@ -25,7 +25,8 @@ import uuid
 from pathlib import Path
 
 from batchgen.io.store import lease
-from batchgen.io.store.store import LocalStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import LocalStore
 from tests.jobs.fault_harness import finalize_race, run_seed
 from tests.s3_server import KEY, REGION, SECRET, s3_filesystem
 

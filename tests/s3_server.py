@@ -71,7 +71,7 @@ def committed_table(url: str) -> pa.Table:
     import pyarrow as pa
 
     from batchgen.io.manifest.manifest import load_manifest
-    from batchgen.io.store.store import open_store
+    from batchgen.io.store.factory import open_store
 
     store = open_store(url)
     state = load_manifest(store)

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from batchgen.cli import app
 from batchgen.io.manifest.manifest import SUCCESS_FILE
+from batchgen.io.store import local_files
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,6 @@ def test_status_json_per_shard_then_complete(runner, tiny_model_dir, inputs, tmp
 
 
 def test_status_of_an_interrupted_job(runner, tiny_model_dir, inputs, tmp_path, monkeypatch):
-    from batchgen.io.store import writers
 
     class Crash(BaseException):
         pass
@@ -82,13 +82,13 @@ def test_status_of_an_interrupted_job(runner, tiny_model_dir, inputs, tmp_path, 
             if len(calls) == 4:  # begin, inputs, one commit, then die in the second
                 raise Crash
 
-    monkeypatch.setattr(writers, "_fault_hook", crash)
+    monkeypatch.setattr(local_files, "_fault_hook", crash)
     out = tmp_path / "out"
     with pytest.raises(Crash):
         runner.invoke(app, ["run", "--input", str(inputs[0]), "--output", str(out), "--model", str(tiny_model_dir),
                             "--device", "cpu", "--max-new-tokens", "3", "--commit-every", "3", "--quiet"],
                       catch_exceptions=False)
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     status = json.loads(runner.invoke(app, ["status", "--output", str(out), "--json"]).stdout)
     assert status["state"] == "incomplete" and not status["complete"]
     assert (status["rows"], status["done"], status["remaining"]) == (7, 3, 4)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchgen.config.choices import ATTENTION_BACKEND_ALIASES, ATTENTION_BACKENDS, Policy, canonical_attention_backend
+from batchgen.config.output_url import check_output_url
 from batchgen.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -74,9 +75,7 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     if need_output and not config.output:
         raise ConfigError("no output directory given: pass --output DIR")
     if config.output:
-        from batchgen.io.store.writers import refuse_url_output  # io imports no config: no cycle
-
-        refuse_url_output(config.output)
+        check_output_url(str(config.output))
     _positive("max_new_tokens", config.max_new_tokens)
     for name in ("batch_size", "max_num_batched_tokens", "block_size"):
         if getattr(config, name) == "auto":  # a config file's spelling of the default
@@ -101,8 +100,6 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise ConfigError(f"{label(name)} must be a number of seconds >= 0 (0 = off), got {value!r}")
-    from batchgen.jobs.sharding.split import check_shard_flags  # pyarrow-only imports: no cycle, no torch
-
     check_shard_flags(config.num_shards, config.shard_index)
     if config.max_rows is not None and config.max_rows < 0:
         raise ConfigError(f"{label('max_rows')} must be >= 0, got {config.max_rows}")
@@ -314,3 +311,22 @@ def _positive(name: str, value: int) -> None:
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{label(name)} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def check_shard_flags(num_shards: int | None, shard_index: int | None) -> None:
+    """Both or neither, and 0 <= I < N (a ConfigError naming the flag)."""
+    if num_shards is None and shard_index is None:
+        return
+    if num_shards is None or shard_index is None:
+        given, missing = ("--num-shards", "--shard-index") if shard_index is None else ("--shard-index",
+                                                                                          "--num-shards")
+        raise ConfigError(f"{given} needs {missing} too: each shard process is told the number of shards and its "
+                          "own index (0-based)")
+    for name, value in (("num_shards", num_shards), ("shard_index", shard_index)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if num_shards < 1:
+        raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
+    if not 0 <= shard_index < num_shards:
+        raise ConfigError(f"shard_index must be in [0, {num_shards - 1}] for --num-shards {num_shards}, "
+                          f"got {shard_index}")

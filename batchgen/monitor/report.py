@@ -27,7 +27,8 @@ import pyarrow.compute as pc
 from batchgen.engine.metrics import LogHistogram
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import SUCCESS_FILE, is_job_dir, load_manifest
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.monitor import figures
 from batchgen.monitor.html import Figure, Report, ReportFiles, upload_report, write_report
 from batchgen.monitor.records import SCHEMAS

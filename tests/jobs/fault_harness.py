@@ -32,7 +32,7 @@ import pyarrow as pa
 from batchgen.errors import OutputError, OutputLocked
 from batchgen.io.inputs.openai_batch import ID_COLUMN
 from batchgen.io.manifest.manifest import PART_NAME_RE, SUCCESS_FILE, Manifest, load_manifest, write_success
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
 from batchgen.io.store.lease import Lease
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import PartWriter
@@ -143,7 +143,7 @@ def run_seed(seed: int, store: OutputStore, kind: str) -> SeedResult:
             events.append(point)
             if len(events) < stall_at:
                 return
-            writers._fault_hook = None  # B's own writes run unhindered
+            local_files._fault_hook = None  # B's own writes run unhindered
             _stop_renewals(claim_a)
             if isinstance(claim_a, Lease):
                 time.sleep(max(claim_a.expires - time.time(), 0) + 0.02)  # paused past its lease
@@ -159,7 +159,7 @@ def run_seed(seed: int, store: OutputStore, kind: str) -> SeedResult:
             finally:
                 claim_b.release()
 
-        writers._fault_hook = stall
+        local_files._fault_hook = stall
         try:
             _commit_ids(committer, list(range(before, NUM_ROWS)), "A")
             manifest.sweep()
@@ -168,7 +168,7 @@ def run_seed(seed: int, store: OutputStore, kind: str) -> SeedResult:
         except OutputLocked as e:
             result.a_stopped = "refused: " + str(e)[:60]
         finally:
-            writers._fault_hook = None
+            local_files._fault_hook = None
         a_late = set(range(NUM_ROWS)) - committed_before_stall if committed_before_stall else set()
     finally:
         claim_a.release()

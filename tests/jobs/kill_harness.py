@@ -125,7 +125,7 @@ def check_committed(out: Path) -> set:
     Returns the committed ids. Recovery is not run: this is what a reader sees right after a kill.
     """
     from batchgen.io.manifest.manifest import load_manifest
-    from batchgen.io.store.writers import file_digest
+    from batchgen.io.store.local_files import file_digest
 
     if not (out / "_manifest").is_dir():
         return set()

@@ -8,8 +8,8 @@ import pytest
 
 from batchgen.io.manifest.manifest import SUCCESS_FILE, Manifest, load_manifest, write_success
 from batchgen.io.store import writers
+from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import Lease
-from batchgen.io.store.store import open_store
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands import compact as compact_module
 from batchgen.jobs.commands.compact import compact_output

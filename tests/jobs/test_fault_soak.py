@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.io.store.store import LocalStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import LocalStore
 from tests.jobs.fault_harness import finalize_race, run_seed
 
 pytestmark = pytest.mark.usefixtures("quick_lease_settle")

@@ -30,7 +30,7 @@ from batchgen.engine.model.loader import load_model
 from batchgen.errors import InputError, OutputError
 from batchgen.io.inputs import discovery
 from batchgen.io.manifest.manifest import SUCCESS_FILE, load_manifest
-from batchgen.io.store import writers
+from batchgen.io.store import local_files, writers
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
@@ -325,11 +325,11 @@ def test_disk_errors_while_writing_then_resume(tiny_model_dir, loaded, tmp_path,
             if len(calls) == 3:  # a few commits in: there is committed output to protect
                 raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(writers, "_fault_hook", fail)
+    monkeypatch.setattr(local_files, "_fault_hook", fail)
     with pytest.raises(OutputError, match=os.strerror(code)) as info:
         run_job(config(src, out, tiny_model_dir), loaded=loaded)
     assert info.value.exit_code == 2
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     assert not (out / SUCCESS_FILE).exists()
     committed = load_manifest(out).num_committed_rows
     summary = run_job(config(src, out, tiny_model_dir), loaded=loaded)
@@ -346,7 +346,7 @@ def test_disk_full_through_the_cli_is_one_line_and_exit_2(tiny_model_dir, tmp_pa
         if stage == "write":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(writers, "_fault_hook", full)
+    monkeypatch.setattr(local_files, "_fault_hook", full)
     result = CliRunner().invoke(app, ["run", "--input", str(src), "--output", str(tmp_path / "out"), "--model",
                                       str(tiny_model_dir), "--device", "cpu", "--max-new-tokens", "2", "--quiet",
                                       "--kv-cache-memory", "16MiB"])

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from batchgen.cli import app
 from batchgen.errors import OutputError
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
@@ -209,11 +209,11 @@ def test_resume_after_a_failure_writes_each_custom_id_once(tmp_path, tiny_model_
             if len(calls) == 2:
                 raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(writers, "_fault_hook", fail_second_rename)
+    monkeypatch.setattr(local_files, "_fault_hook", fail_second_rename)
     with pytest.raises(OutputError, match="Batch API output files"):
         run_job(config, loaded=loaded)
     assert not (out / "_SUCCESS").exists() and not (out / "errors.jsonl").exists()
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
 
     summary = run_job(config.replace(retry_errors=False), loaded=loaded)
     assert summary.num_rows == 0  # every row was committed: only the files were left to write

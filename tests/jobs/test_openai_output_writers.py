@@ -9,7 +9,7 @@ import pytest
 
 from batchgen.errors import OutputLocked
 from batchgen.io.manifest.manifest import load_manifest
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.openai.output import write_batch_files
 from tests.jobs.test_openai_batch_job import read_lines
@@ -25,7 +25,7 @@ def during_first_rename(monkeypatch, action):
             fired.append(True)
             action()
 
-    monkeypatch.setattr(writers, "_fault_hook", hook)
+    monkeypatch.setattr(local_files, "_fault_hook", hook)
 
 
 def test_two_writers_of_the_batch_files_each_rename_a_whole_file(tmp_path, inputs, tiny_model_dir, loaded,  # noqa: F811
@@ -36,7 +36,7 @@ def test_two_writers_of_the_batch_files_each_rename_a_whole_file(tmp_path, input
     state = load_manifest(shard)
     during_first_rename(monkeypatch, lambda: write_batch_files(shard, state, "."))
     write_batch_files(shard, state, ".")  # before: the other writer's rename took this one's temp
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     ok, errors = read_lines(shard)
     assert set(ok) | set(errors) == ALL_IDS
     assert not [p for p in shard.iterdir() if p.name.endswith(".tmp")]
@@ -55,7 +55,7 @@ def test_a_second_finalize_while_one_writes_is_refused(tmp_path, inputs, tiny_mo
 
     during_first_rename(monkeypatch, second_finalize)
     finalize_output(out)
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     assert refused
     ok, errors = read_lines(out)  # every line whole JSON, each custom_id once
     assert set(ok) | set(errors) == ALL_IDS

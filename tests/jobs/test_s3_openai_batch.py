@@ -16,8 +16,8 @@ import pytest
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import SUCCESS_FILE, load_manifest
 from batchgen.io.store import lease as lease_module
-from batchgen.io.store import writers
-from batchgen.io.store.store import open_store
+from batchgen.io.store import local_files
+from batchgen.io.store.factory import open_store
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
@@ -96,12 +96,12 @@ def test_a_failure_while_writing_leaves_no_success_and_the_rerun_writes_them(loc
             if len(calls) == 2:
                 raise OSError(5, "connection reset")
 
-    monkeypatch.setattr(writers, "_fault_hook", fail_second_close)
+    monkeypatch.setattr(local_files, "_fault_hook", fail_second_close)
     with pytest.raises(OutputError, match="Batch API output files"):
         run_job(config(src, s3_out, tiny_model_dir), loaded=loaded)
     store = open_store(s3_out)
     assert not store.exists(SUCCESS_FILE) and not store.exists("output.jsonl")  # the partial upload is deleted
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     summary = run_job(config(src, s3_out, tiny_model_dir, retry_errors=False), loaded=loaded)
     assert summary.num_rows == 0 and store.exists(SUCCESS_FILE)  # only the files were left to write
     assert same_lines(store_lines(s3_out), reference)

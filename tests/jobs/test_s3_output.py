@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from batchgen.cli import app
 from batchgen.errors import OutputError, OutputLocked
 from batchgen.io.manifest.manifest import PART_NAME_RE, SUCCESS_FILE, load_manifest
+from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE, Lease, read_lease
-from batchgen.io.store.store import open_store
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status

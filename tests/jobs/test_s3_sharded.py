@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from batchgen.cli import app
 from batchgen.io.manifest.manifest import PART_NAME_RE, SUCCESS_FILE, load_manifest
+from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import Lease
-from batchgen.io.store.store import open_store
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.report import render_report

@@ -13,7 +13,7 @@ import pytest
 import batchgen.ray
 from batchgen.io.manifest.manifest import SUCCESS_FILE
 from batchgen.io.store import lease as lease_module
-from batchgen.io.store.store import open_store
+from batchgen.io.store.factory import open_store
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config

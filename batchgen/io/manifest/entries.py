@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import OutputError
-from batchgen.io.store.store import OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import OutputStore
 
 MANIFEST_DIR = "_manifest"
 FORMAT = 1

@@ -71,7 +71,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from batchgen.errors import OutputError, OutputLocked
+from batchgen.errors import AlreadyExists, OutputError, OutputLocked
 from batchgen.io.manifest.snapshot import SNAPSHOT_EVERY_ENTRIES, clean_rows_files, snapshot_payload
 from batchgen.io.manifest.state import (  # re-exported: the manifest's readers import them from here
     ENTRY_RE,
@@ -90,15 +90,10 @@ from batchgen.io.manifest.state import (  # re-exported: the manifest's readers 
     read_entry,
     read_entry_file,
 )
-from batchgen.io.store.store import AlreadyExists, LocalStore, OutputStore, open_store
-from batchgen.io.store.writers import (
-    TEMP_SUFFIX,
-    StagedPart,
-    fault_point,
-    json_bytes,
-    publish_staged,
-    write_json_atomic,
-)
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point
+from batchgen.io.store.store import LocalStore, OutputStore
+from batchgen.io.store.writers import StagedPart, json_bytes, publish_staged, write_json_atomic
 
 __all__ = ["FORMAT", "MANIFEST_DIR", "PART_NAME_RE", "SUCCESS_FILE", "Manifest", "ManifestState", "PartRecord",
            "clear_success", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir", "part_rows",

@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 from batchgen.errors import DamagedSnapshot, OutputError
 from batchgen.io.manifest.entries import MANIFEST_DIR, read_entry
 from batchgen.io.manifest.part_record import PartRecord
-from batchgen.io.store.store import OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import OutputStore
 
 if TYPE_CHECKING:
     from batchgen.io.manifest.state import ManifestState

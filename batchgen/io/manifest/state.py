@@ -42,7 +42,8 @@ from batchgen.io.manifest.entries import (  # re-exported: readers of the state 
 from batchgen.io.manifest.part_record import PartRecord
 from batchgen.io.manifest.prompt_hashes import PromptHashes
 from batchgen.io.manifest.snapshot import apply_snapshot, part_row_lists, part_rows
-from batchgen.io.store.store import OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import OutputStore
 
 WRITE_OPS = ("commit", "compact", "repair")
 # a listing that a consolidation overtook is taken again this many times (with a short, growing

@@ -39,9 +39,9 @@ import time
 import uuid
 from typing import Any
 
-from batchgen.errors import OutputError, OutputLocked
+from batchgen.errors import AlreadyExists, OutputError, OutputLocked
 from batchgen.io.store.claim import OutputClaim, holder_is_dead, holder_record, in_use_message
-from batchgen.io.store.store import AlreadyExists, OutputStore
+from batchgen.io.store.store import OutputStore
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from batchgen.errors import OutputError, UnsupportedOutputError
+from batchgen.config.output_url import URL_RE, check_object_url
+from batchgen.errors import AlreadyExists, OutputError
 from batchgen.io.store.conditional_put import ConditionalPut, PreconditionFailed, conditional_put_for
 from batchgen.io.store.lease import Lease, lease_holder, lease_ttl_s
-from batchgen.io.store.store import URL_RE, AlreadyExists, OutputStore
+from batchgen.io.store.store import OutputStore
 
-OBJECT_SCHEMES = ("s3", "gs")  # object stores pyarrow.fs reaches; gs only where pyarrow has GcsFileSystem
 # Every request must end well inside the lease (batchgen.io.store.lease): a commit is refused once less
 # than LEASE_MARGIN of it remains, so a request may take at most a sixth of the TTL (10 s of 60 s).
 S3_REQUEST_TIMEOUT_S = 10.0
@@ -93,7 +93,7 @@ class ObjectStore(OutputStore):
 
     def create(self, name: str, data: bytes) -> str:
         """Write `name` only if no object has it (AlreadyExists otherwise); its version token."""
-        from batchgen.io.store.writers import fault_point
+        from batchgen.io.store.local_files import fault_point
 
         fault_point("write")
         try:
@@ -117,7 +117,7 @@ class ObjectStore(OutputStore):
         self._put(name, write)
 
     def _put(self, name: str, write: Callable[[BinaryIO], None]) -> None:
-        from batchgen.io.store.writers import fault_point
+        from batchgen.io.store.local_files import fault_point
 
         buffer = io.BytesIO()
         fault_point("write")
@@ -136,7 +136,7 @@ class ObjectStore(OutputStore):
         removes its parts). pyarrow cannot abort an upload, so an error in the block completes it
         and the partial object is deleted at once: a caller that needs "whole or absent" across a
         failure keeps a marker of its own (the OpenAI Batch files: _SUCCESS)."""
-        from batchgen.io.store.writers import fault_point
+        from batchgen.io.store.local_files import fault_point
 
         try:
             out = self.fs.open_output_stream(self._key(name))
@@ -191,23 +191,6 @@ class ObjectStore(OutputStore):
 
 def _not_found(e: OSError) -> bool:
     return "NoSuchKey" in str(e) or "not found" in str(e).lower() or "does not exist" in str(e)
-
-
-def check_object_url(text: str) -> None:
-    """Refuse an output URL that no object store here can write (exit 2)."""
-    m = URL_RE.match(text)
-    assert m is not None, "a URL"
-    scheme = m.group(1).lower()
-    if scheme == "gs" and not hasattr(pafs, "GcsFileSystem"):
-        raise UnsupportedOutputError(f"--output {text}: this pyarrow was built without Google Cloud Storage "
-                                     "support; write to s3://, a local or a mounted directory")
-    if scheme not in OBJECT_SCHEMES:
-        raise UnsupportedOutputError(f"--output {text}: writing to a {scheme}:// URL is not supported; use "
-                                     "s3://bucket/prefix, gs://bucket/prefix, or a local or mounted directory")
-    bucket_and_prefix = text[m.end():].strip("/")
-    if "/" not in bucket_and_prefix or not bucket_and_prefix.split("/", 1)[1]:
-        raise UnsupportedOutputError(f"--output {text}: give a prefix inside the bucket "
-                                     f"({scheme}://BUCKET/PREFIX): a job's output never takes a whole bucket")
 
 
 def open_object_store(url: str) -> ObjectStore:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.io.manifest.manifest import MANIFEST_DIR, Manifest
-from batchgen.io.store.store import OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import OutputStore
 from batchgen.io.store.writers import json_bytes
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,12 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchgen.errors import OutputError
-
-URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-class AlreadyExists(OutputError):
-    """An exclusive write found its name taken: another writer got there first (a manifest entry)."""
+from batchgen.io.store.local_files import fault_point, fsync_dir, write_with_atomic
 
 
 class OutputStore:
@@ -156,8 +150,6 @@ class LocalStore(OutputStore):
         return self.path(name).exists()
 
     def makedir(self, sub: str) -> None:
-        from batchgen.io.store.writers import fsync_dir
-
         directory = self.path(sub)
         if directory.is_dir():
             return
@@ -171,13 +163,9 @@ class LocalStore(OutputStore):
         return self.path(name).read_bytes()
 
     def place(self, name: str, write: Callable[[BinaryIO], None], *, exclusive: bool = False) -> None:
-        from batchgen.io.store.writers import write_with_atomic
-
         write_with_atomic(self.path(name), write, exclusive=exclusive)
 
     def stage(self, name: str, write: Callable[[BinaryIO], None]) -> None:
-        from batchgen.io.store.writers import fault_point
-
         path = self.path(name)
         with open(path, "xb") as file:  # "x": a name collision is a bug, never overwrite
             fault_point("write")
@@ -197,8 +185,6 @@ class LocalStore(OutputStore):
             raise OutputError(f"cannot remove {path}: {e.strerror or e}") from e
 
     def sync(self, sub: str = "") -> None:
-        from batchgen.io.store.writers import fsync_dir
-
         fsync_dir(self.path(sub))
 
     def open_input(self, name: str):
@@ -219,27 +205,3 @@ class LocalStore(OutputStore):
 
     def sub(self, name: str) -> LocalStore:
         return LocalStore(self.root / name)
-
-
-def is_url(text: str | Path) -> bool:
-    return isinstance(text, str) and URL_RE.match(text) is not None
-
-
-def open_store(out: str | Path | OutputStore) -> OutputStore:
-    """The store for an --output value: a store as is, a URL through pyarrow.fs
-    (batchgen.io.store.object_store), else a local directory."""
-    if isinstance(out, OutputStore):
-        return out
-    if not is_url(out):
-        return LocalStore(out)
-    from batchgen.io.store.object_store import open_object_store
-
-    return open_object_store(str(out))
-
-
-def check_output_url(text: str) -> None:
-    """Refuse an output URL that no object store here can write (exit 2); a local path passes."""
-    if is_url(text):
-        from batchgen.io.store.object_store import check_object_url
-
-        check_object_url(text)

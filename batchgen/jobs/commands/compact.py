@@ -38,7 +38,8 @@ from batchgen.io.manifest.manifest import (
     load_manifest,
     write_success,
 )
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands.finalize import check_shards, finalize_locked
 from batchgen.jobs.openai.output import SUCCESS_KEY, recorded_batch_files, write_batch_files

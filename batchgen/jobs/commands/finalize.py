@@ -43,7 +43,8 @@ from batchgen.io.manifest.manifest import (
     load_manifest,
     write_success,
 )
-from batchgen.io.store.store import OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import OutputStore
 from batchgen.io.store.writers import json_bytes
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
 from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES, SUMMARY_FILE

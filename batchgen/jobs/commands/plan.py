@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from batchgen.config.choices import Policy
 from batchgen.config.job import JobConfig
 from batchgen.io.manifest.manifest import is_job_dir, load_manifest
-from batchgen.io.store.store import open_store
+from batchgen.io.store.factory import open_store
 from batchgen.jobs.durability.prompt_check import prompts_unchanged
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job

@@ -21,7 +21,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from batchgen.io.manifest.manifest import load_manifest
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.commands.status import sharded_status
 from batchgen.jobs.sharding.sharded import is_sharded_output, list_shard_dirs
 from batchgen.monitor import figures

@@ -18,9 +18,10 @@ from typing import Any
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import SUCCESS_FILE, is_job_dir, load_manifest
+from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE
 from batchgen.io.store.lock import LOCK_FILE
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.durability.fingerprint import fingerprint_summary
 from batchgen.jobs.pipeline.summary import plural
 from batchgen.jobs.sharding.sharded import is_sharded_output, list_shard_dirs, num_shards_of, output_location

@@ -23,11 +23,12 @@ from batchgen.io.manifest.manifest import (
     is_job_dir,
     load_manifest,
 )
+from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE
 from batchgen.io.store.lock import LOCK_FILE
 from batchgen.io.store.partials import clean_partial_files
 from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import check_output_dir
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
 from batchgen.jobs.durability.identity import check_derived_ids, check_sharded_retry, orphans

@@ -47,8 +47,9 @@ from batchgen.config.job import OPENAI_BATCH
 from batchgen.errors import OutputError
 from batchgen.io.inputs.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
 from batchgen.io.manifest.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
-from batchgen.io.store.writers import TEMP_SUFFIX, fault_point, fsync_dir
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point, fsync_dir
+from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
 
 OUTPUT_FILE, ERRORS_FILE = BATCH_FILES

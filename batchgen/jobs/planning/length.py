@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import OutputError
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.pipeline.prompts import parse_count
 from batchgen.jobs.planning.stats import Reservoir, spearman
 

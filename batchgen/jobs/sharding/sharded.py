@@ -23,7 +23,8 @@ from pathlib import Path
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import SUCCESS_FILE, is_job_dir
-from batchgen.io.store.store import LocalStore, OutputStore, open_store
+from batchgen.io.store.factory import open_store
+from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
 from batchgen.jobs.sharding.split import parse_shard_dir, shard_dir_name
 

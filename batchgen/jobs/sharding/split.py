@@ -31,7 +31,7 @@ from pathlib import Path
 
 from batchgen.errors import ConfigError
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.io.store.store import is_url
+from batchgen.io.store.factory import is_url
 
 SHARD_DIR_RE = re.compile(r"shard-(\d+)-of-(\d+)")
 
@@ -113,22 +113,3 @@ def _row_at(offset: int, weight: int, num_rows: int) -> int:
     if offset <= 0:
         return 0
     return min(-(-offset * num_rows // weight), num_rows)
-
-
-def check_shard_flags(num_shards: int | None, shard_index: int | None) -> None:
-    """Both or neither, and 0 <= I < N (a ConfigError naming the flag)."""
-    if num_shards is None and shard_index is None:
-        return
-    if num_shards is None or shard_index is None:
-        given, missing = ("--num-shards", "--shard-index") if shard_index is None else ("--shard-index",
-                                                                                          "--num-shards")
-        raise ConfigError(f"{given} needs {missing} too: each shard process is told the number of shards and its "
-                          "own index (0-based)")
-    for name, value in (("num_shards", num_shards), ("shard_index", shard_index)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if num_shards < 1:
-        raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
-    if not 0 <= shard_index < num_shards:
-        raise ConfigError(f"shard_index must be in [0, {num_shards - 1}] for --num-shards {num_shards}, "
-                          f"got {shard_index}")

@@ -25,7 +25,7 @@ from batchgen.io.manifest.manifest import (
     part_rows,
     write_success,
 )
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
 from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import PartWriter
 
@@ -105,10 +105,10 @@ def test_crash_before_the_entry_loses_nothing_committed_and_shows_nothing(out, m
         if current == stage_name:
             raise Crash
 
-    monkeypatch.setattr(writers, "_fault_hook", die)
+    monkeypatch.setattr(local_files, "_fault_hook", die)
     with pytest.raises(Crash):
         manifest.commit([staged])
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     assert staged[0].temp_path.exists()  # hidden, so no reader sees it
     assert visible_ids(out) == [0, 1]
     manifest = fresh(out)
@@ -128,7 +128,7 @@ def test_crash_after_the_entry_is_rolled_forward(out, monkeypatch, stage_name):
             if current == stage_name:
                 raise Crash
 
-        monkeypatch.setattr(writers, "_fault_hook", die)
+        monkeypatch.setattr(local_files, "_fault_hook", die)
     try:
         manifest.commit([stage(writer, [2, 3], tag=".00000003"), stage(writer, [4], tag=".00000003")])
     except Crash:
@@ -156,10 +156,10 @@ def test_rewrite_replaces_rows_and_a_crash_never_shows_an_id_twice(out, monkeypa
             if len(seen) == 2:
                 raise Crash  # between the rewrite and the new part
 
-    monkeypatch.setattr(writers, "_fault_hook", watch)
+    monkeypatch.setattr(local_files, "_fault_hook", watch)
     with pytest.raises(Crash):
         manifest.commit([new, rewritten])  # publish orders the rewrite first whatever the order here
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     assert seen == [[0, 1, 2], [0, 2]]  # id 1 is briefly missing, never doubled
     manifest = fresh(out)
     table = ds.dataset(str(out), format="parquet").to_table()
@@ -228,10 +228,10 @@ def test_disk_full_while_writing_the_entry_commits_nothing(out, monkeypatch):
         if current == "file_write":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(writers, "_fault_hook", full)
+    monkeypatch.setattr(local_files, "_fault_hook", full)
     with pytest.raises(OutputError, match="No space left on device"):
         manifest.commit([staged])
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     assert load_manifest(out).num_committed_rows == 0
     fresh(out)
     assert visible_ids(out) == [] and not list(out.glob(".*"))
@@ -312,5 +312,5 @@ def test_parts_stay_readable_and_match_their_checksums(out):
     for seq in range(2, 6):
         manifest.commit([stage(writer, range(seq * 10, seq * 10 + 3), tag=f".{seq:08d}")])
     for record in load_manifest(out).parts.values():
-        assert writers.file_digest(out / record.name) == (record.num_bytes, record.sha256)
+        assert local_files.file_digest(out / record.name) == (record.num_bytes, record.sha256)
         assert pq.read_table(out / record.name).column("id").to_pylist() == record.ids

@@ -16,9 +16,9 @@ import pytest
 
 from batchgen.errors import OutputLocked
 from batchgen.io.store.claim import boot_id, holder_is_dead, holder_record, pid_namespace, process_start
+from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE, Lease, lease_holder
 from batchgen.io.store.lock import LOCK_FILE, OutputLock, lock_holder
-from batchgen.io.store.store import open_store
 
 pytestmark = pytest.mark.skipif(boot_id() is None or pid_namespace() is None, reason="needs Linux /proc")
 

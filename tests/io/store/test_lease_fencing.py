@@ -10,12 +10,12 @@ import time
 import pyarrow as pa
 import pytest
 
-from batchgen.errors import OutputLocked
+from batchgen.errors import AlreadyExists, OutputLocked
 from batchgen.io.manifest.manifest import Manifest, PartRecord, load_manifest
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
+from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_MARGIN, Lease, read_lease
 from batchgen.io.store.object_store import request_timeouts
-from batchgen.io.store.store import AlreadyExists, open_store
 from batchgen.io.store.writers import PartWriter
 
 pytestmark = pytest.mark.usefixtures("quick_lease_settle")
@@ -53,7 +53,7 @@ def run_in_stall(monkeypatch, action):
             fired.append(True)
             action()
 
-    monkeypatch.setattr(writers, "_fault_hook", hook)
+    monkeypatch.setattr(local_files, "_fault_hook", hook)
 
 
 def test_a_stalled_holder_cannot_replace_the_new_holders_entry(s3_out, monkeypatch):
@@ -78,7 +78,7 @@ def test_a_stalled_holder_cannot_replace_the_new_holders_entry(s3_out, monkeypat
     run_in_stall(monkeypatch, take_over_and_commit)
     with pytest.raises(OutputLocked):
         a.commit([part])  # before: its PUT replaced the new holder's entry 3
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     state = load_manifest(store)
     assert set(state.ok_ids) == {1, 3}
     assert all(store.exists(name) for name in state.parts)  # no entry names a deleted part
@@ -105,7 +105,7 @@ def test_a_stalled_holders_late_entry_is_skipped_by_the_new_holder_and_readers(s
 
     run_in_stall(monkeypatch, take_over)
     a.commit([part])  # lands in the free slot 3: its part already deleted
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     new, b = taken[0]
     assert read_lease(store)["epoch"] > old.epoch
     b.commit([staged(store, [2])])  # before: "appeared ... another process is writing"

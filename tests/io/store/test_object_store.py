@@ -16,9 +16,10 @@ import pytest
 
 from batchgen.errors import OutputLocked, UnsupportedOutputError
 from batchgen.io.manifest.manifest import Manifest, PartRecord, load_manifest
+from batchgen.io.store.factory import check_output_url, open_store
 from batchgen.io.store.lease import LEASE_FILE, Lease, lease_holder, read_lease
 from batchgen.io.store.object_store import ObjectStore
-from batchgen.io.store.store import LocalStore, check_output_url, open_store
+from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 
 pytestmark = pytest.mark.usefixtures("quick_lease_settle")

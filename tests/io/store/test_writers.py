@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchgen.errors import OutputError
-from batchgen.io.store import writers
+from batchgen.io.store import local_files, writers
 from batchgen.io.store.schema import OUTPUT_FIXED_FIELDS, output_schema
 from batchgen.io.store.writers import PartWriter, check_output_dir
 
@@ -106,7 +106,7 @@ def test_injected_os_error_leaves_nothing_partial(write_part, writer, monkeypatc
             seen_at_fault.extend(sorted(p.name for p in writer.out_dir.iterdir()))
             raise OSError(error, os.strerror(error))
 
-    monkeypatch.setattr(writers, "_fault_hook", fault)
+    monkeypatch.setattr(local_files, "_fault_hook", fault)
     with pytest.raises(OutputError) as info:
         write_part(writer, make_rows(2, 2))
     assert os.strerror(error) in str(info.value) and str(writer.out_dir / "part-00001-") in str(info.value)
@@ -114,7 +114,7 @@ def test_injected_os_error_leaves_nothing_partial(write_part, writer, monkeypatc
     assert len(seen_at_fault) == 2  # the temp (or, at fsync_dir, the renamed) file existed at the fault
     assert [p.name for p in writer.out_dir.iterdir()] == [committed.name]
     assert ds.dataset(writer.out_dir, format="parquet").to_table().to_pylist() == make_rows(0, 2)
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     assert write_part(writer, make_rows(2, 2)).name.startswith("part-00001-")  # the caller may retry
 
 
@@ -139,7 +139,7 @@ def test_interrupt_during_write_leaves_no_temp_file(write_part, writer, monkeypa
         if stage == "fsync":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(writers, "_fault_hook", interrupt)
+    monkeypatch.setattr(local_files, "_fault_hook", interrupt)
     with pytest.raises(KeyboardInterrupt):
         write_part(writer, make_rows(0, 1))
     assert list(writer.out_dir.iterdir()) == []

@@ -8,10 +8,9 @@ import os
 
 import pytest
 
-from batchgen.errors import OutputError
-from batchgen.io.store import writers
-from batchgen.io.store.store import AlreadyExists
-from batchgen.io.store.writers import write_file_atomic
+from batchgen.errors import AlreadyExists, OutputError
+from batchgen.io.store import local_files, writers
+from batchgen.io.store.local_files import write_file_atomic
 
 
 def test_a_failed_directory_fsync_after_the_rename_keeps_the_new_file(tmp_path, monkeypatch):
@@ -22,7 +21,7 @@ def test_a_failed_directory_fsync_after_the_rename_keeps_the_new_file(tmp_path, 
         if point == "file_fsync_dir":
             raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(writers, "_fault_hook", fail_dir_fsync)
+    monkeypatch.setattr(local_files, "_fault_hook", fail_dir_fsync)
     with pytest.raises(OutputError, match="could not sync its directory"):
         write_file_atomic(path, b"new")
     assert path.read_bytes() == b"new"  # before: removed, so neither the old file nor the new one
@@ -33,7 +32,7 @@ def no_hard_links(monkeypatch):
     def link(src, dst, *args, **kwargs):
         raise OSError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(writers.os, "link", link)
+    monkeypatch.setattr(local_files.os, "link", link)
 
 
 def test_without_hard_links_put_if_absent_never_replaces(tmp_path, monkeypatch):

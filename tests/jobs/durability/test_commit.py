@@ -17,9 +17,9 @@ import pytest
 
 from batchgen.errors import OutputLocked
 from batchgen.io.manifest.manifest import PART_NAME_RE, SUCCESS_FILE, Manifest
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
+from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE, Lease
-from batchgen.io.store.store import open_store
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.durability.commit import Committer
@@ -70,10 +70,10 @@ def test_success_is_written_over_exactly_the_committed_parts(tmp_path, tiny_mode
         if point == "write" and out.is_dir() and not stray.exists():
             pq.write_table(pa.table({"id": [3], "text": ["a row read twice"]}), stray)
 
-    monkeypatch.setattr(writers, "_fault_hook", stalled_writer_lands)
+    monkeypatch.setattr(local_files, "_fault_hook", stalled_writer_lands)
     summary = run_job(tiny_job_config(src, out, tiny_model_dir, id_column="id", max_new_tokens=2, batch_size=4,
                                       commit_every_rows=4), loaded=loaded)
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     assert summary.complete and (out / SUCCESS_FILE).exists()
     assert not stray.exists()  # before: _SUCCESS beside a part no entry commits
     ids = ds.dataset(str(out), format="parquet").to_table(columns=["id"]).column("id").to_pylist()

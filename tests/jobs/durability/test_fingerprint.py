@@ -18,7 +18,7 @@ import pytest
 from batchgen.engine.model.loader import load_model
 from batchgen.errors import FingerprintMismatch
 from batchgen.io.manifest.manifest import MANIFEST_DIR, SUCCESS_FILE, load_manifest
-from batchgen.io.store.writers import file_digest
+from batchgen.io.store.local_files import file_digest
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.durability.fingerprint import ADDED_KEYS
 from tests.jobs.helpers import tiny_job_config

@@ -15,7 +15,7 @@ import pytest
 
 from batchgen.errors import ErrorRateExceeded, FingerprintMismatch, InputError, OutputError
 from batchgen.io.manifest.manifest import MANIFEST_DIR, SUCCESS_FILE, load_manifest
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
 from batchgen.jobs.commands.run import SUMMARY_FILE, run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.tiny import make_tiny_model
@@ -91,10 +91,10 @@ def test_a_crash_at_any_commit_stage_resumes_to_the_same_output(tiny_model_dir, 
             if len(calls) == nth:
                 raise Crash
 
-    monkeypatch.setattr(writers, "_fault_hook", die)
+    monkeypatch.setattr(local_files, "_fault_hook", die)
     with pytest.raises(Crash):
         run_job(config(src, out, tiny_model_dir), loaded=loaded)
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     assert not (out / SUCCESS_FILE).exists()
     visible = ds.dataset(str(out), format="parquet").to_table().column("id").to_pylist() \
         if list(out.glob("part-*")) else []
@@ -165,10 +165,10 @@ def test_nothing_committed_yet_needs_no_overwrite(tiny_model_dir, loaded, tmp_pa
     def die(current):
         raise Crash
 
-    monkeypatch.setattr(writers, "_fault_hook", die)
+    monkeypatch.setattr(local_files, "_fault_hook", die)
     with pytest.raises(Crash):  # dies at its first write: a begin entry, no rows
         run_job(config(src, out, tiny_model_dir), loaded=loaded)
-    monkeypatch.setattr(writers, "_fault_hook", None)
+    monkeypatch.setattr(local_files, "_fault_hook", None)
     summary = run_job(config(src, out, tiny_model_dir, max_new_tokens=2), loaded=loaded)
     assert summary.num_rows == len(TEXTS)
 

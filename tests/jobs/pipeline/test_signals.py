@@ -18,7 +18,7 @@ import pytest
 from batchgen.engine.engine import LLMEngine
 from batchgen.errors import JobInterrupted
 from batchgen.io.manifest.manifest import SUCCESS_FILE, load_manifest
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from tests.jobs.helpers import tiny_job_config
@@ -112,7 +112,7 @@ def test_signal_during_a_commit_lets_the_commit_finish(tiny_model_dir, loaded, s
             if len(renames) == 2:  # the second part's publish: half way through a commit
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(writers, "_fault_hook", signal_in_commit)
+    monkeypatch.setattr(local_files, "_fault_hook", signal_in_commit)
     with pytest.raises(JobInterrupted):
         run_job(config(src, out, tiny_model_dir), loaded=loaded)
     state = load_manifest(out)
@@ -183,7 +183,7 @@ def test_a_second_signal_exits_at_once_even_mid_commit(tiny_model_dir, loaded, s
     out = tmp_path / "out"
     code = f"""
 import os, signal, sys
-from batchgen.io.store import writers
+from batchgen.io.store import local_files
 calls = []
 def hook(stage):
     if stage == "rename":
@@ -192,7 +192,7 @@ def hook(stage):
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)
             print("not reached", file=sys.stderr)
-writers._fault_hook = hook
+local_files._fault_hook = hook
 sys.argv = {["batchgen", "run", *start_args(src, out, tiny_model_dir)]!r}
 from batchgen.cli import main
 main()

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchgen.config.rules import check_shard_flags
 from batchgen.errors import ConfigError
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.jobs.sharding.split import check_shard_flags, parse_shard_dir, shard_dir_name, split_inputs
+from batchgen.jobs.sharding.split import parse_shard_dir, shard_dir_name, split_inputs
 
 
 def parquet(name: str, rows: int, size: int | None = None) -> InputShard:
