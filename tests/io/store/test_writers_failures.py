@@ -9,7 +9,7 @@ import os
 import pytest
 
 from batchgen.errors import AlreadyExists, OutputError
-from batchgen.io.store import local_files, writers
+from batchgen.io.store import local_files
 from batchgen.io.store.local_files import write_file_atomic
 
 
@@ -49,7 +49,7 @@ def test_without_hard_links_put_if_absent_never_replaces(tmp_path, monkeypatch):
 
 def test_without_hard_links_or_a_no_replace_rename_it_refuses(tmp_path, monkeypatch):
     no_hard_links(monkeypatch)
-    monkeypatch.setattr(writers, "_LIBC", None)
+    monkeypatch.setattr(local_files, "_LIBC", None)
     with pytest.raises(OutputError, match="neither hard links"):
         write_file_atomic(tmp_path / "00000001.json", b"ours", exclusive=True)
     assert os.listdir(tmp_path) == []
