@@ -3,6 +3,9 @@ with the tokenizer alone; a changed prompt still loads the model and regenerates
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -64,3 +67,28 @@ def test_a_changed_prompt_still_loads_the_model(tiny_model_dir, loaded, tmp_path
         run_job(job(src, out, tiny_model_dir))
     assert refused  # the edited row needs generating: the model was asked for
 
+
+
+RERUN_IN_A_FRESH_PROCESS = """
+import sys
+from batchgen.cli import main
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+print("MODELING", "transformers.modeling_utils" in sys.modules, code, file=sys.stderr)
+"""
+
+
+def test_a_finished_rerun_does_not_import_the_modeling_code(tiny_model_dir, loaded, tmp_path):
+    """The finished rerun is what every retried Airflow task with nothing left pays: importing
+    transformers' modeling code would be most of its time, for a model it never builds."""
+    src = write_input(tmp_path / "in.parquet", TEXTS)
+    out = tmp_path / "out"
+    run_job(job(src, out, tiny_model_dir, chat=False, parse_special_tokens=True), loaded=loaded)  # the CLI's defaults
+    args = ["run", "--input", str(src), "--output", str(out), "--model", str(tiny_model_dir), "--id-column", "id",
+            "--device", "cpu", "--dtype", "float32", "--no-chat", "--max-new-tokens", "3",
+            "--kv-cache-memory", "16MiB", "--quiet"]
+    done = subprocess.run([sys.executable, "-c", RERUN_IN_A_FRESH_PROCESS, *args], capture_output=True, text=True,
+                          timeout=300)
+    assert "MODELING False 0" in done.stderr, done.stderr[-3000:]

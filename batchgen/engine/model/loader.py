@@ -17,13 +17,18 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+import transformers
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
 from batchgen.runtime.cache_dir import cache_root
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +206,9 @@ def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: b
     for local_only in attempts:  # the local HF cache first: no network round trips when it is there
         kwargs["local_files_only"] = local_only
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            # an attribute of the lazy package: the modeling code is imported here, not for a
+            # rerun that needs the tokenizer alone
+            model = transformers.AutoModelForCausalLM.from_pretrained(
                 model_dir, dtype=dtype, attn_implementation="sdpa", **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
             return model, tokenizer
@@ -267,7 +274,7 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     except (ImportError, TypeError):
         pass
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True, gguf_file=gguf.name)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # transformers 5 refuses to save a model that still carries one
