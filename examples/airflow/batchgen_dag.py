@@ -50,6 +50,10 @@ with DAG(
         "output": Param("/data/out/job", type="string", description="--output: a directory or s3:// prefix"),
         "num_shards": Param(2, type="integer", minimum=1, description="processes the job is split into"),
         "model": Param("", type="string", description="--model (empty: batchgen's default)"),
+        # pinned, not auto: auto resolves per worker (bf16 where the CPU has native bf16, else fp32) and a
+        # shard's retry on a worker of the other kind would be refused (exit 2) as a changed setting
+        "dtype": Param("bfloat16", type="string", enum=["bfloat16", "float32", "float16"],
+                       description="--dtype, the same on every worker"),
         "args": Param("", type="string", description="more `batchgen run` flags (shell words), e.g. --config FILE"),
         "batchgen": Param("batchgen", type="string", description="the batchgen executable on the workers"),
     },
@@ -65,7 +69,8 @@ with DAG(
     def run_shard(shard_index: int, params=None) -> None:
         """One shard; a retry runs the same command, which resumes it."""
         command = [params["batchgen"], "run", "--input", params["input"], "--output", params["output"],
-                   "--num-shards", str(params["num_shards"]), "--shard-index", str(shard_index), "--quiet"]
+                   "--num-shards", str(params["num_shards"]), "--shard-index", str(shard_index),
+                   "--dtype", params["dtype"], "--quiet"]
         if params["model"]:
             command += ["--model", params["model"]]
         command += shlex.split(params["args"])

@@ -57,7 +57,7 @@ def test_the_dag_maps_batchgen_over_the_shards_and_finalizes(tmp_path, tiny_mode
     out = tmp_path / "out"
     conf = {"input": str(src), "output": str(out), "num_shards": 2, "model": str(tiny_model_dir),
             "batchgen": str(BATCHGEN),
-            "args": "--device cpu --dtype float32 --max-new-tokens 3 --no-chat --kv-cache-memory 16MiB"}
+            "dtype": "float32", "args": "--device cpu --max-new-tokens 3 --no-chat --kv-cache-memory 16MiB"}
     done = subprocess.run([str(python), "-c", RUN_DAG, str(DAG_DIR), json.dumps(conf)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]

@@ -49,3 +49,4 @@ def test_the_dag_uses_it_with_a_concurrency_cap():
     assert "@task.bash" not in dag  # a bash task cannot tell exit 2 from a retryable failure
     assert "run_batchgen(command, fail=AirflowFailException, retry=AirflowException)" in dag
     assert "max_active_tis_per_dag=MAX_PARALLEL_SHARDS" in dag and "pool=POOL" in dag
+    assert '"--dtype", params["dtype"]' in dag  # auto resolves per worker kind; a retry elsewhere would exit 2
