@@ -109,7 +109,8 @@ def run(
             result = run_workers(job_config, workers)
             typer.echo(f"done: {result['rows']} rows ({result['rows_error']} errors) by {workers} workers, "
                        f"finalized in {result['output']}", err=True)
-            typer.echo(json.dumps({"output": result["output"], "rows": result["rows"], "errors": result["rows_error"],
+            typer.echo(json.dumps({"output": result["output"], "rows": result["rows_run"],
+                                   "errors": result["rows_error_run"],
                                    "output_rows": result["rows"], "output_errors": result["rows_error"],
                                    "workers": workers}))
             return

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -94,7 +95,8 @@ def run_workers(config: JobConfig, num_workers: int) -> dict[str, Any]:
             path = Path(tmp) / f"worker-{i}.yaml"
             path.write_text(yaml.safe_dump(dataclasses.asdict(worker.replace(kv_cache_memory=str(share)))))
             cmd = [sys.executable, "-m", "batchgen", "run", "--config", str(path)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+            # stdout is one JSON line at the worker's end (logs go to stderr), so a pipe never fills
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                           preexec_fn=_die_with_parent if sys.platform == "linux" else None))
         codes = _wait_forwarding_signals(procs)
     for i, code in enumerate(codes):
@@ -109,7 +111,24 @@ def run_workers(config: JobConfig, num_workers: int) -> dict[str, Any]:
                            "run the same command again to resume", code)
     from batchgen.jobs.commands.finalize import finalize_output
 
-    return finalize_output(config.output)
+    result = finalize_output(config.output)
+    ran = [_worker_result(p) for p in procs]
+    result["rows_run"] = sum(r.get("rows", 0) for r in ran)  # this run's rows, as a one-process run reports
+    result["rows_error_run"] = sum(r.get("errors", 0) for r in ran)
+    return result
+
+
+def _worker_result(proc: subprocess.Popen) -> dict[str, Any]:
+    """The JSON line a worker's `batchgen run` printed last; {} when it printed none."""
+    text = proc.stdout.read().decode(errors="replace") if proc.stdout is not None else ""
+    for line in reversed(text.splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
 
 
 def _wait_forwarding_signals(procs: list[subprocess.Popen]) -> list[int]:

@@ -54,6 +54,8 @@ def test_two_workers_write_what_one_process_writes(tmp_path, rows_file, tiny_mod
     again = cli(*flags(rows_file, tmp_path / "two", tiny_model_dir, "--workers", "2"))  # a rerun resumes: no row twice
     assert again.returncode == 0, again.stderr[-3000:]
     assert committed_rows(tmp_path / "two", "row_id").keys() == one.keys()
+    line = json.loads(again.stdout.strip().splitlines()[-1])  # rows: this run's, as a one-process run says
+    assert (line["rows"], line["errors"], line["output_rows"], line["output_errors"]) == (0, 0, 23, 0)
 
 
 def test_settings_workers_cannot_run_are_refused_before_anything_starts(tmp_path, rows_file, tiny_model_dir):
