@@ -37,7 +37,7 @@ demo: install
 	@echo
 	@echo "next: source $(VENV)/bin/activate (or call $(VENV)/bin/batchgen), then see README.md, \"Your own job in five minutes\":"
 	@echo "  batchgen plan --config configs/summarize.yaml --input examples/docs.parquet"
-	@echo "  batchgen run --input YOUR.parquet --output out/yours --prompt-column COLUMN --keep-columns ID_COLUMN"
+	@echo "  batchgen run --input YOUR.parquet --output out/yours --prompt-column COLUMN --id-column ID_COLUMN"
 
 test: install airflow-venv
 	$(PY) -m pytest -q
