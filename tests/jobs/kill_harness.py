@@ -119,6 +119,18 @@ def wait_until_locked(proc: subprocess.Popen, out: Path, timeout_s: float = 120.
     raise TimeoutError(f"job pid {proc.pid} did not start within {timeout_s} s")
 
 
+def wait_until_a_part(proc: subprocess.Popen, out: Path, timeout_s: float = 300.0) -> bool:
+    """True once a committed part is visible; False if the job exited first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if next(out.glob("part-*.parquet"), None) is not None:
+            return True
+        time.sleep(0.005)
+    raise TimeoutError(f"job pid {proc.pid} committed nothing within {timeout_s} s")
+
+
 def check_committed(out: Path) -> set:
     """Every listed part readable and matching its manifest checksum; visible ids unique.
 
@@ -151,9 +163,12 @@ def read_output(out: Path) -> dict:
 
 
 def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_s: float,
-               between_kills: Callable[[int], None] | None = None, min_delay_s: float = 0.0) -> SeedResult:
+               between_kills: Callable[[int], None] | None = None, min_delay_s: float = 0.0,
+               after_first_part: bool = False) -> SeedResult:
     """Start, SIGKILL after a random delay in [min_delay_s, max_delay_s] from taking the lock, check;
-    `kills` times (fewer if the job finishes first).
+    `kills` times (fewer if the job finishes first). With `after_first_part` the delay counts from
+    the first committed part instead, so the kill lands on a half-written output however slowly a
+    loaded machine runs the job.
 
     `between_kills(k)` runs after the k-th kill's check (0-based), before the restart: it may
     change the inputs (tests/jobs/changing_inputs.py)."""
@@ -163,6 +178,8 @@ def kill_cycle(fixture: Fixture, out: Path, seed: int, *, kills: int, max_delay_
     for _ in range(kills):
         with reaped(start_job(fixture, out)) as proc:
             started = wait_until_locked(proc, out)
+            if started and after_first_part:
+                started = wait_until_a_part(proc, out)
             delay = rng.uniform(min_delay_s, max_delay_s)
             if started:
                 time.sleep(delay)

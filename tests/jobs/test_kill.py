@@ -42,11 +42,13 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, one_thread):
     loaded = load_model(str(fixture.model_dir), device="cpu", dtype="float32")
 
     def cycle(seed):
-        # even seeds: anywhere in the job (start-up included); odd seeds: once the reference run had
-        # begun committing, so that half the kills surely land on a half-written output however
-        # long the model takes to load
-        low = 0.0 if seed % 2 == 0 else first_part_s
-        return kill_cycle(fixture, tmp_path / f"seed-{seed}", seed, kills=1, max_delay_s=window_s, min_delay_s=low)
+        # even seeds: anywhere in the job (start-up included); odd seeds: after the job's own first
+        # part, within what the reference had left to run, so that half the kills surely land on a
+        # half-written output however long the model takes to load and however loaded the machine
+        if seed % 2 == 0:
+            return kill_cycle(fixture, tmp_path / f"seed-{seed}", seed, kills=1, max_delay_s=window_s)
+        return kill_cycle(fixture, tmp_path / f"seed-{seed}", seed, kills=1,
+                          max_delay_s=max(window_s - first_part_s, 0.05), after_first_part=True)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(cycle, range(NUM_SEEDS)))
