@@ -26,7 +26,7 @@ from batchgen.engine.kernels import fused
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.metrics import EngineMetrics, StepStats
-from batchgen.engine.model import prepack
+from batchgen.engine.model import families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
@@ -56,7 +56,7 @@ class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None, *,
                  eos_token_ids: list[int] | None = None):
         self.config = config = config or EngineConfig()
-        attention.check_model_supported(model)
+        families.check_model(model)
         attention.register()
         model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
         self.model = model
@@ -72,8 +72,10 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
         if eos_token_ids is None:
             eos_token_ids = find_eos_token_ids(model, tokenizer)
-        backend, block_size, cache_dtype, reason = resolve_attention(config, self.device, model.dtype)
-        log.info("attention: %s, %d-token KV blocks (%s)", backend, block_size, reason)
+        backend, block_size, cache_dtype, reason = resolve_attention(config, self.device, model.dtype,
+                                                                     families.score_rules_used(model))
+        log.info("attention: %s, %d-token KV blocks (%s); model: %s", backend, block_size, reason,
+                 families.describe(model.config))
         self.block_size = block_size
         self.backend = make_backend(backend)
         self.use_cuda_graphs = self._graphs_possible(config)
