@@ -148,3 +148,27 @@ def test_prefill_kernel_chunks_under_a_window_agree_with_one_pass():
     torch.testing.assert_close(chunks, whole, rtol=1e-5, atol=1e-5)
     expected = reference(q, seqs, k_cache, v_cache, 16, 0.125, rules)
     torch.testing.assert_close(whole.double(), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("rule", [(5, None, False), (13, 3.0, True)], ids=["window", "window-softcap-sinks"])
+def test_int8_pages_under_the_rules_agree_between_the_c_kernels_and_sdpa(rule):
+    """bf16 queries over int8 pages (the VNNI decode path, the prefill kernel's dequantizing pack)
+    against SDPA over the same pages: both read the values as the pages store them."""
+    from batchgen.engine.kv import quant as kv_quant
+
+    if not CpuBackend.available(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("no bf16 C kernels here")
+    specs = [(0, 45), (30, 20), (60, 1), (7, 1), (100, 33), (40, 1)]
+    seqs, q, k_cache, v_cache, gen = make_step(specs, 8, 2, 64, 16, torch.bfloat16, 11)
+    k8, k_scale = kv_quant.quantize(k_cache)
+    v8, v_scale = kv_quant.quantize(v_cache)
+    layer = LayerKV(k8, v8, 16, k_scale.contiguous(), v_scale.contiguous())
+    rules = make_rules(*rule, 8, gen)
+    slots = [s.block_table[t // 16] * 16 + t % 16 for s in seqs for t in range(s.num_past_tokens, s.context_len)]
+    k_new = kv_quant.dequantize(k8, k_scale, torch.bfloat16)[slots]  # the step's new K/V, as the pages hold them
+    v_new = kv_quant.dequantize(v8, v_scale, torch.bfloat16)[slots]
+    outs = []
+    for impl in (CpuBackend(), SdpaBackend()):
+        outs.append(impl.forward(q, k_new, v_new, layer, impl.build_metadata(seqs, 16, q.device), 0.125,
+                                 rules).float())
+    torch.testing.assert_close(outs[0], outs[1], rtol=3e-2, atol=3e-2)
