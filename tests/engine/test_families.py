@@ -103,3 +103,22 @@ def test_the_window_changes_what_mistral_generates():
     unwindowed.config.sliding_window = None
     prompts = workload()
     assert any(greedy(model, p) != greedy(unwindowed, p) for p in prompts[5:7])
+
+
+def test_fused_cpu_paths_apply_only_where_the_math_is_llamas(caplog):
+    """Gemma's (1 + weight) norm (its q/k norms too) and GELU-tanh MLP keep their own forwards, an
+    MoE block keeps the HF expert loop, Mistral's norm and MLP fuse; each decision is logged once."""
+    from batchgen.engine.kernels import fused
+
+    if fused.load() is None:
+        pytest.skip("no C compiler")
+    with caplog.at_level("INFO", logger="batchgen.engine.kernels.fused"):
+        assert fused.fuse_pointwise(build("gemma3")) == 0
+        assert fused.fuse_pointwise(build("mistral")) > 0
+        if "mixtral" in SHIPPED:
+            fused.fuse_pointwise(build("mixtral"))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "Gemma3RMSNorm kept its own forward" in text and "Gemma3MLP kept its own forward (activation" in text
+    assert "MistralRMSNorm fused" in text and "MistralMLP fused" in text
+    assert "MixtralSparseMoeBlock kept its own forward" in text or "mixtral" not in SHIPPED
+    assert text.count("Gemma3RMSNorm") == 1
