@@ -26,6 +26,10 @@ MOE = dict(num_experts_per_tok=2)
 FAMILIES = {
     "mistral": ("MistralConfig", dict(sliding_window=WINDOW), "sdpa"),
     "qwen2": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1), "sdpa"),
+    "qwen3": ("Qwen3Config", dict(head_dim=16, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+              "sdpa"),
+    "cohere2": ("Cohere2Config", dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]),
+                "sdpa"),
     "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=WINDOW, attn_logit_softcapping=5.0,
                                     final_logit_softcapping=3.0, query_pre_attn_scalar=20), "eager"),
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=20,
