@@ -142,14 +142,14 @@ ALWAYS_INLINE void scores_f32(const float* q, int D, const float* kp, int g, int
     }
 }
 
-/* o[m] = sum_j p[m][j] v[j] over j < n for OR(D) rows */
-ALWAYS_INLINE void output_f32(const float* p, int64_t stride, const float* vp, int n, const int D, float* o) {
+/* o[m] = sum_j p[m][j] v[j] over j0 <= j < n for OR(D) rows (the probabilities before j0 are 0) */
+ALWAYS_INLINE void output_f32(const float* p, int64_t stride, const float* vp, int j0, int n, const int D, float* o) {
     enum { R = 4 };
     __m512 acc[R][8];
     const int NC = D / 16, NR = OR(D);
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int j = 0; j < n; j++) {
+    for (int j = j0; j < n; j++) {
         for (int c = 0; c < NC; c++) {
             const __m512 v = _mm512_loadu_ps(vp + (int64_t)j * D + 16 * c);
             for (int r = 0; r < NR; r++) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * stride + j]), v, acc[r][c]);
@@ -212,14 +212,15 @@ ALWAYS_INLINE void scores_bf16(const uint16_t* q, int D, const uint16_t* kp, int
     }
 }
 
-/* p: bf16 probabilities [MR][stride], n keys (even; the pad key's probability is 0) */
-ALWAYS_INLINE void output_bf16(const uint16_t* p, int64_t stride, const uint16_t* vp, int n, const int D, float* o) {
+/* p: bf16 probabilities [MR][stride], keys [j0, n) (both even; the pad key's probability is 0) */
+ALWAYS_INLINE void output_bf16(const uint16_t* p, int64_t stride, const uint16_t* vp, int j0, int n, const int D,
+                               float* o) {
     enum { R = 4 };
     __m512 acc[R][8];
     const int NC = D / 16, NR = OR(D);
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int j = 0; j < n; j += 2) {
+    for (int j = j0; j < n; j += 2) {
         for (int c = 0; c < NC; c++) {
             const __m512bh v = (__m512bh)_mm512_loadu_si512(vp + (int64_t)j * D + 32 * c);
             for (int r = 0; r < NR; r++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], bcast_pair(p + r * stride + j), v);
@@ -292,10 +293,14 @@ ALWAYS_INLINE int attend_item(const Call* c, Item w, const int D) {
     const int64_t ctx_pad = round_up(ctx, 32);
     const char* kp = c->packed + c->pack_off[w.b * c->KVH + w.h] * elem;
     const char* vp = kp + ctx_pad * D * elem;
+    /* the first key row m's window keeps; pos grows with m, so a block's first row has its smallest */
+    const int window = c->rules.window;
+#define FIRST_KEY(m) (window > 0 && pos[m] + 1 > window ? pos[m] + 1 - window : 0)
     for (int m0 = 0; m0 < rows_pad; m0 += MR) {
-        /* keys past this block's last position are masked by the softmax; skip their groups */
+        /* keys past this block's last position, or before its first row's window, are masked by
+         * the softmax; skip their groups (the softmax never reads scores before a row's window) */
         const int gend = (pos[m0 + MR - 1] + 16) / 16;
-        for (int g = 0; g < gend; g += 2) {
+        for (int g = FIRST_KEY(m0) / 16; g < gend; g += 2) {
 #ifdef HAVE_BF16
             if (bf16) { scores_bf16((const uint16_t*)qt + (int64_t)m0 * D, D, (const uint16_t*)kp, g, gend,
                                     s + m0 * stride, stride, c->scale); continue; }
@@ -306,13 +311,15 @@ ALWAYS_INLINE int attend_item(const Call* c, Item w, const int D) {
     }
     causal_softmax(s, bf16 ? p16 : NULL, rows_pad, stride, pos, len, &c->rules, w.h * G, G);
     for (int m0 = 0; m0 < rows_pad; m0 += OR(D)) {
-        const int n = pos[m0 + OR(D) - 1] + 1;  /* keys with a nonzero probability in these rows */
+        const int n = pos[m0 + OR(D) - 1] + 1, j0 = FIRST_KEY(m0);  /* keys with a nonzero probability here */
 #ifdef HAVE_BF16
-        if (bf16) { output_bf16(p16 + m0 * stride, stride, (const uint16_t*)vp, (n + 1) & ~1, D, o + (int64_t)m0 * D);
+        if (bf16) { output_bf16(p16 + m0 * stride, stride, (const uint16_t*)vp, j0 & ~1, (n + 1) & ~1, D,
+                                o + (int64_t)m0 * D);
                     continue; }
 #endif
-        output_f32(s + m0 * stride, stride, (const float*)vp, n, D, o + (int64_t)m0 * D);
+        output_f32(s + m0 * stride, stride, (const float*)vp, j0, n, D, o + (int64_t)m0 * D);
     }
+#undef FIRST_KEY
     for (int m = 0; m < rows; m++) {
         const int i = w.i0 + m / G;
         const int64_t dst = ((int64_t)(c->q_starts[w.b] + i) * c->H + w.h * G + m % G) * D;
