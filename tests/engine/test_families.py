@@ -1,7 +1,8 @@
 """The model families beyond plain full attention, through the engine: greedy tokens equal
 `model.generate`'s, token for token in float32, with prompts and outputs longer than the sliding
 window, on the C kernels and on SDPA, under chunked prefill, preemption, prefix caching and both
-policies. Tiny random-weight models built from configs; MoE blocks run as the HF modules."""
+policies, and when rows stopped in flight continue. Tiny random-weight models built from configs;
+MoE blocks run as the HF modules."""
 
 from __future__ import annotations
 
@@ -126,3 +127,41 @@ def test_fused_cpu_paths_apply_only_where_the_math_is_llamas(caplog):
     assert "MistralRMSNorm fused" in text and "MistralMLP fused" in text
     assert "MixtralSparseMoeBlock kept its own forward" in text or "mixtral" not in SHIPPED
     assert text.count("Gemma3RMSNorm") == 1
+
+
+@pytest.mark.parametrize("stop_after_steps", [4, 15])
+def test_rows_stopped_in_flight_continue_to_the_same_tokens(family, stop_after_steps, tokenizer):
+    """A stop (SIGTERM's path: in-flight rows checkpointed between steps) and a rerun that
+    continues each row from its tokens so far: the same tokens as one uninterrupted run, once the
+    continued rows' prompt plus tokens are longer than the window."""
+    import dataclasses
+
+    from batchgen.engine.request import Continuation
+
+    name, model, prompts, refs = family
+    config = EngineConfig(block_size=4, num_kv_blocks=128, max_num_seqs=4, max_num_batched_tokens=24)
+    requests = [Request(str(i), p, SamplingParams(max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True))
+                for i, p in enumerate(prompts)]
+    first = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
+    done, in_flight, steps = {}, {}, [0]
+
+    class Stop(Exception):
+        pass
+
+    def between_steps():
+        steps[0] += 1
+        if steps[0] == stop_after_steps:
+            in_flight.update({r.request_id: c for r, c in first.in_flight()})
+            raise Stop
+
+    with pytest.raises(Stop):
+        for c in first.generate(requests, between_steps=between_steps):
+            done[c.request_id] = c.token_ids
+    assert in_flight
+    resumed = [dataclasses.replace(r, continuation=in_flight.get(r.request_id)) for r in requests
+               if r.request_id not in done]
+    assert all(c is None or isinstance(c, Continuation) for c in (r.continuation for r in resumed))
+    second = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
+    done.update({c.request_id: c.token_ids for c in second.generate(resumed)})
+    mismatched = {i: (done[str(i)], ref) for i, ref in enumerate(refs) if done[str(i)] != ref}
+    assert not mismatched, f"{name}: {mismatched}"
