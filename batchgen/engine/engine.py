@@ -79,6 +79,12 @@ class LLMEngine:
         self.block_size = block_size
         self.backend = make_backend(backend)
         self.use_cuda_graphs = self._graphs_possible(config)
+        # blocks leave the pool's hold once out of the window only where every layer has the same
+        # one: a full-attention layer (Gemma, gpt-oss) would need its own block table (not yet)
+        self.kv_window = families.uniform_window(model.config)
+        if self.kv_window is not None:
+            log.info("KV: every layer attends a %d-token window; blocks that leave it return to the pool",
+                     self.kv_window)
         spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         num_blocks, self.max_tokens_per_seq = plan_kv_blocks(
             model, spec, self.device, config, max_model_len=self.max_model_len, use_cuda_graphs=self.use_cuda_graphs)
@@ -130,7 +136,8 @@ class LLMEngine:
         self.kv_cache = KVCache(self.spec, num_blocks, self.device)
         self.runner.kv_cache = self.kv_cache
         usable = num_blocks - 1 if self.use_cuda_graphs else num_blocks
-        self.block_manager = BlockManager(usable, self.block_size, self.config.enable_prefix_caching)
+        self.block_manager = BlockManager(usable, self.block_size, self.config.enable_prefix_caching,
+                                          sliding_window=self.kv_window)
 
     def _capture_graphs(self) -> None:
         if not self.use_cuda_graphs:

@@ -94,7 +94,7 @@ def test_greedy_tokens_equal_generate(family, config_name, tokenizer):
     mismatched = {i: (got[str(i)], ref) for i, ref in enumerate(refs) if got[str(i)] != ref}
     assert not mismatched, f"{name}: {mismatched}"
     summary = engine.metrics.summary()
-    if config_name == "chunked-preempted":
+    if config_name == "chunked-preempted" and engine.kv_window is None:  # a window's KV fits: no preemption
         assert summary["num_preemptions"] >= 1
     if config_name in ("cpu", "sdpa"):
         assert summary["num_prefix_hit_tokens"] >= 24  # the shared prefix's full blocks

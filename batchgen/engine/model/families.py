@@ -87,6 +87,13 @@ def layer_windows(config: PretrainedConfig) -> list[int | None]:
     return [window] * config.num_hidden_layers
 
 
+def uniform_window(config: PretrainedConfig) -> int | None:
+    """The sliding window every layer shares (Mistral v0.1, Mixtral with a window, Qwen2/3 with
+    max_window_layers 0), else None: a model with a full-attention layer keeps all its KV."""
+    windows = set(layer_windows(config))
+    return windows.pop() if len(windows) == 1 and None not in windows else None
+
+
 def describe(config: PretrainedConfig) -> str:
     """One line for the log: the attention features a model uses."""
     config = text_config(config)
