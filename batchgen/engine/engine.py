@@ -81,7 +81,7 @@ class LLMEngine:
         self.use_cuda_graphs = self._graphs_possible(config)
         # blocks leave the pool's hold once out of the window only where every layer has the same
         # one: a full-attention layer (Gemma, gpt-oss) would need its own block table (not yet)
-        self.kv_window = families.uniform_window(model.config)
+        self.kv_window = families.kv_window(model)
         if self.kv_window is not None:
             log.info("KV: every layer attends a %d-token window; blocks that leave it return to the pool",
                      self.kv_window)
@@ -92,6 +92,7 @@ class LLMEngine:
             self.use_cuda_graphs = False  # no block to spare for the padding rows
         self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile,
                                   eos_token_ids=eos_token_ids)
+        self.runner.kv_window = self.kv_window
         self._allocate_cache(num_blocks)
         self.limits = sizing.resolve_limits(
             device_type=self.device.type, kv_capacity_tokens=self.block_manager.num_blocks * block_size,

@@ -80,3 +80,18 @@ def test_prefix_hits_and_preemption_under_a_dropping_window(tokenizer):
     summary = engine.metrics.summary()
     assert summary["num_prefix_hit_tokens"] > 0 and summary["num_preemptions"] >= 1
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_layer_that_attends_past_the_dropped_blocks_is_an_error_not_a_wrong_answer(tokenizer):
+    from transformers import Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**_common(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0))
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32).eval()
+    engine = LLMEngine(copy.deepcopy(model), tokenizer, EngineConfig(block_size=4, num_kv_blocks=64), eos_token_ids=[])
+    assert engine.kv_window == WINDOW
+    engine.model.model.layers[1].self_attn.sliding_window = None  # now disagrees with what the cache keeps
+    with pytest.raises(RuntimeError, match="keeps only the last 12"):
+        list(engine.generate([Request("r", list(range(5, 40)), SamplingParams(max_new_tokens=2))]))
+    model.model.layers[0].self_attn.sliding_window = 7  # seen at engine start: all KV is kept
+    assert LLMEngine(model, tokenizer, EngineConfig(block_size=4, num_kv_blocks=64)).kv_window is None

@@ -36,6 +36,8 @@ class AttentionMetadata:
     backend: AttentionBackend
     step: Any  # what `backend.build_metadata` built for this step
     kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # int8 pages: per layer k, v [num_slots, kv_heads]
+    # the window the block manager drops blocks behind (kv/block_manager.py); every layer must attend it
+    kv_window: int | None = None
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -80,6 +82,10 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
         k_scale, v_scale = meta.kv_scales[layer_idx]
         kv_quant.write(k_cache, v_cache, k_scale, v_scale, meta.slot_mapping, k, v)
 
+    if meta.kv_window is not None and sliding_window != meta.kv_window:
+        # blocks behind the window are gone: a layer attending further back would read other rows' K/V
+        raise RuntimeError(f"layer {layer_idx} attends a window of {sliding_window or 'all'} tokens, but the KV "
+                           f"cache keeps only the last {meta.kv_window}: the model's config and its attention disagree")
     layer = LayerKV(k_cache, v_cache, meta.block_size, k_scale, v_scale)
     rules = NO_RULES
     if sliding_window or softcap or sinks is not None:

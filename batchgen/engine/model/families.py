@@ -9,10 +9,14 @@ q/k norms and final logit softcapping are the HF modules' own code and need noth
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from transformers import PretrainedConfig
 
 from batchgen.errors import UnsupportedModelError
+
+log = logging.getLogger(__name__)
 
 # the layer kinds engine/attention/ implements; transformers names them in config.layer_types
 SUPPORTED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -92,6 +96,21 @@ def uniform_window(config: PretrainedConfig) -> int | None:
     max_window_layers 0), else None: a model with a full-attention layer keeps all its KV."""
     windows = set(layer_windows(config))
     return windows.pop() if len(windows) == 1 and None not in windows else None
+
+
+def kv_window(model) -> int | None:
+    """`uniform_window` of the model's config, where its attention modules agree (those that keep a
+    `sliding_window` of their own); None, logged, where one does not: then all KV is kept."""
+    window = uniform_window(model.config)
+    if window is None:
+        return None
+    for module in model.modules():
+        own = getattr(module, "sliding_window", window) if hasattr(module, "layer_idx") else window
+        if own != window:
+            log.warning("layer %s of %s attends a window of %s tokens, not the config's %d: keeping all KV",
+                        module.layer_idx, type(model).__name__, own, window)
+            return None
+    return window
 
 
 def describe(config: PretrainedConfig) -> str:
