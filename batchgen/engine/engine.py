@@ -26,7 +26,7 @@ from batchgen.engine.kernels import fused
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.metrics import EngineMetrics, StepStats
-from batchgen.engine.model import prepack
+from batchgen.engine.model import families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
@@ -56,7 +56,7 @@ class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None, *,
                  eos_token_ids: list[int] | None = None):
         self.config = config = config or EngineConfig()
-        attention.check_model_supported(model)
+        families.check_model(model)
         attention.register()
         model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
         self.model = model
@@ -72,11 +72,19 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
         if eos_token_ids is None:
             eos_token_ids = find_eos_token_ids(model, tokenizer)
-        backend, block_size, cache_dtype, reason = resolve_attention(config, self.device, model.dtype)
-        log.info("attention: %s, %d-token KV blocks (%s)", backend, block_size, reason)
+        backend, block_size, cache_dtype, reason = resolve_attention(config, self.device, model.dtype,
+                                                                     families.score_rules_used(model))
+        log.info("attention: %s, %d-token KV blocks (%s); model: %s", backend, block_size, reason,
+                 families.describe(model.config))
         self.block_size = block_size
         self.backend = make_backend(backend)
         self.use_cuda_graphs = self._graphs_possible(config)
+        # blocks leave the pool's hold once out of the window only where every layer has the same
+        # one: a full-attention layer (Gemma, gpt-oss) would need its own block table (not yet)
+        self.kv_window = families.kv_window(model)
+        if self.kv_window is not None:
+            log.info("KV: every layer attends a %d-token window; blocks that leave it return to the pool",
+                     self.kv_window)
         spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         num_blocks, self.max_tokens_per_seq = plan_kv_blocks(
             model, spec, self.device, config, max_model_len=self.max_model_len, use_cuda_graphs=self.use_cuda_graphs)
@@ -84,6 +92,7 @@ class LLMEngine:
             self.use_cuda_graphs = False  # no block to spare for the padding rows
         self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile,
                                   eos_token_ids=eos_token_ids)
+        self.runner.kv_window = self.kv_window
         self._allocate_cache(num_blocks)
         self.limits = sizing.resolve_limits(
             device_type=self.device.type, kv_capacity_tokens=self.block_manager.num_blocks * block_size,
@@ -128,7 +137,8 @@ class LLMEngine:
         self.kv_cache = KVCache(self.spec, num_blocks, self.device)
         self.runner.kv_cache = self.kv_cache
         usable = num_blocks - 1 if self.use_cuda_graphs else num_blocks
-        self.block_manager = BlockManager(usable, self.block_size, self.config.enable_prefix_caching)
+        self.block_manager = BlockManager(usable, self.block_size, self.config.enable_prefix_caching,
+                                          sliding_window=self.kv_window)
 
     def _capture_graphs(self) -> None:
         if not self.use_cuda_graphs:

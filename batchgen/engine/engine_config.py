@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import torch
 
 from batchgen.config.choices import Policy
+from batchgen.engine.attention.base import SCORE_RULE_FEATURES
 from batchgen.engine.attention.registry import BACKENDS, SET_BY_FLAG, select_backend
 from batchgen.engine.attention.sdpa import SdpaBackend
 from batchgen.engine.kv import quant as kv_quant
 from batchgen.engine.kv.cache import KVCacheSpec, plan_num_blocks, profile_activation_bytes
 from batchgen.engine.scheduler import sizing
-from batchgen.errors import ConfigError
+from batchgen.errors import ConfigError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,10 @@ class EngineConfig:
     fuse_pointwise: bool = True
 
 
-def resolve_attention(config: EngineConfig, device: torch.device,
-                      model_dtype: torch.dtype) -> tuple[str, int, torch.dtype, str]:
-    """(backend name, KV block size in tokens, KV cache dtype, why this backend) for `config` on `device`."""
+def resolve_attention(config: EngineConfig, device: torch.device, model_dtype: torch.dtype,
+                      score_rules: set[str] = frozenset()) -> tuple[str, int, torch.dtype, str]:
+    """(backend name, KV block size in tokens, KV cache dtype, why this backend) for `config` on `device`,
+    for a model whose layers need `score_rules` (ScoreRules fields: its window, softcap, sinks)."""
     try:
         choice = select_backend(config.attention_backend, device, config.block_size, model_dtype)
     except ValueError as e:
@@ -62,6 +64,14 @@ def resolve_attention(config: EngineConfig, device: torch.device,
                               f"({', '.join(n for n, b in BACKENDS.items() if b.reads_int8_pages)}), not {backend}")
         backend, block_size = SdpaBackend.name, config.block_size or SdpaBackend.default_block_size
         reason = f"auto: {BACKENDS[choice.name].describe} reads no int8 KV pages, so torch SDPA"
+    lacking = sorted(set(score_rules) - BACKENDS[backend].score_rules)
+    if lacking:
+        features = ", ".join(SCORE_RULE_FEATURES[f] for f in lacking)
+        if reason == SET_BY_FLAG:
+            raise UnsupportedModelError(f"the {backend} attention backend has no {features}, which this model uses; "
+                                        f"use --attention-backend sdpa")
+        backend, block_size = SdpaBackend.name, config.block_size or SdpaBackend.default_block_size
+        reason = f"auto: {BACKENDS[choice.name].describe} has no {features}, so torch SDPA"
     return backend, block_size, cache_dtype, reason
 
 

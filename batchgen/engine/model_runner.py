@@ -68,6 +68,7 @@ class ModelRunner:
         self.backend = backend
         self.sampler = Sampler(eos_token_ids)  # EOS ids: what min_tokens masks
         self.graphs: DecodeGraphs | None = None  # set by the engine once captured
+        self.kv_window: int | None = None  # set by the engine where its block manager drops blocks behind it
         self.timing = DeviceTiming()
         # the latest step's model call in seconds: the GPU timeline on CUDA (events), the host's
         # wall clock around the forward on the CPU (input packing and sampling excluded)
@@ -126,6 +127,7 @@ class ModelRunner:
             backend=self.backend,
             step=self.backend.build_metadata(packed, bs, dev),
             kv_scales=self.kv_cache.scales,
+            kv_window=self.kv_window,
         )
         ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
         t0 = time.perf_counter()

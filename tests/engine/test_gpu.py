@@ -9,6 +9,7 @@ against eager decode over the same kernel family.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
@@ -111,3 +112,33 @@ def test_fp8_kv_on_cuda_is_refused_naming_what_it_needs(tokenizer):
     model = make_tiny_model("llama", seed=1).to("cuda", torch.bfloat16)
     with pytest.raises(ConfigError, match="flash-attn 3"):
         LLMEngine(model, tokenizer, EngineConfig(kv_cache_bytes=64 * 2**20, kv_cache_dtype="fp8"), eos_token_ids=[-1])
+
+
+def _windowed_mistral(seed: int):
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    from tests.tiny import _common
+
+    torch.manual_seed(seed)
+    config = MistralConfig(**_common(sliding_window=32, head_dim=64, hidden_size=256, num_attention_heads=4))
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32).eval()
+
+
+def test_float32_sliding_window_greedy_equals_generate_on_cuda(tokenizer):
+    model = _windowed_mistral(3).cuda()
+    prompts, max_new = _workload(3, n=12)
+    refs = _generate_refs(model, prompts, max_new)
+    _, got = _engine_tokens(model, tokenizer, EngineConfig(attention_backend="sdpa", kv_cache_bytes=64 * 2**20,
+                                                           max_num_batched_tokens=128), prompts, max_new)
+    assert got == refs
+
+
+@pytest.mark.skipif(not _flash_installed(), reason="needs flash-attn")
+def test_flash_sliding_window_graph_decode_matches_eager(tokenizer):
+    # flash-attn's window_size against itself (bf16), as the full-attention test above: graphs vs eager
+    model = _windowed_mistral(4).to("cuda", torch.bfloat16)
+    prompts, max_new = _workload(4, n=16)
+    config = EngineConfig(attention_backend="flash", kv_cache_bytes=256 * 2**20, max_num_seqs=16)
+    graphed, with_graphs = _engine_tokens(model, tokenizer, config, prompts, max_new)
+    _, eager = _engine_tokens(model, tokenizer, dataclasses.replace(config, cuda_graphs=False), prompts, max_new)
+    assert graphed.use_cuda_graphs and with_graphs == eager

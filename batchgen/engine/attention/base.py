@@ -43,13 +43,43 @@ class LayerKV:
         return self.k_cache.view(shape), self.v_cache.view(shape)
 
 
+@dataclass(frozen=True, slots=True)
+class ScoreRules:
+    """How one layer turns its scaled q . k scores into probabilities, beyond causality: what
+    transformers passes the attention function as `sliding_window`, `softcap` and `s_aux`."""
+
+    sliding_window: int | None = None  # query i sees keys j with i - sliding_window < j <= i (transformers' rule)
+    softcap: float | None = None  # scores -> tanh(scores / softcap) * softcap, before the mask (Gemma 2)
+    sinks: torch.Tensor | None = None  # [num_heads] float32: a logit in each head's softmax denominator (gpt-oss)
+
+    @property
+    def plain(self) -> bool:
+        return self.sliding_window is None and self.softcap is None and self.sinks is None
+
+    def first_key(self, query_pos: int) -> int:
+        """The first key position query position `query_pos` attends."""
+        return 0 if self.sliding_window is None else max(0, query_pos - self.sliding_window + 1)
+
+
+NO_RULES = ScoreRules()
+
+# what a backend class lists in `score_rules`: the ScoreRules fields it honours
+SCORE_RULE_FEATURES = {"sliding_window": "sliding-window attention", "softcap": "attention logit softcapping",
+                       "sinks": "attention sinks"}
+
+
+def rules_used(rules: ScoreRules) -> set[str]:
+    return {name for name in SCORE_RULE_FEATURES if getattr(rules, name) is not None}
+
+
 DEFAULT_BLOCK_SIZE = 16  # tokens per page where a kernel has no size of its own: little waste in a short last page
 
 
 class AttentionBackend(Protocol):
     """A backend class also states its rules as class attributes (registry.py reads them):
-    `default_block_size`, `block_size_multiple`, `reads_int8_pages`, `supports_cuda_graphs`, and
-    `available(device, dtype)` / `requirement(device, dtype)` (the error where it is not)."""
+    `default_block_size`, `block_size_multiple`, `reads_int8_pages`, `supports_cuda_graphs`,
+    `score_rules` (which ScoreRules fields it honours), and `available(device, dtype)` /
+    `requirement(device, dtype)` (the error where it is not)."""
 
     name: str
 
@@ -57,8 +87,9 @@ class AttentionBackend(Protocol):
         """Per-step tensors for `forward`, built once and shared by every layer."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: Any,
-                scale: float) -> torch.Tensor:
-        """q [T, heads, head_dim], the step's new k/v [T, kv_heads, head_dim] -> out [T, heads, head_dim].
+                scale: float, rules: ScoreRules = NO_RULES) -> torch.Tensor:
+        """q [T, heads, head_dim], the step's new k/v [T, kv_heads, head_dim] -> out [T, heads, head_dim];
+        scores are q . k * scale, then `rules` (the layer's window, softcap, sinks).
         With int8 pages k/v are the model's values, not quantized: a path attending over them rather
         than the pages must see them as the pages hold them (kv_quant.fake_quantize)."""
 

@@ -1,6 +1,7 @@
 """The CPU default: decode through the C kernel that reads K/V in place from the pages
 (engine/kernels/native.py), prefill chunks through the C prefill kernel (engine/kernels/native_prefill.py) where
-it has one for the dtypes and head size (int8 pages included), else through the SDPA backend's path."""
+it has one for the dtypes and head size (int8 pages included), else through the SDPA backend's path.
+Both kernels honour a layer's sliding window, softcap and sinks (engine/attention/base.py's ScoreRules)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, LayerKV, PackedSeq, block_table_tensor
+from batchgen.engine.attention.base import (
+    DEFAULT_BLOCK_SIZE,
+    NO_RULES,
+    LayerKV,
+    PackedSeq,
+    ScoreRules,
+    block_table_tensor,
+)
 from batchgen.engine.attention.sdpa import PrefillSeq, build_prefills, prefill_forward
 from batchgen.engine.kernels import native, native_prefill
 
@@ -46,6 +54,7 @@ class CpuBackend:
     block_size_multiple = 1
     reads_int8_pages = True
     supports_cuda_graphs = False
+    score_rules = frozenset({"sliding_window", "softcap", "sinks"})
 
     @staticmethod
     def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -62,13 +71,13 @@ class CpuBackend:
                               native_prefill.PrefillBatch.build(seqs, block_size), seqs, block_size, device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: NativeMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, rules: ScoreRules = NO_RULES) -> torch.Tensor:
         out = q.new_empty(q.shape)  # dense [T, num_heads, head_dim], whatever q's strides
         scales = None if layer.k_scale is None else (layer.k_scale, layer.v_scale)
         nd = metadata.decode
         if nd is not None:
             od = native.load()(q.index_select(0, nd.token_idx), layer.k_cache, layer.v_cache, nd.block_tables,
-                               nd.context_lens, layer.block_size, scale, scales)
+                               nd.context_lens, layer.block_size, scale, scales, rules)
             out.index_copy_(0, nd.token_idx, od)
         if metadata.prefill is not None:
             kernel = native_prefill.load()
@@ -76,9 +85,9 @@ class CpuBackend:
             # first): int8 pages give the new tokens as the cache stores them, as every later read
             if kernel is not None and kernel.supports(q.dtype, layer.k_cache.dtype, q.shape[2]):
                 kernel(q.contiguous(), out, layer.k_cache, layer.v_cache, metadata.prefill, layer.block_size, scale,
-                       scales)
+                       scales, rules)
             else:
-                prefill_forward(q, k, v, layer, metadata.sdpa_prefills(), scale, out)
+                prefill_forward(q, k, v, layer, metadata.sdpa_prefills(), scale, out, rules)
         return out
 
 

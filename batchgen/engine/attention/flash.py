@@ -3,7 +3,11 @@ launch per layer. Its pages must hold a multiple of 256 tokens.
 
 Decode steps captured as CUDA graphs (engine/model/cuda_graphs.py) use `flash_attn_with_kvcache`
 instead: its launch depends only on the batch size and the static block table / cache_seqlens
-buffers, not on a host-side max_seqlen_k that would be baked into the graph."""
+buffers, not on a host-side max_seqlen_k that would be baked into the graph.
+
+Both calls take the layer's sliding window as `window_size=(window - 1, 0)` (flash-attn counts the
+keys left of the query, transformers the keys including it) and softcapping as `softcap`;
+flash-attn 2 has no attention sinks, so a model with them runs on another backend."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine.attention.base import LayerKV, PackedSeq, cdiv
+from batchgen.engine.attention.base import NO_RULES, LayerKV, PackedSeq, ScoreRules, cdiv
 
 FLASH_BLOCK_SIZE_MULTIPLE = 256  # flash-attn 2 paged KV needs pages of a multiple of 256 tokens
 
@@ -55,6 +59,7 @@ class FlashBackend:
     block_size_multiple = FLASH_BLOCK_SIZE_MULTIPLE
     reads_int8_pages = False
     supports_cuda_graphs = True
+    score_rules = frozenset({"sliding_window", "softcap"})
 
     @staticmethod
     def requirement(device: torch.device, dtype: torch.dtype | None = None) -> str:
@@ -89,16 +94,30 @@ class FlashBackend:
         return FlashDecodeMetadata(block_table=block_table, cache_seqlens=context_lens)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV,
-                metadata: FlashMetadata | FlashDecodeMetadata, scale: float) -> torch.Tensor:
+                metadata: FlashMetadata | FlashDecodeMetadata, scale: float,
+                rules: ScoreRules = NO_RULES) -> torch.Tensor:
+        assert rules.sinks is None, "flash-attn 2 has no attention sinks (engine_config.resolve_attention)"
+        extra = flash_rule_kwargs(rules)
         if isinstance(metadata, FlashDecodeMetadata):  # one query token per row; the new K/V are in the cache
             k_blocks, v_blocks = layer.blocks()
             out = flash_attn_with_kvcache()(q.contiguous().unsqueeze(1), k_blocks, v_blocks,
                                             cache_seqlens=metadata.cache_seqlens, block_table=metadata.block_table,
-                                            softmax_scale=scale, causal=True)
+                                            softmax_scale=scale, causal=True, **extra)
             return out.squeeze(1)  # [B, num_heads, head_dim]
         # flash-attn aligns causal masks bottom-right when seqlen_q < seqlen_k (>= 2.1), which is
         # exactly "query i of a chunk sees the cached past plus new tokens up to itself".
         k_blocks, v_blocks = layer.blocks()
         return flash_attn_varlen_func()(
             q.contiguous(), k_blocks, v_blocks, metadata.cu_seqlens_q, metadata.cu_seqlens_k, metadata.max_seqlen_q,
-            metadata.max_seqlen_k, softmax_scale=scale, causal=True, block_table=metadata.block_table)
+            metadata.max_seqlen_k, softmax_scale=scale, causal=True, block_table=metadata.block_table, **extra)
+
+
+def flash_rule_kwargs(rules: ScoreRules) -> dict:
+    """flash-attn's arguments for a layer's window and softcap; none for a plain layer (any flash-attn 2)."""
+    kwargs: dict = {}
+    if rules.sliding_window is not None:
+        # flash-attn's left window counts the keys before the query; transformers' window includes it
+        kwargs["window_size"] = (rules.sliding_window - 1, 0)
+    if rules.softcap is not None:
+        kwargs["softcap"] = rules.softcap
+    return kwargs

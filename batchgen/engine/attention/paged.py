@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 
-from batchgen.engine.attention.base import AttentionBackend, LayerKV
+from batchgen.engine.attention.base import NO_RULES, AttentionBackend, LayerKV, ScoreRules
 from batchgen.engine.forward_context import current_metadata
 from batchgen.engine.kv import quant as kv_quant
-from batchgen.errors import UnsupportedModelError
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
 
@@ -37,35 +36,38 @@ class AttentionMetadata:
     backend: AttentionBackend
     step: Any  # what `backend.build_metadata` built for this step
     kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # int8 pages: per layer k, v [num_slots, kv_heads]
-
-
-class UnsupportedAttentionFeature(UnsupportedModelError, RuntimeError):
-    """The model asked for an attention feature this engine does not implement."""
+    # the window the block manager drops blocks behind (kv/block_manager.py); every layer must attend it
+    kv_window: int | None = None
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                             value: torch.Tensor, attention_mask: torch.Tensor | None,
-                            scaling: float | None = None, dropout: float = 0.0,
+                            scaling: float | None = None, dropout: float = 0.0, sliding_window: int | None = None,
+                            softcap: float | None = None, s_aux: torch.Tensor | None = None,
                             **kwargs) -> tuple[torch.Tensor, None]:
     """The function transformers calls per layer; traceable, so torch.compile keeps one graph.
 
-    Everything that depends on the step (the metadata, the cache tensors) is read inside the
-    opaque `batchgen::paged_attention` op at run time, never here, so a compiled forward neither
-    breaks its graph at every layer nor guards on per-step Python objects.
+    The layer's own attention rules come as transformers passes them to every attention function:
+    `scaling` (Gemma: query_pre_attn_scalar ** -0.5), `sliding_window` (the layer's window, None on
+    full-attention layers), `softcap` (Gemma 2's attention logit softcapping) and `s_aux` (gpt-oss's
+    per-head sinks). Everything that depends on the step (the metadata, the cache tensors) is read
+    inside the opaque `batchgen::paged_attention` op at run time, never here, so a compiled forward
+    neither breaks its graph at every layer nor guards on per-step Python objects.
     """
     # query: [1, num_heads, T, head_dim]; key/value: [1, num_kv_heads, T, head_dim]
-    _reject_unsupported(module, kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = torch.ops.batchgen.paged_attention(query[0].transpose(0, 1), key[0].transpose(0, 1),
-                                             value[0].transpose(0, 1), module.layer_idx, float(scale))
+                                             value[0].transpose(0, 1), module.layer_idx, float(scale),
+                                             int(sliding_window or 0), float(softcap or 0.0), s_aux)
     return out.unsqueeze(0), None  # [1, T, num_heads, head_dim]
 
 
 @torch.library.custom_op("batchgen::paged_attention", mutates_args=())
 def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int,
-                        scale: float) -> torch.Tensor:
-    # q: [T, num_heads, head_dim]; k/v: [T, num_kv_heads, head_dim]. Writes this layer's new K/V
-    # into the paged cache (a side effect on tensors the compiler never sees) and attends.
+                        scale: float, sliding_window: int, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    # q: [T, num_heads, head_dim]; k/v: [T, num_kv_heads, head_dim]; sinks: [num_heads] or None.
+    # sliding_window 0 and softcap 0.0 mean none. Writes this layer's new K/V into the paged cache
+    # (a side effect on tensors the compiler never sees) and attends.
     meta = current_metadata()
     if meta is None:
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention runs only inside batchgen's engine; "
@@ -80,48 +82,22 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
         k_scale, v_scale = meta.kv_scales[layer_idx]
         kv_quant.write(k_cache, v_cache, k_scale, v_scale, meta.slot_mapping, k, v)
 
+    if meta.kv_window is not None and sliding_window != meta.kv_window:
+        # blocks behind the window are gone: a layer attending further back would read other rows' K/V
+        raise RuntimeError(f"layer {layer_idx} attends a window of {sliding_window or 'all'} tokens, but the KV "
+                           f"cache keeps only the last {meta.kv_window}: the model's config and its attention disagree")
     layer = LayerKV(k_cache, v_cache, meta.block_size, k_scale, v_scale)
-    return meta.backend.forward(q, k, v, layer, meta.step, scale)
+    rules = NO_RULES
+    if sliding_window or softcap or sinks is not None:
+        rules = ScoreRules(sliding_window or None, softcap or None,
+                           None if sinks is None else sinks.detach().float().contiguous())
+    return meta.backend.forward(q, k, v, layer, meta.step, scale, rules)
 
 
 @_paged_attention_op.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float) -> torch.Tensor:
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float, sliding_window: int,
+      softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
-
-
-def _reject_unsupported(module: torch.nn.Module, kwargs: dict) -> None:
-    model_type = getattr(getattr(module, "config", None), "model_type", type(module).__name__)
-    if kwargs.get("sliding_window") is not None:
-        raise UnsupportedAttentionFeature(
-            f"model type {model_type!r} uses sliding-window attention, which batchgen does not support yet")
-    if kwargs.get("softcap") is not None:
-        raise UnsupportedAttentionFeature(
-            f"model type {model_type!r} uses attention logit softcapping, which batchgen does not support")
-    if kwargs.get("s_aux") is not None:
-        raise UnsupportedAttentionFeature(
-            f"model type {model_type!r} uses attention sinks, which batchgen does not support")
-
-
-def check_model_supported(model) -> None:
-    """Refuse, at engine start, a model whose attention this engine cannot run (the same features
-    `_reject_unsupported` refuses per call, caught before any KV cache is allocated)."""
-    config = getattr(model.config, "text_config", None) or model.config
-    name = getattr(model.config, "name_or_path", None) or config.model_type
-    if not getattr(model, "_supports_attention_backend", False):
-        raise UnsupportedModelError(f"model {name!r} does not use transformers' attention interface")
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        raise UnsupportedModelError(
-            f"model {name!r} ({config.model_type}) uses {sorted(set(layer_types) - {'full_attention'})} "
-            "layers; batchgen supports full-attention decoder models only")
-    if getattr(config, "use_sliding_window", False) or (
-            getattr(config, "sliding_window", None) and not hasattr(config, "use_sliding_window")
-            and not layer_types):
-        raise UnsupportedModelError(f"model {name!r} ({config.model_type}) uses sliding-window attention, "
-                                    "which batchgen does not support")
-    if getattr(config, "attn_logit_softcapping", None):
-        raise UnsupportedModelError(f"model {name!r} ({config.model_type}) uses attention softcapping, "
-                                    "which batchgen does not support")
 
 
 def register() -> None:

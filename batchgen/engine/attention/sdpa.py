@@ -3,6 +3,10 @@
 Decode sequences (one query token) are grouped by context length and each group runs one batched
 SDPA, padded to its longest context and masked; prefill chunks run one causal SDPA each, with the
 query offset by the tokens already cached. The CPU backend reuses the prefill half.
+
+A layer's sliding window narrows the same masks (built per window, once a step, at the first layer
+that needs it); softcapping and sinks, which SDPA has no argument for, go through
+explicit_attention with the same masks.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, LayerKV, PackedSeq, cdiv
+from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, NO_RULES, LayerKV, PackedSeq, ScoreRules, cdiv
+from batchgen.engine.attention.explicit import explicit_attention
 from batchgen.engine.kv import quant as kv_quant
 
 # decode sequences are grouped by context length so that padding to a group's longest context
@@ -28,6 +33,18 @@ class DecodeGroup:
     block_ids: torch.Tensor  # [B * max_num_blocks] each one's block table, padded with block 0
     mask: torch.Tensor  # [B, 1, 1, max_num_blocks * block_size] True where the key is real
     max_num_blocks: int
+    context_lens: torch.Tensor  # [B] on the host
+    _windowed: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def mask_for(self, sliding_window: int | None) -> torch.Tensor:
+        """`mask`, narrowed to the last `sliding_window` keys of each sequence (its query's window)."""
+        if sliding_window is None:
+            return self.mask
+        if sliding_window not in self._windowed:
+            key_pos = torch.arange(self.mask.shape[-1])[None, :]
+            seen = key_pos >= (self.context_lens[:, None] - sliding_window)
+            self._windowed[sliding_window] = self.mask & seen[:, None, None, :].to(self.mask.device)
+        return self._windowed[sliding_window]
 
 
 @dataclass(slots=True)
@@ -41,6 +58,24 @@ class PrefillSeq:
     # new K/V are the whole context and need no gather
     block_ids: torch.Tensor | None
     mask: torch.Tensor | None  # [num_new, context_len] causal with offset; None = plain causal
+    device: torch.device | None = None
+    _masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def mask_for(self, sliding_window: int | None, explicit: bool) -> torch.Tensor | None:
+        """The mask of a layer with this window ([num_new, context_len], True where seen); None for
+        plain causal attention where SDPA's is_causal does it (no window, no explicit scores)."""
+        if sliding_window is None and (self.mask is not None or not explicit):
+            return self.mask
+        key = sliding_window or 0
+        if key not in self._masks:
+            num_new = self.end - self.start
+            q_pos = torch.arange(self.context_len - num_new, self.context_len)[:, None]
+            k_pos = torch.arange(self.context_len)[None, :]
+            seen = k_pos <= q_pos
+            if sliding_window is not None:
+                seen &= k_pos > q_pos - sliding_window  # transformers' sliding_window_overlay
+            self._masks[key] = seen.to(self.device)
+        return self._masks[key]
 
 
 @dataclass(slots=True)
@@ -57,18 +92,19 @@ def build_prefills(seqs: list[PackedSeq], block_size: int, device: torch.device)
         end = s.start + s.num_new_tokens
         if s.num_past_tokens == 0:
             # no cached past: the new K/V are the whole context, plain causal attention
-            out.append(PrefillSeq(s.start, end, s.context_len, None, None))
+            out.append(PrefillSeq(s.start, end, s.context_len, None, None, device))
             continue
         q_pos = torch.arange(s.num_past_tokens, s.context_len)
         mask = torch.arange(s.context_len)[None, :] <= q_pos[:, None]  # [num_new, context_len]
         block_ids = torch.tensor(s.block_table[:cdiv(s.context_len, block_size)])
-        out.append(PrefillSeq(s.start, end, s.context_len, block_ids.to(device), mask.to(device)))
+        out.append(PrefillSeq(s.start, end, s.context_len, block_ids.to(device), mask.to(device), device))
     return out
 
 
 def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV,
-                    prefills: list[PrefillSeq], scale: float, out: torch.Tensor) -> None:
+                    prefills: list[PrefillSeq], scale: float, out: torch.Tensor, rules: ScoreRules = NO_RULES) -> None:
     k_blocks, v_blocks = layer.blocks()
+    explicit = rules.softcap is not None or rules.sinks is not None
     for p in prefills:
         qp = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, num_heads, n, head_dim]
         if p.block_ids is None:  # the new K/V as the pages hold them (int8 pages: quantized on write)
@@ -79,8 +115,14 @@ def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: La
             vp = kv_quant.gather(v_blocks, layer.v_scale, p.block_ids, q.dtype).flatten(0, 1)[: p.context_len]
         kp = kp.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context_len, head_dim]
         vp = vp.transpose(0, 1).unsqueeze(0)
-        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
-                                            scale=scale, enable_gqa=True)
+        mask = p.mask_for(rules.sliding_window, explicit)
+        if explicit:
+            group_size = qp.shape[1] // kp.shape[1]  # head h reads KV head h // group_size (repeat_kv's order)
+            op = explicit_attention(qp, kp.repeat_interleave(group_size, 1), vp.repeat_interleave(group_size, 1),
+                                    mask, scale, rules, None if rules.sinks is None else rules.sinks.view(-1, 1, 1))
+        else:
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=mask is None,
+                                                scale=scale, enable_gqa=True)
         out[p.start:p.end] = op[0].transpose(0, 1)
 
 
@@ -110,8 +152,10 @@ class SdpaBackend:
         return SdpaMetadata([_decode_group(g, block_size, device) for g in groups],
                             build_prefills(seqs, block_size, device))
 
+    score_rules = frozenset({"sliding_window", "softcap", "sinks"})
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: SdpaMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, rules: ScoreRules = NO_RULES) -> torch.Tensor:
         # NOTE: torch.empty_like(q) would copy q's transposed strides; the output must be dense
         out = q.new_empty(q.shape)  # [T, num_heads, head_dim]
         num_heads, head_dim = q.shape[1], q.shape[2]
@@ -127,9 +171,14 @@ class SdpaBackend:
             # "query positions" ([B, kv_heads, group_size, head_dim]), so GQA needs no repeated K/V.
             # Head h reads KV head h // group_size, as transformers' repeat_kv lays them out.
             qd = q.index_select(0, group.token_idx).view(batch, num_kv_heads, group_size, head_dim)
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
+            mask = group.mask_for(rules.sliding_window)
+            if rules.softcap is not None or rules.sinks is not None:
+                sinks = None if rules.sinks is None else rules.sinks.view(num_kv_heads, group_size, 1)
+                od = explicit_attention(qd, kd, vd, mask, scale, rules, sinks)
+            else:
+                od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale)
             out.index_copy_(0, group.token_idx, od.reshape(batch, num_heads, head_dim))
-        prefill_forward(q, k, v, layer, metadata.prefills, scale, out)
+        prefill_forward(q, k, v, layer, metadata.prefills, scale, out, rules)
         return out
 
 
@@ -147,4 +196,5 @@ def _decode_group(group: list[PackedSeq], block_size: int, device: torch.device)
         block_ids=torch.tensor(block_ids).to(device),
         mask=mask[:, None, None, :].to(device),
         max_num_blocks=max_num_blocks,
+        context_lens=context_lens,
     )

@@ -193,6 +193,7 @@ def fuse_pointwise(model: torch.nn.Module) -> int:
         return 0
     norm_ref, mlp_ref = _references()
     count = newly = 0
+    decisions: dict[str, str] = {}  # module class -> what was decided, logged once per model
     for module in model.modules():
         if getattr(module, "_batchgen_fused", False):  # a second engine on the same model
             count += 1
@@ -201,17 +202,36 @@ def fuse_pointwise(model: torch.nn.Module) -> int:
         if _same_code(forward, norm_ref) and isinstance(getattr(module, "weight", None), torch.Tensor) \
                 and module.weight.dtype == param.dtype and hasattr(module, "variance_epsilon"):
             module.forward = types.MethodType(_make_norm_forward(kernels, forward), module)
+            decisions[type(module).__name__] = "fused (Llama's RMSNorm)"
         elif _same_code(forward, mlp_ref) and _is_silu(getattr(module, "act_fn", None)):
             module.forward = types.MethodType(_make_mlp_forward(kernels, forward), module)
+            decisions[type(module).__name__] = "fused (Llama's SiLU(gate) * up MLP)"
         else:
+            why = _why_not_fused(module, forward, norm_ref, mlp_ref)
+            if why:
+                decisions.setdefault(type(module).__name__, f"kept its own forward ({why})")
             continue
         module._batchgen_fused = True
         count += 1
         newly += 1
-    if newly:
-        log.info("fused CPU kernels for %d RMSNorm/MLP modules", newly)
+    if newly or decisions:
+        log.info("fused CPU kernels for %d RMSNorm/MLP modules: %s", newly,
+                 "; ".join(f"{name} {what}" for name, what in sorted(decisions.items())) or "none")
     fuse_rope(model, kernels)
     return count
+
+
+def _why_not_fused(module: torch.nn.Module, forward, norm_ref, mlp_ref) -> str | None:
+    """Why a norm or MLP module keeps its own forward (its math differs from what the kernels
+    compute: Gemma's (1 + weight) norm, a GELU-tanh MLP, an MoE block); None for other modules."""
+    name = type(module).__name__
+    if _same_code(forward, mlp_ref):
+        return f"activation {type(getattr(module, 'act_fn', None)).__name__}, not SiLU"
+    if "Norm" in name:
+        return "not Llama's RMSNorm forward" if not _same_code(forward, norm_ref) else "weight dtype or layout"
+    if "MLP" in name or "Experts" in name or "MoE" in name or "Moe" in name:
+        return "not Llama's MLP forward"
+    return None
 
 
 def fuse_rope(model: torch.nn.Module, kernels: PointwiseKernels) -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from batchgen.engine.attention.base import NO_RULES, ScoreRules
 from batchgen.engine.kernels import kernel_cache
 from batchgen.runtime.cache_dir import cache_root
 
@@ -44,7 +45,7 @@ KERNEL_ARGS = (
     ("q", _P), ("out", _P), ("q_dtype", _I), ("k_cache", _P), ("v_cache", _P), ("kv_dtype", _I),
     ("block_tables", _P), ("max_num_blocks", _I), ("context_lens", _P), ("num_seqs", _I), ("num_heads", _I),
     ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I), ("scale", ctypes.c_float), ("num_threads", _I),
-    ("k_scales", _P), ("v_scales", _P),
+    ("k_scales", _P), ("v_scales", _P), ("sliding_window", _I), ("softcap", ctypes.c_float), ("sinks", _P),
 )
 
 
@@ -65,10 +66,12 @@ class PagedDecodeKernel:
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, block_size: int, scale: float,
-                 kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 rules: ScoreRules = NO_RULES) -> torch.Tensor:
         """q [B, num_heads, head_dim] -> out [B, num_heads, head_dim]; caches [num_slots, kv_heads, head_dim].
 
-        int8 caches need `kv_scales`: K's and V's bf16 scales, each [num_slots, kv_heads]."""
+        int8 caches need `kv_scales`: K's and V's bf16 scales, each [num_slots, kv_heads]. `rules`: the
+        layer's sliding window, softcap and sinks."""
         num_seqs, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
         assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -83,11 +86,21 @@ class PagedDecodeKernel:
             v_cache=v_cache.data_ptr(), kv_dtype=KV_DTYPE_CODES[k_cache.dtype], block_tables=block_tables.data_ptr(),
             max_num_blocks=block_tables.shape[1], context_lens=context_lens.data_ptr(), num_seqs=num_seqs,
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
-            scale=float(scale), num_threads=torch.get_num_threads(), k_scales=k_scales, v_scales=v_scales)
+            scale=float(scale), num_threads=torch.get_num_threads(), k_scales=k_scales, v_scales=v_scales,
+            **rule_args(rules, num_heads))
         failed = self._fn(*(args[name] for name, _ in KERNEL_ARGS))
         if failed:
             raise MemoryError("paged decode attention: out of memory for its scratch buffers")
         return out
+
+
+def rule_args(rules: ScoreRules, num_heads: int) -> dict:
+    """The C kernels' score-rule arguments: window 0 and softcap 0 mean none; sinks float32 [num_heads] or NULL."""
+    sinks = rules.sinks
+    if sinks is not None:
+        assert sinks.dtype == torch.float32 and sinks.is_contiguous() and sinks.shape == (num_heads,)
+    return dict(sliding_window=rules.sliding_window or 0, softcap=float(rules.softcap or 0.0),
+                sinks=None if sinks is None else sinks.data_ptr())
 
 
 def int8_scale_pointers(k_cache: torch.Tensor, kv_scales: tuple[torch.Tensor, torch.Tensor] | None

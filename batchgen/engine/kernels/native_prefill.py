@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from batchgen.engine.attention.base import PackedSeq, block_table_tensor
+from batchgen.engine.attention.base import NO_RULES, PackedSeq, ScoreRules, block_table_tensor
 from batchgen.engine.kernels import native
 
 SOURCE = Path(__file__).parent / "csrc" / "prefill_attention.c"
@@ -29,6 +29,7 @@ KERNEL_ARGS = (
     ("block_tables", _P), ("max_blocks", _I), ("q_starts", _P), ("num_new", _P), ("context_lens", _P),
     ("num_seqs", _I), ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I),
     ("scale", ctypes.c_float), ("num_threads", _I), ("k_scales", _P), ("v_scales", _P),
+    ("sliding_window", _I), ("softcap", ctypes.c_float), ("sinks", _P),
 )
 
 
@@ -73,11 +74,11 @@ class PagedPrefillKernel:
 
     def __call__(self, q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  batch: PrefillBatch, block_size: int, scale: float,
-                 kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None, rules: ScoreRules = NO_RULES) -> None:
         """Writes the prefill rows of out [T, heads, head_dim] from q (same shape, contiguous) and the
         caches [num_slots, kv_heads, head_dim], which already hold this step's K/V (so int8 pages give
         the new tokens' K/V as the cache stores them). int8 caches need `kv_scales`: K's and V's bf16
-        scales, each [num_slots, kv_heads]."""
+        scales, each [num_slots, kv_heads]. `rules`: the layer's sliding window, softcap and sinks."""
         _, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
         assert q.is_contiguous() and out.is_contiguous() and q.dtype == out.dtype
@@ -93,7 +94,7 @@ class PagedPrefillKernel:
             num_new=batch.num_new.data_ptr(), context_lens=batch.context_lens.data_ptr(),
             num_seqs=batch.q_starts.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             block_size=block_size, scale=float(scale), num_threads=torch.get_num_threads(), k_scales=k_scales,
-            v_scales=v_scales)
+            v_scales=v_scales, **native.rule_args(rules, num_heads))
         failed = self._fn(*(args[name] for name, _ in KERNEL_ARGS))
         if failed == 1:
             raise MemoryError("paged prefill attention: out of memory for its scratch buffers")

@@ -11,6 +11,14 @@ Sequences free their blocks in reverse, so a chain's tail is evicted before its 
 
 Prefix hashes are chained over full blocks: hash_i = hash((hash_{i-1}, tokens of block i)).
 Each cached block also keeps its tokens, so a hit is confirmed by equality, not by the hash alone.
+
+With a sliding window on every layer (`sliding_window`), a sequence's blocks whose tokens no later
+query can see any more go back to the pool after each step (`drop_out_of_window`), as freed
+blocks do: hashed ones stay in the prefix cache until evicted. Their block-table entries become
+DROPPED_BLOCK (block 0): the attention reads there at most keys its window masks (the C decode
+kernel not even those), and block 0 always holds finite values (the cache starts zeroed), so a
+masked key adds exactly 0. A prefix hit still needs the whole chain from the first block, so a
+hit is never longer than what the cache holds.
 """
 
 from __future__ import annotations
@@ -35,12 +43,18 @@ def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
+DROPPED_BLOCK = 0  # the block-table entry of a block dropped out of the window: a real block, read only masked
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: int | None = None):
         assert num_blocks >= 1 and block_size >= 1
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # tokens every layer's queries see back from themselves (themselves included); None: all
+        self.sliding_window = sliding_window
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block_id: dict[int, int] = {}
@@ -145,22 +159,41 @@ class BlockManager:
             seq.block_hashes.append(h)
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
+    def drop_out_of_window(self, seq: Sequence) -> int:
+        """Return the blocks of `seq` that no query from its next token on can see (all of their
+        tokens before `num_computed_tokens - sliding_window + 1`); how many it dropped. Call after
+        `cache_full_blocks`, so a dropped block keeps its place in the prefix cache."""
+        if self.sliding_window is None:
+            return 0
+        first_seen = seq.num_computed_tokens - self.sliding_window + 1  # the next query's first key
+        end = min(max(0, first_seen) // self.block_size, len(seq.block_table))
+        for i in range(seq.num_dropped_blocks, end):
+            self._release(seq.block_table[i])
+            seq.block_table[i] = DROPPED_BLOCK
+        dropped = max(0, end - seq.num_dropped_blocks)
+        seq.num_dropped_blocks = max(seq.num_dropped_blocks, end)
+        return dropped
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count >= 1
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            cached = (block.block_hash is not None
+                      and self.hash_to_block_id.get(block.block_hash) == block_id)
+            if not cached and block.block_hash is not None:
+                block.block_hash = None  # a private duplicate: nothing to keep
+                block.token_ids = None
+            self.free_queue[block_id] = None
+            if not cached:
+                self.free_queue.move_to_end(block_id, last=False)
+
     def free(self, seq: Sequence) -> None:
-        """Return every block of `seq` (tail first) and reset its cache bookkeeping."""
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            assert block.ref_count >= 1
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                cached = (block.block_hash is not None
-                          and self.hash_to_block_id.get(block.block_hash) == block_id)
-                if not cached and block.block_hash is not None:
-                    block.block_hash = None  # a private duplicate: nothing to keep
-                    block.token_ids = None
-                self.free_queue[block_id] = None
-                if not cached:
-                    self.free_queue.move_to_end(block_id, last=False)
+        """Return every block of `seq` it still holds (tail first) and reset its cache bookkeeping."""
+        for block_id in reversed(seq.block_table[seq.num_dropped_blocks:]):
+            self._release(block_id)
         seq.block_table.clear()
+        seq.num_dropped_blocks = 0
         seq.block_hashes.clear()
         seq.num_hashed_blocks = 0
 
@@ -169,8 +202,15 @@ class BlockManager:
         """Raise AssertionError if the pool's bookkeeping is inconsistent."""
         owners: dict[int, int] = {}
         for seq in live_seqs or []:
-            assert len(set(seq.block_table)) == len(seq.block_table), f"seq {seq.seq_id} repeats a block"
-            for block_id in seq.block_table:
+            held = seq.block_table[seq.num_dropped_blocks:]
+            assert all(b == DROPPED_BLOCK for b in seq.block_table[:seq.num_dropped_blocks])
+            assert len(set(held)) == len(held), f"seq {seq.seq_id} repeats a block"
+            if self.sliding_window is None:
+                assert seq.num_dropped_blocks == 0
+            else:  # never a block some later query still sees
+                assert seq.num_dropped_blocks * self.block_size <= max(
+                    0, seq.num_computed_tokens - self.sliding_window + 1)
+            for block_id in held:
                 owners[block_id] = owners.get(block_id, 0) + 1
         for block in self.blocks:
             in_free = block.block_id in self.free_queue

@@ -24,6 +24,7 @@ import transformers
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from batchgen.engine.model import families, gguf_metadata
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
 from batchgen.runtime.cache_dir import cache_root
 
@@ -110,6 +111,7 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     name = DEFAULT_MODEL if name_or_path in (None, DEFAULT_MODEL) else str(name_or_path)
+    refuse_unsupported(name, trust_remote_code)  # before a GGUF conversion or any weight is read
     model_dir, revision, gguf = _locate(name)
 
     streamed = None
@@ -139,6 +141,27 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision,
                        device=torch_device, dtype=torch_dtype, eos_token_ids=find_eos_token_ids(model, tokenizer),
                        max_context_tokens=_max_context(name, model, tokenizer), quantization=quantization)
+
+
+def refuse_unsupported(name: str, trust_remote_code: bool = False) -> None:
+    """Refuse a model the engine cannot run from its config alone (GGUF metadata or config.json),
+    naming what is missing (engine/model/families.py). Says nothing where the config cannot be read
+    cheaply (a hub id not in the local cache): the load and the engine's own check report it."""
+    local = Path(os.path.expanduser(name))
+    if name == DEFAULT_MODEL:
+        return  # the embedded Llama
+    if local.is_file() and local.suffix == ".gguf":
+        config = gguf_metadata.config_from_gguf(local)
+    elif local.is_dir() and (local / "config.json").is_file():
+        try:
+            config = AutoConfig.from_pretrained(local, local_files_only=True, trust_remote_code=trust_remote_code)
+        except Exception:  # a broken config: from_pretrained reports it in its own words
+            return
+    else:
+        return
+    if config is not None:
+        families.check_config(config, name)
+        log.info("model %s (%s): %s", name, config.model_type, families.describe(config))
 
 
 def _locate(name: str, *, convert: bool = True) -> tuple[str, str, Path | None]:

@@ -266,6 +266,7 @@ class Scheduler:
             s.seq.num_computed_tokens += s.num_new_tokens
             assert s.seq.num_computed_tokens <= s.seq.num_tokens
             self.block_manager.cache_full_blocks(s.seq)
+            self.block_manager.drop_out_of_window(s.seq)
         for seq, token_id in zip(samplers, sampled_token_ids, strict=True):
             seq.append_token(token_id)
         return samplers

@@ -30,6 +30,9 @@ class Sequence:
     num_prompt_tokens: int
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)  # physical block ids, in token order
+    # its first blocks that fell out of the sliding window of every layer and went back to the pool
+    # (kv/block_manager.py, drop_out_of_window): their entries stay in block_table as DROPPED_BLOCK
+    num_dropped_blocks: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     # full blocks of this sequence already registered in the prefix cache (a prefix of block_table)

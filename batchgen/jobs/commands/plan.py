@@ -87,7 +87,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             p50_tally.add(r.prediction.p50)
             p90_tally.add(r.prediction.p90)
         entry = plan.describe()
-        entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token)
+        entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token, engine.kv_window, budget)
         shards.append(entry)
         work.append(window_work(plan, budget))
 

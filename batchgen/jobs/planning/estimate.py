@@ -120,16 +120,25 @@ def window_work(plan: WindowPlan, budget: int) -> WindowWork:
                       sum(r.prediction.p50 for r in plan.rows), static_steps)
 
 
-def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token: int) -> dict[str, int]:
+def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token: int,
+             kv_window: int | None = None, budget: int | None = None) -> dict[str, int]:
     """KV memory the shard needs at its peak: the largest static batch's reservations (prompt + p90,
-    whole blocks), or for continuous the batch_size longest rows at prompt + p50."""
+    whole blocks), or for continuous the batch_size longest rows at prompt + p50. With `kv_window`
+    (every layer's sliding window, whose out-of-window blocks the engine returns) a continuous row
+    holds at most its window plus one step's chunk of `budget` tokens; static reservations are
+    taken whole at admission, so they count every token."""
     def blocks(r: PlannedRow, out: int) -> int:
         return ceil_div(r.num_prompt_tokens + out, block_size)
+
+    def held_blocks(r: PlannedRow, out: int) -> int:
+        if kv_window is None:
+            return blocks(r, out)
+        return min(blocks(r, out), ceil_div(kv_window + (budget or r.num_prompt_tokens), block_size) + 1)
 
     static = 0
     for batch in batch_slices(plan.rows, plan.static_batches):
         static = max(static, sum(blocks(r, r.prediction.p90) for r in batch))
-    longest = sorted((blocks(r, r.prediction.p50) for r in plan.rows), reverse=True)[:batch_size]
+    longest = sorted((held_blocks(r, r.prediction.p50) for r in plan.rows), reverse=True)[:batch_size]
     per_block = block_size * bytes_per_token
     result = {"static": static * per_block, "continuous": sum(longest) * per_block}
     result["needed"] = result[plan.mode]

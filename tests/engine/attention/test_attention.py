@@ -11,11 +11,7 @@ from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Mistra
 
 from batchgen.engine.attention import paged as attention
 from batchgen.engine.attention import registry
-from batchgen.engine.attention.paged import (
-    ATTN_IMPLEMENTATION,
-    UnsupportedAttentionFeature,
-    paged_attention_forward,
-)
+from batchgen.engine.attention.paged import ATTN_IMPLEMENTATION, paged_attention_forward
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.forward_context import current_metadata, forward_context
 from batchgen.engine.kv.block_manager import BlockManager
@@ -75,20 +71,6 @@ def test_forward_context_does_not_nest_and_always_clears():
         with forward_context(meta):
             raise ValueError("boom")
     assert current_metadata() is None
-
-
-@pytest.mark.parametrize(("config", "attn", "match"), [
-    (MistralConfig(**TINY, sliding_window=16), "sdpa", "sliding-window"),
-    (Gemma2Config(**TINY, head_dim=16, layer_types=["full_attention"] * 2, sliding_window=None,
-                  attn_logit_softcapping=50.0), "eager", "softcapping"),
-], ids=["sliding_window", "softcap"])
-def test_attention_itself_refuses_features_it_lacks(config, attn, match, tokenizer, monkeypatch):
-    # second line of defence: should a model slip past the engine's config check, the attention
-    # function refuses the kwargs it cannot honour rather than silently attend the wrong way
-    monkeypatch.setattr(attention, "check_model_supported", lambda model: None)
-    engine = LLMEngine(build(config, attn), tokenizer, EngineConfig(num_kv_blocks=8))
-    with pytest.raises(UnsupportedAttentionFeature, match=match):
-        list(engine.generate([Request("r", [5, 6, 7], SamplingParams(max_new_tokens=2))]))
 
 
 # ---- the packed computation against plain attention -------------------------------------------------
@@ -190,32 +172,25 @@ def assert_rejected(model, tokenizer, match: str):
     assert model.config._attn_implementation == before, "a rejected model must be left as it was"
 
 
-def test_mistral_with_a_sliding_window_is_rejected(tokenizer):
-    assert_rejected(build(MistralConfig(**TINY, sliding_window=16)), tokenizer, "sliding-window")
+def test_a_layer_kind_the_engine_lacks_is_rejected(tokenizer):
+    config = Qwen2Config(**TINY, layer_types=["full_attention", "linear_attention"])
+    assert_rejected(build(config), tokenizer, "linear_attention")
 
 
-def test_qwen2_with_sliding_window_layers_is_rejected(tokenizer):
-    config = Qwen2Config(**TINY, use_sliding_window=True, sliding_window=16, max_window_layers=1,
-                         layer_types=["full_attention", "sliding_attention"])
-    assert_rejected(build(config), tokenizer, "sliding_attention")
-
-
-def test_qwen2_flagged_for_sliding_window_is_rejected(tokenizer):
-    # use_sliding_window alone, every layer full: still refused (the flag is the model's intent)
-    config = Qwen2Config(**TINY, use_sliding_window=True, sliding_window=16, max_window_layers=2)
-    assert all(t == "full_attention" for t in config.layer_types)
-    assert_rejected(build(config), tokenizer, "sliding-window")
-
-
-def test_gemma2_is_rejected_for_its_sliding_layers(tokenizer):
+def test_bidirectional_attention_is_rejected(tokenizer):
     config = Gemma2Config(**TINY, head_dim=16)
-    assert "sliding_attention" in config.layer_types
-    assert_rejected(build(config, "eager"), tokenizer, "sliding_attention")
+    config.use_bidirectional_attention = True
+    assert_rejected(build(config, "eager"), tokenizer, "bidirectional")
 
 
-def test_gemma2_softcapping_is_rejected(tokenizer):
-    config = Gemma2Config(**TINY, head_dim=16, layer_types=["full_attention"] * 2, attn_logit_softcapping=50.0)
-    assert_rejected(build(config, "eager"), tokenizer, "softcapping")
+@pytest.mark.parametrize("config", [
+    MistralConfig(**TINY, sliding_window=16),
+    Qwen2Config(**TINY, use_sliding_window=True, sliding_window=16, max_window_layers=1),
+    Qwen2Config(**TINY, use_sliding_window=True, sliding_window=16, max_window_layers=2),  # every layer full
+    Gemma2Config(**TINY, head_dim=16, attn_logit_softcapping=50.0),
+], ids=["mistral-window", "qwen2-window-layers", "qwen2-flag-only", "gemma2"])
+def test_windowed_and_softcapped_models_are_accepted(config, tokenizer):
+    LLMEngine(build(config, "eager"), tokenizer, EngineConfig(num_kv_blocks=8))
 
 
 def test_model_without_the_attention_interface_is_rejected(tokenizer):

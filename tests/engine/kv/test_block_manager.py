@@ -308,3 +308,50 @@ def test_check_integrity_catches_a_block_owned_twice():
     seqs[1].block_table.append(seqs[1].block_table[-1])
     with pytest.raises(AssertionError):
         bm.check_integrity(seqs)
+
+
+# ---- a sliding window on every layer: blocks no later query sees go back to the pool ------------
+
+def test_blocks_out_of_every_window_return_to_the_pool():
+    bm = BlockManager(num_blocks=12, block_size=BS, sliding_window=6)
+    seq = make_seq(0, list(range(20)))
+    bm.admit(seq, [], 20)
+    seq.status = SequenceStatus.RUNNING
+    seq.num_computed_tokens = 20
+    bm.cache_full_blocks(seq)
+    # the next query (position 20) sees keys 15..20: blocks 0-2 (tokens 0-11) are out of its window
+    assert bm.drop_out_of_window(seq) == 3
+    assert seq.block_table[:3] == [bm_module.DROPPED_BLOCK] * 3 and seq.num_dropped_blocks == 3
+    assert bm.num_free_blocks == 12 - 2
+    assert bm.drop_out_of_window(seq) == 0  # idempotent
+    bm.check_integrity([seq])
+    # the dropped blocks stay in the prefix cache: a sequence with the same prefix hits them all
+    assert len(hit_blocks(bm, list(range(20)) + [99])) == 5
+    bm.free(seq)
+    assert bm.num_free_blocks == 12 and seq.num_dropped_blocks == 0 and not seq.block_table
+    bm.check_integrity([])
+
+
+def test_a_prefix_hit_on_dropped_blocks_holds_them_until_its_own_step_drops_them():
+    bm = BlockManager(num_blocks=16, block_size=BS, sliding_window=5)
+    first = make_seq(0, list(range(16)))
+    admit_and_compute(bm, first)
+    bm.drop_out_of_window(first)
+    second = make_seq(1, list(range(16)) + [7, 8])
+    hit = admit_and_compute(bm, second)
+    assert len(hit) == 4  # the chain from block 0, revived out of the free queue
+    bm.check_integrity([first, second])
+    bm.drop_out_of_window(second)  # position 18's window starts at 14: blocks 0-2 go
+    assert second.num_dropped_blocks == 3
+    bm.check_integrity([first, second])
+    bm.free(first)
+    bm.free(second)
+    assert bm.num_free_blocks == 16
+    bm.check_integrity([])
+
+
+def test_without_a_window_nothing_is_dropped():
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    seq = make_seq(0, list(range(20)))
+    admit_and_compute(bm, seq)
+    assert bm.drop_out_of_window(seq) == 0 and seq.num_dropped_blocks == 0

@@ -83,38 +83,61 @@ ALWAYS_INLINE float exp_nonpositive(float x) {
 #include "paged_rows.h"  /* the AVX-512 paths' walk over a sequence's pages */
 #endif
 
-/* Each of the H rows of s [H][ctx], scores in, probabilities out. */
-ALWAYS_INLINE void softmax_rows(float* s, int H, int ctx) {
+/* A layer's score rules for one sequence (batchgen/engine/attention/base.py, ScoreRules). */
+typedef struct {
+    int lead;            /* scores [0, lead) fall before the sliding window: probability 0 */
+    float softcap;       /* > 0: scores -> tanh(scores / softcap) * softcap (Gemma 2) */
+    const float* sinks;  /* [H] or NULL: one logit per head in its softmax denominator (gpt-oss) */
+} Rules;
+
+/* One row of n scores in, probabilities out; a sink logit (has_sink) joins the max and the sum only. */
+ALWAYS_INLINE void softmax_row(float* sh, int n, int has_sink, float sink) {
+#ifdef __AVX512F__
+    __m512 vm = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
+    for (int t = 0; t < n; t += 16) {
+        const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        vm = _mm512_mask_max_ps(vm, k, vm, _mm512_maskz_loadu_ps(k, sh + t));
+    }
+    float mx = _mm512_reduce_max_ps(vm);
+    if (has_sink && sink > mx) mx = sink;
+    const __m512 m = _mm512_set1_ps(mx);
+    for (int t = 0; t < n; t += 16) {
+        const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sh + t), m));
+        _mm512_mask_storeu_ps(sh + t, k, e);
+        vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
+    }
+    const float sum = _mm512_reduce_add_ps(vsum) + (has_sink ? expf(sink - mx) : 0.f);
+    const __m512 inv = _mm512_set1_ps(1.f / sum);
+    for (int t = 0; t < n; t += 16) {
+        const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        _mm512_mask_storeu_ps(sh + t, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sh + t), inv));
+    }
+#else
+    float m = sh[0], sum = 0.f;
+    #pragma omp simd reduction(max:m)
+    for (int t = 1; t < n; t++) m = sh[t] > m ? sh[t] : m;
+    if (has_sink && sink > m) m = sink;
+    #pragma omp simd reduction(+:sum)
+    for (int t = 0; t < n; t++) { sh[t] = exp_nonpositive(sh[t] - m); sum += sh[t]; }
+    if (has_sink) sum += expf(sink - m);
+    const float inv = 1.f / sum;
+    #pragma omp simd
+    for (int t = 0; t < n; t++) sh[t] *= inv;
+#endif
+}
+
+/* Each of the H rows of s [H][ctx], scores in, probabilities out, under the layer's rules: keys
+ * before the window get 0, softcapping squashes the scores first, a sink joins the denominator. */
+ALWAYS_INLINE void softmax_rows(float* s, int H, int ctx, const Rules* r) {
     for (int hq = 0; hq < H; hq++) {
         float* sh = s + (int64_t)hq * ctx;
-#ifdef __AVX512F__
-        __m512 vm = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
-        for (int t = 0; t < ctx; t += 16) {
-            const __mmask16 k = ctx - t >= 16 ? 0xFFFF : (__mmask16)((1u << (ctx - t)) - 1);
-            vm = _mm512_mask_max_ps(vm, k, vm, _mm512_maskz_loadu_ps(k, sh + t));
+        if (r->softcap > 0.f) {
+            const float cap = r->softcap, inv_cap = 1.f / r->softcap;
+            for (int t = r->lead; t < ctx; t++) sh[t] = tanhf(sh[t] * inv_cap) * cap;
         }
-        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
-        for (int t = 0; t < ctx; t += 16) {
-            const __mmask16 k = ctx - t >= 16 ? 0xFFFF : (__mmask16)((1u << (ctx - t)) - 1);
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sh + t), m));
-            _mm512_mask_storeu_ps(sh + t, k, e);
-            vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
-        }
-        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(vsum));
-        for (int t = 0; t < ctx; t += 16) {
-            const __mmask16 k = ctx - t >= 16 ? 0xFFFF : (__mmask16)((1u << (ctx - t)) - 1);
-            _mm512_mask_storeu_ps(sh + t, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sh + t), inv));
-        }
-#else
-        float m = sh[0], sum = 0.f;
-        #pragma omp simd reduction(max:m)
-        for (int t = 1; t < ctx; t++) m = sh[t] > m ? sh[t] : m;
-        #pragma omp simd reduction(+:sum)
-        for (int t = 0; t < ctx; t++) { sh[t] = exp_nonpositive(sh[t] - m); sum += sh[t]; }
-        const float inv = 1.f / sum;
-        #pragma omp simd
-        for (int t = 0; t < ctx; t++) sh[t] *= inv;
-#endif
+        softmax_row(sh + r->lead, ctx - r->lead, r->sinks != NULL, r->sinks ? r->sinks[hq] : 0.f);
+        memset(sh, 0, sizeof(float) * r->lead);
     }
 }
 
@@ -128,7 +151,7 @@ ALWAYS_INLINE float kv_scale(const uint16_t* scales, int64_t slot, int KVH, int 
 ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* k_cache, const void* v_cache,
                               int kv_bf16, const uint16_t* k_scales, const uint16_t* v_scales,
                               const int32_t* table, int ctx, int b, int H, int KVH, const int D,
-                              int block_size, float scale, float* restrict buf) {
+                              int block_size, float scale, const Rules* rules, float* restrict buf) {
     const int G = H / KVH, row_len = KVH * D;
     float* qf = buf;                   /* [H][D] */
     float* acc = qf + H * D;           /* [H][D] */
@@ -153,7 +176,7 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
             }
         }
     }
-    softmax_rows(s, H, ctx);
+    softmax_rows(s, H, ctx, rules);
     memset(acc, 0, sizeof(float) * H * D);
     for (int t0 = 0, blk = 0; t0 < ctx; t0 += block_size, blk++) {
         const int64_t slot0 = (int64_t)table[blk] * block_size;
@@ -178,11 +201,11 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
 #include "paged_decode_f32.h"  /* the AVX-512 float32 path: HAVE_F32_PATH, attend_f32_d64/_d128 */
 #include "paged_decode_int8.h"  /* the AVX512-VNNI path over int8 pages: HAVE_INT8_PATH, attend_int8_d32.._d256 */
 
-#define ATTEND(QB, KB, DIM) attend_one(q, out, QB, k, v, KB, ks, vs, table, ctx, b, H, KVH, DIM, bs, scale, buf)
+#define ATTEND(QB, KB, DIM) attend_one(q, out, QB, k, v, KB, ks, vs, table, ctx, b, H, KVH, DIM, bs, scale, rules, buf)
 #define SPECIALISE(DIM) \
     static void attend_d##DIM(const void* q, void* out, int q_bf16, const void* k, const void* v, int kv_bf16, \
                               const uint16_t* ks, const uint16_t* vs, const int32_t* table, int ctx, int b, \
-                              int H, int KVH, int bs, float scale, float* buf) { \
+                              int H, int KVH, int bs, float scale, const Rules* rules, float* buf) { \
         if (q_bf16) { if (kv_bf16 == KV_INT8) ATTEND(1, KV_INT8, DIM); else if (kv_bf16) ATTEND(1, 1, DIM); \
                       else ATTEND(1, 0, DIM); } \
         else { if (kv_bf16 == KV_INT8) ATTEND(0, KV_INT8, DIM); else if (kv_bf16) ATTEND(0, 1, DIM); \
@@ -192,24 +215,32 @@ SPECIALISE(64)
 SPECIALISE(128)
 static void attend_any(const void* q, void* out, int q_bf16, const void* k, const void* v, int kv_bf16,
                        const uint16_t* ks, const uint16_t* vs, const int32_t* table, int ctx, int b, int H, int KVH,
-                       int D, int bs, float scale, float* buf) {
-    attend_one(q, out, q_bf16, k, v, kv_bf16, ks, vs, table, ctx, b, H, KVH, D, bs, scale, buf);
+                       int D, int bs, float scale, const Rules* rules, float* buf) {
+    attend_one(q, out, q_bf16, k, v, kv_bf16, ks, vs, table, ctx, b, H, KVH, D, bs, scale, rules, buf);
 }
 
 /* Decode attention straight from the paged cache (no gather): one query token per sequence.
  * q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_slots, num_kv_heads, head_dim];
  * block_tables: [num_seqs, max_blocks_per_seq]; dtypes: 0 float32, 1 bfloat16, 2 int8 (KV only, with
- * k_scales, v_scales: bf16 [num_slots, num_kv_heads]; NULL otherwise). Returns 0, or nonzero when
- * scratch memory could not be allocated. */
+ * k_scales, v_scales: bf16 [num_slots, num_kv_heads]; NULL otherwise). The layer's rules:
+ * sliding_window > 0 keeps the last sliding_window keys of each context (the query's own included,
+ * transformers' i - window < j <= i), softcap > 0 squashes scores, sinks [num_heads] float32 or NULL.
+ * Returns 0, or nonzero when scratch memory could not be allocated. */
 int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_cache, const void* v_cache,
                            int kv_dtype, const int32_t* block_tables, int max_blocks_per_seq,
                            const int32_t* context_lens, int num_seqs, int num_heads, int num_kv_heads,
                            int head_dim, int block_size, float scale, int num_threads,
-                           const uint16_t* k_scales, const uint16_t* v_scales) {
+                           const uint16_t* k_scales, const uint16_t* v_scales, int sliding_window,
+                           float softcap, const float* sinks) {
     int failed = 0;
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int b = 0; b < num_seqs; b++) {
-        const int ctx = context_lens[b];
+        /* a window starts the walk at the block holding its first key; the keys before it in that
+         * block are the rules' lead, masked by the softmax */
+        const int full_ctx = context_lens[b];
+        const int first = sliding_window > 0 && full_ctx > sliding_window ? full_ctx - sliding_window : 0;
+        const int skipped_blocks = first / block_size, ctx = full_ctx - skipped_blocks * block_size;
+        const Rules rule = {first - skipped_blocks * block_size, softcap, sinks}, *rules = &rule;
         size_t floats = (size_t)num_heads * head_dim * 2 + (size_t)num_kv_heads * head_dim
                         + (size_t)num_heads * ctx;
 #ifdef HAVE_INT8_PATH
@@ -218,13 +249,13 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
 #endif
         float* buf = (float*)malloc(sizeof(float) * floats);
         if (!buf) { failed = 1; continue; }
-        const int32_t* table = block_tables + (int64_t)b * max_blocks_per_seq;
+        const int32_t* table = block_tables + (int64_t)b * max_blocks_per_seq + skipped_blocks;
 #ifdef HAVE_BF16_PATH
         if (q_dtype == 1 && kv_dtype == 1 && (head_dim == 64 || head_dim == 128)) {
             const uint16_t *qb = (const uint16_t*)q + (int64_t)b * num_heads * head_dim, *kb = k_cache, *vb = v_cache;
             uint16_t* ob = (uint16_t*)out + (int64_t)b * num_heads * head_dim;
-            if (head_dim == 64) attend_bf16_d64(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
-            else attend_bf16_d128(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
+            if (head_dim == 64) attend_bf16_d64(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, rules, buf);
+            else attend_bf16_d128(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, rules, buf);
             free(buf);
             continue;
         }
@@ -234,11 +265,11 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
             const uint16_t* qb = (const uint16_t*)q + (int64_t)b * num_heads * head_dim;
             uint16_t* ob = (uint16_t*)out + (int64_t)b * num_heads * head_dim;
             void (*attend)(const uint16_t*, uint16_t*, const int8_t*, const int8_t*, const uint16_t*,
-                           const uint16_t*, const int32_t*, int, int, int, int, float, float*) =
+                           const uint16_t*, const int32_t*, int, int, int, int, float, const Rules*, float*) =
                 head_dim == 32 ? attend_int8_d32 : head_dim == 64 ? attend_int8_d64 : head_dim == 96 ? attend_int8_d96
                 : head_dim == 128 ? attend_int8_d128 : attend_int8_d256;
             attend(qb, ob, k_cache, v_cache, k_scales, v_scales, table, ctx, num_heads, num_kv_heads, block_size,
-                   scale, buf);
+                   scale, rules, buf);
             free(buf);
             continue;
         }
@@ -247,21 +278,21 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
         if (q_dtype == 0 && kv_dtype == 0 && (head_dim == 64 || head_dim == 128)) {
             const float *qf = (const float*)q + (int64_t)b * num_heads * head_dim;
             float* of = (float*)out + (int64_t)b * num_heads * head_dim;
-            if (head_dim == 64) attend_f32_d64(qf, of, k_cache, v_cache, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
-            else attend_f32_d128(qf, of, k_cache, v_cache, table, ctx, num_heads, num_kv_heads, block_size, scale, buf);
+            if (head_dim == 64) attend_f32_d64(qf, of, k_cache, v_cache, table, ctx, num_heads, num_kv_heads, block_size, scale, rules, buf);
+            else attend_f32_d128(qf, of, k_cache, v_cache, table, ctx, num_heads, num_kv_heads, block_size, scale, rules, buf);
             free(buf);
             continue;
         }
 #endif
         if (head_dim == 64)
             attend_d64(q, out, q_dtype, k_cache, v_cache, kv_dtype, k_scales, v_scales, table, ctx, b, num_heads,
-                       num_kv_heads, block_size, scale, buf);
+                       num_kv_heads, block_size, scale, rules, buf);
         else if (head_dim == 128)
             attend_d128(q, out, q_dtype, k_cache, v_cache, kv_dtype, k_scales, v_scales, table, ctx, b, num_heads,
-                       num_kv_heads, block_size, scale, buf);
+                       num_kv_heads, block_size, scale, rules, buf);
         else
             attend_any(q, out, q_dtype, k_cache, v_cache, kv_dtype, k_scales, v_scales, table, ctx, b, num_heads,
-                       num_kv_heads, head_dim, block_size, scale, buf);
+                       num_kv_heads, head_dim, block_size, scale, rules, buf);
         free(buf);
     }
     return failed;

@@ -19,7 +19,7 @@
  * D % 32 == 0 and D <= 256. q, out: bf16 [H][D]. */
 ALWAYS_INLINE void attend_bf16(const uint16_t* q, uint16_t* out, const uint16_t* k_cache, const uint16_t* v_cache,
                                const int32_t* table, int ctx, int H, int KVH, const int D, int block_size,
-                               float scale, float* restrict buf) {
+                               float scale, const Rules* rules, float* restrict buf) {
     const int G = H / KVH, row_bytes = KVH * D * 2, NC = D / 16, GV = 256 / D;  /* GV heads x NC chunks: 16 registers */
     float* acc = buf;        /* [H][D] */
     float* s = acc + H * D;  /* [H][ctx] */
@@ -48,7 +48,7 @@ ALWAYS_INLINE void attend_bf16(const uint16_t* q, uint16_t* out, const uint16_t*
         for (int tt = 0; tt < nn; tt++) rows[tt] = next[tt];
         n = nn;
     }
-    softmax_rows(s, H, ctx);
+    softmax_rows(s, H, ctx, rules);
     memset(acc, 0, sizeof(float) * H * D);
     n = ctx < 16 ? ctx : 16;
     group_rows((const char*)v_cache, table, block_size, row_bytes, n, &nblk, &ni, rows);
@@ -103,8 +103,8 @@ ALWAYS_INLINE void attend_bf16(const uint16_t* q, uint16_t* out, const uint16_t*
 
 #define SPECIALISE_BF16(DIM) \
     static void attend_bf16_d##DIM(const uint16_t* q, uint16_t* out, const uint16_t* k, const uint16_t* v, \
-                                   const int32_t* table, int ctx, int H, int KVH, int bs, float scale, float* buf) { \
-        attend_bf16(q, out, k, v, table, ctx, H, KVH, DIM, bs, scale, buf); \
+                                   const int32_t* table, int ctx, int H, int KVH, int bs, float scale, const Rules* rules, float* buf) { \
+        attend_bf16(q, out, k, v, table, ctx, H, KVH, DIM, bs, scale, rules, buf); \
     }
 SPECIALISE_BF16(64)
 SPECIALISE_BF16(128)

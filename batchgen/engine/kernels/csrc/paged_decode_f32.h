@@ -30,7 +30,7 @@ ALWAYS_INLINE void f32_prefetch(const float* const* rows, int n, int row_len) {
 /* One sequence; D % 16 == 0 and D <= 256. q, out: float32 [H][D]. */
 ALWAYS_INLINE void attend_f32(const float* q, float* out, const float* k_cache, const float* v_cache,
                               const int32_t* table, int ctx, int H, int KVH, const int D, int block_size,
-                              float scale, float* restrict buf) {
+                              float scale, const Rules* rules, float* restrict buf) {
     const int G = H / KVH, row_len = KVH * D, NC = D / 16, GV = 256 / D;  /* GV heads x NC chunks: 16 registers */
     float* acc = buf;        /* [H][D] */
     float* s = acc + H * D;  /* [H][ctx] */
@@ -57,7 +57,7 @@ ALWAYS_INLINE void attend_f32(const float* q, float* out, const float* k_cache, 
         for (int tt = 0; tt < nn; tt++) rows[tt] = next[tt];
         n = nn;
     }
-    softmax_rows(s, H, ctx);
+    softmax_rows(s, H, ctx, rules);
     memset(acc, 0, sizeof(float) * H * D);
     n = ctx < 16 ? ctx : 16;
     f32_group(v_cache, table, block_size, row_len, 0, n, rows);
@@ -93,8 +93,8 @@ ALWAYS_INLINE void attend_f32(const float* q, float* out, const float* k_cache, 
 
 #define SPECIALISE_F32(DIM) \
     static void attend_f32_d##DIM(const float* q, float* out, const float* k, const float* v, \
-                                  const int32_t* table, int ctx, int H, int KVH, int bs, float scale, float* buf) { \
-        attend_f32(q, out, k, v, table, ctx, H, KVH, DIM, bs, scale, buf); \
+                                  const int32_t* table, int ctx, int H, int KVH, int bs, float scale, const Rules* rules, float* buf) { \
+        attend_f32(q, out, k, v, table, ctx, H, KVH, DIM, bs, scale, rules, buf); \
     }
 SPECIALISE_F32(64)
 SPECIALISE_F32(128)

@@ -80,7 +80,8 @@ ALWAYS_INLINE void quantize_probs16(const float* s, const float* vsc, int H, int
  * [H][D]; caches int8 [num_slots][KVH][D] with bf16 scales [num_slots][KVH]. */
 ALWAYS_INLINE void attend_int8(const uint16_t* q, uint16_t* out, const int8_t* k_cache, const int8_t* v_cache,
                                const uint16_t* k_scales, const uint16_t* v_scales, const int32_t* table, int ctx,
-                               int H, int KVH, const int D, int block_size, float scale, float* restrict buf) {
+                               int H, int KVH, const int D, int block_size, float scale, const Rules* rules,
+                               float* restrict buf) {
     const int G = H / KVH, row_bytes = KVH * D, NC = D / 16, GV = 256 / D;
     const int ctx16 = (ctx + 15) / 16 * 16, chunks = (ctx16 + V_CHUNK - 1) / V_CHUNK;
     float* acc = buf;                                    /* [H][D] f32 output */
@@ -126,7 +127,7 @@ ALWAYS_INLINE void attend_int8(const uint16_t* q, uint16_t* out, const int8_t* k
         for (int tt = 0; tt < nn; tt++) rows[tt] = next[tt];
         n = nn;
     }
-    softmax_rows(s, H, ctx);
+    softmax_rows(s, H, ctx, rules);
     quantize_probs16(s, vsc, H, G, ctx, ctx16, p16, cs);
     memset(acc, 0, sizeof(float) * H * D);
     memset(acc32, 0, sizeof(int32_t) * H * D);
@@ -188,8 +189,8 @@ ALWAYS_INLINE void attend_int8(const uint16_t* q, uint16_t* out, const int8_t* k
 #define SPECIALISE_INT8(DIM) \
     static void attend_int8_d##DIM(const uint16_t* q, uint16_t* out, const int8_t* k, const int8_t* v, \
                                    const uint16_t* ks, const uint16_t* vs, const int32_t* table, int ctx, int H, \
-                                   int KVH, int bs, float scale, float* buf) { \
-        attend_int8(q, out, k, v, ks, vs, table, ctx, H, KVH, DIM, bs, scale, buf); \
+                                   int KVH, int bs, float scale, const Rules* rules, float* buf) { \
+        attend_int8(q, out, k, v, ks, vs, table, ctx, H, KVH, DIM, bs, scale, rules, buf); \
     }
 SPECIALISE_INT8(32)
 SPECIALISE_INT8(64)

@@ -44,26 +44,50 @@ ALWAYS_INLINE int64_t slot_of(const int32_t* table, int block_size, int t) {
     return (int64_t)table[t / block_size] * block_size + t % block_size;
 }
 
-/* Scores of one tile's softmax: row m (at query position pos[m]) keeps keys [0, pos[m]]: scores in,
- * probabilities out (in place, or as bf16 into p16 when it is not NULL), zero past the causal end
- * up to len (a multiple of 16). */
-ALWAYS_INLINE void causal_softmax(float* s, uint16_t* p16, int rows, int64_t stride, const int* pos, int len) {
+/* A layer's score rules (batchgen/engine/attention/base.py, ScoreRules). */
+typedef struct {
+    int window;          /* > 0: position p sees keys (p - window, p] (transformers' sliding window) */
+    float softcap;       /* > 0: scores -> tanh(scores / softcap) * softcap (Gemma 2) */
+    const float* sinks;  /* [H] or NULL: one logit per query head in its softmax denominator (gpt-oss) */
+} Rules;
+
+/* Lanes t .. t + 15 that lie in [lo, n). */
+ALWAYS_INLINE __mmask16 lanes_in(int t, int lo, int n) {
+    const uint32_t below_n = t >= n ? 0 : n - t >= 16 ? 0xFFFF : (1u << (n - t)) - 1;
+    const uint32_t from_lo = t + 16 <= lo ? 0 : t >= lo ? 0xFFFF : 0xFFFF & ~((1u << (lo - t)) - 1);
+    return (__mmask16)(below_n & from_lo);
+}
+
+/* Scores of one tile's softmax: row m (at query position pos[m], query head h0 + m % G) keeps keys
+ * [lo, pos[m]], lo the window's first key (0 without one): scores in, probabilities out (in place,
+ * or as bf16 into p16 when it is not NULL), zero outside those keys up to len (a multiple of 16).
+ * Softcapping squashes the kept scores first; a sink joins each row's max and denominator. */
+ALWAYS_INLINE void causal_softmax(float* s, uint16_t* p16, int rows, int64_t stride, const int* pos, int len,
+                                  const Rules* r, int h0, int G) {
     for (int m = 0; m < rows; m++) {
         float* sm = s + m * stride;
-        const int n = pos[m] + 1;
+        const int n = pos[m] + 1, lo = r->window > 0 && n > r->window ? n - r->window : 0;
+        if (r->softcap > 0.f) {
+            const float cap = r->softcap, inv_cap = 1.f / r->softcap;
+            for (int t = lo; t < n; t++) sm[t] = tanhf(sm[t] * inv_cap) * cap;
+        }
         __m512 vm = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
-        for (int t = 0; t < n; t += 16) {
-            const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        for (int t = lo & ~15; t < n; t += 16) {
+            const __mmask16 k = lanes_in(t, lo, n);
             vm = _mm512_mask_max_ps(vm, k, vm, _mm512_maskz_loadu_ps(k, sm + t));
         }
-        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+        float row_max = _mm512_reduce_max_ps(vm);
+        const float sink = r->sinks ? r->sinks[h0 + m % G] : 0.f;
+        if (r->sinks && sink > row_max) row_max = sink;
+        const __m512 mx = _mm512_set1_ps(row_max);
         for (int t = 0; t < len; t += 16) {
-            const __mmask16 k = t >= n ? 0 : n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+            const __mmask16 k = lanes_in(t, lo, n);
             const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_loadu_ps(sm + t), mx)));
             _mm512_storeu_ps(sm + t, e);
             vsum = _mm512_add_ps(vsum, e);
         }
-        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(vsum));
+        const float sum = _mm512_reduce_add_ps(vsum) + (r->sinks ? expf(sink - row_max) : 0.f);
+        const __m512 inv = _mm512_set1_ps(1.f / sum);
 #ifdef __AVX512BF16__
         if (p16) {
             for (int t = 0; t < len; t += 16)
@@ -118,14 +142,14 @@ ALWAYS_INLINE void scores_f32(const float* q, int D, const float* kp, int g, int
     }
 }
 
-/* o[m] = sum_j p[m][j] v[j] over j < n for OR(D) rows */
-ALWAYS_INLINE void output_f32(const float* p, int64_t stride, const float* vp, int n, const int D, float* o) {
+/* o[m] = sum_j p[m][j] v[j] over j0 <= j < n for OR(D) rows (the probabilities before j0 are 0) */
+ALWAYS_INLINE void output_f32(const float* p, int64_t stride, const float* vp, int j0, int n, const int D, float* o) {
     enum { R = 4 };
     __m512 acc[R][8];
     const int NC = D / 16, NR = OR(D);
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int j = 0; j < n; j++) {
+    for (int j = j0; j < n; j++) {
         for (int c = 0; c < NC; c++) {
             const __m512 v = _mm512_loadu_ps(vp + (int64_t)j * D + 16 * c);
             for (int r = 0; r < NR; r++) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * stride + j]), v, acc[r][c]);
@@ -188,14 +212,15 @@ ALWAYS_INLINE void scores_bf16(const uint16_t* q, int D, const uint16_t* kp, int
     }
 }
 
-/* p: bf16 probabilities [MR][stride], n keys (even; the pad key's probability is 0) */
-ALWAYS_INLINE void output_bf16(const uint16_t* p, int64_t stride, const uint16_t* vp, int n, const int D, float* o) {
+/* p: bf16 probabilities [MR][stride], keys [j0, n) (both even; the pad key's probability is 0) */
+ALWAYS_INLINE void output_bf16(const uint16_t* p, int64_t stride, const uint16_t* vp, int j0, int n, const int D,
+                               float* o) {
     enum { R = 4 };
     __m512 acc[R][8];
     const int NC = D / 16, NR = OR(D);
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int j = 0; j < n; j += 2) {
+    for (int j = j0; j < n; j += 2) {
         for (int c = 0; c < NC; c++) {
             const __m512bh v = (__m512bh)_mm512_loadu_si512(vp + (int64_t)j * D + 32 * c);
             for (int r = 0; r < NR; r++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], bcast_pair(p + r * stride + j), v);
@@ -233,6 +258,7 @@ typedef struct {
     const char* packed;
     const int64_t* pack_off;
     float scale;
+    Rules rules;
 } Call;
 
 /* One item, D a compile-time constant in the specialised callers below. Returns nonzero when its
@@ -267,10 +293,14 @@ ALWAYS_INLINE int attend_item(const Call* c, Item w, const int D) {
     const int64_t ctx_pad = round_up(ctx, 32);
     const char* kp = c->packed + c->pack_off[w.b * c->KVH + w.h] * elem;
     const char* vp = kp + ctx_pad * D * elem;
+    /* the first key row m's window keeps; pos grows with m, so a block's first row has its smallest */
+    const int window = c->rules.window;
+#define FIRST_KEY(m) (window > 0 && pos[m] + 1 > window ? pos[m] + 1 - window : 0)
     for (int m0 = 0; m0 < rows_pad; m0 += MR) {
-        /* keys past this block's last position are masked by the softmax; skip their groups */
+        /* keys past this block's last position, or before its first row's window, are masked by
+         * the softmax; skip their groups (the softmax never reads scores before a row's window) */
         const int gend = (pos[m0 + MR - 1] + 16) / 16;
-        for (int g = 0; g < gend; g += 2) {
+        for (int g = FIRST_KEY(m0) / 16; g < gend; g += 2) {
 #ifdef HAVE_BF16
             if (bf16) { scores_bf16((const uint16_t*)qt + (int64_t)m0 * D, D, (const uint16_t*)kp, g, gend,
                                     s + m0 * stride, stride, c->scale); continue; }
@@ -279,15 +309,17 @@ ALWAYS_INLINE int attend_item(const Call* c, Item w, const int D) {
                        c->scale);
         }
     }
-    causal_softmax(s, bf16 ? p16 : NULL, rows_pad, stride, pos, len);
+    causal_softmax(s, bf16 ? p16 : NULL, rows_pad, stride, pos, len, &c->rules, w.h * G, G);
     for (int m0 = 0; m0 < rows_pad; m0 += OR(D)) {
-        const int n = pos[m0 + OR(D) - 1] + 1;  /* keys with a nonzero probability in these rows */
+        const int n = pos[m0 + OR(D) - 1] + 1, j0 = FIRST_KEY(m0);  /* keys with a nonzero probability here */
 #ifdef HAVE_BF16
-        if (bf16) { output_bf16(p16 + m0 * stride, stride, (const uint16_t*)vp, (n + 1) & ~1, D, o + (int64_t)m0 * D);
+        if (bf16) { output_bf16(p16 + m0 * stride, stride, (const uint16_t*)vp, j0 & ~1, (n + 1) & ~1, D,
+                                o + (int64_t)m0 * D);
                     continue; }
 #endif
-        output_f32(s + m0 * stride, stride, (const float*)vp, n, D, o + (int64_t)m0 * D);
+        output_f32(s + m0 * stride, stride, (const float*)vp, j0, n, D, o + (int64_t)m0 * D);
     }
+#undef FIRST_KEY
     for (int m = 0; m < rows; m++) {
         const int i = w.i0 + m / G;
         const int64_t dst = ((int64_t)(c->q_starts[w.b] + i) * c->H + w.h * G + m % G) * D;
@@ -323,13 +355,14 @@ int prefill_attention_supports(int dtype, int kv_dtype, int head_dim) {
 /* q, out: [T, H, D] packed rows (dtype 0 float32, 1 bfloat16); k_cache, v_cache: [num_slots, KVH, D]
  * holding every context token (this step's included), of kv_dtype: dtype's, or 2 int8 with k_scales,
  * v_scales bf16 [num_slots, KVH] (NULL otherwise); sequence b's new tokens are rows
- * [q_starts[b], q_starts[b] + num_new[b]) at positions context_lens[b] - num_new[b] + i.
- * Returns 0, 1 when scratch memory could not be allocated, 2 for an unsupported dtype or D. */
+ * [q_starts[b], q_starts[b] + num_new[b]) at positions context_lens[b] - num_new[b] + i. The layer's
+ * rules: sliding_window > 0 (position p sees keys (p - sliding_window, p]), softcap > 0, sinks
+ * [H] float32 or NULL. Returns 0, 1 when scratch memory could not be allocated, 2 for an unsupported dtype or D. */
 int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_cache, const void* v_cache,
                             int kv_dtype, const int32_t* block_tables, int max_blocks, const int32_t* q_starts,
                             const int32_t* num_new, const int32_t* context_lens, int num_seqs, int H, int KVH,
                             int D, int block_size, float scale, int num_threads, const uint16_t* k_scales,
-                            const uint16_t* v_scales) {
+                            const uint16_t* v_scales, int sliding_window, float softcap, const float* sinks) {
     if (!prefill_attention_supports(dtype, kv_dtype, D)) return 2;
     if (kv_dtype == KV_INT8 && (!k_scales || !v_scales)) return 2;
     const int G = H / KVH, elem = dtype == 1 ? 2 : 4;
@@ -378,7 +411,8 @@ int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_c
                 items[num_items++] = (Item){b, h, i0, i1};
             }
     }
-    const Call call = {q, out, dtype, H, KVH, G, elem, q_starts, num_new, context_lens, packed, pack_off, scale};
+    const Call call = {q, out, dtype, H, KVH, G, elem, q_starts, num_new, context_lens, packed, pack_off, scale,
+                       {sliding_window, softcap, sinks}};
     int failed = 0;
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int it = 0; it < num_items; it++) {
@@ -404,7 +438,8 @@ int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_c
                             int kv_dtype, const int32_t* block_tables, int max_blocks, const int32_t* q_starts,
                             const int32_t* num_new, const int32_t* context_lens, int num_seqs, int H, int KVH,
                             int D, int block_size, float scale, int num_threads, const uint16_t* k_scales,
-                            const uint16_t* v_scales) {
+                            const uint16_t* v_scales, int sliding_window, float softcap, const float* sinks) {
+    (void)sliding_window; (void)softcap; (void)sinks;
     (void)q; (void)out; (void)dtype; (void)k_cache; (void)v_cache; (void)kv_dtype; (void)block_tables;
     (void)max_blocks; (void)q_starts; (void)num_new; (void)context_lens; (void)num_seqs; (void)H; (void)KVH;
     (void)D; (void)block_size; (void)scale; (void)num_threads; (void)k_scales; (void)v_scales;
