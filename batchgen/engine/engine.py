@@ -102,9 +102,6 @@ class LLMEngine:
             log.info("CPU: %d compute threads, OpenMP %s", torch.get_num_threads(), omp.choice_reason)
         self._seq_ids = itertools.count()
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
-        # False while a step runs: a step that raised may have drawn some rows' random numbers
-        # without appending their tokens, so their random state no longer matches their tokens
-        self._rows_whole = True
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
         self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
 
@@ -195,10 +192,9 @@ class LLMEngine:
         checkpoint keeps. Consistent only between steps (a step appends tokens and draws random
         numbers), which is where the job calls it."""
         seqs = [*self.scheduler.running, *self.scheduler.waiting]
-        if not self._rows_whole:  # after a failed step: greedy rows' tokens are still right, nothing else
-            seqs = [seq for seq in seqs if seq.request.sampling.greedy]
-        return [(seq.request, Continuation(tuple(seq.generated_token_ids), self.runner.sampler.rng_state(seq)))
-                for seq in seqs if seq.num_generated_tokens]
+        # tokens are all a row's state: its random stream is keyed by its output index
+        # (engine/sampling/random_stream.py), and a failed step appended no token to any row
+        return [(seq.request, Continuation(tuple(seq.generated_token_ids))) for seq in seqs if seq.num_generated_tokens]
 
     def fit_batch_size(self, max_num_seqs: int) -> None:
         """Take the job planner's batch size for the rows to come, when the user left it to auto.
@@ -250,7 +246,6 @@ class LLMEngine:
             self.threads.tick()
         t0 = time.perf_counter()
         finished: list[Completion] = []
-        self._rows_whole = False
         for attempt in itertools.count():
             out = self.scheduler.schedule()
             for seq in out.out_of_memory:
@@ -285,7 +280,6 @@ class LLMEngine:
             num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
             num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens,
             forward_seconds=self.runner.last_forward_s if out.scheduled else 0.0))
-        self._rows_whole = True
         return finished
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:

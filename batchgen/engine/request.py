@@ -26,7 +26,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # 1.0 = off
     top_k: int | None = None  # None = off
-    seed: int | None = None  # per-request seed: a row's text does not depend on its batch-mates
+    seed: int | None = None  # per-request seed (None: one from the request id); a row's text never depends on its batch
     stop: tuple[str, ...] = ()  # stop strings; the text is cut before the match
     ignore_eos: bool = False  # keep generating through EOS (benchmarks)
     # vLLM's SamplingParams controls; the definitions are in engine/sampling/sampler.py. Defaults are off.
@@ -65,8 +65,9 @@ class Continuation:
     (prefill of prompt + these tokens, then sampling from where it left off) instead of starting over."""
 
     token_ids: tuple[int, ...]  # generated so far (at least one)
-    # the row's sampling generator right after sampling them (torch.Generator.get_state() bytes):
-    # restored, the row draws the same random numbers an uninterrupted run would; None for greedy rows
+    # unused: the random stream is keyed by the row's seed and output index, so the tokens are the
+    # whole state (engine/sampling/random_stream.py); kept so partials written by earlier versions,
+    # which stored a torch.Generator state here, still load
     rng_state: bytes | None = None
 
     def __post_init__(self):

@@ -168,8 +168,8 @@ class JobCore:
                 if not self._is_engine_fault(stretch, e):
                     raise
                 failure = f"{type(e).__name__}: {e}"
-            # the rows it had generated part of go on from there (LLMEngine.in_flight keeps only
-            # what is still exact after a failed step); the failed engine's frames went with the
+            # the rows it had generated part of go on from there (LLMEngine.in_flight: a failed step
+            # appended no token, and tokens are a sampled row's whole state); the failed engine's frames went with the
             # exception, so drop() frees its memory
             failed = self.engines.engine
             carried = {request.request_id: c for request, c in failed.in_flight()} if failed is not None else {}
