@@ -12,16 +12,19 @@ threshold is the largest of the three. The token drawn is argmax over kept token
 (engine/sampling/random_stream.py).
 
 Sorting or hashing a whole vocabulary per row would cost more than the forward on a CPU, so the draw
-works on each row's `window` largest values (one topk over the batch) and proves that enough:
+works on each row's `window` largest values (one topk over the batch):
 
-    a truncated row: every kept token is in the window when its threshold > the window's smallest x
-    an untruncated row: a token outside the window scores at most window_min + GUMBEL_MAX, so the
-                        window's best score above that is the row's best
+    a truncated row: every kept token is in the window when its threshold > the window's smallest x;
+        else the row draws again over a window 8 times larger, then over its sorted vocabulary, with
+        the same noise per token id, so the token is the one the whole vocabulary gives
+    an untruncated row: the tokens strictly above the window's smallest x race as themselves, the rest
+        (the tail) as one pseudo-token of logit logsumexp(tail) with its own noise (the maximum of
+        Gumbels is a Gumbel at their logsumexp, and which tail token holds it is independent of its
+        value); only when the tail wins does the row hash its whole vocabulary, to draw within the tail
 
-Rows where the proof fails (a flat distribution; a top-k larger than the window) draw again over
-their whole sorted vocabulary with the same noise, so the token is the same either way. Whether a row
-falls back depends on its own logits and settings only: the window size is fixed, never taken from
-its batch-mates, and every reduction runs along one row, so a row's token does not depend on its batch.
+Which path a row takes depends on its own logits and settings only (the window sizes are fixed,
+never taken from its batch-mates, and every reduction runs along one row), so a row's token does not
+depend on its batch.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine.sampling.random_stream import GUMBEL_MAX, gumbel, row_keys
+from batchgen.engine.sampling.random_stream import gumbel, row_keys
 
-# float32 rounding of the noise and of x + noise stays far inside this margin
-_GUMBEL_BOUND = GUMBEL_MAX + 1e-3
+# a truncated row whose kept set outgrows the window tries one this many times larger, then a sort
+WINDOW_GROWTH = 8
 
 
 @dataclass(slots=True)
@@ -66,31 +69,40 @@ class Drawn:
     log_normalizer: torch.Tensor | None
 
 
-def draw(x: torch.Tensor, controls: RowControls, window: int, *, logprobs: bool = False) -> Drawn:
-    """x: [rows, vocab_size] float32 logits of the sampling rows, scaled in place by temperature."""
-    x.div_(controls.temperature[:, None])
+def draw(logits: torch.Tensor, controls: RowControls, window: int, *, logprobs: bool = False) -> Drawn:
+    """logits: [rows, vocab_size] of the sampling rows (any float dtype; not changed)."""
+    x = logits / controls.temperature[:, None]  # float32: [rows, vocab_size]
     vocab_size = x.shape[-1]
-    if window >= vocab_size:
-        return _draw_window(x, controls, vocab_size, check=False, logprobs=logprobs)[0]
-    drawn, fallback = _draw_window(x, controls, window, check=True, logprobs=logprobs)
-    if not bool(fallback.any()):
-        return drawn
-    rows = fallback.nonzero()[:, 0]
-    full = _draw_window(x[rows], controls.select(rows), vocab_size, check=False, logprobs=logprobs)[0]
-    # the window's columns of the fallback rows: their logprobs' top alternatives are the sort's first
-    drawn.token_ids[rows] = full.token_ids
-    drawn.values[rows] = full.values[:, :window]
-    drawn.value_ids[rows] = full.value_ids[:, :window]
-    if logprobs:
-        drawn.log_normalizer[rows] = full.log_normalizer
+    drawn, fallback, full_lse = _draw_window(x, controls, min(window, vocab_size), None, logprobs=logprobs)
+    level = window
+    while fallback is not None and bool(fallback.any()):
+        level = vocab_size if level * WINDOW_GROWTH ** 2 > vocab_size else level * WINDOW_GROWTH
+        rows = fallback.nonzero()[:, 0]
+        wider, wider_fallback, _ = _draw_window(x[rows], controls.select(rows), level,
+                                                None if full_lse is None else full_lse[rows], logprobs=logprobs)
+        # the first `window` columns of the wider draw: logprobs' top alternatives are its first ones
+        drawn.token_ids[rows] = wider.token_ids
+        drawn.values[rows] = wider.values[:, :drawn.values.shape[1]]
+        drawn.value_ids[rows] = wider.value_ids[:, :drawn.values.shape[1]]
+        if logprobs:
+            drawn.log_normalizer[rows] = wider.log_normalizer
+        fallback = None if wider_fallback is None else torch.zeros_like(fallback).index_fill_(
+            0, rows[wider_fallback], True)
     return drawn
 
 
-def _draw_window(x: torch.Tensor, c: RowControls, window: int, *, check: bool,
-                 logprobs: bool) -> tuple[Drawn, torch.Tensor | None]:
-    # x: [rows, vocab_size]; returns the draw and (check only) the rows whose proof failed [rows] bool
+def _logsumexp(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
+    """logsumexp along rows whose maximum is known (the window's first value): three passes, not five."""
+    return row_max + (x - row_max[:, None]).exp_().sum(-1).log_()
+
+
+def _draw_window(x: torch.Tensor, c: RowControls, window: int, full_lse: torch.Tensor | None, *,
+                 logprobs: bool) -> tuple[Drawn, torch.Tensor | None, torch.Tensor | None]:
+    # x: [rows, vocab_size]; returns the draw, the truncated rows whose kept set outgrew the window
+    # ([rows] bool; None for a window of the whole vocabulary) and the rows' logsumexp if computed
     vocab_size = x.shape[-1]
-    if window >= vocab_size:
+    whole = window >= vocab_size
+    if whole:
         vals, ids = torch.sort(x, dim=-1, descending=True)
     else:
         vals, ids = torch.topk(x, window, dim=-1)  # [rows, window], descending
@@ -98,16 +110,19 @@ def _draw_window(x: torch.Tensor, c: RowControls, window: int, *, check: bool,
     threshold = torch.full_like(vals[:, 0], float("-inf"))
     top_k_on = (c.top_k > 0) & (c.top_k < vocab_size)
     if c.max_top_k:
-        kth = vals.gather(1, (c.top_k.clamp(1, window) - 1)[:, None])[:, 0]
-        # a top-k beyond the window: keep nothing to the threshold here; the check sends it to the sort
-        threshold = torch.where(top_k_on, torch.where(c.top_k <= window, kth, vals[:, -1]), threshold)
-    full_lse = None
+        kth = vals.gather(1, (c.top_k.clamp(1, vals.shape[1]) - 1)[:, None])[:, 0]
+        # a top-k beyond the window: the window's edge as threshold sends the row to a wider window
+        threshold = torch.where(top_k_on, torch.where(c.top_k <= vals.shape[1], kth, vals[:, -1]), threshold)
+    untruncated = ~top_k_on & (c.top_p >= 1.0) & (c.min_p <= 0.0)
+    if full_lse is None and (logprobs or (c.any_top_p and not bool(top_k_on.all())) or bool(untruncated.any())):
+        full_lse = _logsumexp(x, vals[:, 0])
     if c.any_top_p:
-        full_lse = torch.logsumexp(x, dim=-1)
         top_p_on = c.top_p < 1.0
         kept_k = vals >= threshold[:, None]
-        lse_k = torch.logsumexp(torch.where(kept_k, vals, neg_inf), dim=-1)
-        lse = torch.where(top_k_on, lse_k, full_lse)
+        lse = full_lse
+        if c.max_top_k:
+            lse_k = torch.logsumexp(torch.where(kept_k, vals, neg_inf), dim=-1)
+            lse = lse_k if full_lse is None else torch.where(top_k_on, lse_k, full_lse)
         probs = torch.exp(vals - lse[:, None]).masked_fill_(~kept_k, 0.0)
         mass_before = probs.cumsum(-1).sub_(probs)
         num_kept = ((mass_before < c.top_p[:, None]) & kept_k).sum(-1).clamp_(min=1)
@@ -116,23 +131,41 @@ def _draw_window(x: torch.Tensor, c: RowControls, window: int, *, check: bool,
     if c.any_min_p:
         floor = vals[:, 0] + torch.log(c.min_p)  # log(0) = -inf: off
         threshold = torch.maximum(threshold, floor)
+    edge = vals[:, -1]
+    if not whole:  # an untruncated row's window: the tokens strictly above the edge (ties go to the tail)
+        threshold = torch.where(untruncated, torch.nextafter(edge, torch.full_like(edge, float("inf"))), threshold)
     key_lo, key_hi = row_keys(c.seeds, c.positions)
-    kept = vals >= threshold[:, None]
-    values = torch.where(kept, vals, neg_inf)
-    scores = values + gumbel(key_lo, key_hi, ids, vocab_size)
-    best, best_col = scores.max(dim=-1)
+    values = torch.where(vals >= threshold[:, None], vals, neg_inf)
+    best, best_col = (values + gumbel(key_lo, key_hi, ids, vocab_size)).max(dim=-1)
     token_ids = ids.gather(1, best_col[:, None])[:, 0]
-    truncated = threshold > float("-inf")
+    if not whole and bool(untruncated.any()):
+        _race_the_tail(x, values, edge, best, full_lse, key_lo, key_hi, untruncated, token_ids)
     log_normalizer = None
     if logprobs:
-        log_normalizer = torch.logsumexp(values, dim=-1)
-        if not bool(truncated.all()):
-            if full_lse is None:
-                full_lse = torch.logsumexp(x, dim=-1)
-            log_normalizer = torch.where(truncated, log_normalizer, full_lse)
+        log_normalizer = torch.where(untruncated, full_lse, torch.logsumexp(values, dim=-1))
+        values = torch.where(untruncated[:, None], vals, values)  # an untruncated row keeps its whole window
     drawn = Drawn(token_ids, values, ids, log_normalizer)
-    if not check:
-        return drawn, None
-    edge = vals[:, -1]
-    fallback = torch.where(truncated, threshold <= edge, best <= edge + _GUMBEL_BOUND)
-    return drawn, fallback
+    return drawn, None if whole else ~untruncated & (threshold <= edge), full_lse
+
+
+def _race_the_tail(x: torch.Tensor, values: torch.Tensor, edge: torch.Tensor, best: torch.Tensor,
+                   full_lse: torch.Tensor, key_lo: torch.Tensor, key_hi: torch.Tensor, untruncated: torch.Tensor,
+                   token_ids: torch.Tensor) -> None:
+    """Untruncated rows: the tail (x <= edge) as one pseudo-token against the window's best score;
+    where it wins, the draw within the tail. Changes `token_ids` in place.
+
+    The tail's logsumexp is the row's less the window's, to float32 rounding: a tail of less mass
+    than that rounding (1e-6 of the row's) never wins, where it would win once in a million draws."""
+    rows = untruncated.nonzero()[:, 0]
+    window_share = torch.exp(values[rows] - full_lse[rows, None]).sum(-1)  # exp(-inf) = 0 outside
+    tail_lse = full_lse[rows] + torch.log((1.0 - window_share).clamp_(min=0.0))
+    vocab_size = x.shape[-1]
+    lo, hi = key_lo[rows], key_hi[rows]
+    tail_id = torch.full((1,), vocab_size, dtype=torch.long, device=x.device)  # the pseudo-token's own noise
+    wins = tail_lse + gumbel(lo, hi, tail_id, vocab_size)[:, 0] > best[rows]
+    if bool(wins.any()):
+        won = wins.nonzero()[:, 0]
+        tail = x[rows[won]]
+        tail.masked_fill_(tail > edge[rows[won], None], float("-inf"))
+        all_ids = torch.arange(vocab_size, device=x.device)
+        token_ids[rows[won]] = (tail + gumbel(lo[won], hi[won], all_ids, vocab_size)).argmax(dim=-1)

@@ -20,7 +20,7 @@ it needs no state in checkpoints. splitmix64 (Steele et al.) turns the 64-bit (s
 into a key; lowbias32 (C. Wellons' 32-bit finalizer, a full-avalanche bijection) mixes token ids
 with it in int32, which costs half of an int64 hash over a block. Two rounds with the two key halves
 keep streams of different keys unrelated. Uniforms have 23 bits: the largest is below 1 in float32,
-so the noise is finite and bounded, `GUMBEL_MAX` (used by the sampler to prove a window suffices).
+so the noise is finite and bounded (GUMBEL_MIN, GUMBEL_MAX).
 """
 
 from __future__ import annotations
@@ -100,10 +100,11 @@ _PERMS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _token_perm(vocab_size: int, device: torch.device) -> torch.Tensor:
-    """perm(j) = lowbias32(j ^ salt) for every token id: a bijection computed once per vocabulary."""
+    """perm(j) = lowbias32(j ^ salt) for every token id and for j = vocab_size (the sampler's tail
+    pseudo-token): a bijection computed once per vocabulary."""
     perm = _PERMS.get((device, vocab_size))
     if perm is None:
-        perm = _lowbias32_(torch.arange(vocab_size, dtype=torch.int32, device=device) ^ _signed(_PERM_SALT, 32))
+        perm = _lowbias32_(torch.arange(vocab_size + 1, dtype=torch.int32, device=device) ^ _signed(_PERM_SALT, 32))
         _PERMS[(device, vocab_size)] = perm
     return perm
 
@@ -112,7 +113,7 @@ def gumbel(key_lo: torch.Tensor, key_hi: torch.Tensor, token_ids: torch.Tensor, 
     """The Gumbel noise of each row's draw at the given token ids.
 
     key_lo, key_hi: [rows, 1] int32 from `row_keys`; token_ids: [rows, n] int64 (or [n] for the same
-    ids in every row); returns [rows, n] float32."""
+    ids in every row), at most vocab_size; returns [rows, n] float32."""
     bits = _token_perm(vocab_size, token_ids.device)[token_ids] ^ key_lo
     bits = _lowbias32_(_lowbias32_(bits) ^ key_hi)
     u = _srl(bits, 32 - UNIFORM_BITS, 32).to(torch.float32).add_(0.5).mul_(2.0 ** -UNIFORM_BITS)

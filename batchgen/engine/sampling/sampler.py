@@ -56,9 +56,8 @@ class Sampler:
         self.last_draw = None
         if not seqs:
             return []
-        owned = False  # whether `logits` is this call's own copy (the draw scales it in place)
         if self.penalties:  # a dict check: nothing per row when no row asked for a penalty
-            logits, owned = self.penalties.apply(logits, seqs), True
+            logits = self.penalties.apply(logits, seqs)
         sampling_rows = [i for i, s in enumerate(seqs) if not s.request.sampling.greedy]
         if not sampling_rows:
             return argmax_rows(logits)  # the first maximal index, as HF's greedy picks
@@ -68,14 +67,8 @@ class Sampler:
             greedy_rows = [i for i, s in enumerate(seqs) if s.request.sampling.greedy]
             for i, token in zip(greedy_rows, argmax_rows(logits[_index(greedy_rows, device)]), strict=True):
                 out[i] = token
-        if len(sampling_rows) < len(seqs):
-            x, owned = logits[_index(sampling_rows, device)], True
-        else:
-            x = logits
-        if x.dtype != torch.float32:
-            x, owned = x.float(), True
-        drawn = draw(x if owned else x.clone(), self.controls([seqs[i] for i in sampling_rows], device),
-                     self.window)
+            logits = logits[_index(sampling_rows, device)]
+        drawn = draw(logits, self.controls([seqs[i] for i in sampling_rows], device), self.window)
         self.last_draw = drawn
         for i, token in zip(sampling_rows, drawn.token_ids.tolist(), strict=True):  # the one device-to-host copy
             out[i] = token

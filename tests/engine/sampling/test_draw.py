@@ -123,13 +123,27 @@ def test_kept_sets_are_exact(window):
         assert expected[drawn.token_ids[r]], r
 
 
-def test_the_window_draws_what_the_whole_vocabulary_draws():
+def test_a_truncated_row_draws_in_the_window_what_the_whole_vocabulary_draws():
+    """Its kept set is exact and its noise keyed by token id: the window only saves work. (An
+    untruncated row races its tail as one pseudo-token, so its draw depends on the window size, which
+    is fixed; the chi-square tests cover its distribution.)"""
     rows, vocab_size = 400, 700
     x = random_rows(rows, vocab_size, seed=11)
     c = random_controls(rows, vocab_size, seed=12)
+    truncated = ((c.top_k > 0) | (c.top_p < 1) | (c.min_p > 0)).nonzero()[:, 0]
+    c, x = c.select(truncated), x[truncated]
     full = draw(x.clone(), c, vocab_size).token_ids
     for window in (1, 16, 128):
         assert torch.equal(draw(x.clone(), c, window).token_ids, full), window
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_an_untruncated_rows_tail_race_keeps_the_softmax(window):
+    """A peaked row: the tail (beyond a tiny window) wins now and then, and is drawn within."""
+    logits = torch.tensor([4.0, 3.0, 2.5, 2.0, 1.0, 1.0, 0.5, 0.0, -1.0, -3.0, -3.0, -5.0])
+    rows = 20_000
+    drawn = draw(logits.expand(rows, -1).clone(), controls(rows, seeds=torch.arange(rows) * 31 + 5), window)
+    assert chi_square(drawn.token_ids, torch.softmax(logits, -1)) < CHI2_CRITICAL[11]
 
 
 def test_a_rows_token_does_not_depend_on_its_batch():
