@@ -175,6 +175,9 @@ class LLMEngine:
             raise RequestRejected(
                 f"prompt of {num_prompt} tokens leaves no room to generate (limit {self.max_tokens_per_seq} "
                 "tokens: the model's context or the KV cache)")
+        if request.continuation is not None and request.sampling.logprobs is not None:
+            # the earlier attempt's logprobs are not part of a continuation (in_flight leaves such rows out)
+            raise RequestRejected("a continued request cannot return logprobs; start it over")
         seq = Sequence.from_request(next(self._seq_ids), request)
         self.metrics.num_prompt_tokens += num_prompt
         if seq.num_generated_tokens:
@@ -193,8 +196,10 @@ class LLMEngine:
         numbers), which is where the job calls it."""
         seqs = [*self.scheduler.running, *self.scheduler.waiting]
         # tokens are all a row's state: its random stream is keyed by its output index
-        # (engine/sampling/random_stream.py), and a failed step appended no token to any row
-        return [(seq.request, Continuation(tuple(seq.generated_token_ids))) for seq in seqs if seq.num_generated_tokens]
+        # (engine/sampling/random_stream.py), and a failed step appended no token to any row; a row
+        # with logprobs is left out (its logprobs so far are not kept), so it starts over
+        return [(seq.request, Continuation(tuple(seq.generated_token_ids))) for seq in seqs
+                if seq.num_generated_tokens and seq.request.sampling.logprobs is None]
 
     def fit_batch_size(self, max_num_seqs: int) -> None:
         """Take the job planner's batch size for the rows to come, when the user left it to auto.
@@ -288,10 +293,11 @@ class LLMEngine:
         token_ids, text = self.stop_checker.finalize(seq)
         self.metrics.num_generated_tokens += len(token_ids)
         self.metrics.num_requests_finished += 1
+        logprobs = seq.logprobs[:len(token_ids)] if seq.request.sampling.logprobs is not None else None
         return Completion(request_id=seq.request.request_id, token_ids=token_ids, text=text,
                           finish_reason=reason, num_prompt_tokens=seq.num_prompt_tokens,
                           num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
-                          num_preemptions=seq.num_preemptions)
+                          num_preemptions=seq.num_preemptions, logprobs=logprobs)
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows
+
 
 class FinishReason(str, Enum):
     STOP = "stop"  # an EOS token, a stop token id or a stop string
@@ -38,6 +40,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # ids that end a row like EOS (masked before min_tokens too)
     include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token's text) in the text
     skip_special_tokens: bool = True  # the text leaves special tokens out (stop strings match that text)
+    # None = off; K: each generated token's logprob and the K likeliest alternatives (engine/sampling/logprobs.py)
+    logprobs: int | None = None
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens
@@ -47,6 +51,7 @@ class SamplingParams:
         assert self.repetition_penalty > 0.0, self.repetition_penalty
         assert 0 <= self.min_tokens, self.min_tokens
         assert 0.0 <= self.min_p <= 1.0, self.min_p
+        assert self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, self.logprobs
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +62,16 @@ class SamplingParams:
         """Any control that changes the logits before sampling (the sampler tracks these rows)."""
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.min_tokens > 0)  # min_tokens masks EOS and stop_token_ids (engine/sampling/penalties.py)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability under the distribution it was drawn from (the logits
+    after penalties, temperature and truncation), and the likeliest tokens of that distribution."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), likeliest first; only tokens that could be drawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +116,8 @@ class Completion:
     num_cached_prompt_tokens: int = 0
     # how many times the request was preempted and recomputed
     num_preemptions: int = 0
+    # one per token of token_ids when the request asked for logprobs, else None
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def num_generated_tokens(self) -> int:

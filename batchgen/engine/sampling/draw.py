@@ -67,6 +67,7 @@ class Drawn:
     value_ids: torch.Tensor  # [rows, window] int64: the token ids of `values`
     # [rows] float32: logsumexp of the kept x over the whole row; None unless asked for (a full pass)
     log_normalizer: torch.Tensor | None
+    chosen_values: torch.Tensor | None = None  # [rows] float32: x of the drawn token; with logprobs only
 
 
 def draw(logits: torch.Tensor, controls: RowControls, window: int, *, logprobs: bool = False) -> Drawn:
@@ -88,6 +89,8 @@ def draw(logits: torch.Tensor, controls: RowControls, window: int, *, logprobs: 
             drawn.log_normalizer[rows] = wider.log_normalizer
         fallback = None if wider_fallback is None else torch.zeros_like(fallback).index_fill_(
             0, rows[wider_fallback], True)
+    if logprobs:
+        drawn.chosen_values = x.gather(1, drawn.token_ids[:, None])[:, 0]
     return drawn
 
 
@@ -145,7 +148,11 @@ def _draw_window(x: torch.Tensor, c: RowControls, window: int, full_lse: torch.T
         log_normalizer = torch.where(untruncated, full_lse, torch.logsumexp(values, dim=-1))
         values = torch.where(untruncated[:, None], vals, values)  # an untruncated row keeps its whole window
     drawn = Drawn(token_ids, values, ids, log_normalizer)
-    return drawn, None if whole else ~untruncated & (threshold <= edge), full_lse
+    if whole:
+        return drawn, None, full_lse
+    # a top-k beyond the window: its top-p above was renormalized over the window only
+    beyond = top_k_on & (c.top_k > vals.shape[1]) if c.max_top_k else False
+    return drawn, (~untruncated & (threshold <= edge)) | beyond, full_lse
 
 
 def _race_the_tail(x: torch.Tensor, values: torch.Tensor, edge: torch.Tensor, best: torch.Tensor,

@@ -20,7 +20,9 @@ import hashlib
 import torch
 
 from batchgen.engine.kernels.argmax import argmax_rows
+from batchgen.engine.request import MAX_LOGPROBS
 from batchgen.engine.sampling.draw import Drawn, RowControls, draw
+from batchgen.engine.sampling.logprobs import greedy_logprobs, sampled_logprobs
 from batchgen.engine.sampling.penalties import Penalties
 from batchgen.engine.scheduler.sequence import Sequence
 
@@ -41,7 +43,7 @@ def _int64(seed: int) -> int:
 
 class Sampler:
     def __init__(self, eos_token_ids: list[int] | None = None, window: int = DEFAULT_WINDOW) -> None:
-        assert window >= 1, window
+        assert window >= MAX_LOGPROBS, window  # the window holds the alternatives logprobs list
         self.window = window
         self.penalties = Penalties(eos_token_ids or [])
         self.last_draw: Drawn | None = None  # the latest step's sampling rows (logprobs read it)
@@ -59,20 +61,45 @@ class Sampler:
         if self.penalties:  # a dict check: nothing per row when no row asked for a penalty
             logits = self.penalties.apply(logits, seqs)
         sampling_rows = [i for i, s in enumerate(seqs) if not s.request.sampling.greedy]
-        if not sampling_rows:
+        wants_logprobs = any(s.request.sampling.logprobs is not None for s in seqs)
+        if not sampling_rows and not wants_logprobs:
             return argmax_rows(logits)  # the first maximal index, as HF's greedy picks
         device = logits.device
         out = [0] * len(seqs)
-        if len(sampling_rows) < len(seqs):
-            greedy_rows = [i for i, s in enumerate(seqs) if s.request.sampling.greedy]
-            for i, token in zip(greedy_rows, argmax_rows(logits[_index(greedy_rows, device)]), strict=True):
+        greedy_rows = [i for i, s in enumerate(seqs) if s.request.sampling.greedy]
+        if greedy_rows:
+            greedy_logits = logits if not sampling_rows else logits[_index(greedy_rows, device)]
+            greedy_tokens = argmax_rows(greedy_logits)
+            for i, token in zip(greedy_rows, greedy_tokens, strict=True):
                 out[i] = token
-            logits = logits[_index(sampling_rows, device)]
-        drawn = draw(logits, self.controls([seqs[i] for i in sampling_rows], device), self.window)
-        self.last_draw = drawn
-        for i, token in zip(sampling_rows, drawn.token_ids.tolist(), strict=True):  # the one device-to-host copy
-            out[i] = token
+            if wants_logprobs:
+                self._greedy_logprobs(greedy_logits, greedy_tokens, [seqs[i] for i in greedy_rows])
+        if sampling_rows:
+            if greedy_rows:
+                logits = logits[_index(sampling_rows, device)]
+            sampled = [seqs[i] for i in sampling_rows]
+            drawn = draw(logits, self.controls(sampled, device), self.window, logprobs=wants_logprobs)
+            self.last_draw = drawn
+            for i, token in zip(sampling_rows, drawn.token_ids.tolist(), strict=True):  # the one device-to-host copy
+                out[i] = token
+            if wants_logprobs:
+                rows = [r for r, s in enumerate(sampled) if s.request.sampling.logprobs is not None]
+                if rows:
+                    entries = sampled_logprobs(drawn, rows, [sampled[r].request.sampling.logprobs for r in rows])
+                    for r, entry in zip(rows, entries, strict=True):
+                        sampled[r].logprobs.append(entry)
         return out
+
+    @staticmethod
+    def _greedy_logprobs(logits: torch.Tensor, tokens: list[int], seqs: list[Sequence]) -> None:
+        rows = [r for r, s in enumerate(seqs) if s.request.sampling.logprobs is not None]
+        if not rows:
+            return
+        index = _index(rows, logits.device)
+        entries = greedy_logprobs(logits[index], [tokens[r] for r in rows],
+                                  [seqs[r].request.sampling.logprobs for r in rows])
+        for r, entry in zip(rows, entries, strict=True):
+            seqs[r].logprobs.append(entry)
 
     @staticmethod
     def controls(seqs: list[Sequence], device: torch.device) -> RowControls:

@@ -98,7 +98,7 @@ def random_rows(rows: int, vocab_size: int, seed: int) -> torch.Tensor:
 def random_controls(rows: int, vocab_size: int, seed: int) -> RowControls:
     gen = torch.Generator().manual_seed(seed)
     pick = torch.randint(0, 4, (rows,), generator=gen)
-    top_k = torch.where(pick == 1, torch.randint(1, vocab_size + 5, (rows,), generator=gen), 0)
+    top_k = torch.where((pick == 1) | (pick == 3), torch.randint(1, vocab_size + 5, (rows,), generator=gen), 0)
     top_p = torch.where(pick >= 2, torch.rand(rows, generator=gen) * 0.99 + 0.01, torch.ones(rows))
     min_p = torch.where(pick == 3, torch.rand(rows, generator=gen) * 0.3, torch.zeros(rows))
     temperature = torch.rand(rows, generator=gen) * 1.5 + 0.3
