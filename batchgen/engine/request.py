@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows
+from batchgen.config.choices import MAX_LOGPROBS
 
 
 class FinishReason(str, Enum):

@@ -19,8 +19,8 @@ import hashlib
 
 import torch
 
+from batchgen.config.choices import MAX_LOGPROBS
 from batchgen.engine.kernels.argmax import argmax_rows
-from batchgen.engine.request import MAX_LOGPROBS
 from batchgen.engine.sampling.draw import Drawn, RowControls, draw
 from batchgen.engine.sampling.logprobs import greedy_logprobs, sampled_logprobs
 from batchgen.engine.sampling.penalties import Penalties

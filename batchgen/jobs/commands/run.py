@@ -90,7 +90,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                     session.open()
                 schema = output_schema(source.id_field, source.passthrough_fields,
                                        with_prompt_hash=session.writes_prompt_hash(),
-                                       with_prompt_truncated=session.writes_prompt_truncated())
+                                       with_prompt_truncated=session.writes_prompt_truncated(),
+                                       with_logprobs=config.logprobs is not None)
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)

@@ -223,6 +223,7 @@ class JobCore:
                 stop_token_ids=tuple(config.stop_token_ids),
                 include_stop_str_in_output=config.include_stop_str_in_output,
                 skip_special_tokens=config.skip_special_tokens,
+                logprobs=planned.logprobs if planned.logprobs is not None else config.logprobs,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
                 predicted_num_output_tokens=planned.prediction.p90,
                 continuation=self.continuation_for(planned) if self.continuation_for is not None else None)
