@@ -23,8 +23,9 @@ class LogprobColumn:
             text = self._texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
-    def cell(self, completion: Completion) -> list[dict[str, Any]]:
-        assert completion.logprobs is not None, "a --logprobs job's rows all ask for logprobs"
+    def cell(self, completion: Completion) -> list[dict[str, Any]] | None:
+        if completion.logprobs is None:  # a Batch API request that did not ask
+            return None
         return [{"token": self.token_text(e.token_id), "token_id": e.token_id, "logprob": e.logprob,
                  "top_logprobs": [{"token": self.token_text(t), "token_id": t, "logprob": v} for t, v in e.top]}
                 for e in completion.logprobs]
