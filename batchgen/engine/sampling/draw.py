@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from batchgen.engine.kernels.sample_window import sample_window
 from batchgen.engine.sampling.random_stream import gumbel, row_keys
 
 # a truncated row whose kept set outgrows the window tries one this many times larger, then a sort
@@ -70,16 +71,43 @@ class Drawn:
     chosen_values: torch.Tensor | None = None  # [rows] float32: x of the drawn token; with logprobs only
 
 
+class _Scaled:
+    """logits / temperature of the sampling rows, made whole only when a step needs every value
+    (the CPU kernel reads the first window straight from the logits)."""
+
+    def __init__(self, logits: torch.Tensor, temperature: torch.Tensor):
+        self.logits = logits  # [rows, vocab_size], the model's dtype
+        self.temperature = temperature  # [rows] float32
+        self._x: torch.Tensor | None = None
+
+    def full(self) -> torch.Tensor:  # [rows, vocab_size] float32
+        if self._x is None:
+            self._x = self.logits / self.temperature[:, None]
+        return self._x
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:  # the same values, for some rows
+        if self._x is not None:
+            return self._x[index]
+        return self.logits[index] / self.temperature[index, None]
+
+    def select(self, index: torch.Tensor) -> _Scaled:
+        scaled = _Scaled(self.logits[index], self.temperature[index])
+        scaled._x = None if self._x is None else self._x[index]
+        return scaled
+
+
 def draw(logits: torch.Tensor, controls: RowControls, window: int, *, logprobs: bool = False) -> Drawn:
     """logits: [rows, vocab_size] of the sampling rows (any float dtype; not changed)."""
-    x = logits / controls.temperature[:, None]  # float32: [rows, vocab_size]
-    vocab_size = x.shape[-1]
-    drawn, fallback, full_lse = _draw_window(x, controls, min(window, vocab_size), None, logprobs=logprobs)
+    vocab_size = logits.shape[-1]
+    scaled = _Scaled(logits, controls.temperature)
+    first = sample_window(logits, controls.temperature, window) if window < vocab_size else None
+    drawn, fallback, full_lse = _draw_window(scaled, controls, min(window, vocab_size), None, logprobs=logprobs,
+                                             first=first)
     level = window
     while fallback is not None and bool(fallback.any()):
         level = vocab_size if level * WINDOW_GROWTH ** 2 > vocab_size else level * WINDOW_GROWTH
         rows = fallback.nonzero()[:, 0]
-        wider, wider_fallback, _ = _draw_window(x[rows], controls.select(rows), level,
+        wider, wider_fallback, _ = _draw_window(scaled.select(rows), controls.select(rows), level,
                                                 None if full_lse is None else full_lse[rows], logprobs=logprobs)
         # the first `window` columns of the wider draw: logprobs' top alternatives are its first ones
         drawn.token_ids[rows] = wider.token_ids
@@ -90,7 +118,7 @@ def draw(logits: torch.Tensor, controls: RowControls, window: int, *, logprobs: 
         fallback = None if wider_fallback is None else torch.zeros_like(fallback).index_fill_(
             0, rows[wider_fallback], True)
     if logprobs:
-        drawn.chosen_values = x.gather(1, drawn.token_ids[:, None])[:, 0]
+        drawn.chosen_values = logits.gather(1, drawn.token_ids[:, None])[:, 0] / controls.temperature
     return drawn
 
 
@@ -99,17 +127,21 @@ def _logsumexp(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
     return row_max + (x - row_max[:, None]).exp_().sum(-1).log_()
 
 
-def _draw_window(x: torch.Tensor, c: RowControls, window: int, full_lse: torch.Tensor | None, *,
-                 logprobs: bool) -> tuple[Drawn, torch.Tensor | None, torch.Tensor | None]:
-    # x: [rows, vocab_size]; returns the draw, the truncated rows whose kept set outgrew the window
-    # ([rows] bool; None for a window of the whole vocabulary) and the rows' logsumexp if computed
-    vocab_size = x.shape[-1]
+def _draw_window(scaled: _Scaled, c: RowControls, window: int, full_lse: torch.Tensor | None, *, logprobs: bool,
+                 first: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 ) -> tuple[Drawn, torch.Tensor | None, torch.Tensor | None]:
+    # returns the draw, the truncated rows whose kept set outgrew the window ([rows] bool; None for
+    # a window of the whole vocabulary) and the rows' logsumexp if computed; `first`: the CPU
+    # kernel's (values, ids, logsumexp) of this window
+    vocab_size = scaled.logits.shape[-1]
     whole = window >= vocab_size
-    if whole:
-        vals, ids = torch.sort(x, dim=-1, descending=True)
+    if first is not None:
+        vals, ids, full_lse = first
+    elif whole:
+        vals, ids = torch.sort(scaled.full(), dim=-1, descending=True)
     else:
-        vals, ids = torch.topk(x, window, dim=-1)  # [rows, window], descending
-    neg_inf = torch.tensor(float("-inf"), device=x.device)
+        vals, ids = torch.topk(scaled.full(), window, dim=-1)  # [rows, window], descending
+    neg_inf = torch.tensor(float("-inf"), device=vals.device)
     threshold = torch.full_like(vals[:, 0], float("-inf"))
     top_k_on = (c.top_k > 0) & (c.top_k < vocab_size)
     if c.max_top_k:
@@ -118,7 +150,7 @@ def _draw_window(x: torch.Tensor, c: RowControls, window: int, full_lse: torch.T
         threshold = torch.where(top_k_on, torch.where(c.top_k <= vals.shape[1], kth, vals[:, -1]), threshold)
     untruncated = ~top_k_on & (c.top_p >= 1.0) & (c.min_p <= 0.0)
     if full_lse is None and (logprobs or (c.any_top_p and not bool(top_k_on.all())) or bool(untruncated.any())):
-        full_lse = _logsumexp(x, vals[:, 0])
+        full_lse = _logsumexp(scaled.full(), vals[:, 0])
     if c.any_top_p:
         top_p_on = c.top_p < 1.0
         kept_k = vals >= threshold[:, None]
@@ -142,7 +174,7 @@ def _draw_window(x: torch.Tensor, c: RowControls, window: int, full_lse: torch.T
     best, best_col = (values + gumbel(key_lo, key_hi, ids, vocab_size)).max(dim=-1)
     token_ids = ids.gather(1, best_col[:, None])[:, 0]
     if not whole and bool(untruncated.any()):
-        _race_the_tail(x, values, edge, best, full_lse, key_lo, key_hi, untruncated, token_ids)
+        _race_the_tail(scaled, values, edge, best, full_lse, key_lo, key_hi, untruncated, token_ids)
     log_normalizer = None
     if logprobs:
         log_normalizer = torch.where(untruncated, full_lse, torch.logsumexp(values, dim=-1))
@@ -155,7 +187,7 @@ def _draw_window(x: torch.Tensor, c: RowControls, window: int, full_lse: torch.T
     return drawn, (~untruncated & (threshold <= edge)) | beyond, full_lse
 
 
-def _race_the_tail(x: torch.Tensor, values: torch.Tensor, edge: torch.Tensor, best: torch.Tensor,
+def _race_the_tail(scaled: _Scaled, values: torch.Tensor, edge: torch.Tensor, best: torch.Tensor,
                    full_lse: torch.Tensor, key_lo: torch.Tensor, key_hi: torch.Tensor, untruncated: torch.Tensor,
                    token_ids: torch.Tensor) -> None:
     """Untruncated rows: the tail (x <= edge) as one pseudo-token against the window's best score;
@@ -166,13 +198,14 @@ def _race_the_tail(x: torch.Tensor, values: torch.Tensor, edge: torch.Tensor, be
     rows = untruncated.nonzero()[:, 0]
     window_share = torch.exp(values[rows] - full_lse[rows, None]).sum(-1)  # exp(-inf) = 0 outside
     tail_lse = full_lse[rows] + torch.log((1.0 - window_share).clamp_(min=0.0))
-    vocab_size = x.shape[-1]
+    vocab_size = scaled.logits.shape[-1]
+    device = scaled.logits.device
     lo, hi = key_lo[rows], key_hi[rows]
-    tail_id = torch.full((1,), vocab_size, dtype=torch.long, device=x.device)  # the pseudo-token's own noise
+    tail_id = torch.full((1,), vocab_size, dtype=torch.long, device=device)  # the pseudo-token's own noise
     wins = tail_lse + gumbel(lo, hi, tail_id, vocab_size)[:, 0] > best[rows]
     if bool(wins.any()):
         won = wins.nonzero()[:, 0]
-        tail = x[rows[won]]
+        tail = scaled.rows(rows[won])
         tail.masked_fill_(tail > edge[rows[won], None], float("-inf"))
-        all_ids = torch.arange(vocab_size, device=x.device)
+        all_ids = torch.arange(vocab_size, device=device)
         token_ids[rows[won]] = (tail + gumbel(lo[won], hi[won], all_ids, vocab_size)).argmax(dim=-1)

@@ -9,7 +9,17 @@ import math
 import pytest
 import torch
 
+from batchgen.engine.sampling import draw as draw_module
 from batchgen.engine.sampling.draw import RowControls, draw
+
+
+@pytest.fixture(autouse=True, params=["kernel", "torch"])
+def window_path(request, monkeypatch):
+    """Every test twice: the first window from the CPU kernel, and from torch's topk (other devices)."""
+    if request.param == "torch":
+        monkeypatch.setattr(draw_module, "sample_window", lambda *args: None)
+    return request.param
+
 
 # chi-square critical values at p = 0.0001 (scipy.stats.chi2.isf(1e-4, df)), by degrees of freedom
 CHI2_CRITICAL = {7: 29.88, 11: 35.56, 19: 47.21}
