@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from batchgen.config.choices import Policy
+from batchgen.config.constraint import InvalidConstraint
 from batchgen.engine.attention import paged as attention
 from batchgen.engine.attention.registry import make_backend
 from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
@@ -30,6 +31,7 @@ from batchgen.engine.model import families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
+from batchgen.engine.sampling.grammar import GrammarMasks
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler import sizing
 from batchgen.engine.scheduler.scheduler import Scheduler
@@ -105,6 +107,8 @@ class LLMEngine:
                  backend, num_blocks, block_size, self.limits.reason, "; compiled forward" if config.compile else "")
         self._capture_graphs()
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
+        self.grammar = self.runner.sampler.grammar = GrammarMasks(
+            tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])
         self.metrics = EngineMetrics()
         self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
         if self.device.type == "cpu" and omp.choice_reason is not None:
@@ -188,17 +192,22 @@ class LLMEngine:
         if request.continuation is not None and request.sampling.logprobs is not None:
             # the earlier attempt's logprobs are not part of a continuation (in_flight leaves such rows out)
             raise RequestRejected("a continued request cannot return logprobs; start it over")
+        if request.sampling.constraint is not None:
+            try:
+                self.grammar.compiled(request.sampling.constraint)  # cached: rows sharing one compile once
+            except InvalidConstraint as e:
+                raise RequestRejected(f"invalid {request.sampling.constraint.kind.value} constraint: {e}") from None
         seq = Sequence.from_request(next(self._seq_ids), request)
         self.metrics.num_prompt_tokens += num_prompt
+        self.runner.add(seq)  # before the checks below: a continued row's grammar replays its tokens
         if seq.num_generated_tokens:
             # a continued row whose earlier tokens already end it (a stop was sampled in the very
             # step the earlier attempt was stopped after): finish it as that attempt would have
-            reason = self.stop_checker.check(seq)
+            reason = self._stop_reason(seq)
             if reason is not None:
                 self._finished_on_admission.append(self._finish(seq, reason))
                 return
         self.scheduler.add(seq)
-        self.runner.add(seq)
 
     def in_flight(self) -> list[tuple[Request, Continuation]]:
         """Every unfinished row that has generated tokens, with its generation so far: what a
@@ -280,7 +289,7 @@ class LLMEngine:
         if out.scheduled:
             samplers = self.scheduler.update(out, token_ids)
             for seq in samplers:
-                reason = self.stop_checker.check(seq)
+                reason = self._stop_reason(seq)
                 if reason is not None:
                     finished.append(self._finish(seq, reason))
         elif not finished:
@@ -296,6 +305,12 @@ class LLMEngine:
             num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens,
             forward_seconds=self.runner.last_forward_s if out.scheduled else 0.0))
         return finished
+
+    def _stop_reason(self, seq: Sequence) -> FinishReason | None:
+        # a finished grammar is a stop even on the max_new_tokens-th token: its text is whole
+        if self.grammar and self.grammar.stopped(seq):
+            return FinishReason.STOP
+        return self.stop_checker.check(seq)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:
         self.scheduler.finish(seq, reason)

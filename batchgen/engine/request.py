@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from batchgen.config.choices import MAX_LOGPROBS
+from batchgen.config.constraint import Constraint
 
 
 class FinishReason(str, Enum):
-    STOP = "stop"  # an EOS token, a stop token id or a stop string
+    STOP = "stop"  # an EOS token, a stop token id, a stop string or a finished constraint grammar
     LENGTH = "length"  # max_new_tokens reached (or the context length)
 
 
@@ -42,6 +43,8 @@ class SamplingParams:
     skip_special_tokens: bool = True  # the text leaves special tokens out (stop strings match that text)
     # None = off; K: each generated token's logprob and the K likeliest alternatives (engine/sampling/logprobs.py)
     logprobs: int | None = None
+    # structured output: the text must match this (engine/sampling/grammar.py masks the logits); None = free
+    constraint: Constraint | None = None
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens

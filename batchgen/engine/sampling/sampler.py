@@ -22,6 +22,7 @@ import torch
 from batchgen.config.choices import MAX_LOGPROBS
 from batchgen.engine.kernels.argmax import argmax_rows
 from batchgen.engine.sampling.draw import Drawn, RowControls, draw
+from batchgen.engine.sampling.grammar import GrammarMasks
 from batchgen.engine.sampling.logprobs import greedy_logprobs, sampled_logprobs
 from batchgen.engine.sampling.penalties import Penalties
 from batchgen.engine.scheduler.sequence import Sequence
@@ -47,12 +48,27 @@ class Sampler:
         self.window = window
         self.penalties = Penalties(eos_token_ids or [])
         self.last_draw: Drawn | None = None  # the latest step's sampling rows (logprobs read it)
+        # structured output (engine/sampling/grammar.py); set by the engine, which owns the tokenizer
+        self.grammar: GrammarMasks | None = None
 
     def add(self, seq: Sequence) -> None:
         """A request entered the engine (called once per sequence)."""
         self.penalties.add(seq)
+        if seq.request.sampling.constraint is not None:  # structured-output hook
+            assert self.grammar is not None, "a constrained request needs the engine's GrammarMasks"
+            self.grammar.add(seq)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        # logits: [num_seqs, vocab_size], row i belongs to seqs[i]
+        # structured-output hook: constrained rows' forbidden tokens go to -inf before any pick, and
+        # their grammars advance by the picked tokens; everything else is _pick's
+        if not self.grammar:  # no constrained row running
+            return self._pick(logits, seqs)
+        tokens = self._pick(self.grammar.mask(logits, seqs), seqs)
+        self.grammar.accept(seqs, tokens)
+        return tokens
+
+    def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         # logits: [num_seqs, vocab_size], row i belongs to seqs[i]
         assert logits.shape[0] == len(seqs)
         self.last_draw = None
@@ -119,6 +135,8 @@ class Sampler:
 
     def release(self, seq: Sequence) -> None:
         self.penalties.release(seq)
+        if self.grammar is not None:  # structured-output hook
+            self.grammar.release(seq)
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:

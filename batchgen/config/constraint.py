@@ -1,0 +1,108 @@
+"""A structured-output constraint: what a row's text must match (JSON schema, JSON object, regex, choices).
+
+Plain, hashable data so that SamplingParams stays frozen and the engine can cache one compiled
+grammar per constraint. It lives in config/ (not engine/) because a job-level constraint is checked
+before the model loads; llguidance validates a grammar without a tokenizer and imports no torch.
+Compiling against a tokenizer and masking logits are the engine's (engine/sampling/grammar.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+# compact JSON: with flexible whitespace a small model can emit blank space until max_new_tokens
+_JSON_LAYOUT = {"whitespace_flexible": False}
+
+
+class ConstraintKind(str, Enum):
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"  # any JSON object (OpenAI's response_format json_object)
+    REGEX = "regex"
+    CHOICES = "choices"
+
+
+class InvalidConstraint(ValueError):
+    """A schema, regex or choice list that no grammar can be built from; callers name the flag or row."""
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    kind: ConstraintKind
+    # json_schema: the schema as canonical JSON (sorted keys) so equal schemas share one cache entry;
+    # regex: the pattern; choices: a JSON list of the strings; json_object: ""
+    spec: str
+
+    @staticmethod
+    def json_schema(schema: Any) -> Constraint:
+        """From a parsed schema (dict or bool) or its JSON text."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise InvalidConstraint(f"not JSON: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidConstraint(f"a JSON schema is an object, got {type(schema).__name__}")
+        return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+    @staticmethod
+    def json_object() -> Constraint:
+        return Constraint(ConstraintKind.JSON_OBJECT, "")
+
+    @staticmethod
+    def regex(pattern: str) -> Constraint:
+        if not isinstance(pattern, str) or not pattern:
+            raise InvalidConstraint("a regex is a non-empty string")
+        return Constraint(ConstraintKind.REGEX, pattern)
+
+    @staticmethod
+    def choices(options: list[str] | tuple[str, ...]) -> Constraint:
+        options = list(options)
+        if not options or not all(isinstance(o, str) and o for o in options):
+            raise InvalidConstraint(f"choices are one or more non-empty strings, got {options!r}")
+        return Constraint(ConstraintKind.CHOICES, json.dumps(options))
+
+    @property
+    def is_json(self) -> bool:
+        """The output is JSON (a json_valid column is meaningful)."""
+        return self.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
+
+    @property
+    def schema(self) -> Any:
+        """The parsed schema (json_schema only)."""
+        assert self.kind is ConstraintKind.JSON_SCHEMA
+        return json.loads(self.spec)
+
+    def grammar(self) -> str:
+        """The llguidance grammar text (raises InvalidConstraint when it cannot be built)."""
+        import llguidance  # no torch; only constrained jobs pay for it
+
+        kind = self.kind
+        if kind is ConstraintKind.JSON_SCHEMA:
+            try:
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(self.spec, defaults=_JSON_LAYOUT)
+            except Exception as e:  # a schema llguidance cannot even parse (e.g. a bad $ref)
+                raise InvalidConstraint(str(e).strip().splitlines()[0]) from None
+        elif kind is ConstraintKind.JSON_OBJECT:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=_JSON_LAYOUT)
+        elif kind is ConstraintKind.REGEX:
+            grammar = llguidance.LLMatcher.grammar_from_regex(self.spec)
+        else:
+            # a lark alternation of JSON-quoted literals: any character in a choice is literal
+            grammar = "start: " + " | ".join(json.dumps(o) for o in json.loads(self.spec))
+        error = llguidance.LLMatcher.validate_grammar(grammar)
+        if error:
+            raise InvalidConstraint(error.strip().splitlines()[0] if kind is not ConstraintKind.REGEX
+                                    else " ".join(error.split())[:300])
+        return grammar
+
+    def validate(self) -> Constraint:
+        """Raise InvalidConstraint if no grammar can be built; return self for chaining."""
+        self.grammar()
+        return self
+
+    def describe(self) -> str:
+        """A short stable text of the constraint (fingerprints, logs)."""
+        return f"{self.kind.value}:{self.spec}"
