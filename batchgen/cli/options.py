@@ -47,7 +47,8 @@ _PANELS = {
               "--quantize-embedding"),
     "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
                  "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
-                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--logprobs"),
+                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--logprobs",
+                 "--json-schema", "--regex", "--choices", "--json-schema-column"),
     "Output": ("--output", "--output-format", "--keep-columns", "--rows-per-part", "--commit-every",
                "--commit-every-seconds", "--stop-grace-seconds", "--checkpoint-in-flight-every", "--retry-errors",
                "--overwrite", "--max-error-rate"),
@@ -118,6 +119,14 @@ SamplingColumn = Annotated[str | None, _opt("--sampling-column", metavar="COL", 
     "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens, min_p (null = the job's)."))]
 Logprobs = Annotated[int | None, _opt("--logprobs", metavar="K", help=(
     "Write each generated token's logprob and its K likeliest alternatives (0-20) in a `logprobs` list column."))]
+JsonSchema = Annotated[str | None, _opt("--json-schema", metavar="FILE|JSON", help=(
+    "Constrain every row's text to JSON valid against this schema (a file or inline JSON); adds a json_valid "
+    "column."))]
+Regex = Annotated[str | None, _opt("--regex", metavar="PATTERN", help="Constrain every row's text to match PATTERN.")]
+Choices = Annotated[str | None, _opt("--choices", metavar="A,B,C", help=(
+    "Constrain every row's text to exactly one of these comma-separated choices (labelling)."))]
+JsonSchemaColumn = Annotated[str | None, _opt("--json-schema-column", metavar="COL", help=(
+    "Column of per-row JSON schemas (JSON text; null = the job's constraint); adds a json_valid column."))]
 MinP = Annotated[float | None, _opt("--min-p", metavar="P", help=(
     "Sampled rows: drop tokens less likely than P times the likeliest token, in [0, 1]; 0 = off [0]."))]
 StopTokenIds = Annotated[list[int] | None, _opt("--stop-token-ids", metavar="ID", help=(

@@ -106,3 +106,20 @@ class Constraint:
     def describe(self) -> str:
         """A short stable text of the constraint (fingerprints, logs)."""
         return f"{self.kind.value}:{self.spec}"
+
+
+def job_constraint(config: Any) -> Constraint | None:
+    """The constraint a JobConfig's --json-schema / --regex / --choices set (after validation), or None."""
+    if config.json_schema is not None:
+        return Constraint.json_schema(config.json_schema)
+    if config.regex is not None:
+        return Constraint.regex(config.regex)
+    if config.choices is not None:
+        return Constraint.choices(config.choices)
+    return None
+
+
+def writes_json_valid(config: Any) -> bool:
+    """A job whose rows may carry a JSON constraint writes the json_valid column."""
+    constraint = job_constraint(config)
+    return config.json_schema_column is not None or (constraint is not None and constraint.is_json)

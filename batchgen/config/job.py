@@ -65,6 +65,12 @@ class JobConfig:
     # each generated token's logprob and this many likeliest alternatives, as a `logprobs` list column; None = off
     logprobs: int | None = None
     sampling_column: str | None = None  # per-row overrides of the above (a JSON object or struct per cell)
+    # structured output (config/constraint.py), at most one of these three: a JSON schema (a file, inline
+    # JSON or, in YAML, a mapping; the parsed schema once validated), a regex, or the texts a row may be
+    json_schema: Any = None
+    regex: str | None = None
+    choices: list[str] | None = None  # the flag takes "a,b,c"
+    json_schema_column: str | None = None  # a per-row JSON schema (null cell = the job's constraint)
     seed: int = 0
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False

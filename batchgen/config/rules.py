@@ -17,6 +17,7 @@ from batchgen.config.choices import (
     Policy,
     canonical_attention_backend,
 )
+from batchgen.config.constraint import InvalidConstraint, job_constraint
 from batchgen.config.output_url import check_output_url
 from batchgen.errors import ConfigError
 
@@ -140,6 +141,7 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("input_format", config.input_format, INPUT_FORMATS)
     _choice("output_format", config.output_format, OUTPUT_FORMATS)
     _chat_template_settings(config)
+    _constraint_settings(config)
     _combinations(config)
     if config.input_format == OPENAI_BATCH:
         _openai_batch_settings(config)
@@ -226,6 +228,40 @@ def _chat_template_settings(config: JobConfig) -> None:
                           "it off: drop one of them")
 
 
+def _constraint_settings(config: JobConfig) -> None:
+    """Parse and check --json-schema / --regex / --choices now (exit 2 before any load); the job's
+    Constraint is then config/constraint.py's job_constraint(config)."""
+    given = [name for name in ("json_schema", "regex", "choices") if getattr(config, name) is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{label(given[0])} and {label(given[1])} cannot go together: a row has one constraint")
+    if isinstance(config.choices, str):  # the flag's "a,b,c"
+        config.choices = [c.strip() for c in config.choices.split(",") if c.strip()]
+    if isinstance(config.json_schema, str):
+        config.json_schema = _schema_value(config.json_schema)
+    if config.json_schema_column is not None and (not isinstance(config.json_schema_column, str)
+                                                  or not config.json_schema_column):
+        raise ConfigError(f"{label('json_schema_column')} must be a column name, got {config.json_schema_column!r}")
+    if given:
+        try:
+            job_constraint(config).validate()
+        except InvalidConstraint as e:
+            raise ConfigError(f"{label(given[0])}: {e}") from None
+
+
+def _schema_value(text: str) -> Any:
+    """--json-schema's value: inline JSON, or a file holding it."""
+    if not text.lstrip().startswith(("{", "[")):
+        try:
+            text = Path(text).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{label('json_schema')}: cannot read {text!r} ({e.__class__.__name__}): pass a "
+                              "JSON schema file or inline JSON") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{label('json_schema')}: not valid JSON: {e}") from None
+
+
 def _combinations(config: JobConfig) -> None:
     """Settings that cannot go together whatever the model and the machine: refused here, before
     any load, where they used to surface after the model had loaded (the engine and the prompt
@@ -233,6 +269,9 @@ def _combinations(config: JobConfig) -> None:
     if config.system is not None and config.chat is False:
         raise ConfigError("--system needs the chat template, and --no-chat turns it off: drop one of them, "
                           "or put the text in --template")
+    if config.executor == "ray" and (job_constraint(config) is not None or config.json_schema_column):
+        raise ConfigError("--json-schema, --regex, --choices and --json-schema-column run on the local executor: "
+                          "the Ray executor writes no json_valid column")
     if config.logprobs is not None and config.executor == "ray":
         raise ConfigError("--logprobs runs on the local executor: the Ray executor writes no logprobs column")
     if config.kv_cache_dtype == "int8" and config.attention_backend == "flash":
@@ -250,10 +289,11 @@ def _combinations(config: JobConfig) -> None:
 def _openai_batch_settings(config: JobConfig) -> None:
     """Batch API requests carry their own id, prompt and limits: the flags that would name
     columns for them are refused, and the id, prompt and kept columns are set (idempotent)."""
-    for name in ("template", "system", "max_new_tokens_column", "sampling_column", "length_column"):
+    for name in ("template", "system", "max_new_tokens_column", "sampling_column", "length_column", "json_schema",
+                 "regex", "choices", "json_schema_column"):
         if getattr(config, name) is not None:
             raise ConfigError(f"{label(name)} does not apply to --input-format openai-batch: each request's body "
-                              "carries its messages or prompt, max_tokens and sampling settings")
+                              "carries its messages or prompt, max_tokens, sampling settings and response_format")
     if config.chat is False:
         raise ConfigError("--no-chat does not apply to --input-format openai-batch: /v1/chat/completions "
                           "requests use the model's chat template, /v1/completions prompts never do")

@@ -152,3 +152,14 @@ def test_a_batch_api_file_read_as_plain_jsonl_hints_the_input_format(tmp_path):
     path.write_text(json.dumps(request) + "\n")
     line = assert_answers_light(*batchgen("run", "-i", path, "-o", tmp_path / "out"), "prompt column 'text' not found")
     assert line.endswith("these are OpenAI Batch API requests: pass --input-format openai-batch"), line
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--json-schema", '{"type": "foo"}'], "--json-schema (YAML json_schema): Invalid type: foo"),
+    (["--json-schema", "no-such-schema.json"], "--json-schema (YAML json_schema): cannot read"),
+    (["--regex", "[a-"], "--regex (YAML regex)"),
+    (["--choices", "a,b", "--regex", "x"], "cannot go together"),
+], ids=["schema", "schema-file", "regex", "two"])
+def test_bad_constraint_flags(docs, tmp_path, flags, needle):
+    assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body", *flags),
+                         needle)

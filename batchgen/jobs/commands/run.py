@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchgen.config.constraint import writes_json_valid
 from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
 from batchgen.io.manifest.manifest import clear_success, fingerprint_digest, is_job_dir, load_manifest, write_success
@@ -92,7 +93,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                                        with_prompt_hash=session.writes_prompt_hash(),
                                        with_prompt_truncated=session.writes_prompt_truncated(),
                                        with_logprobs=config.logprobs is not None or (
-                                           config.input_format == OPENAI_BATCH and session.writes_logprobs()))
+                                           config.input_format == OPENAI_BATCH and session.writes_logprobs()),
+                                       with_json_valid=writes_json_valid(config))
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)

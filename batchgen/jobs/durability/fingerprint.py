@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from batchgen.config.constraint import job_constraint
 from batchgen.config.job import JobConfig
 from batchgen.config.rules import chat_template_text
 from batchgen.io.manifest.manifest import fingerprint_digest
@@ -48,7 +49,7 @@ DEFAULTS = {"input_format": "auto", "quantize": "none", "quantize_backend": "aut
 
 
 CONTROL_DEFAULTS = {"min_p": 0.0, "stop_token_ids": [], "include_stop_str_in_output": False,
-                    "skip_special_tokens": True, "logprobs": None}
+                    "skip_special_tokens": True, "logprobs": None, "constraint": None, "json_schema_column": None}
 
 
 def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, model: dict[str, Any] | None = None
@@ -102,7 +103,9 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
     # vLLM's output controls, only when set: fingerprints of jobs begun before they existed still match
     controls = {"min_p": config.min_p, "stop_token_ids": list(config.stop_token_ids),
                 "include_stop_str_in_output": config.include_stop_str_in_output,
-                "skip_special_tokens": config.skip_special_tokens, "logprobs": config.logprobs}
+                "skip_special_tokens": config.skip_special_tokens, "logprobs": config.logprobs,
+                "constraint": constraint.describe() if (constraint := job_constraint(config)) is not None else None,
+                "json_schema_column": config.json_schema_column}
     fingerprint.update({k: v for k, v in controls.items() if v != CONTROL_DEFAULTS[k]})
     if config.num_shards is not None:
         # a sharded job's shards share one fingerprint (the index is the directory's name), and the

@@ -16,13 +16,14 @@ from typing import Any
 import pyarrow as pa
 
 from batchgen.config.choices import Policy
+from batchgen.config.constraint import job_constraint
 from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.io.store.partials import PartialRow
-from batchgen.io.store.schema import LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED
+from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer
@@ -36,6 +37,7 @@ from batchgen.jobs.pipeline.core import JobCore
 from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import JobInputs, prepare_job, seq_token_needs
 from batchgen.jobs.pipeline.progress import Progress
+from batchgen.jobs.pipeline.row_constraint import json_valid
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
@@ -73,6 +75,8 @@ class LocalJob:
         self.with_prompt_hash = PROMPT_HASH in schema.names
         self.with_prompt_truncated = PROMPT_TRUNCATED in schema.names
         self.logprobs = LogprobColumn(loaded.tokenizer) if LOGPROBS in schema.names else None
+        self.with_json_valid = JSON_VALID in schema.names
+        self.constraint = job_constraint(config)  # a row's own (PlannedRow.constraint) wins
         self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
         self.commits = CommitSchedule(Committer(session.manifest, PartWriter(session.store, schema),
                                                 source.id_field.name, rows_per_part=config.rows_per_part),
@@ -176,8 +180,10 @@ class LocalJob:
                                          num_prompt_tokens=completion.num_prompt_tokens,
                                          num_generated_tokens=completion.num_generated_tokens,
                                          predicted_tokens=prediction.p50, error=False)
+        constraint = planned.constraint if planned.constraint is not None else self.constraint
         self.emit(planned.row, self.output_row(planned.row, completion=completion, digest=planned.prompt_hash,
-                                               truncated=planned.num_truncated_tokens > 0))
+                                               truncated=planned.num_truncated_tokens > 0,
+                                               json_valid=json_valid(constraint, completion)))
 
     def failed(self, row: InputRow, message: str) -> None:
         if self.monitor is not None:
@@ -186,10 +192,12 @@ class LocalJob:
         self.emit(row, self.output_row(row, error=message))
 
     def output_row(self, row: InputRow, *, completion: Completion | None = None, error: str | None = None,
-                   digest: str | None = None, truncated: bool | None = None) -> dict[str, Any]:
+                   digest: str | None = None, truncated: bool | None = None,
+                   json_valid: bool | None = None) -> dict[str, Any]:
         return output_row(self.id_name, self.passthrough, self.with_prompt_hash, row, completion=completion,
                           error=error, digest=digest, truncated=truncated,
-                          with_prompt_truncated=self.with_prompt_truncated, logprobs=self.logprobs)
+                          with_prompt_truncated=self.with_prompt_truncated, logprobs=self.logprobs,
+                          with_json_valid=self.with_json_valid, json_valid=json_valid)
 
     def emit(self, row: InputRow, out: dict[str, Any]) -> None:
         is_error = self.summary.count_row(out)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from batchgen.config.choices import Policy
+from batchgen.config.constraint import job_constraint
 from batchgen.config.job import JobConfig, parse_bytes
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.metrics import EngineMetrics, StepStats
@@ -142,6 +143,7 @@ class JobCore:
         self.num_windows = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
         self.num_static_fallbacks = 0
         self.window_index: int | None = None  # the shard whose rows the engine was fed last
+        self.constraint = job_constraint(config)  # --json-schema / --regex / --choices; a row's own wins
 
     def context(self) -> tuple[str | None, int | None]:
         """(engine mode, newest shard fed): what a metrics record of this moment is labelled with."""
@@ -224,6 +226,7 @@ class JobCore:
                 include_stop_str_in_output=config.include_stop_str_in_output,
                 skip_special_tokens=config.skip_special_tokens,
                 logprobs=planned.logprobs if planned.logprobs is not None else config.logprobs,
+                constraint=planned.constraint if planned.constraint is not None else self.constraint,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
                 predicted_num_output_tokens=planned.prediction.p90,
                 continuation=self.continuation_for(planned) if self.continuation_for is not None else None)

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from batchgen.config.constraint import Constraint
 from batchgen.config.job import JobConfig
 from batchgen.jobs.durability.resume import prompt_hash
 from batchgen.jobs.pipeline.rows import InputRow
@@ -29,6 +30,8 @@ class PlannedRow:
     seed: int | None = None  # the row's own seed (a Batch API request's); None = derived from the job's
     stop: tuple[str, ...] | None = None  # the row's own stop strings (a Batch API request's); None = the job's
     logprobs: int | None = None  # the row's own logprobs count (a Batch API request's); None = the job's
+    # the row's own structured-output constraint (--json-schema-column, a Batch API response_format); None = the job's
+    constraint: Constraint | None = None
     # the row's own settings as canonical JSON (a Batch API request's, or row_settings_key's): part of
     # its prompt hash, so that a resume under the same id regenerates a row whose settings changed, as
     # one whose prompt did
@@ -44,7 +47,8 @@ class PlannedRow:
 
 
 
-def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str, Any] | None) -> str | None:
+def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str, Any] | None,
+                     constraint: Constraint | None = None) -> str | None:
     """The row's own settings (--max-new-tokens-column, --sampling-column) where they differ from
     the job's, as canonical JSON; None for a row run on the job's settings alone.
 
@@ -58,4 +62,6 @@ def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str,
     changed = {key: value for key, value in (sampling or {}).items() if value != getattr(config, key)}
     if changed:
         own["sampling"] = changed
+    if constraint is not None:  # a per-row schema: an edited schema regenerates the row
+        own["constraint"] = constraint.describe()
     return json.dumps(own, sort_keys=True) if own else None

@@ -50,6 +50,7 @@ from batchgen.engine.scheduler.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.openai.requests import prepare_request_row
 from batchgen.jobs.pipeline.chat_rows import conversation_token_ids
 from batchgen.jobs.pipeline.prompts import PromptBuilder, row_max_new_tokens
+from batchgen.jobs.pipeline.row_constraint import row_constraint
 from batchgen.jobs.pipeline.row_sampling import row_sampling
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor, parse_known_length
@@ -65,14 +66,15 @@ def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> Pla
     known = parse_known_length(row.values.get(config.length_column), config.length_column) \
         if config.length_column else None
     sampling = row_sampling(row.values, config.sampling_column)
+    constraint = row_constraint(row, config.json_schema_column)
     if row.messages is not None:  # a chat dataset's conversation (batchgen.jobs.pipeline.chat_rows)
         ids = conversation_token_ids(row.messages, builder, column=config.prompt_column, system=config.system,
                                      max_new_tokens=max_new)
-        return PlannedRow(row, ids, max_new, 0, known, sampling=sampling,
-                          settings_key=row_settings_key(config, max_new, sampling))
+        return PlannedRow(row, ids, max_new, 0, known, sampling=sampling, constraint=constraint,
+                          settings_key=row_settings_key(config, max_new, sampling, constraint))
     prompt = builder.build(row.values, max_new)
     return PlannedRow(row, prompt.token_ids, max_new, prompt.num_truncated_tokens, known, sampling=sampling,
-                      settings_key=row_settings_key(config, max_new, sampling))
+                      constraint=constraint, settings_key=row_settings_key(config, max_new, sampling, constraint))
 
 
 @dataclass(slots=True)
