@@ -306,3 +306,31 @@ def test_logprobs_requests_get_the_apis_logprobs_shapes(tmp_path, tiny_model_dir
     assert text_lp.text_offset[0] == 0
     assert "".join(t for t in text_lp.tokens if not t.startswith("<|")) == bodies["lp-text"]["choices"][0]["text"]
     assert bodies["plain"]["choices"][0]["logprobs"] is None
+
+
+def test_response_format_requests_round_trip(tmp_path, tiny_model_dir, loaded, one_thread):
+    """json_object and json_schema requests: constrained rows whose content parses (and validates), in the
+    API's ChatCompletion shape; a request with a bad schema is its own error line."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad"]}, "n": {"type": "boolean"}},
+              "required": ["mood", "n"], "additionalProperties": False}
+    requests = [chat("js", "How are you?", max_tokens=40, response_format={
+                    "type": "json_schema", "json_schema": {"name": "mood", "schema": schema, "strict": True}}),
+                chat("js-sampled", "And you?", max_tokens=40, temperature=1.0, seed=3, response_format={
+                    "type": "json_schema", "json_schema": {"name": "mood", "schema": schema}}),
+                completion("jo", "{", max_tokens=60, response_format={"type": "json_object"}),
+                chat("text", "Hi", max_tokens=4, response_format={"type": "text"}),
+                chat("bad", "Hi", response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "b", "schema": {"type": "nope"}}})]
+    run_job(job(tmp_path, requests, model_dir=tiny_model_dir), loaded=loaded)
+    ok, errors = read_lines(tmp_path / "out")
+    assert set(errors) == {"bad"}
+    error = errors["bad"]["response"]["body"]["error"]
+    assert error["code"] == "invalid_value" and error["param"] == "response_format.json_schema.schema", error
+    for cid in ("js", "js-sampled"):
+        [choice] = ChatCompletion.model_validate(ok[cid]["response"]["body"]).choices
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    [choice] = Completion.model_validate(ok["jo"]["response"]["body"]).choices
+    assert choice.finish_reason != "stop" or isinstance(json.loads(choice.text), dict), choice.text

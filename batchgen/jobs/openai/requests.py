@@ -10,13 +10,15 @@ Supported: `POST /v1/chat/completions` (body `messages`) and `POST /v1/completio
     top_k, repetition_penalty, min_tokens  vLLM's extensions of the same API
     logprobs, top_logprobs               chat: logprobs true and top_logprobs 0-20 alternatives;
                                          completions: logprobs 0-20 alternatives (the response's shapes)
+    response_format                      text, json_object or json_schema: constrained decoding
+                                         (batchgen.jobs.openai.response_format)
     n (1 only), stream / echo (false only), best_of (1 only)
     model, user, metadata, store, service_tier  recorded or ignored: they do not change the text
 
 A field the body does not set takes the job's setting (so `--temperature 1` gives the API's own
 default; batchgen's is greedy). `model` never switches models: the job runs its --model for every
 request and the `model` column records what the request asked for. Anything else (tools,
-response_format, logit_bias, images, ...) is refused for that request alone: an error
+logit_bias, images, ...) is refused for that request alone: an error
 row whose message carries the API's error code (batchgen.io.inputs.openai_batch.api_error). Prompts
 are never cut to fit: as the API does, a request too long for the context is an error
 (context_length_exceeded), whatever --on-long-prompt says.
@@ -31,10 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen.config.choices import MAX_LOGPROBS
+from batchgen.config.constraint import Constraint
 from batchgen.config.job import JobConfig
-from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL, api_error
+from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL
+from batchgen.jobs.openai.request_error import RequestError
+from batchgen.jobs.openai.response_format import response_format_constraint
 from batchgen.jobs.pipeline.chat_rows import MESSAGE_ROLES
-from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError
+from batchgen.jobs.pipeline.prompts import PromptBuilder
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.planned_row import PlannedRow
 
@@ -46,16 +51,10 @@ IGNORED_FIELDS = ("model", "user", "metadata", "store", "service_tier")
 OFF_VALUES: dict[str, tuple[Any, ...]] = {"n": (1,), "best_of": (1,), "stream": (False,), "echo": (False,)}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty",
                    "min_tokens")
-COMMON_FIELDS = {*IGNORED_FIELDS, *OFF_VALUES, *SAMPLING_FIELDS, "max_tokens", "seed", "stop", "logprobs"}
+COMMON_FIELDS = {*IGNORED_FIELDS, *OFF_VALUES, *SAMPLING_FIELDS, "max_tokens", "seed", "stop", "logprobs",
+                 "response_format"}
 FIELDS_BY_URL = {CHAT_URL: COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"},
                  COMPLETIONS_URL: COMMON_FIELDS | {"prompt"}}
-
-
-class RequestError(RowError):
-    """A request the API would answer with an error: the row's message is "<code>: <text>"."""
-
-    def __init__(self, code: str, message: str, *, param: str | None = None):
-        super().__init__(api_error(code, message, param), column="body")
 
 
 @dataclass(slots=True)
@@ -68,6 +67,7 @@ class ParsedRequest:
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     logprobs: int | None = None  # alternatives per token; None = no logprobs
+    constraint: Constraint | None = None  # from response_format; None = free text
 
 
 def parse_request(values: dict[str, Any]) -> ParsedRequest:
@@ -106,6 +106,8 @@ def parse_request(values: dict[str, Any]) -> ParsedRequest:
     if "stop" in body:
         request.stop = _stop(body["stop"])
     request.logprobs = _logprobs(body, url)
+    if "response_format" in body:
+        request.constraint = response_format_constraint(body["response_format"])
     return request
 
 
@@ -136,8 +138,11 @@ def prepare_request_row(row: InputRow, builder: PromptBuilder, config: JobConfig
                 "stop": request.stop}
     if request.logprobs is not None:  # only when asked: the hashes of rows committed before keep their value
         settings["logprobs"] = request.logprobs
+    if request.constraint is not None:  # likewise
+        settings["constraint"] = request.constraint.describe()
     return PlannedRow(row, ids, max_new, sampling=request.sampling or None, seed=request.seed, stop=request.stop,
-                      logprobs=request.logprobs, settings_key=json.dumps(settings, sort_keys=True))
+                      logprobs=request.logprobs, constraint=request.constraint,
+                      settings_key=json.dumps(settings, sort_keys=True))
 
 
 def _logprobs(body: dict[str, Any], url: str) -> int | None:
