@@ -14,6 +14,7 @@ so the matcher; a continued row's earlier tokens are replayed into a fresh one w
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
@@ -23,6 +24,9 @@ from batchgen.engine.scheduler.sequence import Sequence
 log = logging.getLogger(__name__)
 
 _BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # bit i of a mask word allows token 32 * word + i
+# the grammar engine's view of a tokenizer, per (HF tokenizer, vocab size): building it walks the whole
+# vocabulary, and a job builds a new engine at each mode switch or fallback with the same tokenizer
+_LL_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class GrammarMasks:
@@ -41,7 +45,10 @@ class GrammarMasks:
         if self._ll_tokenizer is None:
             import llguidance.hf
 
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size)
+            by_vocab = _LL_TOKENIZERS.setdefault(self.hf_tokenizer, {})
+            if self.vocab_size not in by_vocab:
+                by_vocab[self.vocab_size] = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size)
+            self._ll_tokenizer = by_vocab[self.vocab_size]
         return self._ll_tokenizer
 
     def compiled(self, constraint: Constraint):
