@@ -80,3 +80,36 @@ def test_resume_with_another_constraint_is_refused(tmp_path, loaded, tiny_model_
     _run(tmp_path, loaded, tiny_model_dir, choices="yes,no")
     with pytest.raises(BatchgenError, match="choices"):
         _run(tmp_path, loaded, tiny_model_dir, choices="yes,no,maybe")
+
+
+def test_sigterm_continuation_keeps_the_constraint(tmp_path, loaded, tiny_model_dir, one_thread, monkeypatch):
+    """Stopped by SIGTERM with rows in flight, then resumed: the continued rows replay their tokens into a
+    fresh grammar and end as the uninterrupted run's rows do, every one valid."""
+    import os
+    import signal
+
+    from batchgen.engine.engine import LLMEngine
+    from batchgen.errors import JobInterrupted
+
+    settings = dict(json_schema=json.dumps(SCHEMA), batch_size=2, commit_every_rows=1000, stop_grace_s=0,
+                    temperature=1.0)
+    _, reference = _run(tmp_path, loaded, tiny_model_dir, out_name="ref", **settings)
+    real_step, steps = LLMEngine.step, []
+
+    def step(self):
+        steps.append(1)
+        if len(steps) == 8:  # mid-row: the first batch's JSON is half written
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    with pytest.raises(JobInterrupted):
+        _run(tmp_path, loaded, tiny_model_dir, out_name="stopped", **settings)
+    monkeypatch.setattr(LLMEngine, "step", real_step)
+    out = tmp_path / "stopped"
+    summary = run_job(tiny_job_config(tmp_path / "in.parquet", out, tiny_model_dir, id_column="id", chat=False,
+                                      max_new_tokens=48, **settings), loaded=loaded)
+    assert summary.num_rows_continued >= 1
+    rows = committed_rows(out)
+    assert {k: r["generated_text"] for k, r in rows.items()} == {k: r["generated_text"] for k, r in reference.items()}
+    assert all(r["json_valid"] is True for r in rows.values())
