@@ -96,14 +96,17 @@ class GrammarMasks:
         bitmask = torch.full((len(seqs), num_words), -1, dtype=torch.int32)  # all allowed
         for i, matcher in rows:
             lt.fill_next_token_bitmask(matcher, bitmask, i)
-        allowed = ((bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1).bool().reshape(len(seqs), -1)
+        # the packed words go to the logits' device and are unpacked there: 32x fewer bytes to copy
+        device = logits.device
+        bitmask = bitmask.to(device, non_blocking=True)
+        shifts = _BIT_SHIFTS if device.type == "cpu" else _BIT_SHIFTS.to(device, non_blocking=True)
+        allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(seqs), -1)
         width = logits.shape[1]
         if allowed.shape[1] < width:  # logits past the grammar's vocabulary: only unconstrained rows keep them
             pad = torch.ones(len(seqs), width - allowed.shape[1], dtype=torch.bool)
             pad[[i for i, _ in rows]] = False
-            allowed = torch.cat([allowed, pad], dim=1)
-        allowed = allowed[:, :width].to(logits.device, non_blocking=True)
-        return logits.masked_fill(~allowed, float("-inf"))
+            allowed = torch.cat([allowed, pad.to(device, non_blocking=True)], dim=1)
+        return logits.masked_fill(~allowed[:, :width], float("-inf"))
 
     def accept(self, seqs: list[Sequence], token_ids: list[int]) -> None:
         """Advance each constrained row's grammar by the token it was given this step."""

@@ -158,3 +158,15 @@ def test_invalid_constraint_rejects_the_request(model, tokenizer):
     eng = engine(model, tokenizer)
     with pytest.raises(RequestRejected, match="regex"):
         eng.add_request(Request("r", [5, 6], SamplingParams(constraint=Constraint.regex("[a-"))))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_free_rows_beside_constrained_ones_are_untouched(model, tokenizer, one_thread, temperature):
+    constrained = requests(Constraint.json_schema(SCHEMA), n=4, temperature=temperature)
+    free = [dataclasses.replace(r, request_id=f"free-{r.request_id}",
+                                sampling=dataclasses.replace(r.sampling, constraint=None)) for r in constrained]
+    alone = run(engine(model, tokenizer), free)
+    mixed = run(engine(model, tokenizer), [r for pair in zip(constrained, free, strict=True) for r in pair])
+    assert {k: mixed[k].token_ids for k in alone} == {k: c.token_ids for k, c in alone.items()}
+    for r in constrained:
+        jsonschema.validate(json.loads(mixed[r.request_id].text), SCHEMA)
