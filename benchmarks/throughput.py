@@ -3,8 +3,11 @@
     python -m benchmarks.throughput --quick                      # 32 requests, outputs <= 64, 1 round
     python -m benchmarks.throughput --dtype float32,bfloat16     # 256 requests, caps 512, 3 rounds
 
-Systems, all greedy with ignore-EOS so each generates exactly the requested output lengths:
+Systems, greedy unless named sampled, all with ignore-EOS so each generates exactly the requested
+output lengths:
   batchgen-continuous  LLMEngine, Policy.CONTINUOUS (--max-num-seqs, --max-num-batched-tokens)
+  batchgen-sampled     the same engine, temperature 0.8, top-p 0.95, no per-row seed (derived from the id)
+  batchgen-sampled-seeded  the same with a seed per row
   batchgen-static      LLMEngine, Policy.STATIC, batches of --max-num-seqs
   hf-generate          model.generate on left-padded batches of --hf-batch-size in dataset order,
                        max_new_tokens = the batch's longest output, eos_token_id=None; only each
@@ -44,7 +47,9 @@ from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt, sysload
 
-SYSTEMS = ("batchgen-continuous", "batchgen-static", "hf-generate", "hf-continuous")
+SYSTEMS = ("batchgen-continuous", "batchgen-static", "hf-generate", "hf-continuous", "batchgen-sampled",
+           "batchgen-sampled-seeded")
+SAMPLED = dict(temperature=0.8, top_p=0.95)  # the sampled systems' settings (issue 31's workload)
 BASELINES = ("hf-generate", "hf-continuous")
 CHECK_PROMPTS, CHECK_TOKENS = 4, 16
 HF_CB_RESULT_TIMEOUT_S = 600  # no result for this long: the manager is stuck
@@ -69,12 +74,14 @@ def kv_blocks_for(workload: Workload, max_num_seqs: int, block_size: int) -> int
     return need + max(4, need // 50)
 
 
-def run_batchgen(lm: LoadedModel, workload: Workload, args, policy: Policy, kv_blocks: int) -> RunResult:
+def run_batchgen(lm: LoadedModel, workload: Workload, args, policy: Policy, kv_blocks: int,
+                 sampling: dict | None = None, seeded: bool = False) -> RunResult:
     engine = LLMEngine(lm.model, lm.tokenizer, EngineConfig(
         policy=policy, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=kv_blocks, enable_prefix_caching=True,
         attention_backend=args.attention_backend, cuda_graphs=not args.no_cuda_graphs))
-    requests = [Request(str(i), list(p), SamplingParams(max_new_tokens=o, ignore_eos=True))
+    requests = [Request(str(i), list(p), SamplingParams(max_new_tokens=o, ignore_eos=True, **(sampling or {}),
+                                                        seed=1000 + i if seeded else None))
                 for i, (p, o) in enumerate(workload)]
     with sysload.measure() as load:
         outputs = {int(c.request_id): c.token_ids for c in engine.generate(requests)}
@@ -174,6 +181,10 @@ def run_hf_continuous(lm: LoadedModel, workload: Workload, args, kv_blocks: int)
 def system_runner(name: str, args, kv_blocks: int) -> Callable[[LoadedModel, Workload], RunResult]:
     if name == "batchgen-continuous":
         return lambda lm, w: run_batchgen(lm, w, args, Policy.CONTINUOUS, kv_blocks)
+    if name == "batchgen-sampled":
+        return lambda lm, w: run_batchgen(lm, w, args, Policy.CONTINUOUS, kv_blocks, SAMPLED)
+    if name == "batchgen-sampled-seeded":
+        return lambda lm, w: run_batchgen(lm, w, args, Policy.CONTINUOUS, kv_blocks, SAMPLED, seeded=True)
     if name == "batchgen-static":
         return lambda lm, w: run_batchgen(lm, w, args, Policy.STATIC, kv_blocks)
     if name == "hf-generate":
@@ -193,7 +204,7 @@ def greedy_check(lm: LoadedModel, workload: Workload, systems: list[str], args, 
     reference = [hf_generate_batch(lm.model, pad_id, [p], CHECK_TOKENS)[0] for p, _ in small]
     report = {}
     for name in systems:
-        if name == "hf-generate":
+        if name == "hf-generate" or name.startswith("batchgen-sampled"):  # sampled: no greedy reference
             continue
         result = system_runner(name, args, kv_blocks)(lm, small)
         mismatches = []

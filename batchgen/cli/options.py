@@ -47,7 +47,7 @@ _PANELS = {
               "--quantize-embedding"),
     "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
                  "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
-                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos"),
+                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--logprobs"),
     "Output": ("--output", "--output-format", "--keep-columns", "--rows-per-part", "--commit-every",
                "--commit-every-seconds", "--stop-grace-seconds", "--checkpoint-in-flight-every", "--retry-errors",
                "--overwrite", "--max-error-rate"),
@@ -116,6 +116,8 @@ MinTokens = Annotated[int | None, _opt("--min-tokens", metavar="N", help=(
 SamplingColumn = Annotated[str | None, _opt("--sampling-column", metavar="COL", help=(
     "Column of per-row sampling overrides: a JSON object (or struct) with any of temperature, top_p, "
     "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens, min_p (null = the job's)."))]
+Logprobs = Annotated[int | None, _opt("--logprobs", metavar="K", help=(
+    "Write each generated token's logprob and its K likeliest alternatives (0-20) in a `logprobs` list column."))]
 MinP = Annotated[float | None, _opt("--min-p", metavar="P", help=(
     "Sampled rows: drop tokens less likely than P times the likeliest token, in [0, 1]; 0 = off [0]."))]
 StopTokenIds = Annotated[list[int] | None, _opt("--stop-token-ids", metavar="ID", help=(

@@ -44,6 +44,7 @@ def run(
     min_tokens: o.MinTokens = None,
     sampling_column: o.SamplingColumn = None,
     min_p: o.MinP = None,
+    logprobs: o.Logprobs = None,
     stop_token_ids: o.StopTokenIds = None,
     include_stop_str_in_output: o.IncludeStopStrInOutput = None,
     skip_special_tokens: o.SkipSpecialTokens = None,

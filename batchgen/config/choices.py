@@ -39,3 +39,6 @@ ATTENTION_BACKENDS = tuple(b.value for b in AttentionBackendName)
 def canonical_attention_backend(name: str) -> str:
     """The backend's one name: an alias becomes the name it stands for; anything else is kept as given."""
     return ATTENTION_BACKEND_ALIASES.get(name, name)
+
+# the most alternatives a token's logprobs list (--logprobs, OpenAI's top_logprobs)
+MAX_LOGPROBS = 20

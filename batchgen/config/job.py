@@ -62,6 +62,8 @@ class JobConfig:
     stop_token_ids: list[int] = field(default_factory=list)  # token ids that end a row, as EOS does
     include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
     skip_special_tokens: bool = True  # the text leaves special tokens out
+    # each generated token's logprob and this many likeliest alternatives, as a `logprobs` list column; None = off
+    logprobs: int | None = None
     sampling_column: str | None = None  # per-row overrides of the above (a JSON object or struct per cell)
     seed: int = 0
     stop: list[str] = field(default_factory=list)

@@ -10,7 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchgen.config.choices import ATTENTION_BACKEND_ALIASES, ATTENTION_BACKENDS, Policy, canonical_attention_backend
+from batchgen.config.choices import (
+    ATTENTION_BACKEND_ALIASES,
+    ATTENTION_BACKENDS,
+    MAX_LOGPROBS,
+    Policy,
+    canonical_attention_backend,
+)
 from batchgen.config.output_url import check_output_url
 from batchgen.errors import ConfigError
 
@@ -149,6 +155,10 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             or config.ray_keep_warm_s < 0):
         raise ConfigError(f"{label('ray_keep_warm_s')} must be a number of seconds >= 0, "
                           f"got {config.ray_keep_warm_s!r}")
+    if config.logprobs is not None and (isinstance(config.logprobs, bool) or not isinstance(config.logprobs, int)
+                                        or not 0 <= config.logprobs <= MAX_LOGPROBS):
+        raise ConfigError(f"{label('logprobs')} must be an integer in [0, {MAX_LOGPROBS}] (the alternatives listed "
+                          f"per token; unset = off), got {config.logprobs!r}")
     if isinstance(config.min_p, bool) or not isinstance(config.min_p, (int, float)) or not 0.0 <= config.min_p <= 1.0:
         raise ConfigError(f"{label('min_p')} must be a number in [0, 1] (0 = off), got {config.min_p!r}")
     if not isinstance(config.stop_token_ids, list) or any(
@@ -223,6 +233,8 @@ def _combinations(config: JobConfig) -> None:
     if config.system is not None and config.chat is False:
         raise ConfigError("--system needs the chat template, and --no-chat turns it off: drop one of them, "
                           "or put the text in --template")
+    if config.logprobs is not None and config.executor == "ray":
+        raise ConfigError("--logprobs runs on the local executor: the Ray executor writes no logprobs column")
     if config.kv_cache_dtype == "int8" and config.attention_backend == "flash":
         raise ConfigError("--kv-cache-dtype int8 runs on --attention-backend cpu or torch: flash-attn reads no "
                           "int8 KV pages")

@@ -111,9 +111,6 @@ class LLMEngine:
             log.info("CPU: %d compute threads, OpenMP %s", torch.get_num_threads(), omp.choice_reason)
         self._seq_ids = itertools.count()
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
-        # False while a step runs: a step that raised may have drawn some rows' random numbers
-        # without appending their tokens, so their random state no longer matches their tokens
-        self._rows_whole = True
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
         self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
 
@@ -188,6 +185,9 @@ class LLMEngine:
             raise RequestRejected(
                 f"prompt of {num_prompt} tokens leaves no room to generate (limit {self.max_tokens_per_seq} "
                 "tokens: the model's context or the KV cache)")
+        if request.continuation is not None and request.sampling.logprobs is not None:
+            # the earlier attempt's logprobs are not part of a continuation (in_flight leaves such rows out)
+            raise RequestRejected("a continued request cannot return logprobs; start it over")
         seq = Sequence.from_request(next(self._seq_ids), request)
         self.metrics.num_prompt_tokens += num_prompt
         if seq.num_generated_tokens:
@@ -205,10 +205,11 @@ class LLMEngine:
         checkpoint keeps. Consistent only between steps (a step appends tokens and draws random
         numbers), which is where the job calls it."""
         seqs = [*self.scheduler.running, *self.scheduler.waiting]
-        if not self._rows_whole:  # after a failed step: greedy rows' tokens are still right, nothing else
-            seqs = [seq for seq in seqs if seq.request.sampling.greedy]
-        return [(seq.request, Continuation(tuple(seq.generated_token_ids), self.runner.sampler.rng_state(seq)))
-                for seq in seqs if seq.num_generated_tokens]
+        # tokens are all a row's state: its random stream is keyed by its output index
+        # (engine/sampling/random_stream.py), and a failed step appended no token to any row; a row
+        # with logprobs is left out (its logprobs so far are not kept), so it starts over
+        return [(seq.request, Continuation(tuple(seq.generated_token_ids))) for seq in seqs
+                if seq.num_generated_tokens and seq.request.sampling.logprobs is None]
 
     def fit_batch_size(self, max_num_seqs: int) -> None:
         """Take the job planner's batch size for the rows to come, when the user left it to auto.
@@ -260,7 +261,6 @@ class LLMEngine:
             self.threads.tick()
         t0 = time.perf_counter()
         finished: list[Completion] = []
-        self._rows_whole = False
         for attempt in itertools.count():
             out = self.scheduler.schedule()
             for seq in out.out_of_memory:
@@ -295,7 +295,6 @@ class LLMEngine:
             num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
             num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens,
             forward_seconds=self.runner.last_forward_s if out.scheduled else 0.0))
-        self._rows_whole = True
         return finished
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:
@@ -304,10 +303,11 @@ class LLMEngine:
         token_ids, text = self.stop_checker.finalize(seq)
         self.metrics.num_generated_tokens += len(token_ids)
         self.metrics.num_requests_finished += 1
+        logprobs = seq.logprobs[:len(token_ids)] if seq.request.sampling.logprobs is not None else None
         return Completion(request_id=seq.request.request_id, token_ids=token_ids, text=text,
                           finish_reason=reason, num_prompt_tokens=seq.num_prompt_tokens,
                           num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
-                          num_preemptions=seq.num_preemptions)
+                          num_preemptions=seq.num_preemptions, logprobs=logprobs)
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from batchgen.config.choices import MAX_LOGPROBS
+
 
 class FinishReason(str, Enum):
     STOP = "stop"  # an EOS token, a stop token id or a stop string
@@ -26,7 +28,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # 1.0 = off
     top_k: int | None = None  # None = off
-    seed: int | None = None  # per-request seed: a row's text does not depend on its batch-mates
+    seed: int | None = None  # per-request seed (None: one from the request id); a row's text never depends on its batch
     stop: tuple[str, ...] = ()  # stop strings; the text is cut before the match
     ignore_eos: bool = False  # keep generating through EOS (benchmarks)
     # vLLM's SamplingParams controls; the definitions are in engine/sampling/sampler.py. Defaults are off.
@@ -38,6 +40,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # ids that end a row like EOS (masked before min_tokens too)
     include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token's text) in the text
     skip_special_tokens: bool = True  # the text leaves special tokens out (stop strings match that text)
+    # None = off; K: each generated token's logprob and the K likeliest alternatives (engine/sampling/logprobs.py)
+    logprobs: int | None = None
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens
@@ -47,6 +51,7 @@ class SamplingParams:
         assert self.repetition_penalty > 0.0, self.repetition_penalty
         assert 0 <= self.min_tokens, self.min_tokens
         assert 0.0 <= self.min_p <= 1.0, self.min_p
+        assert self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, self.logprobs
 
     @property
     def greedy(self) -> bool:
@@ -60,13 +65,24 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability under the distribution it was drawn from (the logits
+    after penalties, temperature and truncation), and the likeliest tokens of that distribution."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), likeliest first; only tokens that could be drawn
+
+
+@dataclass(frozen=True, slots=True)
 class Continuation:
     """A row's generation so far, from an earlier attempt that was stopped: the engine continues it
     (prefill of prompt + these tokens, then sampling from where it left off) instead of starting over."""
 
     token_ids: tuple[int, ...]  # generated so far (at least one)
-    # the row's sampling generator right after sampling them (torch.Generator.get_state() bytes):
-    # restored, the row draws the same random numbers an uninterrupted run would; None for greedy rows
+    # unused: the random stream is keyed by the row's seed and output index, so the tokens are the
+    # whole state (engine/sampling/random_stream.py); kept so partials written by earlier versions,
+    # which stored a torch.Generator state here, still load
     rng_state: bytes | None = None
 
     def __post_init__(self):
@@ -100,6 +116,8 @@ class Completion:
     num_cached_prompt_tokens: int = 0
     # how many times the request was preempted and recomputed
     num_preemptions: int = 0
+    # one per token of token_ids when the request asked for logprobs, else None
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def num_generated_tokens(self) -> int:

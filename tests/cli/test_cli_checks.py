@@ -84,6 +84,12 @@ def test_bad_sampling_value(docs, tmp_path):
                          "--presence-penalty (YAML presence_penalty) must be in [-2, 2]")
 
 
+def test_bad_logprobs_value(docs, tmp_path):
+    assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body",
+                                   "--logprobs", "21"),
+                         "--logprobs (YAML logprobs) must be an integer in [0, 20]")
+
+
 def test_output_directory_holding_something_else_is_refused(docs, tmp_path):
     out = tmp_path / "out"
     (out / "demo").mkdir(parents=True)  # e.g. `make demo` wrote out/demo/, and the README said --output out/

@@ -1,5 +1,6 @@
 """Continuing a stopped row: prompt + its tokens so far prefilled, the same random stream at the same
-position, stop checks over the whole generation. The result must equal the uninterrupted row's."""
+position (the counter-based stream is keyed by the output index, which counts the continued tokens),
+stop checks over the whole generation. The result must equal the uninterrupted row's."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def engine(model, tokenizer, policy=Policy.CONTINUOUS) -> LLMEngine:
 
 
 def requests(sampling: SamplingParams, n: int = 6) -> list[Request]:
+    """Seeded rows, or with seed=-1 unseeded ones (their seed then comes from the request id)."""
     rng = random.Random(1)
     return [Request(str(i), [rng.randrange(3, 60) for _ in range(rng.randint(2, 9))],
-                    dataclasses.replace(sampling, seed=1000 + i)) for i in range(n)]
+                    dataclasses.replace(sampling, seed=None if sampling.seed == -1 else 1000 + i)) for i in range(n)]
 
 
 def run(eng: LLMEngine, reqs: list[Request], *, stop_after_steps: int | None = None):
@@ -59,8 +61,10 @@ def run(eng: LLMEngine, reqs: list[Request], *, stop_after_steps: int | None = N
 @pytest.mark.parametrize("sampling", [SamplingParams(max_new_tokens=MAX_NEW_TOKENS),
                                       SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.3, top_p=0.9),
                                       SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.8, top_k=8,
-                                                     stop=("ab",))],
-                         ids=["greedy", "seeded", "seeded-stop"])
+                                                     stop=("ab",)),
+                                      SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, min_p=0.05,
+                                                     frequency_penalty=0.5, seed=-1)],
+                         ids=["greedy", "seeded", "seeded-stop", "unseeded-penalties"])
 def test_continued_rows_equal_uninterrupted(model, tokenizer, one_thread, policy, sampling):
     reference, _ = run(engine(model, tokenizer, policy), requests(sampling))
     for stop_at in (3, 11, 25):

@@ -277,3 +277,32 @@ def test_a_request_whose_settings_change_is_generated_again(tmp_path, tiny_model
     assert grew or first["a"]["finish_reason"] == "stop"
     ok, _ = read_lines(out)
     assert ok["a"]["response"]["body"]["choices"][0]["message"]["content"] == rows["a"]["generated_text"]
+
+
+def test_logprobs_requests_get_the_apis_logprobs_shapes(tmp_path, tiny_model_dir, loaded, one_thread):
+    """Chat (logprobs + top_logprobs) and completions (logprobs K): validated with the openai types,
+    one entry per completion token, the alternatives as asked; other requests keep logprobs null."""
+    requests = [chat("lp-chat", "Hello there", max_tokens=4, logprobs=True, top_logprobs=3),
+                chat("lp-chat0", "Hi", max_tokens=3, logprobs=True, temperature=0.8, seed=1),
+                completion("lp-text", "Once upon a time", max_tokens=5, logprobs=2),
+                chat("plain", "Hello there", max_tokens=4)]
+    run_job(job(tmp_path, requests, model_dir=tiny_model_dir, ignore_eos=True), loaded=loaded)
+    ok, errors = read_lines(tmp_path / "out")
+    assert not errors and set(ok) == {r["custom_id"] for r in requests}
+    bodies = {cid: line["response"]["body"] for cid, line in ok.items()}
+    chat_lp = ChatCompletion.model_validate(bodies["lp-chat"]).choices[0].logprobs
+    assert len(chat_lp.content) == 4 and all(len(t.top_logprobs) == 3 for t in chat_lp.content)
+    for t in chat_lp.content:
+        assert t.bytes == list(t.token.encode()) and t.logprob <= 0
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob
+        assert t.logprob == t.top_logprobs[0].logprob  # greedy: the chosen token is the likeliest
+    text = "".join(t.token for t in chat_lp.content if not t.token.startswith("<|"))  # the text skips specials
+    assert text == bodies["lp-chat"]["choices"][0]["message"]["content"]
+    chat0 = ChatCompletion.model_validate(bodies["lp-chat0"]).choices[0].logprobs
+    assert len(chat0.content) == 3 and all(t.top_logprobs == [] for t in chat0.content)
+    text_lp = Completion.model_validate(bodies["lp-text"]).choices[0].logprobs
+    assert len(text_lp.tokens) == len(text_lp.token_logprobs) == len(text_lp.top_logprobs) == 5
+    assert all(len(alternatives) <= 2 for alternatives in text_lp.top_logprobs)
+    assert text_lp.text_offset[0] == 0
+    assert "".join(t for t in text_lp.tokens if not t.startswith("<|")) == bodies["lp-text"]["choices"][0]["text"]
+    assert bodies["plain"]["choices"][0]["logprobs"] is None

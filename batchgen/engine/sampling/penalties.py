@@ -17,7 +17,9 @@ float32 logits, before temperature, top-k and top-p. Frequency and presence coun
 only, never the prompt; repetition counts both.
 
 Only rows with a control on have state here, and the sampler calls `apply` only when there is
-one: a job without these controls pays nothing per step.
+one: a job without these controls pays nothing per step. A step applies every row's controls at
+once: each row contributes the ids it touches (a cached tensor per row, rebuilt only when its output
+grew), and one scatter per control changes them all in the flat [rows * vocab] logits.
 """
 
 from __future__ import annotations
@@ -37,41 +39,38 @@ class RowPenalties:
         self.params = params = seq.request.sampling
         self.num_counted = 0  # generated tokens already in `output_counts`
         self.output_counts: dict[int, int] = {}  # token id -> times generated
-        # prompt and output tokens (repetition penalty only); a tensor of them is cached per growth
+        # prompt and output tokens (repetition penalty only)
         self.seen: set[int] | None = set(seq.token_ids[:seq.num_prompt_tokens]) \
             if params.repetition_penalty != 1.0 else None
+        # tensors of the above, rebuilt when they grow: (seen ids), (output ids, their counts)
         self._seen_ids: torch.Tensor | None = None
+        self._output: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def catch_up(self, seq: Sequence) -> None:
         """Count the tokens generated since the last step (token ids only grow, preempted or not)."""
         for token in seq.token_ids[seq.num_prompt_tokens + self.num_counted:]:
             self.output_counts[token] = self.output_counts.get(token, 0) + 1
+            self._output = None
             if self.seen is not None and token not in self.seen:
                 self.seen.add(token)
                 self._seen_ids = None
             self.num_counted += 1
 
-    def apply(self, logits: torch.Tensor, num_generated_tokens: int, eos_token_ids: torch.Tensor) -> None:
-        # logits: [vocab_size] float32, changed in place
-        p, device, vocab_size = self.params, logits.device, logits.shape[0]
-        if num_generated_tokens < p.min_tokens:
-            if eos_token_ids.numel():
-                logits.index_fill_(0, eos_token_ids, float("-inf"))
-            stop_ids = [t for t in p.stop_token_ids if t < vocab_size]  # they end a row as EOS does
-            if stop_ids:
-                logits.index_fill_(0, torch.tensor(stop_ids, dtype=torch.long, device=device), float("-inf"))
-        if self.seen is not None:
-            if self._seen_ids is None or self._seen_ids.device != device:
-                self._seen_ids = torch.tensor(sorted(t for t in self.seen if t < vocab_size), dtype=torch.long,
-                                              device=device)
-            values = logits[self._seen_ids]
-            logits[self._seen_ids] = torch.where(values > 0, values / p.repetition_penalty,
-                                                 values * p.repetition_penalty)
-        if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and self.output_counts:
-            ids = torch.tensor(list(self.output_counts), dtype=torch.long, device=device)
-            counts = torch.tensor(list(self.output_counts.values()), dtype=torch.float32, device=device)
-            keep = ids < vocab_size
-            logits.index_add_(0, ids[keep], -(p.frequency_penalty * counts[keep] + p.presence_penalty))
+    def seen_ids(self, vocab_size: int, device: torch.device) -> torch.Tensor:
+        if self._seen_ids is None or self._seen_ids.device != device:
+            self._seen_ids = torch.tensor(sorted(t for t in self.seen if t < vocab_size), dtype=torch.long,
+                                          device=device)
+        return self._seen_ids
+
+    def output_deltas(self, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output's token ids and what frequency and presence subtract from their logits."""
+        if self._output is None or self._output[0].device != device:
+            p = self.params
+            counted = [(t, n) for t, n in self.output_counts.items() if t < vocab_size]
+            ids = torch.tensor([t for t, _ in counted], dtype=torch.long, device=device)
+            counts = torch.tensor([n for _, n in counted], dtype=torch.float32, device=device)
+            self._output = ids, -(p.frequency_penalty * counts + p.presence_penalty)
+        return self._output
 
 
 class Penalties:
@@ -80,7 +79,6 @@ class Penalties:
     def __init__(self, eos_token_ids: list[int]):
         self.eos_token_ids = list(eos_token_ids)
         self._rows: dict[int, RowPenalties | None] = {}  # None until the row's first step
-        self._eos: torch.Tensor | None = None
 
     def __bool__(self) -> bool:
         return bool(self._rows)
@@ -94,12 +92,13 @@ class Penalties:
         self._rows.pop(seq.seq_id, None)
 
     def apply(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        # logits: [num_seqs, vocab_size], row i belongs to seqs[i]; returns float32 logits
-        logits = logits.float()  # exact for bf16/fp16 values: unpenalized rows keep their argmax
-        vocab_size = logits.shape[-1]
-        if self._eos is None or self._eos.device != logits.device:
-            self._eos = torch.tensor([t for t in self.eos_token_ids if t < vocab_size], dtype=torch.long,
-                                     device=logits.device)
+        # logits: [num_seqs, vocab_size], row i belongs to seqs[i]; returns float32 logits (a copy)
+        # exact for bf16/fp16 values: unpenalized rows keep their argmax
+        logits = logits.float().contiguous()
+        vocab_size, device = logits.shape[-1], logits.device
+        masked: list[int] = []  # flat indices set to -inf (min_tokens)
+        repeat_ids, repeat_rows, repeat_penalty = [], [], []  # per row: ids, row index, penalty
+        output_ids, output_rows, output_delta = [], [], []
         for i, seq in enumerate(seqs):
             if seq.seq_id not in self._rows:
                 continue
@@ -107,5 +106,36 @@ class Penalties:
             if row is None:
                 row = self._rows[seq.seq_id] = RowPenalties(seq)
             row.catch_up(seq)
-            row.apply(logits[i], seq.num_generated_tokens, self._eos)
+            p = row.params
+            if seq.num_generated_tokens < p.min_tokens:  # stop ids end a row as EOS does
+                masked.extend(i * vocab_size + t for t in (*self.eos_token_ids, *p.stop_token_ids) if t < vocab_size)
+            if row.seen is not None:
+                ids = row.seen_ids(vocab_size, device)
+                repeat_ids.append(ids)
+                repeat_rows.append(i)
+                repeat_penalty.append(p.repetition_penalty)
+            if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and row.output_counts:
+                ids, delta = row.output_deltas(vocab_size, device)
+                output_ids.append(ids)
+                output_rows.append(i)
+                output_delta.append(delta)
+        flat = logits.view(-1)  # [num_seqs * vocab_size]
+        if masked:
+            flat.index_fill_(0, torch.tensor(masked, dtype=torch.long, device=device), float("-inf"))
+        if repeat_ids:
+            idx, lengths = _flat_ids(repeat_ids, repeat_rows, vocab_size, device)
+            penalty = torch.tensor(repeat_penalty, dtype=torch.float32, device=device).repeat_interleave(lengths)
+            values = flat[idx]
+            flat[idx] = torch.where(values > 0, values / penalty, values * penalty)
+        if output_ids:
+            idx, _ = _flat_ids(output_ids, output_rows, vocab_size, device)
+            flat.index_add_(0, idx, torch.cat(output_delta))
         return logits
+
+
+def _flat_ids(ids: list[torch.Tensor], rows: list[int], vocab_size: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's token ids offset to its row of the flat logits, concatenated; and their counts."""
+    lengths = torch.tensor([t.numel() for t in ids], dtype=torch.long, device=device)
+    offsets = (torch.tensor(rows, dtype=torch.long, device=device) * vocab_size).repeat_interleave(lengths)
+    return torch.cat(ids) + offsets, lengths

@@ -1,26 +1,52 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, each row with its own seeded generator.
+"""Token sampling: greedy rows by argmax, every other row in one batched draw per step.
 
-A row's random stream belongs to the row alone (seeded from its SamplingParams.seed and
-advanced once per sampled token), so its text does not depend on which rows share its batch.
+Greedy rows take csrc/argmax.c's first maximal index, so their text equals model.generate's. The
+sampling rows go through engine/sampling/draw.py together: temperature, top-k, top-p and min-p as
+per-row tensors, the token by Gumbel-max with a counter-based noise (engine/sampling/random_stream.py)
+keyed by the row's seed and the index of the token in the row's own output. Nothing about a row's
+randomness is stored: a preempted, recomputed or continued row draws what an uninterrupted one would,
+and its text does not depend on which rows share its batch.
+
+A request without a seed gets one from its request id (`derived_seed`), so a rerun draws the same;
+a job always passes one, derived from the job's --seed and the row id (jobs/pipeline/core.py).
 Repetition, presence and frequency penalties and min_tokens (engine/sampling/penalties.py) change the
 logits of the rows that ask for them first; with none asked for, a step skips them entirely.
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
 
 import torch
 
+from batchgen.config.choices import MAX_LOGPROBS
 from batchgen.engine.kernels.argmax import argmax_rows
+from batchgen.engine.sampling.draw import Drawn, RowControls, draw
+from batchgen.engine.sampling.logprobs import greedy_logprobs, sampled_logprobs
 from batchgen.engine.sampling.penalties import Penalties
 from batchgen.engine.scheduler.sequence import Sequence
 
+# each sampling row's candidates: its largest logits, one topk over the batch (engine/sampling/draw.py)
+DEFAULT_WINDOW = 256
+
+
+def derived_seed(request_id: str) -> int:
+    """The seed of a request that has none: stable across runs, batches and continuations."""
+    return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _int64(seed: int) -> int:
+    """The seed's low 64 bits as a signed int64 (a tensor element)."""
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >> 63 else seed
+
 
 class Sampler:
-    def __init__(self, eos_token_ids: list[int] | None = None) -> None:
-        self._generators: dict[int, torch.Generator] = {}  # seq_id -> its private stream
+    def __init__(self, eos_token_ids: list[int] | None = None, window: int = DEFAULT_WINDOW) -> None:
+        assert window >= MAX_LOGPROBS, window  # the window holds the alternatives logprobs list
+        self.window = window
         self.penalties = Penalties(eos_token_ids or [])
+        self.last_draw: Drawn | None = None  # the latest step's sampling rows (logprobs read it)
 
     def add(self, seq: Sequence) -> None:
         """A request entered the engine (called once per sequence)."""
@@ -29,73 +55,71 @@ class Sampler:
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         # logits: [num_seqs, vocab_size], row i belongs to seqs[i]
         assert logits.shape[0] == len(seqs)
+        self.last_draw = None
         if not seqs:
             return []
         if self.penalties:  # a dict check: nothing per row when no row asked for a penalty
             logits = self.penalties.apply(logits, seqs)
-        greedy = argmax_rows(logits)  # the first maximal index, as HF's greedy picks
-        if all(s.request.sampling.greedy for s in seqs):
-            return greedy
-        out = []
-        for i, seq in enumerate(seqs):
-            params = seq.request.sampling
-            if params.greedy:
-                out.append(greedy[i])
-                continue
-            row = logits[i].float().cpu() / params.temperature
-            row = _top_k_top_p(row, params.top_k, params.top_p)
-            if params.min_p > 0.0:
-                row = _min_p(row, params.min_p)
-            probs = torch.softmax(row, dim=-1)
-            out.append(int(torch.multinomial(probs, 1, generator=self._generator(seq)).item()))
+        sampling_rows = [i for i, s in enumerate(seqs) if not s.request.sampling.greedy]
+        wants_logprobs = any(s.request.sampling.logprobs is not None for s in seqs)
+        if not sampling_rows and not wants_logprobs:
+            return argmax_rows(logits)  # the first maximal index, as HF's greedy picks
+        device = logits.device
+        out = [0] * len(seqs)
+        greedy_rows = [i for i, s in enumerate(seqs) if s.request.sampling.greedy]
+        if greedy_rows:
+            greedy_logits = logits if not sampling_rows else logits[_index(greedy_rows, device)]
+            greedy_tokens = argmax_rows(greedy_logits)
+            for i, token in zip(greedy_rows, greedy_tokens, strict=True):
+                out[i] = token
+            if wants_logprobs:
+                self._greedy_logprobs(greedy_logits, greedy_tokens, [seqs[i] for i in greedy_rows])
+        if sampling_rows:
+            if greedy_rows:
+                logits = logits[_index(sampling_rows, device)]
+            sampled = [seqs[i] for i in sampling_rows]
+            drawn = draw(logits, self.controls(sampled, device), self.window, logprobs=wants_logprobs)
+            self.last_draw = drawn
+            for i, token in zip(sampling_rows, drawn.token_ids.tolist(), strict=True):  # the one device-to-host copy
+                out[i] = token
+            if wants_logprobs:
+                rows = [r for r, s in enumerate(sampled) if s.request.sampling.logprobs is not None]
+                if rows:
+                    entries = sampled_logprobs(drawn, rows, [sampled[r].request.sampling.logprobs for r in rows])
+                    for r, entry in zip(rows, entries, strict=True):
+                        sampled[r].logprobs.append(entry)
         return out
 
-    def _generator(self, seq: Sequence) -> torch.Generator:
-        gen = self._generators.get(seq.seq_id)
-        if gen is None:
-            seed = seq.request.sampling.seed
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(seed if seed is not None else random.getrandbits(63))
-            continuation = seq.request.continuation
-            if continuation is not None and continuation.rng_state is not None:
-                # where the stopped attempt left this row's stream: the next draw is the one an
-                # uninterrupted run would make
-                gen.set_state(torch.frombuffer(bytearray(continuation.rng_state), dtype=torch.uint8))
-            self._generators[seq.seq_id] = gen
-        return gen
+    @staticmethod
+    def _greedy_logprobs(logits: torch.Tensor, tokens: list[int], seqs: list[Sequence]) -> None:
+        rows = [r for r, s in enumerate(seqs) if s.request.sampling.logprobs is not None]
+        if not rows:
+            return
+        index = _index(rows, logits.device)
+        entries = greedy_logprobs(logits[index], [tokens[r] for r in rows],
+                                  [seqs[r].request.sampling.logprobs for r in rows])
+        for r, entry in zip(rows, entries, strict=True):
+            seqs[r].logprobs.append(entry)
 
-    def rng_state(self, seq: Sequence) -> bytes | None:
-        """The row's generator state now (for a checkpoint between steps); None for a greedy row."""
-        if seq.request.sampling.greedy:
-            return None
-        gen = self._generators.get(seq.seq_id)
-        if gen is None:  # nothing sampled in this attempt yet: the state it was given still holds
-            continuation = seq.request.continuation
-            return continuation.rng_state if continuation is not None else None
-        return gen.get_state().numpy().tobytes()
+    @staticmethod
+    def controls(seqs: list[Sequence], device: torch.device) -> RowControls:
+        """The sampling rows' settings as tensors (one small host-to-device copy each)."""
+        params = [s.request.sampling for s in seqs]
+        top_k = [p.top_k or 0 for p in params]
+        return RowControls(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+            seeds=torch.tensor([_int64(p.seed if p.seed is not None else derived_seed(s.request.request_id))
+                                for p, s in zip(params, seqs, strict=True)], dtype=torch.long, device=device),
+            positions=torch.tensor([s.num_generated_tokens for s in seqs], dtype=torch.long, device=device),
+            max_top_k=max(top_k), any_top_p=any(p.top_p < 1.0 for p in params),
+            any_min_p=any(p.min_p > 0.0 for p in params))
 
     def release(self, seq: Sequence) -> None:
-        self._generators.pop(seq.seq_id, None)
         self.penalties.release(seq)
 
 
-def _min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """vLLM's min_p: after temperature (and top-k/top-p), drop every token whose probability is
-    below min_p times the likeliest token's; the likeliest always stays."""
-    probs = torch.softmax(logits, dim=-1)
-    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
-
-
-def _top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
-    # logits: [vocab_size]; masked entries become -inf
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        # drop a token when the mass before it already reaches top_p (the first always stays)
-        drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
-    return logits
+def _index(rows: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.long, device=device)

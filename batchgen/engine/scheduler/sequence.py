@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from batchgen.engine.request import FinishReason, Request
+from batchgen.engine.request import FinishReason, Request, TokenLogprob
 
 
 class SequenceStatus(Enum):
@@ -47,6 +47,8 @@ class Sequence:
     reserved_for_prediction: bool = False
     # steps that left its prompt for the next step rather than split it (scheduler.MAX_PREFILL_DEFERRALS)
     num_prefill_deferrals: int = 0
+    # requests with logprobs: one per generated token of this attempt (the sampler appends them)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @classmethod
     def from_request(cls, seq_id: int, request: Request) -> Sequence:

@@ -42,7 +42,8 @@ class PartialRow:
     row_id: Any
     prompt_hash: str | None  # of the prompt the tokens continue: a changed prompt makes them useless
     token_ids: tuple[int, ...]  # generated so far
-    rng_state: bytes | None  # the row's sampling generator after drawing them; None for greedy
+    # None since the counter-based stream (a row's tokens are its whole state); still read in older files
+    rng_state: bytes | None
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.row_id, "prompt_hash": self.prompt_hash, "token_ids": list(self.token_ids),

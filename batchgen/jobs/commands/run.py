@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchgen.config.job import JobConfig
+from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
 from batchgen.io.manifest.manifest import clear_success, fingerprint_digest, is_job_dir, load_manifest, write_success
 from batchgen.io.store.schema import output_schema
@@ -90,7 +90,9 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                     session.open()
                 schema = output_schema(source.id_field, source.passthrough_fields,
                                        with_prompt_hash=session.writes_prompt_hash(),
-                                       with_prompt_truncated=session.writes_prompt_truncated())
+                                       with_prompt_truncated=session.writes_prompt_truncated(),
+                                       with_logprobs=config.logprobs is not None or (
+                                           config.input_format == OPENAI_BATCH and session.writes_logprobs()))
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)

@@ -22,7 +22,7 @@ from batchgen.engine.request import Completion, Continuation
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.io.store.partials import PartialRow
-from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED
+from batchgen.io.store.schema import LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer
@@ -33,6 +33,7 @@ from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import OutputSession
 from batchgen.jobs.pipeline.batch_fn import output_row
 from batchgen.jobs.pipeline.core import JobCore
+from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import JobInputs, prepare_job, seq_token_needs
 from batchgen.jobs.pipeline.progress import Progress
 from batchgen.jobs.pipeline.rows import InputRow
@@ -71,6 +72,7 @@ class LocalJob:
         source = inputs.source
         self.with_prompt_hash = PROMPT_HASH in schema.names
         self.with_prompt_truncated = PROMPT_TRUNCATED in schema.names
+        self.logprobs = LogprobColumn(loaded.tokenizer) if LOGPROBS in schema.names else None
         self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
         self.commits = CommitSchedule(Committer(session.manifest, PartWriter(session.store, schema),
                                                 source.id_field.name, rows_per_part=config.rows_per_part),
@@ -187,7 +189,7 @@ class LocalJob:
                    digest: str | None = None, truncated: bool | None = None) -> dict[str, Any]:
         return output_row(self.id_name, self.passthrough, self.with_prompt_hash, row, completion=completion,
                           error=error, digest=digest, truncated=truncated,
-                          with_prompt_truncated=self.with_prompt_truncated)
+                          with_prompt_truncated=self.with_prompt_truncated, logprobs=self.logprobs)
 
     def emit(self, row: InputRow, out: dict[str, Any]) -> None:
         is_error = self.summary.count_row(out)

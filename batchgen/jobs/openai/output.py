@@ -56,6 +56,7 @@ OUTPUT_FILE, ERRORS_FILE = BATCH_FILES
 SUCCESS_KEY = "openai_batch"  # in _SUCCESS: where the files are, and the commit sequence number they hold
 _COLUMNS = [ID_COLUMN, "url", "generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens",
             "error"]
+_LOGPROBS = "logprobs"  # batchgen.io.store.schema.LOGPROBS: absent in directories begun before it
 _READ_BATCH_ROWS = 4096
 
 
@@ -197,12 +198,34 @@ def completion_body(row: dict[str, Any], key: str, context: dict[str, Any]) -> d
               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                         "total_tokens": prompt_tokens + completion_tokens}}
     text, finish_reason = row["generated_text"], row["finish_reason"]
+    logprobs = row.get(_LOGPROBS)  # None: the request asked for none
     if row["url"] == CHAT_URL:
         choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                  "logprobs": None, "finish_reason": finish_reason}
+                  "logprobs": None if logprobs is None else chat_logprobs(logprobs), "finish_reason": finish_reason}
         return {"id": f"chatcmpl-{key}", "object": "chat.completion", "choices": [choice], **common}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    choice = {"index": 0, "text": text, "logprobs": None if logprobs is None else completion_logprobs(logprobs),
+              "finish_reason": finish_reason}
     return {"id": f"cmpl-{key}", "object": "text_completion", "choices": [choice], **common}
+
+
+def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chat choice's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}."""
+    def item(e: dict[str, Any]) -> dict[str, Any]:
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
+
+    return {"content": [{**item(e), "top_logprobs": [item(a) for a in e["top_logprobs"]]} for e in entries],
+            "refusal": None}
+
+
+def completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A text_completion choice's `logprobs`: parallel lists, the alternatives as {token: logprob}."""
+    offsets, offset = [], 0
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
 
 
 def _committed_rows(store: OutputStore, state: ManifestState) -> Iterator[dict[str, Any]]:
@@ -210,5 +233,6 @@ def _committed_rows(store: OutputStore, state: ManifestState) -> Iterator[dict[s
     for name in state.parts:
         with store.open_input(name) as file:
             parquet = pq.ParquetFile(file)
-            for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=_COLUMNS):
+            columns = [*_COLUMNS, _LOGPROBS] if _LOGPROBS in parquet.schema_arrow.names else _COLUMNS
+            for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=columns):
                 yield from batch.to_pylist()

@@ -8,13 +8,15 @@ Supported: `POST /v1/chat/completions` (body `messages`) and `POST /v1/completio
     seed                                 the row's sampling seed, as given (absent: derived from --seed)
     stop                                 a string or up to 4 (absent: the job's --stop)
     top_k, repetition_penalty, min_tokens  vLLM's extensions of the same API
-    n (1 only), stream / logprobs / echo (false only), best_of (1 only)
+    logprobs, top_logprobs               chat: logprobs true and top_logprobs 0-20 alternatives;
+                                         completions: logprobs 0-20 alternatives (the response's shapes)
+    n (1 only), stream / echo (false only), best_of (1 only)
     model, user, metadata, store, service_tier  recorded or ignored: they do not change the text
 
 A field the body does not set takes the job's setting (so `--temperature 1` gives the API's own
 default; batchgen's is greedy). `model` never switches models: the job runs its --model for every
 request and the `model` column records what the request asked for. Anything else (tools,
-response_format, logit_bias, logprobs, images, ...) is refused for that request alone: an error
+response_format, logit_bias, images, ...) is refused for that request alone: an error
 row whose message carries the API's error code (batchgen.io.inputs.openai_batch.api_error). Prompts
 are never cut to fit: as the API does, a request too long for the context is an error
 (context_length_exceeded), whatever --on-long-prompt says.
@@ -28,6 +30,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchgen.config.choices import MAX_LOGPROBS
 from batchgen.config.job import JobConfig
 from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL, api_error
 from batchgen.jobs.pipeline.chat_rows import MESSAGE_ROLES
@@ -40,12 +43,11 @@ MAX_STOP_STRINGS = 4  # the API's limit
 # body fields that do not change the generated text: accepted and not used (model is recorded)
 IGNORED_FIELDS = ("model", "user", "metadata", "store", "service_tier")
 # fields accepted only at the value that means "off"
-OFF_VALUES: dict[str, tuple[Any, ...]] = {"n": (1,), "best_of": (1,), "stream": (False,), "logprobs": (False, 0),
-                                          "echo": (False,), "top_logprobs": (0,)}
+OFF_VALUES: dict[str, tuple[Any, ...]] = {"n": (1,), "best_of": (1,), "stream": (False,), "echo": (False,)}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty",
                    "min_tokens")
-COMMON_FIELDS = {*IGNORED_FIELDS, *OFF_VALUES, *SAMPLING_FIELDS, "max_tokens", "seed", "stop"}
-FIELDS_BY_URL = {CHAT_URL: COMMON_FIELDS | {"messages", "max_completion_tokens"},
+COMMON_FIELDS = {*IGNORED_FIELDS, *OFF_VALUES, *SAMPLING_FIELDS, "max_tokens", "seed", "stop", "logprobs"}
+FIELDS_BY_URL = {CHAT_URL: COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"},
                  COMPLETIONS_URL: COMMON_FIELDS | {"prompt"}}
 
 
@@ -65,6 +67,7 @@ class ParsedRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # row_sampling's keys
     seed: int | None = None
     stop: tuple[str, ...] | None = None
+    logprobs: int | None = None  # alternatives per token; None = no logprobs
 
 
 def parse_request(values: dict[str, Any]) -> ParsedRequest:
@@ -102,6 +105,7 @@ def parse_request(values: dict[str, Any]) -> ParsedRequest:
         request.seed = _number(body, "seed", integer=True) % (1 << 63)  # the engine's seeds are int63
     if "stop" in body:
         request.stop = _stop(body["stop"])
+    request.logprobs = _logprobs(body, url)
     return request
 
 
@@ -130,8 +134,28 @@ def prepare_request_row(row: InputRow, builder: PromptBuilder, config: JobConfig
                            f"{max(room, 0)} prompt tokens", param="messages" if request.messages else "prompt")
     settings = {"max_tokens": request.max_new_tokens, "sampling": request.sampling, "seed": request.seed,
                 "stop": request.stop}
+    if request.logprobs is not None:  # only when asked: the hashes of rows committed before keep their value
+        settings["logprobs"] = request.logprobs
     return PlannedRow(row, ids, max_new, sampling=request.sampling or None, seed=request.seed, stop=request.stop,
-                      settings_key=json.dumps(settings, sort_keys=True))
+                      logprobs=request.logprobs, settings_key=json.dumps(settings, sort_keys=True))
+
+
+def _logprobs(body: dict[str, Any], url: str) -> int | None:
+    """Chat: `logprobs: true` with `top_logprobs` alternatives (0 when absent); completions: the
+    integer `logprobs` is the number of alternatives. None: the request asks for none."""
+    if url == CHAT_URL:
+        asked = body.get("logprobs", False)
+        if not isinstance(asked, bool):
+            raise RequestError("invalid_value", f"logprobs must be true or false, got {json.dumps(asked)[:40]}",
+                               param="logprobs")
+        if "top_logprobs" in body and not asked:
+            raise RequestError("invalid_value", "top_logprobs needs logprobs: true", param="top_logprobs")
+        if not asked:
+            return None
+        return _number(body, "top_logprobs", integer=True, low=0, high=MAX_LOGPROBS) if "top_logprobs" in body else 0
+    if "logprobs" not in body or body["logprobs"] is False:
+        return None
+    return _number(body, "logprobs", integer=True, low=0, high=MAX_LOGPROBS)
 
 
 def _body(text: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED, output_schema
+from batchgen.io.store.schema import LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, output_schema
 from batchgen.jobs.durability.fingerprint import model_fingerprint
 from batchgen.jobs.pipeline.batch_columns import (
     BOOKKEEPING,
@@ -41,6 +41,7 @@ from batchgen.jobs.pipeline.batch_columns import (
     SOURCE_ROW,
 )
 from batchgen.jobs.pipeline.core import JobCore
+from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import prompt_side
 from batchgen.jobs.pipeline.prompts import RowError, Template
 from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, InputRow
@@ -55,7 +56,7 @@ _TABLE_SOURCE = "<batch>"  # the SOURCE_PATH of rows handed over without one
 def output_row(id_name: str, passthrough: list[str], with_prompt_hash: bool, row: InputRow, *,
                completion: Completion | None = None, error: str | None = None,
                digest: str | None = None, truncated: bool | None = None,
-               with_prompt_truncated: bool = True) -> dict[str, Any]:
+               with_prompt_truncated: bool = True, logprobs: LogprobColumn | None = None) -> dict[str, Any]:
     """One output row (batchgen.io.store.schema's columns) of a finished row or an error row: the one
     definition both executors write. Without prompt_hash / prompt_truncated for a directory begun
     before those columns (the writer refuses keys its schema lacks)."""
@@ -71,6 +72,8 @@ def output_row(id_name: str, passthrough: list[str], with_prompt_hash: bool, row
                    num_generated_tokens=0, error=error)
     if with_prompt_truncated:
         out[PROMPT_TRUNCATED] = None if completion is None else bool(truncated)
+    if logprobs is not None:  # --logprobs: the schema has the column
+        out[LOGPROBS] = None if completion is None else logprobs.cell(completion)
     for name in passthrough:
         out[name] = row.values.get(name)
     return out

@@ -168,8 +168,8 @@ class JobCore:
                 if not self._is_engine_fault(stretch, e):
                     raise
                 failure = f"{type(e).__name__}: {e}"
-            # the rows it had generated part of go on from there (LLMEngine.in_flight keeps only
-            # what is still exact after a failed step); the failed engine's frames went with the
+            # the rows it had generated part of go on from there (LLMEngine.in_flight: a failed step
+            # appended no token, and tokens are a sampled row's whole state); the failed engine's frames went with the
             # exception, so drop() frees its memory
             failed = self.engines.engine
             carried = {request.request_id: c for request, c in failed.in_flight()} if failed is not None else {}
@@ -223,6 +223,7 @@ class JobCore:
                 stop_token_ids=tuple(config.stop_token_ids),
                 include_stop_str_in_output=config.include_stop_str_in_output,
                 skip_special_tokens=config.skip_special_tokens,
+                logprobs=planned.logprobs if planned.logprobs is not None else config.logprobs,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
                 predicted_num_output_tokens=planned.prediction.p90,
                 continuation=self.continuation_for(planned) if self.continuation_for is not None else None)

@@ -28,7 +28,7 @@ from batchgen.errors import ConfigError, InputError
 from batchgen.io.inputs.cells import invalid_cells, json_cells
 from batchgen.io.inputs.discovery import InputShard, resolve_inputs
 from batchgen.io.inputs.readers import iter_batches, read_schema
-from batchgen.io.store.schema import OUTPUT_FIXED_FIELDS
+from batchgen.io.store.schema import LOGPROBS, OUTPUT_FIXED_FIELDS
 from batchgen.jobs.pipeline.chat_rows import is_conversation
 from batchgen.jobs.pipeline.prompts import Template
 from batchgen.jobs.sharding.split import split_inputs
@@ -296,6 +296,8 @@ def _passthrough(config: JobConfig, schema: pa.Schema, id_name: str) -> list[pa.
     # derived id's name would be lost silently, so it is reported as a clash below instead
     fields = [schema.field(n) for n in names if n != config.id_column]
     reserved = {f.name for f in OUTPUT_FIXED_FIELDS} | {id_name}
+    if config.logprobs is not None:
+        reserved.add(LOGPROBS)
     clash = [f.name for f in fields if f.name in reserved]
     if clash:
         raise ConfigError(f"input column(s) {', '.join(map(repr, clash))} would overwrite output columns; "

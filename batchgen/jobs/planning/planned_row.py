@@ -28,6 +28,7 @@ class PlannedRow:
     sampling: dict[str, Any] | None = None  # the row's own sampling settings (--sampling-column)
     seed: int | None = None  # the row's own seed (a Batch API request's); None = derived from the job's
     stop: tuple[str, ...] | None = None  # the row's own stop strings (a Batch API request's); None = the job's
+    logprobs: int | None = None  # the row's own logprobs count (a Batch API request's); None = the job's
     # the row's own settings as canonical JSON (a Batch API request's, or row_settings_key's): part of
     # its prompt hash, so that a resume under the same id regenerates a row whose settings changed, as
     # one whose prompt did

@@ -1,4 +1,7 @@
-"""Sampler: greedy, top-k, top-p, temperature, and per-request seeded streams."""
+"""Sampler: greedy, top-k, top-p, temperature, and per-request seeded streams.
+
+A row's draw depends on its seed and its output index, so `draws` appends each token to the row as
+the engine does: the next call draws the next token of the same stream."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import pytest
 import torch
 
 from batchgen.engine.request import Request, SamplingParams
-from batchgen.engine.sampling.sampler import Sampler, _top_k_top_p
+from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.scheduler.sequence import Sequence
 
 VOCAB = 50
@@ -24,7 +27,26 @@ def random_logits(num_rows: int, seed: int = 0) -> torch.Tensor:
 
 
 def draws(sampler: Sampler, logits_row: torch.Tensor, s: Sequence, n: int) -> list[int]:
-    return [sampler.sample(logits_row[None], [s])[0] for _ in range(n)]
+    out = []
+    for _ in range(n):
+        out.append(sampler.sample(logits_row[None], [s])[0])
+        s.token_ids.append(out[-1])
+    return out
+
+
+def kept(row: torch.Tensor, window: int = 256, **params) -> torch.Tensor:
+    """Which tokens a draw with these settings may pick: [vocab_size] bool."""
+    sampler = Sampler(window=window)
+    sampler.sample(row[None], [seq(0, temperature=1.0, seed=0, **params)])
+    drawn = sampler.last_draw
+    mask = torch.zeros(row.shape[-1], dtype=torch.bool)
+    mask[drawn.value_ids[0][torch.isfinite(drawn.values[0])]] = True
+    return mask
+
+
+def _top_k_top_p(row: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """The row with the tokens top-k and top-p drop set to -inf (the tests' view of the masks)."""
+    return row.masked_fill(~kept(row, top_k=top_k, top_p=top_p), float("-inf"))
 
 
 def test_greedy_is_argmax():
@@ -48,6 +70,8 @@ def test_top_k_1_is_greedy():
     sampler = Sampler()
     for _ in range(5):
         assert sampler.sample(logits, seqs) == logits.argmax(-1).tolist()
+        for s in seqs:
+            s.token_ids.append(0)
 
 
 def test_top_k_keeps_the_k_largest():
@@ -123,27 +147,35 @@ def test_a_seeded_row_does_not_depend_on_its_batch():
     alone = []
     sampler = Sampler()
     target = seq(0, **target_params)
-    for _ in range(20):
-        alone.append(sampler.sample(logits[2:3], [target])[0])
+    alone = draws(sampler, logits[2], target, 20)
 
     sampler = Sampler()
     batch = [seq(1, temperature=1.0, seed=7), seq(2), seq(3, **target_params), seq(4, temperature=1.3),
              seq(5, temperature=0.5, top_k=3, seed=1)]
-    in_batch = [sampler.sample(logits, batch)[2] for _ in range(20)]
+    in_batch = []
+    for _ in range(20):
+        tokens = sampler.sample(logits, batch)
+        in_batch.append(tokens[2])
+        for s, token in zip(batch, tokens, strict=True):
+            s.token_ids.append(token)
     assert in_batch == alone
 
 
-def test_release_forgets_the_stream():
+def test_a_draw_depends_on_the_output_index_only():
+    """No state: a recomputed (preempted) or continued row draws again what it drew at that index."""
     row = torch.zeros(VOCAB)
     sampler = Sampler()
     s = seq(0, temperature=1.0, seed=5)
     first = draws(sampler, row, s, 10)
-    sampler.release(s)
-    assert draws(sampler, row, s, 10) == first  # a new stream, from the seed again
+    again = seq(1, temperature=1.0, seed=5)
+    again.token_ids.extend(first[:4])  # the first four generated before, as a continuation holds them
+    assert draws(Sampler(), row, again, 6) == first[4:]
 
 
-def test_unseeded_rows_get_independent_streams():
+def test_unseeded_rows_get_independent_streams_that_a_rerun_repeats():
     row = torch.zeros(VOCAB)
     sampler = Sampler()
     a, b = seq(0, temperature=1.0), seq(1, temperature=1.0)
-    assert draws(sampler, row, a, 30) != draws(sampler, row, b, 30)
+    stream_a, stream_b = draws(sampler, row, a, 30), draws(sampler, row, b, 30)
+    assert stream_a != stream_b
+    assert draws(Sampler(), row, seq(0, temperature=1.0), 30) == stream_a  # the seed comes from the request id

@@ -11,7 +11,7 @@ import torch
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import FinishReason, Request, SamplingParams
-from batchgen.engine.sampling.sampler import Sampler, _min_p
+from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler.sequence import Sequence
 from tests.engine.sampling.test_stopping import encode, feed, new_seq
@@ -19,6 +19,26 @@ from tests.tiny import BYTE_OFFSET, make_tiny_model
 
 EOS = 2
 IM_START = 3  # "<|im_start|>", a special token
+
+
+def _min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    sampler = Sampler()
+    seq = Sequence.from_request(0, Request("0", [1], SamplingParams(temperature=1.0, min_p=min_p, seed=0)))
+    sampler.sample(logits[None], [seq])
+    drawn = sampler.last_draw
+    out = torch.full_like(logits, float("-inf"))
+    keep = torch.isfinite(drawn.values[0])
+    out[drawn.value_ids[0][keep]] = logits[drawn.value_ids[0][keep]]
+    return out
+
+
+def _draws(sampler: Sampler, logits: torch.Tensor, seq: Sequence, n: int) -> collections.Counter:
+    out = collections.Counter()
+    for _ in range(n):
+        token = sampler.sample(logits, [seq])[0]
+        seq.token_ids.append(token)  # the next draw is the next output index's
+        out[token] += 1
+    return out
 
 
 def test_min_p_drops_tokens_below_its_share_of_the_top_probability():
@@ -32,10 +52,9 @@ def test_sampler_with_min_p_draws_only_the_kept_tokens():
     sampler = Sampler()
     logits = torch.log(torch.tensor([[0.4, 0.35, 0.15, 0.1]]))
     seq = Sequence.from_request(0, Request("0", [1], SamplingParams(temperature=1.0, min_p=0.5, seed=3)))
-    drawn = collections.Counter(sampler.sample(logits, [seq])[0] for _ in range(300))
-    assert set(drawn) == {0, 1}  # 0.15 and 0.1 are below 0.5 * 0.4
+    assert set(_draws(sampler, logits, seq, 300)) == {0, 1}  # 0.15 and 0.1 are below 0.5 * 0.4
     plain = Sequence.from_request(1, Request("1", [1], SamplingParams(temperature=1.0, seed=3)))
-    assert len({sampler.sample(logits, [plain])[0] for _ in range(300)}) == 4
+    assert len(_draws(sampler, logits, plain, 300)) == 4
 
 
 def test_a_stop_token_id_ends_the_row_and_leaves_its_text_out(tokenizer):

@@ -61,6 +61,15 @@ def test_text_parts_and_developer_role():
     assert request.messages == [{"role": "system", "content": "rules"}, {"role": "user", "content": "ab"}]
 
 
+def test_logprobs_settings():
+    assert parse_request(row({"messages": user("x")}).values).logprobs is None
+    assert parse_request(row({"messages": user("x"), "logprobs": False}).values).logprobs is None
+    assert parse_request(row({"messages": user("x"), "logprobs": True}).values).logprobs == 0
+    assert parse_request(row({"messages": user("x"), "logprobs": True, "top_logprobs": 5}).values).logprobs == 5
+    assert parse_request(row({"prompt": "x", "logprobs": 2}, url=TEXT).values).logprobs == 2
+    assert parse_request(row({"prompt": "x", "logprobs": 0}, url=TEXT).values).logprobs == 0
+
+
 @pytest.mark.parametrize("request_row, code, param", [
     (row({"input": "x"}, url="/v1/embeddings"), "unsupported_url", "url"),
     (row({"messages": user("x")}, method="GET"), "unsupported_method", "method"),
@@ -70,7 +79,11 @@ def test_text_parts_and_developer_role():
      "response_format"),
     (row({"messages": user("x"), "n": 2}), "unsupported_parameter", "n"),
     (row({"messages": user("x"), "stream": True}), "unsupported_parameter", "stream"),
-    (row({"messages": user("x"), "logprobs": True}), "unsupported_parameter", "logprobs"),
+    (row({"messages": user("x"), "logprobs": 3}), "invalid_value", "logprobs"),
+    (row({"messages": user("x"), "top_logprobs": 3}), "invalid_value", "top_logprobs"),
+    (row({"messages": user("x"), "logprobs": True, "top_logprobs": 21}), "invalid_value", "top_logprobs"),
+    (row({"prompt": "x", "logprobs": True}, url=TEXT), "invalid_value", "logprobs"),
+    (row({"prompt": "x", "top_logprobs": 2}, url=TEXT), "unsupported_parameter", "top_logprobs"),
     (row({"messages": user("x"), "temperature": 2.5}), "invalid_value", "temperature"),
     (row({"messages": user("x"), "top_p": 0}), "invalid_value", "top_p"),
     (row({"messages": user("x"), "max_tokens": 0}), "invalid_value", "max_tokens"),
