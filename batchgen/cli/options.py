@@ -47,8 +47,8 @@ _PANELS = {
               "--quantize-embedding"),
     "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
                  "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
-                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--logprobs",
-                 "--json-schema", "--regex", "--choices", "--json-schema-column"),
+                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--logprobs", "--logit-bias",
+                 "--allowed-token-ids", "--json-schema", "--regex", "--choices", "--json-schema-column"),
     "Output": ("--output", "--output-format", "--keep-columns", "--rows-per-part", "--commit-every",
                "--commit-every-seconds", "--stop-grace-seconds", "--checkpoint-in-flight-every", "--retry-errors",
                "--overwrite", "--max-error-rate"),
@@ -131,6 +131,11 @@ MinP = Annotated[float | None, _opt("--min-p", metavar="P", help=(
     "Sampled rows: drop tokens less likely than P times the likeliest token, in [0, 1]; 0 = off [0]."))]
 StopTokenIds = Annotated[list[int] | None, _opt("--stop-token-ids", metavar="ID", help=(
     "Token id that ends a row as EOS does (even with --ignore-eos); repeatable."))]
+LogitBias = Annotated[str | None, _opt("--logit-bias", metavar="JSON", help=(
+    "JSON object of token id -> bias in [-100, 100] added to that token's logit, as OpenAI's and "
+    "vLLM's logit_bias, e.g. '{\"198\": -100}'."))]
+AllowedTokenIds = Annotated[list[int] | None, _opt("--allowed-token-ids", metavar="ID", help=(
+    "Token id a row may generate (every other is masked), as vLLM's allowed_token_ids; repeatable."))]
 IncludeStopStrInOutput = Annotated[bool | None, _opt("--include-stop-str-in-output/--no-include-stop-str-in-output",
                                                      help="Keep the stop string (or stop token) that ended a row in "
                                                           "its text [off].")]

@@ -50,6 +50,8 @@ def run(
     choices: o.Choices = None,
     json_schema_column: o.JsonSchemaColumn = None,
     stop_token_ids: o.StopTokenIds = None,
+    logit_bias: o.LogitBias = None,
+    allowed_token_ids: o.AllowedTokenIds = None,
     include_stop_str_in_output: o.IncludeStopStrInOutput = None,
     skip_special_tokens: o.SkipSpecialTokens = None,
     seed: o.Seed = None,

@@ -60,6 +60,10 @@ class JobConfig:
     min_tokens: int = 0  # tokens generated before EOS or a stop string may end a row
     min_p: float = 0.0  # sampled rows: drop tokens below min_p x the likeliest token's probability; 0 = off
     stop_token_ids: list[int] = field(default_factory=list)  # token ids that end a row, as EOS does
+    # vLLM's token controls (config/token_controls.py): {token id: bias} added to the logits; the only
+    # ids a row may generate (empty = any)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    allowed_token_ids: list[int] = field(default_factory=list)
     include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
     skip_special_tokens: bool = True  # the text leaves special tokens out
     # each generated token's logprob and this many likeliest alternatives, as a `logprobs` list column; None = off
@@ -171,8 +175,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{p}: {given[name]!r} and {key!r} are the same setting; keep one")
         given[name] = key
         out[name] = value
-    if isinstance(out.get("stop_token_ids"), int):
-        out["stop_token_ids"] = [out["stop_token_ids"]]
+    for name in ("stop_token_ids", "allowed_token_ids"):  # one id = a list of one
+        if isinstance(out.get(name), int):
+            out[name] = [out[name]]
     for name in ("inputs", "stop", "keep_columns"):  # one string = a list of one, not of characters
         if isinstance(out.get(name), str):
             out[name] = [out[name]]

@@ -19,6 +19,7 @@ from batchgen.config.choices import (
 )
 from batchgen.config.constraint import InvalidConstraint, job_constraint
 from batchgen.config.output_url import check_output_url
+from batchgen.config.token_controls import read_logit_bias, read_token_ids
 from batchgen.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -166,6 +167,13 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     if not isinstance(config.stop_token_ids, list) or any(
             isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in config.stop_token_ids):
         raise ConfigError(f"{label('stop_token_ids')} must be token ids (integers >= 0), got {config.stop_token_ids!r}")
+    if isinstance(config.logit_bias, str):  # the flag's JSON
+        try:
+            config.logit_bias = json.loads(config.logit_bias)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{label('logit_bias')}: not valid JSON: {e}") from None
+    config.logit_bias = read_logit_bias(config.logit_bias, ConfigError, label("logit_bias"))
+    config.allowed_token_ids = read_token_ids(config.allowed_token_ids, ConfigError, label("allowed_token_ids"))
     for name in ("include_stop_str_in_output", "skip_special_tokens"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{label(name)} must be true or false, got {getattr(config, name)!r}")

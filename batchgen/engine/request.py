@@ -43,6 +43,10 @@ class SamplingParams:
     skip_special_tokens: bool = True  # the text leaves special tokens out (stop strings match that text)
     # None = off; K: each generated token's logprob and the K likeliest alternatives (engine/sampling/logprobs.py)
     logprobs: int | None = None
+    # vLLM's token controls (batchgen/config/token_controls.py): ((token id, bias), ...) added to the
+    # logits; allowed ids, every other token masked (empty = no limit)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()
     # structured output: the text must match this (engine/sampling/grammar.py masks the logits); None = free
     constraint: Constraint | None = None
 
@@ -64,7 +68,8 @@ class SamplingParams:
     def has_logits_controls(self) -> bool:
         """Any control that changes the logits before sampling (the sampler tracks these rows)."""
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.min_tokens > 0)  # min_tokens masks EOS and stop_token_ids (engine/sampling/penalties.py)
+                or self.min_tokens > 0  # min_tokens masks EOS and stop_token_ids (engine/sampling/penalties.py)
+                or bool(self.logit_bias) or bool(self.allowed_token_ids))
 
 
 @dataclass(frozen=True, slots=True)

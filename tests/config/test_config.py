@@ -110,6 +110,11 @@ def test_parse_bytes_rejects(text):
     (dict(on_long_prompt="skip"), r"--on-long-prompt \(YAML on_long_prompt\) must be one of truncate, error"),
     (dict(stop=["END", ""]), r"--stop \(YAML stop\): a stop string must not be empty"),
     (dict(kv_cache_memory="lots"), r"--kv-cache-memory \(YAML kv_cache_memory\): cannot read 'lots'"),
+    (dict(logit_bias="{5: 1}"), r"--logit-bias \(YAML logit_bias\): not valid JSON"),
+    (dict(logit_bias='{"5": 101}'), r"--logit-bias \(YAML logit_bias\): the bias of token 5 must be a number in "
+                                    r"\[-100, 100\]"),
+    (dict(logit_bias='{"x": 1}'), r"--logit-bias \(YAML logit_bias\): 'x' is not a token id"),
+    (dict(allowed_token_ids=[3, -1]), r"--allowed-token-ids \(YAML allowed_token_ids\) must be token ids"),
 ])
 def test_validation_messages(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -192,3 +197,10 @@ def test_object_store_output_takes_a_shard_of_a_sharded_job():
 def test_ray_executor_takes_shards_object_stores_and_batch_requests(changes):
     config = build_config(None, **{**REQUIRED, "executor": "ray", **changes})
     assert config.executor == "ray"
+
+
+def test_token_controls_read_from_yaml_with_string_or_integer_ids(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text('logit_bias: {"198": -100, 5: 2.5}\nallowed_token_ids: 7\n')
+    config = build_config(path, **REQUIRED)
+    assert config.logit_bias == {5: 2.5, 198: -100.0} and config.allowed_token_ids == [7]

@@ -4,6 +4,8 @@ byte after them, so "every byte id" as stop_token_ids ends a row at its first by
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -41,3 +43,35 @@ def test_skip_special_tokens_off_shows_them(tmp_path, loaded, tiny_model_dir):
     assert all(r["num_generated_tokens"] == 3 and r["generated_text"] == "" for r in hidden), hidden
     shown = rows(tmp_path, loaded, tiny_model_dir, "shown", skip_special_tokens=False, **settings)
     assert all(r["generated_text"].startswith("<|") and r["generated_text"].count("<|") == 2 for r in shown), shown
+
+
+
+VOWELS = "aeiou"
+
+
+def token_id(tokenizer, char: str) -> int:
+    (token,) = tokenizer.encode(char, add_special_tokens=False)
+    return token
+
+
+def test_allowed_token_ids_and_logit_bias_through_the_job(tmp_path, loaded, tiny_model_dir, tokenizer):
+    """The YAML/flag forms: logit_bias keys as JSON strings, allowed ids as a list."""
+    allowed = [token_id(tokenizer, c) for c in VOWELS]
+    limited = rows(tmp_path, loaded, tiny_model_dir, "allowed", allowed_token_ids=allowed, ignore_eos=True)
+    assert all(r["generated_text"] and set(r["generated_text"]) <= set(VOWELS) for r in limited), limited
+    forced = rows(tmp_path, loaded, tiny_model_dir, "biased", ignore_eos=True,
+                  logit_bias=json.dumps({str(token_id(tokenizer, "z")): 100}))
+    assert all(r["generated_text"] == "z" * 8 for r in forced), forced
+
+
+def test_a_per_row_logit_bias_from_the_sampling_column(tmp_path, loaded, tiny_model_dir, tokenizer):
+    src = tmp_path / "cells.parquet"
+    cells = [None, json.dumps({"logit_bias": {token_id(tokenizer, "k"): 100}}), '{"allowed_token_ids": ["x"]}']
+    pq.write_table(pa.table({"id": [0, 1, 2], "text": TEXTS, "s": cells}), src)
+    out = tmp_path / "cells"
+    run_job(tiny_job_config(src, out, tiny_model_dir, id_column="id", chat=False, max_new_tokens=4, ignore_eos=True,
+                            sampling_column="s"), loaded=loaded)
+    by_id = committed_rows(out)
+    assert by_id[1]["generated_text"] == "kkkk"
+    assert by_id[0]["generated_text"] != "kkkk" and by_id[0]["finish_reason"] == "length"
+    assert by_id[2]["finish_reason"] == "error" and "allowed_token_ids" in by_id[2]["error"]

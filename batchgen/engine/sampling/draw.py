@@ -107,8 +107,11 @@ def draw(logits: torch.Tensor, controls: RowControls, window: int, *, logprobs: 
     while fallback is not None and bool(fallback.any()):
         level = vocab_size if level * WINDOW_GROWTH ** 2 > vocab_size else level * WINDOW_GROWTH
         rows = fallback.nonzero()[:, 0]
-        wider, wider_fallback, _ = _draw_window(scaled.select(rows), controls.select(rows), level,
-                                                None if full_lse is None else full_lse[rows], logprobs=logprobs)
+        some = scaled.select(rows)
+        wider_first = sample_window(some.logits, some.temperature, level) if level < vocab_size else None
+        wider, wider_fallback, _ = _draw_window(some, controls.select(rows), level,
+                                                None if full_lse is None else full_lse[rows], logprobs=logprobs,
+                                                first=wider_first)
         # the first `window` columns of the wider draw: logprobs' top alternatives are its first ones
         drawn.token_ids[rows] = wider.token_ids
         drawn.values[rows] = wider.values[:, :drawn.values.shape[1]]

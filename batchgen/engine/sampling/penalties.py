@@ -1,4 +1,5 @@
-"""Logits controls of vLLM's SamplingParams: repetition, presence and frequency penalties, min_tokens.
+"""Logits controls of vLLM's SamplingParams: repetition, presence and frequency penalties, min_tokens,
+logit_bias and allowed_token_ids.
 
 Definitions (vLLM's; `output` is the tokens this row generated so far, `prompt` its prompt):
 
@@ -12,7 +13,11 @@ Definitions (vLLM's; `output` is the tokens this row generated so far, `prompt` 
                            MinNewTokensLengthLogitsProcessor, vLLM's min_tokens); stop strings are
                            not checked either (engine/sampling/stopping.py)
 
-Applied in that order (min_tokens first, as vLLM does; -inf stays -inf through the others), to
+    allowed_token_ids:     every other token's logit = -inf (vLLM's; empty = no limit)
+    logit_bias:            logit += bias for each (token id, bias) (OpenAI's and vLLM's)
+
+Applied in that order (min_tokens first, as vLLM does; -inf stays -inf through the others; the
+token controls before the penalties, as vLLM's logits processors run before its penalties), to
 float32 logits, before temperature, top-k and top-p. Frequency and presence count the output
 only, never the prompt; repetition counts both.
 
@@ -45,6 +50,19 @@ class RowPenalties:
         # tensors of the above, rebuilt when they grow: (seen ids), (output ids, their counts)
         self._seen_ids: torch.Tensor | None = None
         self._output: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._token_controls: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def token_controls(self, vocab_size: int, device: torch.device
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(allowed ids, biased ids, their biases) within the vocabulary, built once: they never change."""
+        if self._token_controls is None or self._token_controls[0].device != device:
+            p = self.params
+            allowed = [t for t in p.allowed_token_ids if t < vocab_size]
+            biased = [(t, b) for t, b in p.logit_bias if t < vocab_size]
+            self._token_controls = (torch.tensor(allowed, dtype=torch.long, device=device),
+                                    torch.tensor([t for t, _ in biased], dtype=torch.long, device=device),
+                                    torch.tensor([b for _, b in biased], dtype=torch.float32, device=device))
+        return self._token_controls
 
     def catch_up(self, seq: Sequence) -> None:
         """Count the tokens generated since the last step (token ids only grow, preempted or not)."""
@@ -94,11 +112,14 @@ class Penalties:
     def apply(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         # logits: [num_seqs, vocab_size], row i belongs to seqs[i]; returns float32 logits (a copy)
         # exact for bf16/fp16 values: unpenalized rows keep their argmax
-        logits = logits.float().contiguous()
+        # a copy even when float32 already (.float() would return the caller's tensor, changed in place)
+        logits = logits.to(dtype=torch.float32, memory_format=torch.contiguous_format, copy=True)
         vocab_size, device = logits.shape[-1], logits.device
         masked: list[int] = []  # flat indices set to -inf (min_tokens)
         repeat_ids, repeat_rows, repeat_penalty = [], [], []  # per row: ids, row index, penalty
         output_ids, output_rows, output_delta = [], [], []
+        allowed: list[tuple[int, torch.Tensor]] = []  # (row index, the ids it may draw)
+        bias_ids, bias_rows, bias_values = [], [], []
         for i, seq in enumerate(seqs):
             if seq.seq_id not in self._rows:
                 continue
@@ -109,6 +130,14 @@ class Penalties:
             p = row.params
             if seq.num_generated_tokens < p.min_tokens:  # stop ids end a row as EOS does
                 masked.extend(i * vocab_size + t for t in (*self.eos_token_ids, *p.stop_token_ids) if t < vocab_size)
+            if p.allowed_token_ids or p.logit_bias:
+                allowed_ids, biased_ids, biases = row.token_controls(vocab_size, device)
+                if p.allowed_token_ids:
+                    allowed.append((i, allowed_ids))
+                if biased_ids.numel():
+                    bias_ids.append(biased_ids)
+                    bias_rows.append(i)
+                    bias_values.append(biases)
             if row.seen is not None:
                 ids = row.seen_ids(vocab_size, device)
                 repeat_ids.append(ids)
@@ -122,6 +151,13 @@ class Penalties:
         flat = logits.view(-1)  # [num_seqs * vocab_size]
         if masked:
             flat.index_fill_(0, torch.tensor(masked, dtype=torch.long, device=device), float("-inf"))
+        for i, ids in allowed:  # rare rows: one masked copy each
+            kept = logits[i, ids]
+            logits[i].fill_(float("-inf"))
+            logits[i, ids] = kept
+        if bias_ids:
+            idx, _ = _flat_ids(bias_ids, bias_rows, vocab_size, device)
+            flat.index_add_(0, idx, torch.cat(bias_values))
         if repeat_ids:
             idx, lengths = _flat_ids(repeat_ids, repeat_rows, vocab_size, device)
             penalty = torch.tensor(repeat_penalty, dtype=torch.float32, device=device).repeat_interleave(lengths)

@@ -49,7 +49,8 @@ DEFAULTS = {"input_format": "auto", "quantize": "none", "quantize_backend": "aut
 
 
 CONTROL_DEFAULTS = {"min_p": 0.0, "stop_token_ids": [], "include_stop_str_in_output": False,
-                    "skip_special_tokens": True, "logprobs": None, "constraint": None, "json_schema_column": None}
+                    "skip_special_tokens": True, "logprobs": None, "logit_bias": {}, "allowed_token_ids": [],
+                    "constraint": None, "json_schema_column": None}
 
 
 def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, model: dict[str, Any] | None = None
@@ -104,6 +105,9 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
     controls = {"min_p": config.min_p, "stop_token_ids": list(config.stop_token_ids),
                 "include_stop_str_in_output": config.include_stop_str_in_output,
                 "skip_special_tokens": config.skip_special_tokens, "logprobs": config.logprobs,
+                # JSON keys are strings: the ids as a resumed run reads them back
+                "logit_bias": {str(t): b for t, b in sorted(config.logit_bias.items())},
+                "allowed_token_ids": list(config.allowed_token_ids),
                 "constraint": constraint.describe() if (constraint := job_constraint(config)) is not None else None,
                 "json_schema_column": config.json_schema_column}
     fingerprint.update({k: v for k, v in controls.items() if v != CONTROL_DEFAULTS[k]})

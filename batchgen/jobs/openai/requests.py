@@ -7,7 +7,8 @@ Supported: `POST /v1/chat/completions` (body `messages`) and `POST /v1/completio
     temperature [0, 2], top_p (0, 1], presence_penalty / frequency_penalty [-2, 2]
     seed                                 the row's sampling seed, as given (absent: derived from --seed)
     stop                                 a string or up to 4 (absent: the job's --stop)
-    top_k, repetition_penalty, min_tokens  vLLM's extensions of the same API
+    logit_bias                           {token id: bias in [-100, 100]}, as the API takes it
+    top_k, repetition_penalty, min_tokens, allowed_token_ids  vLLM's extensions of the same API
     logprobs, top_logprobs               chat: logprobs true and top_logprobs 0-20 alternatives;
                                          completions: logprobs 0-20 alternatives (the response's shapes)
     response_format                      text, json_object or json_schema: constrained decoding
@@ -18,7 +19,7 @@ Supported: `POST /v1/chat/completions` (body `messages`) and `POST /v1/completio
 A field the body does not set takes the job's setting (so `--temperature 1` gives the API's own
 default; batchgen's is greedy). `model` never switches models: the job runs its --model for every
 request and the `model` column records what the request asked for. Anything else (tools,
-logit_bias, images, ...) is refused for that request alone: an error
+images, ...) is refused for that request alone: an error
 row whose message carries the API's error code (batchgen.io.inputs.openai_batch.api_error). Prompts
 are never cut to fit: as the API does, a request too long for the context is an error
 (context_length_exceeded), whatever --on-long-prompt says.
@@ -35,6 +36,7 @@ from typing import Any
 from batchgen.config.choices import MAX_LOGPROBS
 from batchgen.config.constraint import Constraint
 from batchgen.config.job import JobConfig
+from batchgen.config.token_controls import read_logit_bias, read_token_ids
 from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL
 from batchgen.jobs.openai.request_error import RequestError
 from batchgen.jobs.openai.response_format import response_format_constraint
@@ -50,7 +52,7 @@ IGNORED_FIELDS = ("model", "user", "metadata", "store", "service_tier")
 # fields accepted only at the value that means "off"
 OFF_VALUES: dict[str, tuple[Any, ...]] = {"n": (1,), "best_of": (1,), "stream": (False,), "echo": (False,)}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                   "min_tokens")
+                   "min_tokens", "logit_bias", "allowed_token_ids")
 COMMON_FIELDS = {*IGNORED_FIELDS, *OFF_VALUES, *SAMPLING_FIELDS, "max_tokens", "seed", "stop", "logprobs",
                  "response_format"}
 FIELDS_BY_URL = {CHAT_URL: COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"},
@@ -260,6 +262,11 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
             raise RequestError("invalid_value", "repetition_penalty must be > 0", param="repetition_penalty")
     if "min_tokens" in body:
         out["min_tokens"] = _number(body, "min_tokens", integer=True, low=0)
+    for name, read in (("logit_bias", read_logit_bias), ("allowed_token_ids", read_token_ids)):
+        if name in body:
+            controls = read(body[name], lambda m, name=name: RequestError("invalid_value", m, param=name), name)
+            if controls:
+                out[name] = controls
     return out
 
 

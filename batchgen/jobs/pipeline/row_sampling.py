@@ -13,10 +13,11 @@ from typing import Any
 
 from batchgen.config.job import JobConfig, check_penalties
 from batchgen.config.rules import TOP_K_OFF
+from batchgen.config.token_controls import as_params, read_logit_bias, read_token_ids
 from batchgen.jobs.pipeline.prompts import RowError
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                 "min_tokens", "min_p")
+                 "min_tokens", "min_p", "logit_bias", "allowed_token_ids")
 
 
 def row_sampling(row: dict[str, Any], column: str | None) -> dict[str, Any] | None:
@@ -53,6 +54,7 @@ def sampling_settings(config: JobConfig, overrides: dict[str, Any] | None, max_n
     if overrides:
         settings.update(overrides)
     settings["min_tokens"] = min(settings["min_tokens"], max_new_tokens)
+    settings.update(as_params(settings["logit_bias"], settings["allowed_token_ids"]))
     return settings
 
 
@@ -78,6 +80,12 @@ def _check(overrides: dict[str, Any], column: str) -> None:
     for key in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         number(key)
     number("min_tokens", integer=True)
+    if "logit_bias" in overrides:  # read here: the ids as integers, whatever the cell's keys were
+        overrides["logit_bias"] = read_logit_bias(overrides["logit_bias"], lambda m: RowError(
+            f"column {column!r}: {m}", column=column))
+    if "allowed_token_ids" in overrides:
+        overrides["allowed_token_ids"] = read_token_ids(overrides["allowed_token_ids"], lambda m: RowError(
+            f"column {column!r}: {m}", column=column))
 
     def row_error(message: str) -> RowError:
         return RowError(f"column {column!r}: {message}", column=column)

@@ -69,7 +69,7 @@ def test_load_model_streams_a_local_checkpoint_on_cpu(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("from_pretrained: the model should have been streamed")
 
-    monkeypatch.setattr(loader.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
     lm = loader.load_model(path, device="cpu", dtype="bfloat16", quantize="int4", quantize_backend="torchao")
     assert lm.quantization == "int4/torchao+int8-embedding"
     assert lm.eos_token_ids and lm.max_context_tokens == 512

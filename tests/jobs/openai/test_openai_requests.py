@@ -61,6 +61,13 @@ def test_text_parts_and_developer_role():
     assert request.messages == [{"role": "system", "content": "rules"}, {"role": "user", "content": "ab"}]
 
 
+def test_logit_bias_and_allowed_token_ids_are_the_rows_sampling():
+    request = parse_request(row({"messages": user("x"), "logit_bias": {"50256": -100, "13": 2},
+                                 "allowed_token_ids": [13, 7, 13]}).values)
+    assert request.sampling == {"logit_bias": {13: 2.0, 50256: -100.0}, "allowed_token_ids": [7, 13]}
+    assert parse_request(row({"messages": user("x"), "logit_bias": {}}).values).sampling == {}
+
+
 def test_logprobs_settings():
     assert parse_request(row({"messages": user("x")}).values).logprobs is None
     assert parse_request(row({"messages": user("x"), "logprobs": False}).values).logprobs is None
@@ -92,6 +99,9 @@ def test_logprobs_settings():
      "max_completion_tokens"),
     (row({"messages": user("x"), "stop": ["a", "b", "c", "d", "e"]}), "invalid_value", "stop"),
     (row({"messages": user("x"), "seed": 1.5}), "invalid_value", "seed"),
+    (row({"messages": user("x"), "logit_bias": {"50256": -101}}), "invalid_value", "logit_bias"),
+    (row({"messages": user("x"), "logit_bias": {"the": 1}}), "invalid_value", "logit_bias"),
+    (row({"messages": user("x"), "allowed_token_ids": "1,2"}), "invalid_value", "allowed_token_ids"),
     (row({"messages": []}), "invalid_request", "messages"),
     (row({"messages": [{"role": "tool", "content": "x"}]}), "unsupported_parameter", "messages[0].role"),
     (row({"messages": [{"role": "user", "content": "x", "name": "bob"}]}), "unsupported_parameter", "messages[0]"),
