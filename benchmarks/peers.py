@@ -1,6 +1,7 @@
 """batchgen at its default flags against its peers, side by side, on the same rows.
 
     python -m benchmarks.peers                         # both workloads, float32, 2 rounds
+    python -m benchmarks.peers --workloads sharegpt --sampling greedy,sampled,sampled-seeded
     python -m benchmarks.peers --dtype float32,bfloat16 --rounds 3
     python -m benchmarks.peers --quick                 # 32 ShareGPT rows (outputs <= 64), 16 documents
 
@@ -126,13 +127,21 @@ def vllm_env(python: Path) -> dict:
     return env
 
 
+# --sampling modes: the flags batchgen runs with, and vllm_peer.py's. batchgen's rows always carry a seed
+# (derived from --seed and the row id), so both sampled modes run it alike; vLLM samples unseeded
+# requests from one generator and seeded ones apart, the case batchgen's rows are always in
+SAMPLED = ["--temperature", "0.8", "--top-p", "0.95"]
+SAMPLING_MODES = {"greedy": ([], []), "sampled": (SAMPLED, SAMPLED),
+                  "sampled-seeded": (SAMPLED, [*SAMPLED, "--seeded"])}
+
+
 def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path,
-             in_process: bool = False) -> dict:
+             in_process: bool = False, extra: list[str] | None = None) -> dict:
     env = vllm_env(python)
     if in_process:  # vllm-inproc: the engine core in the calling process, so both cores compute
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     cmd = [str(python), str(REPO / "benchmarks" / "vllm_peer.py"), "--model", model_dir, "--rows", str(rows),
-           "--dtype", dtype, "--max-model-len", str(max_model_len)]
+           "--dtype", dtype, "--max-model-len", str(max_model_len), *(extra or [])]
     with sysload.measure() as load:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -170,6 +179,8 @@ def main() -> None:
     ap.add_argument("--doc-tokens", type=int, default=1536)
     ap.add_argument("--summary-tokens", type=int, default=64)
     ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
+    ap.add_argument("--sampling", default="greedy", help=f"comma-separated: {', '.join(SAMPLING_MODES)} "
+                    "(temperature 0.8, top-p 0.95)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -194,18 +205,23 @@ def main() -> None:
                 rows = tmp / f"{workload}.parquet"
                 pq.write_table(table, rows)
                 max_len = max_model_len(table, lm.tokenizer)
+                runs = [(s, m) for s in systems for m in args.sampling.split(",")
+                        if m == "greedy" or not s.startswith("hf-")]  # the HF baselines are greedy only
                 for r in range(args.rounds):
-                    order = systems[r % len(systems):] + systems[: r % len(systems)]
-                    for system in order:
+                    order = runs[r % len(runs):] + runs[: r % len(runs)]
+                    for system, mode in order:
+                        ours, theirs = SAMPLING_MODES[mode]
                         if system.startswith("batchgen"):
                             # batchgen-bs32: a fixed --batch-size beside the defaults (a sweep point)
                             # batchgen-w2: --workers 2 (data-parallel shard processes)
-                            rec = run_batchgen(rows, dtype, tmp, system_flags(system))
+                            rec = run_batchgen(rows, dtype, tmp, [*system_flags(system), *ours])
                         elif system in ("vllm", "vllm-inproc"):
                             rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp,
-                                           in_process=system == "vllm-inproc")
+                                           in_process=system == "vllm-inproc", extra=theirs)
                         else:
                             rec = run_hf(system, lm, table, tmp)
+                        if mode != "greedy":
+                            system = f"{system}@{mode}"
                         rec["gen_tok_s"] = rec["generated_tokens"] / rec["gen_s"]
                         if "process_s" in rec:
                             rec["process_tok_s"] = rec["generated_tokens"] / rec["process_s"]
@@ -224,16 +240,22 @@ def report(results: dict[str, list[dict]]) -> None:
         vals = [r[field] for r in results.get(key, []) if field in r]
         return statistics.median(vals) if vals else None
 
-    print("\n| dtype/workload/system | gen tok/s median (min-max) | whole-process tok/s | batchgen gen ratio |")
-    print("|---|---:|---:|---:|")
+    # system@mode: a sampled mode's ratio is against batchgen in the same mode; batchgen's own
+    # sampled rows are also compared with its greedy rows (issue 31's target)
+    print("\n| dtype/workload/system | gen tok/s median (min-max) | whole-process tok/s | batchgen gen ratio "
+          "| batchgen vs its greedy |")
+    print("|---|---:|---:|---:|---:|")
     for key, recs in results.items():
         vals = [r["gen_tok_s"] for r in recs]
         proc = med(key, "process_tok_s")
-        base = key.rsplit("/", 1)[0] + "/batchgen"
-        ours = med(base, "gen_tok_s")
-        ratio = f"{ours / statistics.median(vals):.2f}x" if ours and not key.endswith("/batchgen") else ""
+        prefix, system = key.rsplit("/", 1)
+        name, _, mode = system.partition("@")
+        ours = med(f"{prefix}/batchgen" + (f"@{mode}" if mode else ""), "gen_tok_s")
+        ratio = f"{ours / statistics.median(vals):.2f}x" if ours and name != "batchgen" else ""
+        greedy = med(f"{prefix}/batchgen", "gen_tok_s")
+        vs_greedy = f"{statistics.median(vals) / greedy:.2f}x" if greedy and name == "batchgen" and mode else ""
         print(f"| {key} | {statistics.median(vals):.1f} ({min(vals):.1f}-{max(vals):.1f}) | "
-              f"{'' if proc is None else f'{proc:.1f}'} | {ratio} |")
+              f"{'' if proc is None else f'{proc:.1f}'} | {ratio} | {vs_greedy} |")
 
 
 if __name__ == "__main__":

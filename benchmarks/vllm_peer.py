@@ -4,7 +4,9 @@
 
 Imports nothing of batchgen (vLLM's venv does not have it). Every row gets its text prompt and
 exactly its `max_new_tokens` (min_tokens = max_tokens, ignore_eos), greedy, so it generates the
-same number of tokens as batchgen with --ignore-eos and a per-row budget column. Start-up (import,
+same number of tokens as batchgen with --ignore-eos and a per-row budget column; greedy unless
+--temperature is given (with --top-p; --seeded gives request i the seed i, vLLM's per-request
+generator, which it samples apart from the unseeded rows). Start-up (import,
 engine construction, compile, warm-up) and `generate` are timed separately.
 """
 
@@ -27,6 +29,9 @@ def load() -> tuple:
     ap.add_argument("--rows", required=True)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-model-len", type=int, required=True)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--seeded", action="store_true")
     args = ap.parse_args()
 
     import pyarrow.parquet as pq
@@ -34,8 +39,9 @@ def load() -> tuple:
 
     table = pq.read_table(args.rows).to_pydict()
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
-    params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0)
-              for n in table["max_new_tokens"]]
+    params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=args.temperature,
+                             top_p=args.top_p, seed=i if args.seeded else None)
+              for i, n in enumerate(table["max_new_tokens"])]
     return llm, table["text"], params
 
 
