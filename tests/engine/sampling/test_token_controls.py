@@ -13,6 +13,7 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.scheduler.sequence import Sequence
+from tests.engine.sampling.test_vllm_controls import _draws
 from tests.tiny import BYTE_OFFSET, make_tiny_model
 
 MAX_NEW = 10
@@ -67,21 +68,11 @@ def test_sampled_rows_draw_only_allowed_tokens_and_the_bias_moves_them():
     seq = Sequence.from_request(0, Request("0", [1], SamplingParams(temperature=1.0, seed=5, allowed_token_ids=allowed,
                                                                     logit_bias=((7, 100.0),))))
     sampler.add(seq)
-    drawn = []
-    for _ in range(50):
-        token = sampler.sample(logits, [seq])[0]
-        seq.token_ids.append(token)
-        drawn.append(token)
-    assert set(drawn) == {7}  # +100 on an allowed token all but forces it
+    assert set(_draws(sampler, logits, seq, 50)) == {7}  # +100 on an allowed token all but forces it
     plain = Sequence.from_request(1, Request("1", [1], SamplingParams(temperature=1.0, seed=5,
                                                                       allowed_token_ids=allowed)))
     sampler.add(plain)
-    drawn = []
-    for _ in range(200):
-        token = sampler.sample(logits, [plain])[0]
-        plain.token_ids.append(token)
-        drawn.append(token)
-    assert set(drawn) == set(allowed)
+    assert set(_draws(sampler, logits, plain, 200)) == set(allowed)
 
 
 def test_ids_beyond_the_vocabulary_change_nothing():
