@@ -80,15 +80,14 @@ def _check(overrides: dict[str, Any], column: str) -> None:
     for key in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         number(key)
     number("min_tokens", integer=True)
-    if "logit_bias" in overrides:  # read here: the ids as integers, whatever the cell's keys were
-        overrides["logit_bias"] = read_logit_bias(overrides["logit_bias"], lambda m: RowError(
-            f"column {column!r}: {m}", column=column))
-    if "allowed_token_ids" in overrides:
-        overrides["allowed_token_ids"] = read_token_ids(overrides["allowed_token_ids"], lambda m: RowError(
-            f"column {column!r}: {m}", column=column))
 
     def row_error(message: str) -> RowError:
         return RowError(f"column {column!r}: {message}", column=column)
+
+    if "logit_bias" in overrides:  # read here: the ids as integers, whatever the cell's keys were
+        overrides["logit_bias"] = read_logit_bias(overrides["logit_bias"], row_error)
+    if "allowed_token_ids" in overrides:
+        overrides["allowed_token_ids"] = read_token_ids(overrides["allowed_token_ids"], row_error)
 
     check_penalties(overrides.get("repetition_penalty", 1.0), overrides.get("presence_penalty", 0.0),
                     overrides.get("frequency_penalty", 0.0), overrides.get("min_tokens", 0), row_error)
