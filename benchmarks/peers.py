@@ -4,6 +4,8 @@
     python -m benchmarks.peers --workloads sharegpt --sampling greedy,sampled,sampled-seeded
     python -m benchmarks.peers --dtype float32,bfloat16 --rounds 3
     python -m benchmarks.peers --quick                 # 32 ShareGPT rows (outputs <= 64), 16 documents
+    python -m benchmarks.peers --model embedded,DIR    # DIR: a model directory both load (benchmarks/window_model.py)
+    python -m benchmarks.peers --workloads extract --sampling json-schema --systems batchgen,vllm
 
 Systems (round-robin within each round, the start rotating; every run records the CPU time other
 processes took meanwhile):
@@ -28,6 +30,13 @@ same text for every system:
   sharegpt   ShareGPT first turns (prompts <= 512 tokens) and first-answer lengths (<= 512)
   summarize  examples/docs.parquet's documents behind a summarize instruction, each cut to
              --doc-tokens tokens, 64 output tokens: long prompts, short outputs
+  extract    the same documents behind an instruction to describe them as JSON (chat template off),
+             --summary-tokens output tokens at most: for --sampling json-schema
+
+--sampling json-schema runs both systems greedy under benchmarks/structured.py's SCHEMA (batchgen
+--json-schema, vLLM's structured_outputs json with its default grammar backend). The grammar ends a
+row, so neither system ignores EOS or forces a minimum length there: the rows' token counts follow
+their own texts, and each system's tokens/s counts what it generated.
 
 Generation tokens/s = generated tokens / the generation call's wall seconds (batchgen: its job
 time, which also pays reading, KV allocation and Parquet commits); whole-process tokens/s =
@@ -55,6 +64,8 @@ from benchmarks.throughput import args_config, write_record
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_PYTHON = REPO.parent / "peer" / "venv" / "bin" / "python"
 SUMMARIZE_INSTRUCTION = "Summarize the following Python documentation in two sentences.\n\n"
+EXTRACT_INSTRUCTION = ("Describe this Python documentation as JSON with topic, keywords and beginner_friendly."
+                       "\n\n")
 
 
 def build_rows(workload: str, tokenizer, args) -> pa.Table:
@@ -64,11 +75,12 @@ def build_rows(workload: str, tokenizer, args) -> pa.Table:
         texts = [tokenizer.decode(ids) for ids, _ in pairs]
         budgets = [o for _, o in pairs]
     else:
+        instruction = EXTRACT_INSTRUCTION if workload == "extract" else SUMMARIZE_INSTRUCTION
         docs = pq.read_table(REPO / "examples" / "docs.parquet").to_pydict()
         texts, budgets = [], []
         for text in docs["text"][: args.num_docs]:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"][: args.doc_tokens]
-            texts.append(SUMMARIZE_INSTRUCTION + tokenizer.decode(ids))
+            texts.append(instruction + tokenizer.decode(ids) + ("\n\nJSON:" if workload == "extract" else ""))
             budgets.append(args.summary_tokens)
     return pa.table({"id": [str(i) for i in range(len(texts))], "text": texts,
                      "max_new_tokens": pa.array(budgets, pa.int32())})
@@ -82,8 +94,10 @@ def max_model_len(table: pa.Table, tokenizer) -> int:
 
 def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str], env: dict | None = None) -> dict:
     out = tmp / f"out-{time.monotonic_ns()}"
+    # a constrained row ends with its grammar: no --ignore-eos there
+    ignore_eos = [] if "--json-schema" in extra else ["--ignore-eos"]
     cmd = [str(Path(sys.executable).parent / "batchgen"), "run", "--input", str(rows), "--output", str(out),
-           "--dtype", dtype, "--no-chat", "--ignore-eos", "--max-new-tokens-column", "max_new_tokens",
+           "--dtype", dtype, "--no-chat", *ignore_eos, "--max-new-tokens-column", "max_new_tokens",
            "--id-column", "id", "--quiet", *extra]
     with sysload.measure() as load:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -99,6 +113,9 @@ def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str], env: dict 
         tokens, gen_s = summaries[0]["num_generated_tokens"], summaries[0]["wall_seconds"]
     shares = [s.get("forward_share") for s in summaries]
     rec = {"generated_tokens": tokens, "gen_s": gen_s, "process_s": load.wall_s, "load": load.to_dict()}
+    if "--json-schema" in extra:  # rows whose text parses as JSON, as vllm_peer.py counts them
+        texts = pq.read_table(out, columns=["generated_text"]).column("generated_text").to_pylist()
+        rec["json_parsed"] = sum(_parses(t) for t in texts if t is not None)
     if all(share is not None for share in shares):  # the model calls' share of the job's wall time
         rec["forward_share"] = min(shares)
     return rec
@@ -131,8 +148,9 @@ def vllm_env(python: Path) -> dict:
 # (derived from --seed and the row id), so both sampled modes run it alike; vLLM samples unseeded
 # requests from one generator and seeded ones apart, the case batchgen's rows are always in
 SAMPLED = ["--temperature", "0.8", "--top-p", "0.95"]
+SCHEMA_FILE = ["--json-schema", "{schema}"]
 SAMPLING_MODES = {"greedy": ([], []), "sampled": (SAMPLED, SAMPLED),
-                  "sampled-seeded": (SAMPLED, [*SAMPLED, "--seeded"])}
+                  "sampled-seeded": (SAMPLED, [*SAMPLED, "--seeded"]), "json-schema": (SCHEMA_FILE, SCHEMA_FILE)}
 
 
 def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path,
@@ -148,8 +166,19 @@ def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len
     if done.returncode or not lines:
         raise RuntimeError(f"vLLM failed ({done.returncode}): {done.stderr[-2000:]}")
     r = json.loads(lines[-1])
-    return {"generated_tokens": r["generated_tokens"], "gen_s": r["generate_s"], "process_s": load.wall_s,
-            "startup_s": r["startup_s"], "load": load.to_dict()}
+    rec = {"generated_tokens": r["generated_tokens"], "gen_s": r["generate_s"], "process_s": load.wall_s,
+           "startup_s": r["startup_s"], "load": load.to_dict()}
+    if "--json-schema" in (extra or []):
+        rec["json_parsed"] = r["json_parsed"]
+    return rec
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def run_hf(system: str, lm, table: pa.Table, tmp: Path) -> dict:
@@ -182,6 +211,8 @@ def main() -> None:
     ap.add_argument("--sampling", default="greedy", help=f"comma-separated: {', '.join(SAMPLING_MODES)} "
                     "(temperature 0.8, top-p 0.95)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--model", default="embedded",
+                    help="comma-separated model directories both systems load; embedded: the default model")
     args = ap.parse_args()
     if args.quick:
         args.n, args.max_output_len, args.num_docs, args.rounds = 32, 64, 16, 1
@@ -197,9 +228,15 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="batchgen-peers-") as tmp_name:
         tmp = Path(tmp_name)
-        for dtype in args.dtype.split(","):
-            lm = load_model(None, dtype=dtype)
+        for model, dtype in [(m, d) for m in args.model.split(",") for d in args.dtype.split(",")]:
+            model = None if model == "embedded" else model
+            lm = load_model(model, dtype=dtype)
             model_dir = str(Path(lm.model.name_or_path))
+            model_flags = ["--model", model] if model else []
+            # a second model: its results keyed by its directory name too
+            prefix = dtype if model is None else f"{Path(model).name}:{dtype}"
+            schema = tmp / "schema.json"
+            schema.write_text(json.dumps(structured_schema()))
             for workload in args.workloads.split(","):
                 table = build_rows(workload, lm.tokenizer, args)
                 rows = tmp / f"{workload}.parquet"
@@ -210,11 +247,12 @@ def main() -> None:
                 for r in range(args.rounds):
                     order = runs[r % len(runs):] + runs[: r % len(runs)]
                     for system, mode in order:
-                        ours, theirs = SAMPLING_MODES[mode]
+                        ours, theirs = ([flag.format(schema=schema) for flag in flags]
+                                        for flags in SAMPLING_MODES[mode])
                         if system.startswith("batchgen"):
                             # batchgen-bs32: a fixed --batch-size beside the defaults (a sweep point)
                             # batchgen-w2: --workers 2 (data-parallel shard processes)
-                            rec = run_batchgen(rows, dtype, tmp, [*system_flags(system), *ours])
+                            rec = run_batchgen(rows, dtype, tmp, [*model_flags, *system_flags(system), *ours])
                         elif system in ("vllm", "vllm-inproc"):
                             rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp,
                                            in_process=system == "vllm-inproc", extra=theirs)
@@ -225,14 +263,21 @@ def main() -> None:
                         rec["gen_tok_s"] = rec["generated_tokens"] / rec["gen_s"]
                         if "process_s" in rec:
                             rec["process_tok_s"] = rec["generated_tokens"] / rec["process_s"]
-                        results.setdefault(f"{dtype}/{workload}/{system}", []).append(rec)
-                        print(f"round {r} {dtype} {workload} {system}: {rec['gen_tok_s']:.1f} gen tok/s"
+                        results.setdefault(f"{prefix}/{workload}/{system}", []).append(rec)
+                        print(f"round {r} {prefix} {workload} {system}: {rec['gen_tok_s']:.1f} gen tok/s"
                               + (f", {rec['process_tok_s']:.1f} whole-process" if "process_tok_s" in rec else "")
                               + (f", forward {100 * rec['forward_share']:.1f}%" if "forward_share" in rec else "")
+                              + (f", {rec['json_parsed']} rows parse" if "json_parsed" in rec else "")
                               + f" (other cores {rec['load'].get('other_cores')})", flush=True)
             del lm
     report(results)
     write_record({"benchmark": "peers", "args": args_config(args), "results": results}, None)
+
+
+def structured_schema() -> dict:
+    from benchmarks.structured import SCHEMA
+
+    return SCHEMA
 
 
 def report(results: dict[str, list[dict]]) -> None:

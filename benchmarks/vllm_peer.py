@@ -32,17 +32,33 @@ def load() -> tuple:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seeded", action="store_true")
+    ap.add_argument("--json-schema", default=None, help="a JSON schema file: greedy structured output, EOS kept")
     args = ap.parse_args()
 
     import pyarrow.parquet as pq
     from vllm import LLM, SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
     table = pq.read_table(args.rows).to_pydict()
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
+    if args.json_schema:  # the grammar ends each row: no forced length
+        with open(args.json_schema) as f:
+            schema = json.load(f)
+        params = [SamplingParams(max_tokens=n, temperature=0.0, structured_outputs=StructuredOutputsParams(json=schema))
+                  for n in table["max_new_tokens"]]
+        return llm, table["text"], params
     params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=args.temperature,
                              top_p=args.top_p, seed=i if args.seeded else None)
               for i, n in enumerate(table["max_new_tokens"])]
     return llm, table["text"], params
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def main() -> None:
@@ -52,7 +68,8 @@ def main() -> None:
     outputs = llm.generate(prompts, params, use_tqdm=False)
     generate_s = time.perf_counter() - t
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(json.dumps({"startup_s": startup_s, "generate_s": generate_s, "generated_tokens": generated,
+    print(json.dumps({"json_parsed": sum(_parses(o.outputs[0].text) for o in outputs),
+                      "startup_s": startup_s, "generate_s": generate_s, "generated_tokens": generated,
                       "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
                       "threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}), flush=True)
     sys.stdout.flush()
