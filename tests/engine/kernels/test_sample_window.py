@@ -46,3 +46,20 @@ def test_rows_with_fewer_finite_values_than_the_window_pad_with_minus_inf():
     assert values[0, :2].tolist() == [2.0, 1.0] and ids[0, :2].tolist() == [9, 5]
     assert torch.isinf(values[0, 2:]).all()
     assert ids[1].tolist() == list(range(8))  # all tied: the lowest ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_whose_window_lies_past_every_cut_equal_torch(dtype):
+    # logits spread over hundreds of nats: fewer than `window` values lie within the farthest cut
+    # below the max, so the kernel takes every value as a candidate
+    gen = torch.Generator().manual_seed(7)
+    logits = (torch.randn(4, 4096, generator=gen) * torch.tensor([[300.0], [120.0], [40.0], [1.0]])).to(dtype)
+    temperature = torch.tensor([0.5, 1.0, 0.2, 2.0])
+    got = sample_window(logits, temperature, 64)
+    if got is None:
+        pytest.skip("no C compiler")
+    values, ids, lse = got
+    want_values, want_ids, want_lse = reference(logits, temperature, 64)
+    assert torch.equal(values, want_values)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-4)

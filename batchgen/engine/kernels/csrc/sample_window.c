@@ -3,9 +3,10 @@
  *
  * Why C: in torch the same takes a float32 copy and a division of the [rows, vocab] logits, a topk
  * and a logsumexp (five passes and two full-size temporaries), which at a decode step's rows of a
- * 49,152-token vocabulary costs a visible share of the step; here each row is read four times
- * (its max, its sum of exp, a vectorized collection of the values above a cut, which moves down
- * until at least `window` are in) with no temporary beyond one row's scratch.
+ * 49,152-token vocabulary costs a visible share of the step; here each row is read three times
+ * (its max; its sum of exp, counting how many values lie within each of a few cuts below the max;
+ * a vectorized collection of the values above the nearest cut that holds `window` of them) with no
+ * temporary beyond one row's scratch.
  *
  * The window's values are computed as torch computes logits / temperature (the float32 of the bf16
  * or float32 logit, divided in float32), so it holds the numbers the torch path would; the
@@ -39,35 +40,40 @@ ALWAYS_INLINE __m512 load16(const void* x, int bf16, int64_t i) {
 }
 #endif
 
-typedef struct { float value; int32_t id; } candidate;
-
-static int by_value_desc(const void* a, const void* b) {
-    const candidate* x = (const candidate*)a;
-    const candidate* y = (const candidate*)b;
-    if (x->value != y->value) return x->value > y->value ? -1 : 1;
-    return x->id - y->id;
+/* A candidate as one 64-bit key whose ascending order is (value descending, then id ascending):
+ * the value's bits made monotone and inverted above, the id below. Sorting plain integers keeps the
+ * comparisons inline (qsort's callback cost more than the rest of a row). */
+ALWAYS_INLINE uint64_t candidate_key(float value, int32_t id) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  /* monotone in the float's order */
+    return ((uint64_t)~bits << 32) | (uint32_t)id;
 }
 
-ALWAYS_INLINE int before(const candidate* a, const candidate* b) {  /* by_value_desc's order */
-    return a->value > b->value || (a->value == b->value && a->id < b->id);
+ALWAYS_INLINE float key_value(uint64_t key) {
+    uint32_t bits = ~(uint32_t)(key >> 32);
+    bits = (bits & 0x80000000u) ? (bits & 0x7FFFFFFFu) : ~bits;
+    float value;
+    memcpy(&value, &bits, 4);
+    return value;
 }
 
-/* quickselect: reorder c so that its first `count` entries are the first `count` in sorted order */
-static void select_first(candidate* c, int64_t n, int64_t count) {
+ALWAYS_INLINE void swap_keys(uint64_t* a, uint64_t* b) {
+    const uint64_t t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* quickselect: reorder c so that its first `count` entries are its `count` smallest keys */
+static void select_first(uint64_t* c, int64_t n, int64_t count) {
     int64_t lo = 0, hi = n - 1;
     while (lo < hi) {
-        const candidate pivot = c[lo + (hi - lo) / 2];
+        const uint64_t pivot = c[lo + (hi - lo) / 2];
         int64_t i = lo, j = hi;
         while (i <= j) {
-            while (before(&c[i], &pivot)) i++;
-            while (before(&pivot, &c[j])) j--;
-            if (i <= j) {
-                const candidate t = c[i];
-                c[i] = c[j];
-                c[j] = t;
-                i++;
-                j--;
-            }
+            while (c[i] < pivot) i++;
+            while (pivot < c[j]) j--;
+            if (i <= j) swap_keys(&c[i++], &c[j--]);
         }
         if (count - 1 <= j) hi = j;
         else if (count - 1 >= i) lo = i;
@@ -75,25 +81,77 @@ static void select_first(candidate* c, int64_t n, int64_t count) {
     }
 }
 
-/* the row's max logit and sum of exp((logit - max) / temperature) */
-static void max_and_sum(const void* x, int bf16, int64_t n, float inv_temperature, float* out_max, float* out_sum) {
+/* ascending sort of the (distinct) keys: quicksort down to short runs, then insertion */
+static void sort_keys(uint64_t* c, int64_t n) {
+    while (n > 16) {
+        const uint64_t pivot = c[n / 2];
+        int64_t i = 0, j = n - 1;
+        while (i <= j) {
+            while (c[i] < pivot) i++;
+            while (pivot < c[j]) j--;
+            if (i <= j) swap_keys(&c[i++], &c[j--]);
+        }
+        /* recurse into the shorter side, loop on the longer: the stack stays logarithmic */
+        if (j + 1 < n - i) {
+            sort_keys(c, j + 1);
+            c += i;
+            n -= i;
+        } else {
+            sort_keys(c + i, n - i);
+            n = j + 1;
+        }
+    }
+    for (int64_t a = 1; a < n; a++) {
+        const uint64_t key = c[a];
+        int64_t b = a - 1;
+        for (; b >= 0 && c[b] > key; b--) c[b + 1] = c[b];
+        c[b + 1] = key;
+    }
+}
+
+/* candidate cuts, in nats (after temperature) below the row's max: the collection takes the first
+ * that holds at least `window` values, counted during the sum-of-exp pass so only one collection
+ * pass reads the row again. Steps of about sqrt(2) keep the candidates at most about twice what the
+ * window needs (the quickselect's work); past the last, everything is a candidate. */
+#define NUM_CUTS 11
+static const float CUT_NATS[NUM_CUTS] = {2.f, 3.f, 4.f, 6.f, 8.f, 11.f, 16.f, 22.f, 32.f, 45.f, 64.f};
+
+/* the row's max logit, sum of exp((logit - max) / temperature), and how many logits lie within
+ * each CUT_NATS[c] * temperature of the max */
+static void max_and_sum(const void* x, int bf16, int64_t n, float temperature, float* out_max, float* out_sum,
+                        int64_t* within) {
+    const float inv_temperature = 1.f / temperature;
     int64_t i = 0;
     float m = -INFINITY, s = 0.f;
+    for (int c = 0; c < NUM_CUTS; c++) within[c] = 0;
 #ifdef __AVX512F__
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, load16(x, bf16, i));
     m = _mm512_reduce_max_ps(vmax);
     for (int64_t j = i; j < n; j++) m = fmaxf(m, load_one(x, bf16, j));
     __m512 acc = _mm512_setzero_ps();
+    __m512 vcut[NUM_CUTS];
+    for (int c = 0; c < NUM_CUTS; c++) vcut[c] = _mm512_set1_ps(m - CUT_NATS[c] * temperature);
     const __m512 vm = _mm512_set1_ps(m), vt = _mm512_set1_ps(inv_temperature);
-    for (i = 0; i + 16 <= n; i += 16)
-        acc = _mm512_add_ps(acc, exp16(_mm512_mul_ps(_mm512_sub_ps(load16(x, bf16, i), vm), vt)));
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 v = load16(x, bf16, i);
+        /* most of a peaked row lies below the farthest cut, where exp(-64) and less cannot change a
+         * float32 sum that holds the max's exp(0) = 1: one compare skips their exp and counts */
+        if (!_mm512_cmp_ps_mask(v, vcut[NUM_CUTS - 1], _CMP_GE_OQ)) continue;
+        acc = _mm512_add_ps(acc, exp16(_mm512_mul_ps(_mm512_sub_ps(v, vm), vt)));
+        for (int c = 0; c < NUM_CUTS; c++)
+            within[c] += __builtin_popcount(_mm512_cmp_ps_mask(v, vcut[c], _CMP_GE_OQ));
+    }
     s = _mm512_reduce_add_ps(acc);
 #else
     for (int64_t j = 0; j < n; j++) m = fmaxf(m, load_one(x, bf16, j));
     i = 0;
 #endif
-    for (; i < n; i++) s += expf((load_one(x, bf16, i) - m) * inv_temperature);
+    for (; i < n; i++) {
+        const float v = load_one(x, bf16, i);
+        s += expf((v - m) * inv_temperature);
+        for (int c = 0; c < NUM_CUTS; c++) within[c] += v >= m - CUT_NATS[c] * temperature;
+    }
     *out_max = m;
     *out_sum = s;
 }
@@ -121,30 +179,28 @@ static int64_t collect(const void* x, int bf16, int64_t n, float cut, float* raw
 }
 
 static void window_row(const void* x, int bf16, int64_t n, float temperature, int64_t window, float* vals,
-                       int64_t* ids, float* lse, float* raw, int32_t* raw_ids, candidate* scratch) {
-    const float inv_temperature = 1.f / temperature;
+                       int64_t* ids, float* lse, float* raw, int32_t* raw_ids, uint64_t* scratch) {
     float m, s;
-    max_and_sum(x, bf16, n, inv_temperature, &m, &s);
+    int64_t within[NUM_CUTS];
+    max_and_sum(x, bf16, n, temperature, &m, &s, within);
     *lse = m / temperature + logf(s);
-    /* the cut starts 4 nats (after temperature) below the max and goes twice as far until the
-     * window fills; past 64 nats everything is a candidate */
-    float distance = 4.f * temperature;
-    int64_t k;
-    for (;;) {
-        const float cut = distance > 64.f * temperature ? -INFINITY : m - distance;
-        k = collect(x, bf16, n, cut, raw, raw_ids);
-        if (k >= window || cut == -INFINITY) break;
-        distance *= 2.f;
-    }
-    for (int64_t j = 0; j < k; j++) {
-        scratch[j].value = raw[j] / temperature;  /* as torch's logits / temperature */
-        scratch[j].id = raw_ids[j];
-    }
+    /* the nearest cut that holds the window (its values are the window's whatever the cut, as long as
+     * it holds them all); none: everything is a candidate */
+    float cut = -INFINITY;
+    for (int c = 0; c < NUM_CUTS; c++)
+        if (within[c] >= window) {
+            cut = m - CUT_NATS[c] * temperature;
+            break;
+        }
+    const int64_t k = collect(x, bf16, n, cut, raw, raw_ids);
+    for (int64_t j = 0; j < k; j++)
+        scratch[j] = candidate_key(raw[j] / temperature, raw_ids[j]);  /* as torch's logits / temperature */
     if (k > window) select_first(scratch, k, window);  /* the window's members first, in any order */
-    qsort(scratch, (size_t)(k < window ? k : window), sizeof(candidate), by_value_desc);
+    const int64_t kept = k < window ? k : window;
+    sort_keys(scratch, kept);
     for (int64_t j = 0; j < window; j++) {
-        vals[j] = j < k ? scratch[j].value : -INFINITY;
-        ids[j] = j < k ? scratch[j].id : 0;
+        vals[j] = j < kept ? key_value(scratch[j]) : -INFINITY;
+        ids[j] = j < kept ? (int64_t)(uint32_t)scratch[j] : 0;
     }
 }
 
@@ -155,10 +211,10 @@ void sample_window(const void* x, int dtype, int64_t rows, int64_t cols, int64_t
     const int elem = dtype == 1 ? 2 : 4;
     #pragma omp parallel num_threads(num_threads)
     {
-        /* one row's candidates at most: their logits and ids, then the (value, id) pairs to sort */
+        /* one row's candidates at most: their logits and ids, then their keys to sort */
         float* raw = (float*)malloc((size_t)cols * sizeof(float));
         int32_t* raw_ids = (int32_t*)malloc((size_t)cols * sizeof(int32_t));
-        candidate* scratch = (candidate*)malloc((size_t)cols * sizeof(candidate));
+        uint64_t* scratch = (uint64_t*)malloc((size_t)cols * sizeof(uint64_t));
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
             window_row((const char*)x + r * row_stride * elem, dtype == 1, cols, temperature[r], window,
