@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from batchgen.engine.kernels.gumbel_noise import gumbel_noise
+
 GOLDEN64 = 0x9E3779B97F4A7C15
 MASK64 = (1 << 64) - 1
 UNIFORM_BITS = 23
@@ -114,6 +116,12 @@ def gumbel(key_lo: torch.Tensor, key_hi: torch.Tensor, token_ids: torch.Tensor, 
 
     key_lo, key_hi: [rows, 1] int32 from `row_keys`; token_ids: [rows, n] int64 (or [n] for the same
     ids in every row), at most vocab_size; returns [rows, n] float32."""
+    noise = gumbel_noise(key_lo, key_hi, token_ids, _PERM_SALT, UNIFORM_BITS)  # the CPU kernel
+    return gumbel_torch(key_lo, key_hi, token_ids, vocab_size) if noise is None else noise
+
+
+def gumbel_torch(key_lo: torch.Tensor, key_hi: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`gumbel` in torch ops, for any device."""
     bits = _token_perm(vocab_size, token_ids.device)[token_ids] ^ key_lo
     bits = _lowbias32_(_lowbias32_(bits) ^ key_hi)
     u = _srl(bits, 32 - UNIFORM_BITS, 32).to(torch.float32).add_(0.5).mul_(2.0 ** -UNIFORM_BITS)
