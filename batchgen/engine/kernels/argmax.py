@@ -9,7 +9,6 @@ max(dim=-1) on bf16 logits does not (see the C file).
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
@@ -20,16 +19,12 @@ SOURCE = Path(__file__).parent / "csrc" / "argmax.c"
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
-@functools.cache
+_ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+             ctypes.c_int)
+
+
 def _kernel():
-    lib = native.load_library(SOURCE)
-    if lib is None:
-        return None
-    fn = lib.argmax_rows
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                   ctypes.c_int]
-    fn.restype = None
-    return fn
+    return native.load_function(SOURCE, "argmax_rows", _ARGTYPES)
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

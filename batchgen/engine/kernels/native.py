@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -143,6 +144,19 @@ def load_library(source_path: Path) -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError, RuntimeError) as e:
         log.warning("CPU kernels of %s unavailable (%s); using the torch ops", source_path.name, e)
         return None
+
+
+@functools.cache
+def load_function(source_path: Path, name: str, argtypes: tuple) -> Any | None:
+    """One C function of a csrc/ file with its argument types set (it returns nothing); None where the
+    file cannot be built. Cached: each binding asks for its function at every call."""
+    lib = load_library(source_path)
+    if lib is None:
+        return None
+    fn = getattr(lib, name)
+    fn.argtypes = list(argtypes)
+    fn.restype = None
+    return fn
 
 
 def _build(source_path: Path = SOURCE) -> Path:

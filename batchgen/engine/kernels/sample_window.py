@@ -9,7 +9,6 @@ logsumexp over the whole [rows, vocab] block).
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
@@ -20,16 +19,12 @@ SOURCE = Path(__file__).parent / "csrc" / "sample_window.c"
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
-@functools.cache
+_ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+             ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+
+
 def _kernel():
-    lib = native.load_library(SOURCE)
-    if lib is None:
-        return None
-    fn = lib.sample_window
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    fn.restype = None
-    return fn
+    return native.load_function(SOURCE, "sample_window", _ARGTYPES)
 
 
 def sample_window(logits: torch.Tensor, temperature: torch.Tensor,
