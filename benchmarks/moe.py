@@ -6,9 +6,10 @@ per experts implementation, on a random-weight MoE model of a realistic small sh
 
 The model is an OLMoE-shaped decoder scaled down (`--hidden`, `--moe-intermediate`, `--experts`,
 `--top-k`, `--layers`; 32k vocabulary), random weights, built from its config: nothing is
-downloaded. Each row is `--requests` random prompts of `--prompt-len` tokens, `--output-len`
+downloaded. Each run is `--requests` random prompts of `--prompt-len` tokens, `--output-len`
 greedy tokens with ignore-EOS, through one LLMEngine (continuous policy, no prefix caching, a KV
-cache for every row at once). Systems, run round-robin per round, the start rotating:
+cache for every row at once; oneDNN's kernel caches capped as `batchgen run` caps them). Systems,
+run round-robin per round, the start rotating:
   eager             transformers' per-expert loop (one-hot mask, `where`, a matmul per hit expert)
   grouped_mm        transformers' grouped pass (`torch.nn.functional.grouped_mm`): what
                     `from_pretrained` picks by default, so what the engine ran before
@@ -39,6 +40,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, OlmoeConfig
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.model import experts
 from batchgen.engine.request import Request, SamplingParams
+from batchgen.runtime import onednn_cache
 from benchmarks import sysload
 from tests.tiny import make_tokenizer
 
@@ -129,6 +131,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--out", type=Path, default=RESULTS / "moe.json")
     args = p.parse_args()
+    onednn_cache.apply_defaults()  # the kernel caches `batchgen run` runs with, before the first forward
     if args.threads:
         torch.set_num_threads(args.threads)
     systems = args.systems.split(",")
