@@ -13,8 +13,9 @@ run round-robin per round, the start rotating:
   eager             transformers' per-expert loop (one-hot mask, `where`, a matmul per hit expert)
   grouped_mm        transformers' grouped pass (`torch.nn.functional.grouped_mm`): what
                     `from_pretrained` picks by default, so what the engine ran before
-  batchgen_grouped  the engine's default on the CPU (engine/model/experts.py): the same sort by
-                    expert, each hit expert's matmuls on weights reordered once for oneDNN
+  batchgen_grouped  the engine's default on the CPU in bf16 (engine/model/experts.py): the same
+                    sort by expert, each hit expert's matmuls on weights reordered once for oneDNN;
+                    here in float32 too (the engine keeps grouped_mm there), to compare
   dense             a Llama of the same shape whose MLP has the MoE's active width (top-k x the
                     expert width): the same active parameters per token, no routing
 The engine is built once per model and dtype; the systems switch with `set_experts_implementation`.
@@ -132,6 +133,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS / "moe.json")
     args = p.parse_args()
     onednn_cache.apply_defaults()  # the kernel caches `batchgen run` runs with, before the first forward
+    experts.GROUPED_DTYPES = (torch.bfloat16, torch.float32)  # the candidate in every dtype measured
     if args.threads:
         torch.set_num_threads(args.threads)
     systems = args.systems.split(",")

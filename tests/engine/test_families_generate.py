@@ -49,6 +49,13 @@ SHIPPED = [f for f, (cls, _, _) in FAMILIES.items() if hasattr(transformers, cls
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.fixture(autouse=True)
+def grouped_experts_in_float32(monkeypatch):
+    """The engine's grouped MoE pass runs in bf16 by default; its code is dtype-blind, so here it runs
+    in float32, where greedy tokens must equal `model.generate`'s exactly."""
+    monkeypatch.setattr(experts, "GROUPED_DTYPES", (torch.bfloat16, torch.float32))
+
+
 def build(family: str, seed: int = 0):
     cls, kwargs, attn = FAMILIES[family]
     torch.manual_seed(seed)

@@ -1,5 +1,5 @@
-"""Mixture-of-experts layers on the CPU: one grouped pass over the routed tokens, on expert weights
-reordered once for oneDNN.
+"""Mixture-of-experts layers on the CPU in bf16: one grouped pass over the routed tokens, on expert
+weights reordered once for oneDNN.
 
 transformers 5 stores a MoE layer's experts as 3D parameters (`gate_up_proj [E, 2I, H]`,
 `down_proj [E, H, I]`, transposed in gpt-oss) in classes decorated with
@@ -7,19 +7,19 @@ transformers 5 stores a MoE layer's experts as 3D parameters (`gate_up_proj [E, 
 "eager" loops over the hit experts, finding each one's tokens with a one-hot mask and `where`;
 "grouped_mm" (the default from_pretrained and from_config pick) sorts the (token, expert) pairs by
 expert and runs `torch.nn.functional.grouped_mm` over the groups. On the CPU both end in one plain
-matmul per expert and call, which reorders the weight into oneDNN's blocked layout on every call
-in bf16, and in float32 runs MKL's sgemm on its AVX2 path on AMD CPUs (engine/model/prepack.py
-explains both for the dense linears).
+matmul per expert and call, and in bf16 oneDNN reorders the weight into its blocked layout on
+every such call (engine/model/prepack.py explains it for the dense linears).
 
 The pass here is registered in transformers' ExpertsInterface as EXPERTS_IMPLEMENTATION and
 selected with `model.set_experts_implementation`, so the model's own dispatch calls it. It sorts
-the pairs by expert as grouped_mm does, then runs each hit expert's gate/up and down matmuls on a
-copy of its weights reordered once (`mkldnn._reorder_linear_weight`), the gate (the class's own
-`_apply_gate`, or its activation) between them, and scatters the rows back weighted by the router.
-The weight copies cost the experts' bytes once more, so they are made only where that fits
-prepack's memory share. A class is switched only after its first module computed, on a handful of
-routed tokens, what its eager forward computes (within rounding); any other module, call or
-device runs transformers' grouped_mm as before. Each class's decision is logged once.
+the pairs by expert as grouped_mm does, runs each hit expert's gate/up and down matmuls on a copy
+of its weights reordered once (`mkldnn._reorder_linear_weight`) at a bucketed row count (oneDNN
+builds a kernel per row count), the gate (the class's own `_apply_gate`, or its activation) once
+over all rows between them, and scatters the rows back weighted by the router. The copies cost
+the experts' bytes once more, so they are made only where that fits prepack's memory share. A
+class is switched only after its first module computed, on a handful of routed tokens, what its
+eager forward computes (within rounding); any other module, call, dtype or device runs
+transformers' grouped_mm as before. Each class's decision is logged once.
 """
 
 from __future__ import annotations
@@ -35,18 +35,20 @@ from batchgen.engine.model import prepack
 log = logging.getLogger(__name__)
 
 EXPERTS_IMPLEMENTATION = "batchgen_grouped"
-_DTYPES = (torch.float32, torch.bfloat16)  # float16: oneDNN's packed path is not tried at every row count
+# where the pass runs by default: bf16. In float32 transformers' grouped_mm (MKL or oneDNN per group,
+# no copy of the weights) kept pace with it in benchmarks/moe.py, so the copy would buy nothing;
+# float16: oneDNN's reordered path is not tried at every row count (engine/model/prepack.py).
+# The code is the same for every dtype: the float32 tests run it with float32 added here.
+GROUPED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16,)
 # the class check: this many tokens, and the largest difference from the eager forward it accepts,
 # relative to the eager output's largest magnitude (matmuls summed in another order, per dtype)
 CHECK_TOKENS = 16
-# dtypes whose expert matmuls run at bucket_rows: bf16, where a kernel build costs several matmuls
-BUCKETED_DTYPES = (torch.bfloat16,)
 CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
 def bucket_rows(num_rows: int) -> int:
     """The row count an expert's matmul runs at: exact up to 16, else rounded up to a quarter of its
-    power of two. oneDNN builds a kernel per row count, a few milliseconds each in bf16; the counts
+    power of two. oneDNN builds a kernel per row count, in bf16 a few matmuls' time each; the counts
     of a prefill's experts rarely repeat, the buckets do (4 per octave, under 25% padding)."""
     if num_rows <= 16:
         return num_rows
@@ -116,16 +118,13 @@ def grouped_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, 
     order = torch.argsort(expert_ids, stable=True)  # the pairs grouped by expert
     counts = torch.bincount(expert_ids, minlength=self.num_experts)
     rows = hidden_states[order // top_k]  # [pairs, hidden], each expert's tokens contiguous
-    slots = None  # where each sorted pair sits among the padded rows; None: unpadded
-    if hidden_states.dtype in BUCKETED_DTYPES:
-        padded = torch.tensor([bucket_rows(n) for n in counts.tolist()])
-        sorted_ids = expert_ids[order]
-        shift = (torch.cumsum(padded, 0) - padded) - (torch.cumsum(counts, 0) - counts)
-        slots = torch.arange(rows.shape[0]) + shift[sorted_ids]
-        padded_rows = rows.new_zeros(int(padded.sum()), hidden)
-        padded_rows[slots] = rows
-        rows, counts = padded_rows, padded
-    counts = counts.tolist()
+    # each expert's rows padded with zero rows to bucket_rows(count): slots[i] is sorted pair i's row
+    padded = torch.tensor([bucket_rows(n) for n in counts.tolist()])
+    shift = (torch.cumsum(padded, 0) - padded) - (torch.cumsum(counts, 0) - counts)
+    slots = torch.arange(rows.shape[0]) + shift[expert_ids[order]]
+    padded_rows = rows.new_zeros(int(padded.sum()), hidden)  # [padded rows, hidden]
+    padded_rows[slots] = rows
+    rows, counts = padded_rows, padded.tolist()
     spans = [(expert, end - count, end)  # (expert, its first row, its row past the last) of the hit experts
              for expert, (count, end) in enumerate(zip(counts, itertools.accumulate(counts), strict=True)) if count]
     up = torch.cat([_linear(rows[a:b], up_packed[e], None if up_bias is None else up_bias[e]) for e, a, b in spans])
@@ -133,8 +132,7 @@ def grouped_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, 
     gated = self._apply_gate(up) if self.has_gate else self.act_fn(up)  # [rows, intermediate]
     out = torch.cat([_linear(gated[a:b], down_packed[e], None if down_bias is None else down_bias[e])
                      for e, a, b in spans])  # [rows, hidden]
-    if slots is not None:
-        out = out[slots]  # [pairs, hidden]: the padding rows dropped
+    out = out[slots]  # [pairs, hidden]: the padding rows dropped
     if self.has_post_expert_norm:
         out = self.post_expert_norm(out)
     # in the router weights' dtype, as transformers' forwards multiply (float32 in Mixtral's bf16 model)
@@ -167,8 +165,10 @@ def _matches_eager(module: torch.nn.Module, dtype: torch.dtype) -> tuple[bool, f
 def _why_not_grouped(model: torch.nn.Module, modules: list[torch.nn.Module], available_bytes: int | None) -> str | None:
     """Why no expert module of `model` can take the grouped pass here; None when they may."""
     param = next(model.parameters())
-    if param.dtype not in _DTYPES or not prepack.supported(model):
-        return f"{param.dtype} on {param.device.type}: no reordered oneDNN weights here"
+    if param.device.type != "cpu" or not prepack.supported(model):
+        return f"{param.dtype} on {param.device.type}: no oneDNN-reordered weights here"
+    if param.dtype not in GROUPED_DTYPES:
+        return f"{param.dtype}: grouped_mm keeps pace there without a copy of the weights"
     if not hasattr(model, "set_experts_implementation"):
         return "the model has no set_experts_implementation"
     pending = [m for m in modules if getattr(m, "_batchgen_packed_experts", None) is None]

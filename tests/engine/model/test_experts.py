@@ -1,6 +1,7 @@
 """The grouped MoE pass (engine/model/experts.py) computes what each family's HF expert loop computes,
 and is chosen per class only where it does. Greedy tokens through the engine with it on:
-tests/engine/test_families_generate.py."""
+tests/engine/test_families_generate.py. By default it runs in bf16 only; its code is the same in
+every dtype, so these tests run it in float32 too, where equality is strict."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ MOE_FAMILIES = [f for f in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_o
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")]
+
+
+@pytest.fixture(autouse=True)
+def in_float32_too(monkeypatch):
+    monkeypatch.setattr(experts, "GROUPED_DTYPES", (torch.bfloat16, torch.float32))
 
 
 def routed(module: torch.nn.Module, num_tokens: int, top_k: int, dtype: torch.dtype, seed: int = 1):
@@ -120,3 +126,12 @@ def test_bucketed_row_counts_are_few_and_pad_little():
     assert buckets[:16] == list(range(1, 17))  # a decode step's counts run exactly
     assert all(n <= b < 1.25 * n for n, b in enumerate(buckets, start=1))
     assert len(set(buckets)) <= 16 + 4 * 8  # 4 per octave above 16
+
+
+def test_float32_keeps_transformers_grouped_mm_by_default(monkeypatch, caplog):
+    monkeypatch.setattr(experts, "GROUPED_DTYPES", (torch.bfloat16,))
+    model = build(MOE_FAMILIES[0])
+    with caplog.at_level("INFO", logger="batchgen.engine.model.experts"):
+        assert experts.group_experts(model, available_bytes=1 << 40) == 0
+    assert model.config._experts_implementation == "grouped_mm"
+    assert "grouped_mm kept (torch.float32: grouped_mm keeps pace there" in caplog.text
