@@ -124,7 +124,8 @@ def test_the_window_changes_what_mistral_generates():
 
 def test_fused_cpu_paths_apply_only_where_the_math_is_llamas(caplog):
     """Gemma's (1 + weight) norm (its q/k norms too) and GELU-tanh MLP keep their own forwards, an
-    MoE block keeps the HF expert loop, Mistral's norm and MLP fuse; each decision is logged once."""
+    MoE block keeps its own forward (its experts: engine/model/experts.py), Mistral's norm and MLP
+    fuse; each decision is logged once."""
     from batchgen.engine.kernels import fused
 
     if fused.load() is None:
