@@ -135,3 +135,22 @@ def test_float32_keeps_transformers_grouped_mm_by_default(monkeypatch, caplog):
         assert experts.group_experts(model, available_bytes=1 << 40) == 0
     assert model.config._experts_implementation == "grouped_mm"
     assert "grouped_mm kept (torch.float32: grouped_mm keeps pace there" in caplog.text
+
+
+def test_the_engine_selects_it_in_bf16_by_default(monkeypatch, tokenizer, caplog):
+    from batchgen.engine.engine import EngineConfig, LLMEngine
+    from batchgen.engine.request import Request, SamplingParams
+
+    monkeypatch.setattr(experts, "GROUPED_DTYPES", (torch.bfloat16,))  # the shipped default
+    model = build(MOE_FAMILIES[0]).to(torch.bfloat16)
+    if not prepack.supported(model):
+        pytest.skip("no oneDNN bf16 kernels on this CPU")
+    with caplog.at_level("INFO", logger="batchgen.engine.model.experts"):
+        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=32, block_size=8), eos_token_ids=[])
+    assert model.config._experts_implementation == experts.EXPERTS_IMPLEMENTATION
+    assert caplog.text.count("MoE experts:") == 1
+    done = list(engine.generate([Request("a", list(range(10, 50)), SamplingParams(max_new_tokens=5, ignore_eos=True))]))
+    assert len(done[0].token_ids) == 5
+    unpacked = build(MOE_FAMILIES[0]).to(torch.bfloat16)
+    LLMEngine(unpacked, tokenizer, EngineConfig(num_kv_blocks=32, block_size=8, prepack_weights=False))
+    assert unpacked.config._experts_implementation == "grouped_mm"  # off with the reordered weights
