@@ -27,7 +27,7 @@ from batchgen.engine.kernels import fused
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.metrics import EngineMetrics, StepStats
-from batchgen.engine.model import families, prepack
+from batchgen.engine.model import experts, families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
@@ -68,6 +68,7 @@ class LLMEngine:
         # cannot lower the reordered (mkldnn-layout) weights (measured: a LoweringException)
         if config.prepack_weights and not config.compile:
             prepack.pack_linear_layers(model)
+            experts.group_experts(model)  # MoE experts: one grouped pass on weights reordered the same way
         if config.fuse_pointwise and not config.compile:  # inductor fuses these itself
             fused.fuse_pointwise(model)
         text_config = getattr(model.config, "text_config", None) or model.config

@@ -41,7 +41,8 @@ class EngineConfig:
     adaptive_threads: bool = True
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (per-token, per-head scales) | fp8 (refused)
     cuda_graphs: bool = True  # CUDA + a graph-safe attention backend (flash): decode steps replay graphs
-    # CPU bf16/fp16: small calls of each linear layer run on a weight reordered once (engine/model/prepack.py);
+    # CPU bf16/fp16: small calls of each linear layer run on a weight reordered once (engine/model/prepack.py),
+    # and MoE experts (bf16/fp32) in one grouped pass on weights reordered the same way (engine/model/experts.py);
     # ignored with compile
     prepack_weights: bool = True
     # CPU bf16: Llama-style RMSNorm and SiLU * up run as single fused C calls (engine/kernels/fused.py)

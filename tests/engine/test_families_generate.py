@@ -2,7 +2,8 @@
 `model.generate`'s, token for token in float32, with prompts and outputs longer than the sliding
 window, on the C kernels and on SDPA, under chunked prefill, preemption, prefix caching and both
 policies, and when rows stopped in flight continue. Tiny random-weight models built from configs;
-MoE blocks run as the HF modules."""
+MoE blocks run as the HF modules, their experts in the engine's grouped pass (engine/model/experts.py)
+while the reference `generate` runs transformers' own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from batchgen.config.choices import Policy
 from batchgen.engine.engine import EngineConfig, LLMEngine
+from batchgen.engine.model import experts
 from batchgen.engine.request import Request, SamplingParams
 from tests.tiny import _common
 
@@ -45,6 +47,13 @@ FAMILIES = {
 SHIPPED = [f for f, (cls, _, _) in FAMILIES.items() if hasattr(transformers, cls)]
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@pytest.fixture(autouse=True)
+def grouped_experts_in_float32(monkeypatch):
+    """The engine's grouped MoE pass runs in bf16 by default; its code is dtype-blind, so here it runs
+    in float32, where greedy tokens must equal `model.generate`'s exactly."""
+    monkeypatch.setattr(experts, "GROUPED_DTYPES", (torch.bfloat16, torch.float32))
 
 
 def build(family: str, seed: int = 0):
@@ -93,6 +102,9 @@ def test_greedy_tokens_equal_generate(family, config_name, tokenizer):
     got = {c.request_id: c.token_ids for c in engine.generate(requests)}
     mismatched = {i: (got[str(i)], ref) for i, ref in enumerate(refs) if got[str(i)] != ref}
     assert not mismatched, f"{name}: {mismatched}"
+    if experts.expert_modules(engine.model) and torch.backends.mkldnn.is_available():
+        assert engine.model.config._experts_implementation == experts.EXPERTS_IMPLEMENTATION
+        assert model.config._experts_implementation == "grouped_mm"  # the reference's, untouched
     summary = engine.metrics.summary()
     if config_name == "chunked-preempted" and engine.kv_window is None:  # a window's KV fits: no preemption
         assert summary["num_preemptions"] >= 1
@@ -112,7 +124,8 @@ def test_the_window_changes_what_mistral_generates():
 
 def test_fused_cpu_paths_apply_only_where_the_math_is_llamas(caplog):
     """Gemma's (1 + weight) norm (its q/k norms too) and GELU-tanh MLP keep their own forwards, an
-    MoE block keeps the HF expert loop, Mistral's norm and MLP fuse; each decision is logged once."""
+    MoE block keeps its own forward (its experts: engine/model/experts.py), Mistral's norm and MLP
+    fuse; each decision is logged once."""
     from batchgen.engine.kernels import fused
 
     if fused.load() is None:
