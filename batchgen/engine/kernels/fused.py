@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import inspect
 import logging
 import sys
 import types
@@ -138,8 +139,19 @@ def load_cached() -> PointwiseKernels | None:
     return load()
 
 
+def _plain_function(fn):
+    """The Python function behind `fn`: transformers (5.25 on) wraps functions such as
+    apply_rotary_pos_emb in a `kernels` hub module (`use_kernel_forward_from_hub`) whose forward calls
+    the original unless a hub kernel was selected; its closure holds that original."""
+    if hasattr(fn, "__code__") or not isinstance(fn, torch.nn.Module):
+        return fn
+    closure = getattr(type(fn).forward, "__closure__", None) or ()
+    inner = [c.cell_contents for c in closure if inspect.isfunction(c.cell_contents)]
+    return inner[0] if len(inner) == 1 else fn
+
+
 def _same_code(fn, reference) -> bool:
-    a, b = getattr(fn, "__code__", None), getattr(reference, "__code__", None)
+    a, b = getattr(_plain_function(fn), "__code__", None), getattr(_plain_function(reference), "__code__", None)
     return (a is not None and b is not None and a.co_code == b.co_code and a.co_names == b.co_names
             and a.co_consts == b.co_consts)
 
