@@ -24,9 +24,8 @@ from batchgen.engine.attention import paged as attention
 from batchgen.engine.attention.registry import make_backend
 from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
 from batchgen.engine.kernels import fused
-from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
-from batchgen.engine.kv.hybrid import HybridBlockManager
+from batchgen.engine.kv.hybrid import make_block_manager
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model import families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
@@ -81,11 +80,11 @@ class LLMEngine:
                  families.describe(model.config))
         self.block_size = block_size
         self.backend = make_backend(backend)
-        self.use_cuda_graphs = self._graphs_possible(config)
         # blocks leave the pool's hold once out of the window: one block table where every layer has
         # the same window, one per layer group where full-attention and sliding layers mix (kv/groups.py)
         self.kv_window = families.kv_window(model)
         self.kv_groups = families.kv_groups(model)
+        self.use_cuda_graphs = self._graphs_possible(config)
         spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         if self.kv_window is not None:
             log.info("KV: every layer attends a %d-token window; blocks that leave it return to the pool",
@@ -95,10 +94,6 @@ class LLMEngine:
                      "to it once out of its window", self.kv_groups.num_groups, self.kv_groups.num_tensors,
                      ["all" if w is None else w for w in self.kv_groups.group_windows])
             spec = self.spec = dataclasses.replace(spec, num_layers=self.kv_groups.num_tensors)
-            if self.use_cuda_graphs:
-                log.info("CUDA graphs: off, their decode buffers hold one block table and this model's layer "
-                         "groups have one each")
-                self.use_cuda_graphs = False
         num_blocks, self.max_tokens_per_seq = plan_kv_blocks(
             model, spec, self.device, config, max_model_len=self.max_model_len, use_cuda_graphs=self.use_cuda_graphs,
             kv_groups=self.kv_groups)
@@ -138,6 +133,9 @@ class LLMEngine:
             log.info("CUDA graphs: off, the %s attention backend has no graph-safe decode (flash-attn has)",
                      self.backend.name)
             return False
+        if self.kv_groups is not None:
+            log.info("CUDA graphs: off, their decode buffers hold one block table, and each KV layer group has its own")
+            return False
         return True
 
     def _allocate_cache(self, num_blocks: int) -> None:
@@ -151,11 +149,8 @@ class LLMEngine:
         self.kv_cache = KVCache(self.spec, num_blocks, self.device, None if groups is None else groups.layer_tensor)
         self.runner.kv_cache = self.kv_cache
         usable = num_blocks - 1 if self.use_cuda_graphs else num_blocks
-        if groups is not None:
-            self.block_manager = HybridBlockManager(usable, self.block_size, groups, self.config.enable_prefix_caching)
-        else:
-            self.block_manager = BlockManager(usable, self.block_size, self.config.enable_prefix_caching,
-                                              sliding_window=self.kv_window)
+        self.block_manager = make_block_manager(usable, self.block_size, self.config.enable_prefix_caching,
+                                                self.kv_window, groups)
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -26,6 +26,14 @@ from batchgen.engine.kv.groups import KVGroups, window_blocks
 from batchgen.engine.scheduler.sequence import GroupBlocks, Sequence
 
 
+def make_block_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool, kv_window: int | None,
+                       kv_groups: KVGroups | None) -> BlockManager:
+    """The engine's pool: one group (dropping behind `kv_window` where every layer has it), or `kv_groups`."""
+    if kv_groups is None:
+        return BlockManager(num_blocks, block_size, enable_prefix_caching, sliding_window=kv_window)
+    return HybridBlockManager(num_blocks, block_size, kv_groups, enable_prefix_caching)
+
+
 @dataclass(slots=True)
 class PrefixHit:
     """A prefix-cache hit of `num_blocks` full blocks in every group; what the scheduler passes

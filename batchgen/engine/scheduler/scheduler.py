@@ -290,6 +290,7 @@ class Scheduler:
         for seq in self.waiting:
             assert seq.status is SequenceStatus.WAITING
             assert not seq.block_table and seq.num_computed_tokens == 0
+            assert not any(g.block_table for g in seq.kv_groups)
         ids = [s.seq_id for s in self.running] + [s.seq_id for s in self.waiting]
         assert len(ids) == len(set(ids)), "a sequence is queued twice"
         self.block_manager.check_integrity(self.running)
