@@ -120,7 +120,8 @@ def test_layers_of_a_group_position_share_one_tensor_pair():
     from batchgen.engine.kv.groups import plan_groups
 
     groups = plan_groups([8, None, 8, None])
-    cache = KVCache(KVCacheSpec(groups.num_tensors, 2, 16, torch.float32, 4), 10, torch.device("cpu"), groups.layer_tensor)
+    spec = KVCacheSpec(groups.num_tensors, 2, 16, torch.float32, 4)
+    cache = KVCache(spec, 10, torch.device("cpu"), groups.layer_tensor)
     assert len(cache.layers) == 4 and cache.layers[0] is cache.layers[1] and cache.layers[2] is cache.layers[3]
     assert cache.layers[0] is not cache.layers[2]
     assert cache.num_bytes == 10 * 4 * 2 * 2 * 2 * 16 * 4  # 2 tensor pairs, not 4

@@ -31,4 +31,5 @@ def test_kv_groups_count_a_block_per_group_and_window_bounded_sliding_blocks_sta
     per_block, bound = 16 * 2, window_blocks(64, 32, 16)
     assert hybrid["continuous"] == (29 + 3 * bound + 22 + 3 * bound + 5 * 4) * per_block
     static = kv_bytes(plan(Policy.STATIC), 3, 16, 2, budget=32, kv_groups=groups)
-    assert static["static"] == (32 + 3 * bound + 25 + 3 * bound + 9 + 3 * bound) * per_block  # ceil((prompt + p90) / 16)
+    # ceil((prompt + p90) / 16) in the full group, at most the window's blocks in each sliding one
+    assert static["static"] == (32 + 3 * bound + 25 + 3 * bound + 9 + 3 * bound) * per_block
