@@ -135,7 +135,9 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Append fresh blocks so `seq` has slots for its first `num_tokens` tokens."""
-        self._allocate(seq, self.blocks_needed(seq, num_tokens))
+        needed = self.blocks_needed(seq, num_tokens)
+        if needed:  # most decode steps need none
+            self._allocate(seq, needed)
 
     def _allocate(self, blocks: Sequence | GroupBlocks, needed: int) -> None:
         """Append `needed` fresh blocks to one group's block table of a sequence."""
@@ -154,7 +156,7 @@ class BlockManager:
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks of `seq` that are full and computed, so later sequences hit them."""
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and seq.num_computed_tokens // self.block_size > seq.num_hashed_blocks:
             self._cache_full_blocks(seq, seq, None)
 
     def _cache_full_blocks(self, seq: Sequence, blocks: Sequence | GroupBlocks, salt: int | None) -> None:

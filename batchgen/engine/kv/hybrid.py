@@ -35,6 +35,15 @@ def make_block_manager(num_blocks: int, block_size: int, enable_prefix_caching: 
 
 
 @dataclass(slots=True)
+class Promise:
+    """A static sequence's claim on each sliding group: `bound` blocks held at most, of which
+    `num_outstanding` (over the groups) are not taken yet and must stay free."""
+
+    bound: int
+    num_outstanding: int = 0
+
+
+@dataclass(slots=True)
 class PrefixHit:
     """A prefix-cache hit of `num_blocks` full blocks in every group; what the scheduler passes
     back to `can_admit` / `admit` (it reads only its length)."""
@@ -54,8 +63,9 @@ class HybridBlockManager(BlockManager):
         self.groups = groups
         self.group_windows = groups.group_windows
         self.salts: list[int | None] = [None] + [hash(("kv group", k)) for k in range(1, groups.num_groups)]
-        # static policy: seq_id -> (sequence, the blocks it may hold in each sliding group)
-        self.promises: dict[int, tuple[Sequence, int]] = {}
+        # static policy: seq_id -> Promise, and the blocks promised and not yet taken, over all of them
+        self.promises: dict[int, Promise] = {}
+        self.num_promised_blocks = 0
 
     def tables(self, seq: Sequence) -> list[Sequence | GroupBlocks]:
         """`seq`'s block fields per group, in group order."""
@@ -106,15 +116,18 @@ class HybridBlockManager(BlockManager):
         blocks = -(-num_tokens // self.block_size)
         return sum(max(0, blocks - len(t.block_table)) for t in self.tables(seq))
 
-    def _promised(self, exclude: Sequence | None) -> int:
-        """Blocks promised to static sequences (other than `exclude`) and not yet taken."""
-        total = 0
-        for seq_id, (seq, bound) in self.promises.items():
-            if exclude is None or seq_id != exclude.seq_id:
-                for t, w in zip(self.tables(seq), self.group_windows, strict=True):
-                    if w is not None:
-                        total += max(0, bound - (len(t.block_table) - t.num_dropped_blocks))
-        return total
+    def _outstanding(self, seq: Sequence, bound: int) -> int:
+        """Blocks of `bound` per sliding group `seq` does not hold there now."""
+        return sum(max(0, bound - (len(t.block_table) - t.num_dropped_blocks))
+                   for t, w in zip(self.tables(seq), self.group_windows, strict=True) if w is not None)
+
+    def _update_promise(self, seq: Sequence) -> None:
+        """Recount a promised sequence's outstanding blocks after its tables changed."""
+        promise = self.promises.get(seq.seq_id)
+        if promise is not None:
+            outstanding = self._outstanding(seq, promise.bound)
+            self.num_promised_blocks += outstanding - promise.num_outstanding
+            promise.num_outstanding = outstanding
 
     def _promise(self, hit: PrefixHit, num_tokens: int, reserve_tokens: int, chunk_tokens: int | None) -> int:
         """Per sliding group: the most blocks a static sequence admitted this way holds there."""
@@ -140,10 +153,14 @@ class HybridBlockManager(BlockManager):
                     promised += max(0, self._promise(hit, num_tokens, reserve_tokens, chunk_tokens) - held)
             if n:
                 revived += sum(1 for b in hit.block_ids[k][hit.num_dropped[k]:] if self.blocks[b].ref_count == 0)
-        return needed + revived + promised + watermark_blocks + self._promised(None) <= self.num_free_blocks
+        return needed + revived + promised + watermark_blocks + self.num_promised_blocks <= self.num_free_blocks
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
-        return self._needed(seq, num_tokens) <= self.num_free_blocks - (self._promised(seq) if self.promises else 0)
+        promised = self.num_promised_blocks
+        if promised:  # its own promise is what it grows into
+            promise = self.promises.get(seq.seq_id)
+            promised -= 0 if promise is None else promise.num_outstanding
+        return self._needed(seq, num_tokens) <= self.num_free_blocks - promised
 
     # ---- mutations -----------------------------------------------------------------------
     def admit(self, seq: Sequence, cached_block_ids: PrefixHit, num_new_tokens: int,
@@ -173,12 +190,14 @@ class HybridBlockManager(BlockManager):
         seq.num_computed_tokens = n * self.block_size
         self.num_prefix_hit_tokens += n * self.block_size
         if reserve_tokens:
-            self.promises[seq.seq_id] = (seq, self._promise(hit, num_tokens, reserve_tokens, chunk_tokens))
+            self.promises[seq.seq_id] = Promise(self._promise(hit, num_tokens, reserve_tokens, chunk_tokens))
+            self._update_promise(seq)
 
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         blocks = -(-num_tokens // self.block_size)
         for t in self.tables(seq):
             self._allocate(t, max(0, blocks - len(t.block_table)))
+        self._update_promise(seq)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         if self.enable_prefix_caching:
@@ -186,13 +205,18 @@ class HybridBlockManager(BlockManager):
                 self._cache_full_blocks(seq, t, salt)
 
     def drop_out_of_window(self, seq: Sequence) -> int:
-        return sum(self._drop_out_of_window(seq, t, w)
-                   for t, w in zip(self.tables(seq), self.group_windows, strict=True) if w is not None)
+        dropped = sum(self._drop_out_of_window(seq, t, w)
+                      for t, w in zip(self.tables(seq), self.group_windows, strict=True) if w is not None)
+        if dropped:
+            self._update_promise(seq)
+        return dropped
 
     def free(self, seq: Sequence) -> None:
         for t in reversed(self.tables(seq)):
             self._free(t)
-        self.promises.pop(seq.seq_id, None)
+        promise = self.promises.pop(seq.seq_id, None)
+        if promise is not None:
+            self.num_promised_blocks -= promise.num_outstanding
 
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self, live_seqs: list[Sequence] | None = None) -> None:
@@ -206,5 +230,9 @@ class HybridBlockManager(BlockManager):
         if live_seqs is not None:
             live = {s.seq_id for s in live_seqs}
             assert set(self.promises) <= live, "a promise outlived its sequence"
+            by_id = {s.seq_id: s for s in live_seqs}
+            for seq_id, promise in self.promises.items():
+                assert promise.num_outstanding == self._outstanding(by_id[seq_id], promise.bound)
         self._check_pool(owners if live_seqs is not None else None)
-        assert self._promised(None) <= self.num_free_blocks, "promised blocks are not free"
+        assert self.num_promised_blocks == sum(p.num_outstanding for p in self.promises.values())
+        assert self.num_promised_blocks <= self.num_free_blocks, "promised blocks are not free"

@@ -116,7 +116,7 @@ def test_static_promises_keep_a_sliding_groups_blocks_for_its_sequence():
     bm.admit(a, hit, 0, reserve_tokens=80, chunk_tokens=chunk)
     assert len(a.block_table) == 20  # the full group reserves every token
     assert len(a.kv_groups[0].block_table) == 0  # the sliding group takes blocks as it goes...
-    assert bm._promised(None) == bound  # ...but they are promised
+    assert bm.num_promised_blocks == bound  # ...but they are promised
     # others see 40 - 20 - bound free blocks, and their own sliding bound counts too
     b = make_seq(1, list(range(10, 18)))
     fits = (40 - 20 - 2 * bound) * BS
@@ -130,6 +130,6 @@ def test_static_promises_keep_a_sliding_groups_blocks_for_its_sequence():
         a.num_computed_tokens = target
         bm.drop_out_of_window(a)
         bm.check_integrity([a])
-        assert bm._promised(None) + bm.num_used_blocks <= 40
+        assert bm.num_promised_blocks + bm.num_used_blocks <= 40
     bm.free(a)
     assert not bm.promises and bm.num_free_blocks == 40
