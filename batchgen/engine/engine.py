@@ -133,9 +133,6 @@ class LLMEngine:
             log.info("CUDA graphs: off, the %s attention backend has no graph-safe decode (flash-attn has)",
                      self.backend.name)
             return False
-        if self.kv_groups is not None:
-            log.info("CUDA graphs: off, their decode buffers hold one block table, and each KV layer group has its own")
-            return False
         return True
 
     def _allocate_cache(self, num_blocks: int) -> None:
@@ -168,7 +165,7 @@ class LLMEngine:
             self.model, self.runner.forward_fn, self.kv_cache, self.backend, max_num_seqs=self.limits.max_num_seqs,
             max_blocks_per_seq=-(-self.max_tokens_per_seq // self.block_size),
             dummy_block=self.kv_cache.num_blocks - 1,
-            vocab_size=self.model.get_output_embeddings().weight.shape[0], device=self.device)
+            vocab_size=self.model.get_output_embeddings().weight.shape[0], device=self.device, kv_groups=self.kv_groups)
         with torch.inference_mode():
             graphs.capture()
         self.runner.graphs = graphs
