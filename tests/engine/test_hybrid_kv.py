@@ -125,3 +125,20 @@ def test_layers_of_a_group_position_share_one_tensor_pair():
     assert len(cache.layers) == 4 and cache.layers[0] is cache.layers[1] and cache.layers[2] is cache.layers[3]
     assert cache.layers[0] is not cache.layers[2]
     assert cache.num_bytes == 10 * 4 * 2 * 2 * 2 * 16 * 4  # 2 tensor pairs, not 4
+
+
+@pytest.mark.parametrize("backend", ["cpu", "sdpa"])
+def test_int8_pages_in_layer_groups_give_the_tokens_of_int8_pages_kept_whole(backend, tokenizer, monkeypatch):
+    """int8 pages quantize each token's K/V on its own, so where a layer group's blocks live cannot
+    change a token: the groups' run equals the all-KV run of the same int8 cache."""
+    model = gemma3()
+    rng = random.Random(6)
+    prompts = [[rng.randrange(5, 261) for _ in range(rng.randint(20, 60))] for _ in range(6)]
+    config = EngineConfig(attention_backend=backend, block_size=4, num_kv_blocks=300, max_num_seqs=4,
+                          max_num_batched_tokens=32, kv_cache_dtype="int8")
+    got_groups, _, engine = run(model, tokenizer, prompts, config)
+    assert engine.kv_groups is not None and engine.kv_cache.scales[0] is engine.kv_cache.scales[1]
+    monkeypatch.setattr(families, "kv_groups", lambda model: None)
+    got_whole, _, whole = run(model, tokenizer, prompts, config)
+    assert whole.kv_groups is None
+    assert got_groups == got_whole
