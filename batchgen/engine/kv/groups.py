@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# more groups than this only where one kind of layer is rare (1 sliding layer in 28): every step
+# builds each group's block tables, for a saving of at most that kind's share of the cache
+MAX_KV_GROUPS = 8
+
 
 @dataclass(frozen=True, slots=True)
 class KVGroups:
@@ -62,12 +66,15 @@ def window_blocks(window: int, chunk_tokens: int, block_size: int) -> int:
 
 def plan_groups(windows: list[int | None]) -> KVGroups | None:
     """The layer groups of a model whose layers have these windows (None: full attention); None
-    where one group does (no window, or one window on every layer: kv/block_manager.py's own)."""
+    where one group does (no window, or one window on every layer: kv/block_manager.py's own), or
+    where they would be more than MAX_KV_GROUPS (then all KV is kept)."""
     full = [i for i, w in enumerate(windows) if w is None]
     sliding = [i for i, w in enumerate(windows) if w is not None]
     if not full or not sliding:
         return None
     size = min(len(full), len(sliding))
+    if -(-len(full) // size) + -(-len(sliding) // size) > MAX_KV_GROUPS:
+        return None
     group_windows: list[int | None] = []
     layer_group = [0] * len(windows)
     layer_tensor = [0] * len(windows)

@@ -14,7 +14,7 @@ import logging
 import torch
 from transformers import PretrainedConfig
 
-from batchgen.engine.kv.groups import KVGroups, plan_groups
+from batchgen.engine.kv.groups import MAX_KV_GROUPS, KVGroups, plan_groups
 from batchgen.errors import UnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -113,9 +113,13 @@ def kv_groups(model) -> KVGroups | None:
     where its attention modules agree with its config; None otherwise (one group: kv_window's)."""
     windows = layer_windows(model.config)
     groups = plan_groups(windows)
-    if groups is None or not _modules_agree(model, windows):
+    if groups is None:
+        num_sliding = sum(w is not None for w in windows)
+        if 0 < num_sliding < len(windows):
+            log.info("KV: %d of %d layers slide, they would need more than %d layer groups of equal size: "
+                     "keeping all KV", num_sliding, len(windows), MAX_KV_GROUPS)
         return None
-    return groups
+    return groups if _modules_agree(model, windows) else None
 
 
 def _modules_agree(model, windows: list[int | None]) -> bool:

@@ -13,6 +13,11 @@ def test_one_window_or_none_is_one_group():
     assert plan_groups([8, 8, 8]) is None
 
 
+def test_a_rare_kind_of_layer_that_would_need_many_groups_keeps_all_kv():
+    assert plan_groups([None] * 27 + [8]) is None  # 28 one-layer groups to save 1/28 of the cache
+    assert plan_groups([None] * 21 + [8] * 7).num_groups == 4  # Qwen2 with max_window_layers 21
+
+
 def test_alternating_layers_make_two_groups_sharing_one_tensor_per_position():
     groups = plan_groups([8, None, 8, None])  # Gemma 2, gpt-oss
     assert groups.group_windows == (None, 8)
