@@ -142,3 +142,46 @@ def test_int8_pages_in_layer_groups_give_the_tokens_of_int8_pages_kept_whole(bac
     got_whole, _, whole = run(model, tokenizer, prompts, config)
     assert whole.kv_groups is None
     assert got_groups == got_whole
+
+
+def test_static_rows_past_their_predicted_length_are_parked_and_finish_with_generates_tokens(tokenizer):
+    import dataclasses
+
+    model = gemma3()
+    rng = random.Random(8)
+    prompts = [[rng.randrange(5, 261) for _ in range(rng.randint(30, 60))] for _ in range(6)]
+    config = EngineConfig(policy=Policy.STATIC, block_size=4, num_kv_blocks=200, max_num_seqs=4,
+                          max_num_batched_tokens=24)
+    engine = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
+    requests = [dataclasses.replace(Request(str(i), p, SamplingParams(max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True)),
+                                    predicted_num_output_tokens=10 if i % 2 else None) for i, p in enumerate(prompts)]
+    got = {c.request_id: c.token_ids for c in engine.generate(requests, between_steps=engine.check_integrity)}
+    assert [got[str(i)] for i in range(len(prompts))] == [greedy(model, p) for p in prompts]
+    summary = engine.metrics.summary()
+    assert summary["num_overruns"] >= 1 and summary["num_preemptions"] == 0
+
+
+def test_the_longest_request_counts_window_bounded_blocks_in_the_sliding_groups(tokenizer):
+    from batchgen.engine.engine import RequestRejected
+
+    model = gemma3()
+    config = EngineConfig(block_size=4, num_kv_blocks=60, max_num_seqs=2, max_num_batched_tokens=16)
+    engine = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
+    # 1 full group, 5 sliding ones of (12 + 16 - 1) // 4 + 2 = 8 blocks: 60 blocks hold 80 tokens, not 240
+    assert engine.max_tokens_per_seq == engine.kv_groups.max_tokens(60, 16, 4) == 80
+    with pytest.raises(RequestRejected):
+        engine.add_request(Request("long", list(range(5, 85)), SamplingParams(max_new_tokens=4)))
+    # a prompt under it runs; decoding holds fewer sliding blocks than a prefill chunk, so it grows past 80
+    prompt = list(range(5, 75))
+    request = Request("r", prompt, SamplingParams(max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True))
+    done = list(engine.generate([request], between_steps=engine.check_integrity))
+    assert done[0].token_ids == greedy(model, prompt)
+
+
+def test_a_small_jobs_cache_is_sized_by_the_blocks_its_rows_hold_in_every_group(tokenizer):
+    from batchgen.engine.kv.groups import window_blocks
+
+    config = EngineConfig(block_size=4, kv_cache_bytes=1 << 24, max_num_batched_tokens=16,
+                          seq_token_needs=(100, 8))
+    engine = LLMEngine(gemma3(), tokenizer, config, eos_token_ids=[])
+    assert engine.kv_cache.num_blocks == (25 + 5 * window_blocks(WINDOW, 16, 4)) + 6 * 2
