@@ -19,6 +19,10 @@ DROPPED_BLOCK (block 0): the attention reads there at most keys its window masks
 kernel not even those), and block 0 always holds finite values (the cache starts zeroed), so a
 masked key adds exactly 0. A prefix hit still needs the whole chain from the first block, so a
 hit is never longer than what the cache holds.
+
+A model with full-attention and sliding layers mixed has a block table per layer group, all drawing
+on one pool: kv/hybrid.py, which reuses this class's pool and its per-table helpers (`_allocate`,
+`_cache_full_blocks`, `_drop_out_of_window`, `_free`).
 """
 
 from __future__ import annotations
