@@ -29,6 +29,7 @@ FORBIDDEN = {  # package -> packages none of its modules may import (at module l
     "cli": ("batchgen.engine", "batchgen.io"),  # commands go through batchgen.jobs
 }
 TORCH_FREE = ("batchgen.engine.scheduler.scheduler", "batchgen.engine.kv.block_manager",
+              "batchgen.engine.kv.hybrid", "batchgen.engine.kv.groups",
               "batchgen.engine.scheduler.sequence", "batchgen.config.job", "batchgen.config.rules")
 # what a command imports before its checks pass: a user's mistake must not wait seconds for torch
 CHECKS_TORCH_FREE = ("batchgen.cli", "batchgen.config.job", "batchgen.jobs.commands.run",

@@ -24,8 +24,8 @@ from batchgen.engine.attention import paged as attention
 from batchgen.engine.attention.registry import make_backend
 from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
 from batchgen.engine.kernels import fused
-from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
+from batchgen.engine.kv.hybrid import make_block_manager
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model import experts, families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
@@ -81,24 +81,31 @@ class LLMEngine:
                  families.describe(model.config))
         self.block_size = block_size
         self.backend = make_backend(backend)
-        self.use_cuda_graphs = self._graphs_possible(config)
-        # blocks leave the pool's hold once out of the window only where every layer has the same
-        # one: a full-attention layer (Gemma, gpt-oss) would need its own block table (not yet)
+        # blocks leave the pool's hold once out of the window: one block table where every layer has
+        # the same window, one per layer group where full-attention and sliding layers mix (kv/groups.py)
         self.kv_window = families.kv_window(model)
+        self.kv_groups = families.kv_groups(model)
+        self.use_cuda_graphs = self._graphs_possible(config)
+        spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         if self.kv_window is not None:
             log.info("KV: every layer attends a %d-token window; blocks that leave it return to the pool",
                      self.kv_window)
-        spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
+        if self.kv_groups is not None:
+            log.info("KV: %d layer groups of %d layers, windows %s, one block pool; a sliding group's blocks return "
+                     "to it once out of its window", self.kv_groups.num_groups, self.kv_groups.num_tensors,
+                     ["all" if w is None else w for w in self.kv_groups.group_windows])
+            spec = self.spec = dataclasses.replace(spec, num_layers=self.kv_groups.num_tensors)
         num_blocks, self.max_tokens_per_seq = plan_kv_blocks(
-            model, spec, self.device, config, max_model_len=self.max_model_len, use_cuda_graphs=self.use_cuda_graphs)
+            model, spec, self.device, config, max_model_len=self.max_model_len, use_cuda_graphs=self.use_cuda_graphs,
+            kv_groups=self.kv_groups)
         if num_blocks < 2:
             self.use_cuda_graphs = False  # no block to spare for the padding rows
         self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile,
                                   eos_token_ids=eos_token_ids)
-        self.runner.kv_window = self.kv_window
+        self.runner.kv_window, self.runner.kv_groups = self.kv_window, self.kv_groups
         self._allocate_cache(num_blocks)
         self.limits = sizing.resolve_limits(
-            device_type=self.device.type, kv_capacity_tokens=self.block_manager.num_blocks * block_size,
+            device_type=self.device.type, kv_capacity_tokens=self.kv_capacity_tokens,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             expected_seq_tokens=config.expected_seq_tokens, max_model_len=self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.limits.max_num_seqs,
@@ -136,11 +143,19 @@ class LLMEngine:
         self.runner.kv_cache = self.kv_cache = None  # free the old cache before allocating the new one
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.kv_cache = KVCache(self.spec, num_blocks, self.device)
+        groups = self.kv_groups
+        self.kv_cache = KVCache(self.spec, num_blocks, self.device, None if groups is None else groups.layer_tensor)
         self.runner.kv_cache = self.kv_cache
         usable = num_blocks - 1 if self.use_cuda_graphs else num_blocks
-        self.block_manager = BlockManager(usable, self.block_size, self.config.enable_prefix_caching,
-                                          sliding_window=self.kv_window)
+        self.block_manager = make_block_manager(usable, self.block_size, self.config.enable_prefix_caching,
+                                                self.kv_window, groups)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds, as a row's token count: with layer groups, a token takes a slot
+        in each (exact for rows within the windows, a lower bound for longer ones)."""
+        num_groups = 1 if self.kv_groups is None else self.kv_groups.num_groups
+        return self.block_manager.num_blocks * self.block_size // num_groups
 
     def _capture_graphs(self) -> None:
         if not self.use_cuda_graphs:
@@ -151,7 +166,7 @@ class LLMEngine:
             self.model, self.runner.forward_fn, self.kv_cache, self.backend, max_num_seqs=self.limits.max_num_seqs,
             max_blocks_per_seq=-(-self.max_tokens_per_seq // self.block_size),
             dummy_block=self.kv_cache.num_blocks - 1,
-            vocab_size=self.model.get_output_embeddings().weight.shape[0], device=self.device)
+            vocab_size=self.model.get_output_embeddings().weight.shape[0], device=self.device, kv_groups=self.kv_groups)
         with torch.inference_mode():
             graphs.capture()
         self.runner.graphs = graphs

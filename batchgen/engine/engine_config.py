@@ -14,6 +14,7 @@ from batchgen.engine.attention.registry import BACKENDS, SET_BY_FLAG, select_bac
 from batchgen.engine.attention.sdpa import SdpaBackend
 from batchgen.engine.kv import quant as kv_quant
 from batchgen.engine.kv.cache import KVCacheSpec, plan_num_blocks, profile_activation_bytes
+from batchgen.engine.kv.groups import KVGroups
 from batchgen.engine.scheduler import sizing
 from batchgen.errors import ConfigError, UnsupportedModelError
 
@@ -76,12 +77,18 @@ def resolve_attention(config: EngineConfig, device: torch.device, model_dtype: t
     return backend, block_size, cache_dtype, reason
 
 
+def chunk_tokens(config: EngineConfig, device: torch.device) -> int:
+    """The most tokens one step computes of a sequence: the step budget, set or the largest auto allows."""
+    return config.max_num_batched_tokens or sizing.upper_limits(device.type)[1]
+
+
 def plan_kv_blocks(model: torch.nn.Module, spec: KVCacheSpec, device: torch.device, config: EngineConfig, *,
-                   max_model_len: int, use_cuda_graphs: bool) -> tuple[int, int]:
+                   max_model_len: int, use_cuda_graphs: bool, kv_groups: KVGroups | None = None) -> tuple[int, int]:
     """(KV blocks to allocate, the longest sequence in tokens the budget allows).
 
     The blocks come from `config` (an exact count, a byte budget, or the free memory), then shrink
-    to the job's need when `config.seq_token_needs` says it is less."""
+    to the job's need when `config.seq_token_needs` says it is less. With `kv_groups` a block holds
+    one page of each of their tensors, and a sequence holds blocks in every group (kv/groups.py)."""
     block_size = spec.block_size
     num_blocks = config.num_kv_blocks
     if num_blocks is None:
@@ -97,9 +104,19 @@ def plan_kv_blocks(model: torch.nn.Module, spec: KVCacheSpec, device: torch.devi
             raise ConfigError(f"KV cache: {e}") from None
     # the longest sequence the budget allows: prompts are cut to it, and it does not change when
     # the cache is sized to a job's need below (it is part of a job's fingerprint)
-    max_tokens_per_seq = min(max_model_len, num_blocks * block_size)
+    chunk = chunk_tokens(config, device)
+    if kv_groups is None:
+        max_tokens_per_seq = min(max_model_len, num_blocks * block_size)
+    else:
+        max_tokens_per_seq = min(max_model_len, kv_groups.max_tokens(num_blocks, chunk, block_size))
+
+    def blocks(num_tokens: int) -> int:
+        if kv_groups is None:
+            return -(-num_tokens // block_size)
+        return kv_groups.blocks_held(num_tokens, chunk, block_size)
+
     if config.num_kv_blocks is None and config.seq_token_needs:
-        needed = sum(-(-min(n, max_tokens_per_seq) // block_size) for n in config.seq_token_needs)
+        needed = sum(blocks(min(n, max_tokens_per_seq)) for n in config.seq_token_needs)
         needed += int(use_cuda_graphs)  # the graphs' padding block
         if needed < num_blocks:
             log.info("KV cache sized to the job's need: %d sequences, %d blocks (the budget holds %d)",

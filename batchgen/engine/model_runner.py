@@ -28,6 +28,7 @@ from batchgen.engine.attention.base import AttentionBackend, PackedSeq
 from batchgen.engine.attention.paged import AttentionMetadata
 from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
+from batchgen.engine.kv.groups import KVGroups
 from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.scheduler.scheduler import SchedulerOutput
 from batchgen.runtime.cache_dir import cache_root
@@ -69,6 +70,7 @@ class ModelRunner:
         self.sampler = Sampler(eos_token_ids)  # EOS ids: what min_tokens masks
         self.graphs: DecodeGraphs | None = None  # set by the engine once captured
         self.kv_window: int | None = None  # set by the engine where its block manager drops blocks behind it
+        self.kv_groups: KVGroups | None = None  # set by the engine where layer groups have their own blocks
         self.timing = DeviceTiming()
         # the latest step's model call in seconds: the GPU timeline on CUDA (events), the host's
         # wall clock around the forward on the CPU (input packing and sampling excluded)
@@ -129,6 +131,8 @@ class ModelRunner:
             kv_scales=self.kv_cache.scales,
             kv_window=self.kv_window,
         )
+        if self.kv_groups is not None:
+            self._add_group_metadata(meta, out, packed)
         ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
         t0 = time.perf_counter()
         with forward_context(meta):
@@ -136,6 +140,22 @@ class ModelRunner:
         if self._events is None:  # on CUDA the call only queued work: the events time it
             self.last_forward_s = time.perf_counter() - t0
         return logits
+
+    def _add_group_metadata(self, meta: AttentionMetadata, out: SchedulerOutput, packed: list[PackedSeq]) -> None:
+        """Each further layer group's slot_mapping and step metadata (kv/hybrid.py): the same
+        tokens, in that group's blocks; the first group's are the ones already built."""
+        groups, bs = self.kv_groups, meta.block_size
+        meta.layer_group, meta.group_windows = groups.layer_group, groups.group_windows
+        meta.group_slot_mappings, meta.group_steps = [meta.slot_mapping], [meta.step]
+        for k in range(groups.num_groups - 1):
+            slot_mapping: list[int] = []
+            group_packed = []
+            for s, p in zip(out.scheduled, packed, strict=True):
+                block_table = s.seq.kv_groups[k].block_table
+                slot_mapping.extend(block_table[i // bs] * bs + i % bs for i in range(p.num_past_tokens, p.context_len))
+                group_packed.append(PackedSeq(p.start, p.num_new_tokens, p.num_past_tokens, block_table))
+            meta.group_slot_mappings.append(_to_device(slot_mapping, self.device))
+            meta.group_steps.append(self.backend.build_metadata(group_packed, bs, self.device))
 
     @property
     def forward_fn(self):

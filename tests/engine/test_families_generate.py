@@ -45,6 +45,8 @@ FAMILIES = {
     "olmoe": ("OlmoeConfig", dict(num_experts=4, **MOE), "sdpa"),
 }
 SHIPPED = [f for f, (cls, _, _) in FAMILIES.items() if hasattr(transformers, cls)]
+# full-attention and sliding layers mixed: their KV runs in layer groups (engine/kv/hybrid.py)
+LOCAL_GLOBAL = {"qwen2", "qwen3", "cohere2", "gemma2", "gemma3", "gpt_oss"}
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -99,7 +101,8 @@ def test_greedy_tokens_equal_generate(family, config_name, tokenizer):
     engine = LLMEngine(copy.deepcopy(model), tokenizer, CONFIGS[config_name], eos_token_ids=[])
     requests = [Request(str(i), p, SamplingParams(max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True))
                 for i, p in enumerate(prompts)]
-    got = {c.request_id: c.token_ids for c in engine.generate(requests)}
+    assert (engine.kv_groups is not None) == (name in LOCAL_GLOBAL)
+    got = {c.request_id: c.token_ids for c in engine.generate(requests, between_steps=engine.check_integrity)}
     mismatched = {i: (got[str(i)], ref) for i, ref in enumerate(refs) if got[str(i)] != ref}
     assert not mismatched, f"{name}: {mismatched}"
     if experts.expert_modules(engine.model) and torch.backends.mkldnn.is_available():
@@ -162,6 +165,7 @@ def test_rows_stopped_in_flight_continue_to_the_same_tokens(family, stop_after_s
         pass
 
     def between_steps():
+        first.check_integrity()
         steps[0] += 1
         if steps[0] == stop_after_steps:
             in_flight.update({r.request_id: c for r, c in first.in_flight()})
@@ -175,6 +179,6 @@ def test_rows_stopped_in_flight_continue_to_the_same_tokens(family, stop_after_s
                if r.request_id not in done]
     assert all(c is None or isinstance(c, Continuation) for c in (r.continuation for r in resumed))
     second = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
-    done.update({c.request_id: c.token_ids for c in second.generate(resumed)})
+    done.update({c.request_id: c.token_ids for c in second.generate(resumed, between_steps=second.check_integrity)})
     mismatched = {i: (done[str(i)], ref) for i, ref in enumerate(refs) if done[str(i)] != ref}
     assert not mismatched, f"{name}: {mismatched}"

@@ -38,6 +38,13 @@ class AttentionMetadata:
     kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # int8 pages: per layer k, v [num_slots, kv_heads]
     # the window the block manager drops blocks behind (kv/block_manager.py); every layer must attend it
     kv_window: int | None = None
+    # several KV layer groups (kv/groups.py, kv/hybrid.py): each layer's group, and per group its
+    # slot_mapping, backend step metadata and the window its blocks are kept for (None: all); the
+    # fields above then serve no layer
+    layer_group: tuple[int, ...] | None = None
+    group_slot_mappings: list[torch.Tensor] | None = None
+    group_steps: list[Any] | None = None
+    group_windows: tuple[int | None, ...] | None = None
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -73,25 +80,29 @@ def _paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention runs only inside batchgen's engine; "
                            "call model.set_attn_implementation('sdpa') to use the model directly")
     k_cache, v_cache = meta.kv_caches[layer_idx]
+    slot_mapping, step, kept = meta.slot_mapping, meta.step, meta.kv_window
+    if meta.layer_group is not None:
+        group = meta.layer_group[layer_idx]
+        slot_mapping, step, kept = meta.group_slot_mappings[group], meta.group_steps[group], meta.group_windows[group]
     k_scale = v_scale = None
     if meta.kv_scales is None:
-        k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+        k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
     else:  # int8 pages: quantized on write (one C call on CPU); k/v stay the model's, and the one
         # backend path attending over them directly (sdpa.prefill_forward) fake-quantizes them itself
         k_scale, v_scale = meta.kv_scales[layer_idx]
-        kv_quant.write(k_cache, v_cache, k_scale, v_scale, meta.slot_mapping, k, v)
+        kv_quant.write(k_cache, v_cache, k_scale, v_scale, slot_mapping, k, v)
 
-    if meta.kv_window is not None and sliding_window != meta.kv_window:
+    if kept is not None and not 0 < sliding_window <= kept:
         # blocks behind the window are gone: a layer attending further back would read other rows' K/V
         raise RuntimeError(f"layer {layer_idx} attends a window of {sliding_window or 'all'} tokens, but the KV "
-                           f"cache keeps only the last {meta.kv_window}: the model's config and its attention disagree")
+                           f"cache keeps only the last {kept}: the model's config and its attention disagree")
     layer = LayerKV(k_cache, v_cache, meta.block_size, k_scale, v_scale)
     rules = NO_RULES
     if sliding_window or softcap or sinks is not None:
         rules = ScoreRules(sliding_window or None, softcap or None,
                            None if sinks is None else sinks.detach().float().contiguous())
-    return meta.backend.forward(q, k, v, layer, meta.step, scale, rules)
+    return meta.backend.forward(q, k, v, layer, step, scale, rules)
 
 
 @_paged_attention_op.register_fake

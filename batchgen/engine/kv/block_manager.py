@@ -19,14 +19,19 @@ DROPPED_BLOCK (block 0): the attention reads there at most keys its window masks
 kernel not even those), and block 0 always holds finite values (the cache starts zeroed), so a
 masked key adds exactly 0. A prefix hit still needs the whole chain from the first block, so a
 hit is never longer than what the cache holds.
+
+A model with full-attention and sliding layers mixed has a block table per layer group, all drawing
+on one pool: kv/hybrid.py, which reuses this class's pool and its per-table helpers (`_allocate`,
+`_cache_full_blocks`, `_drop_out_of_window`, `_free`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.scheduler.sequence import GroupBlocks, Sequence
 
 
 @dataclass(slots=True)
@@ -82,21 +87,28 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         hit: list[int] = []
-        parent: int | None = None
-        max_full_blocks = (seq.num_tokens - 1) // self.block_size
-        for i in range(max_full_blocks):
+        for _, block_id in self._cached_chain(seq, None):
+            if block_id is None:
+                break
+            hit.append(block_id)
+        return hit
+
+    def _cached_chain(self, seq: Sequence, salt: int | None) -> Iterator[tuple[int, int | None]]:
+        """(chain hash, the cached block holding it or None) of each full block of `seq` that may
+        come from the cache; `salt` starts a layer group's own chain (kv/hybrid.py)."""
+        parent = salt
+        for i in range((seq.num_tokens - 1) // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
             h = chain_hash(parent, tokens)
             block_id = self.hash_to_block_id.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break
-            hit.append(block_id)
+            yield h, (block_id if block_id is not None and self.blocks[block_id].token_ids == tokens else None)
             parent = h
-        return hit
 
     def can_admit(self, seq: Sequence, cached_block_ids: list[int], num_new_tokens: int,
-                  reserve_tokens: int = 0, watermark_blocks: int = 0) -> bool:
-        """Could `seq` start with this prefix hit and `num_new_tokens` (or `reserve_tokens`)?"""
+                  reserve_tokens: int = 0, watermark_blocks: int = 0, chunk_tokens: int | None = None) -> bool:
+        """Could `seq` start with this prefix hit and `num_new_tokens` (or `reserve_tokens`)?
+        `chunk_tokens` (the most one step computes of a sequence) bounds a reservation in a
+        window's layer group (kv/hybrid.py); this one pool reserves every token."""
         num_cached_tokens = len(cached_block_ids) * self.block_size
         num_tokens = max(num_cached_tokens + num_new_tokens, reserve_tokens)
         needed = -(-num_tokens // self.block_size) - len(cached_block_ids)
@@ -106,7 +118,7 @@ class BlockManager:
 
     # ---- mutations -----------------------------------------------------------------------
     def admit(self, seq: Sequence, cached_block_ids: list[int], num_new_tokens: int,
-              reserve_tokens: int = 0) -> None:
+              reserve_tokens: int = 0, chunk_tokens: int | None = None) -> None:
         """Give a waiting sequence its cached prefix plus blocks for `num_new_tokens` more."""
         assert not seq.block_table and seq.num_computed_tokens == 0
         for block_id in cached_block_ids:
@@ -128,6 +140,11 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Append fresh blocks so `seq` has slots for its first `num_tokens` tokens."""
         needed = self.blocks_needed(seq, num_tokens)
+        if needed:  # most decode steps need none
+            self._allocate(seq, needed)
+
+    def _allocate(self, blocks: Sequence | GroupBlocks, needed: int) -> None:
+        """Append `needed` fresh blocks to one group's block table of a sequence."""
         assert needed <= self.num_free_blocks, "caller must check can_allocate first"
         for _ in range(needed):
             block_id, _ = self.free_queue.popitem(last=False)
@@ -139,25 +156,27 @@ class BlockManager:
                 block.block_hash = None
                 block.token_ids = None
             block.ref_count = 1
-            seq.block_table.append(block_id)
+            blocks.block_table.append(block_id)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks of `seq` that are full and computed, so later sequences hit them."""
-        if not self.enable_prefix_caching:
-            return
+        if self.enable_prefix_caching and seq.num_computed_tokens // self.block_size > seq.num_hashed_blocks:
+            self._cache_full_blocks(seq, seq, None)
+
+    def _cache_full_blocks(self, seq: Sequence, blocks: Sequence | GroupBlocks, salt: int | None) -> None:
         num_full = seq.num_computed_tokens // self.block_size
-        for i in range(seq.num_hashed_blocks, num_full):
+        for i in range(blocks.num_hashed_blocks, num_full):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            parent = seq.block_hashes[i - 1] if i > 0 else None
+            parent = blocks.block_hashes[i - 1] if i > 0 else salt
             h = chain_hash(parent, tokens)
-            block = self.blocks[seq.block_table[i]]
+            block = self.blocks[blocks.block_table[i]]
             assert block.block_hash is None
             block.block_hash = h
             block.token_ids = tokens
             # first writer wins; a duplicate (computed twice concurrently) just stays private
             self.hash_to_block_id.setdefault(h, block.block_id)
-            seq.block_hashes.append(h)
-        seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
+            blocks.block_hashes.append(h)
+        blocks.num_hashed_blocks = max(blocks.num_hashed_blocks, num_full)
 
     def drop_out_of_window(self, seq: Sequence) -> int:
         """Return the blocks of `seq` that no query from its next token on can see (all of their
@@ -165,13 +184,16 @@ class BlockManager:
         `cache_full_blocks`, so a dropped block keeps its place in the prefix cache."""
         if self.sliding_window is None:
             return 0
-        first_seen = seq.num_computed_tokens - self.sliding_window + 1  # the next query's first key
-        end = min(max(0, first_seen) // self.block_size, len(seq.block_table))
-        for i in range(seq.num_dropped_blocks, end):
-            self._release(seq.block_table[i])
-            seq.block_table[i] = DROPPED_BLOCK
-        dropped = max(0, end - seq.num_dropped_blocks)
-        seq.num_dropped_blocks = max(seq.num_dropped_blocks, end)
+        return self._drop_out_of_window(seq, seq, self.sliding_window)
+
+    def _drop_out_of_window(self, seq: Sequence, blocks: Sequence | GroupBlocks, sliding_window: int) -> int:
+        first_seen = seq.num_computed_tokens - sliding_window + 1  # the next query's first key
+        end = min(max(0, first_seen) // self.block_size, len(blocks.block_table))
+        for i in range(blocks.num_dropped_blocks, end):
+            self._release(blocks.block_table[i])
+            blocks.block_table[i] = DROPPED_BLOCK
+        dropped = max(0, end - blocks.num_dropped_blocks)
+        blocks.num_dropped_blocks = max(blocks.num_dropped_blocks, end)
         return dropped
 
     def _release(self, block_id: int) -> None:
@@ -190,32 +212,42 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Return every block of `seq` it still holds (tail first) and reset its cache bookkeeping."""
-        for block_id in reversed(seq.block_table[seq.num_dropped_blocks:]):
+        self._free(seq)
+
+    def _free(self, blocks: Sequence | GroupBlocks) -> None:
+        for block_id in reversed(blocks.block_table[blocks.num_dropped_blocks:]):
             self._release(block_id)
-        seq.block_table.clear()
-        seq.num_dropped_blocks = 0
-        seq.block_hashes.clear()
-        seq.num_hashed_blocks = 0
+        blocks.block_table.clear()
+        blocks.num_dropped_blocks = 0
+        blocks.block_hashes.clear()
+        blocks.num_hashed_blocks = 0
 
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self, live_seqs: list[Sequence] | None = None) -> None:
         """Raise AssertionError if the pool's bookkeeping is inconsistent."""
         owners: dict[int, int] = {}
         for seq in live_seqs or []:
-            held = seq.block_table[seq.num_dropped_blocks:]
-            assert all(b == DROPPED_BLOCK for b in seq.block_table[:seq.num_dropped_blocks])
-            assert len(set(held)) == len(held), f"seq {seq.seq_id} repeats a block"
-            if self.sliding_window is None:
-                assert seq.num_dropped_blocks == 0
-            else:  # never a block some later query still sees
-                assert seq.num_dropped_blocks * self.block_size <= max(
-                    0, seq.num_computed_tokens - self.sliding_window + 1)
-            for block_id in held:
-                owners[block_id] = owners.get(block_id, 0) + 1
+            self._check_table(seq, seq, self.sliding_window, owners)
+        self._check_pool(owners if live_seqs is not None else None)
+
+    def _check_table(self, seq: Sequence, blocks: Sequence | GroupBlocks, sliding_window: int | None,
+                     owners: dict[int, int]) -> None:
+        held = blocks.block_table[blocks.num_dropped_blocks:]
+        assert all(b == DROPPED_BLOCK for b in blocks.block_table[:blocks.num_dropped_blocks])
+        assert len(set(held)) == len(held), f"seq {seq.seq_id} repeats a block"
+        if sliding_window is None:
+            assert blocks.num_dropped_blocks == 0
+        else:  # never a block some later query still sees
+            assert blocks.num_dropped_blocks * self.block_size <= max(
+                0, seq.num_computed_tokens - sliding_window + 1)
+        for block_id in held:
+            owners[block_id] = owners.get(block_id, 0) + 1
+
+    def _check_pool(self, owners: dict[int, int] | None) -> None:
         for block in self.blocks:
             in_free = block.block_id in self.free_queue
             assert (block.ref_count == 0) == in_free, f"block {block.block_id}: ref/free mismatch"
-            if live_seqs is not None:
+            if owners is not None:
                 assert owners.get(block.block_id, 0) == block.ref_count, (
                     f"block {block.block_id}: ref_count {block.ref_count} != "
                     f"{owners.get(block.block_id, 0)} owners")

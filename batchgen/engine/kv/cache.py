@@ -81,7 +81,10 @@ def plan_num_blocks(spec: KVCacheSpec, device: torch.device, budget_bytes: int |
 
 
 class KVCache:
-    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device):
+    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device,
+                 layer_tensors: tuple[int, ...] | None = None):
+        """`spec.num_layers` K/V tensor pairs; with `layer_tensors` (kv/groups.py: layers of several
+        groups share a pair) `layers[i]` is pair `layer_tensors[i]`, else pair i."""
         self.spec = spec
         self.num_blocks = num_blocks
         num_slots = num_blocks * spec.block_size
@@ -98,6 +101,10 @@ class KVCache:
             self.scales = [(torch.zeros(scale_shape, dtype=kv_quant.SCALE_DTYPE, device=device),
                             torch.zeros(scale_shape, dtype=kv_quant.SCALE_DTYPE, device=device))
                            for _ in range(spec.num_layers)]
+        if layer_tensors is not None:
+            self.layers = [self.layers[j] for j in layer_tensors]
+            if self.scales is not None:
+                self.scales = [self.scales[j] for j in layer_tensors]
         log.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB", num_blocks, spec.block_size,
                  num_slots, num_blocks * spec.bytes_per_block / 2**20)
 

@@ -35,6 +35,7 @@ from batchgen.engine.attention.base import cdiv
 from batchgen.engine.attention.paged import AttentionMetadata
 from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
+from batchgen.engine.kv.groups import KVGroups
 from batchgen.engine.scheduler.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,10 @@ def is_decode_only(out: SchedulerOutput) -> bool:
 
 
 class DecodeBuffers:
-    """The graphs' inputs at fixed addresses, sized for the largest graph; host twins in pinned memory."""
+    """The graphs' inputs at fixed addresses, sized for the largest graph; host twins in pinned memory.
+    A model with KV layer groups (kv/groups.py) has a slot_mapping and a block table per group."""
 
-    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device):
+    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device, num_kv_groups: int = 1):
         pin = device.type == "cuda"
 
         def pair(*shape: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,10 +79,14 @@ class DecodeBuffers:
 
         self.input_ids, self._input_ids = pair(max_num_seqs, dtype=torch.long)  # [max_num_seqs]
         self.positions, self._positions = pair(max_num_seqs, dtype=torch.long)
-        self.slot_mapping, self._slot_mapping = pair(max_num_seqs, dtype=torch.long)
         self.context_lens, self._context_lens = pair(max_num_seqs, dtype=torch.int32)
-        # [max_num_seqs, max_blocks_per_seq]; columns past a row's context are never read
-        self.block_table, self._block_table = pair(max_num_seqs, max_blocks_per_seq, dtype=torch.int32)
+        # per KV group: slot_mapping [max_num_seqs] and block table [max_num_seqs, max_blocks_per_seq]
+        # (columns past a row's context are never read); group 0's under the plain names
+        self.group_slot_mappings = [pair(max_num_seqs, dtype=torch.long) for _ in range(num_kv_groups)]
+        self.group_block_tables = [pair(max_num_seqs, max_blocks_per_seq, dtype=torch.int32)
+                                   for _ in range(num_kv_groups)]
+        self.slot_mapping, self._slot_mapping = self.group_slot_mappings[0]
+        self.block_table, self._block_table = self.group_block_tables[0]
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = max_blocks_per_seq
 
@@ -97,21 +103,25 @@ class DecodeBuffers:
         assert width <= self.max_blocks_per_seq
         self._input_ids[:n] = torch.tensor([seq.token_ids[p] for seq, p in zip(rows, positions, strict=True)])
         self._positions[:n] = torch.tensor(positions)
-        self._slot_mapping[:n] = torch.tensor([seq.block_table[p // block_size] * block_size + p % block_size
-                                               for seq, p in zip(rows, positions, strict=True)])
         self._context_lens[:n] = torch.tensor([p + 1 for p in positions], dtype=torch.int32)
-        table = [seq.block_table[:width] + [dummy_block] * (width - len(seq.block_table[:width])) for seq in rows]
-        self._block_table[:n, :width] = torch.tensor(table, dtype=torch.int32)
         # padding rows: token 0 at position 0, K/V into the dummy block's first slot, attending to it alone
         self._input_ids[n:padded] = 0
         self._positions[n:padded] = 0
-        self._slot_mapping[n:padded] = dummy_block * block_size
         self._context_lens[n:padded] = 1
-        self._block_table[n:padded, 0] = dummy_block
+        for group, ((slot_mapping, host_slots), (block_table, host_table)) in enumerate(
+                zip(self.group_slot_mappings, self.group_block_tables, strict=True)):
+            tables = [seq.block_table if group == 0 else seq.kv_groups[group - 1].block_table for seq in rows]
+            host_slots[:n] = torch.tensor([table[p // block_size] * block_size + p % block_size
+                                           for table, p in zip(tables, positions, strict=True)])
+            padded_tables = [t[:width] + [dummy_block] * (width - len(t[:width])) for t in tables]
+            host_table[:n, :width] = torch.tensor(padded_tables, dtype=torch.int32)
+            host_slots[n:padded] = dummy_block * block_size
+            host_table[n:padded, 0] = dummy_block
+            slot_mapping[:padded].copy_(host_slots[:padded], non_blocking=True)
+            block_table[:padded, :width].copy_(host_table[:padded, :width], non_blocking=True)
         for dev, host in ((self.input_ids, self._input_ids), (self.positions, self._positions),
-                          (self.slot_mapping, self._slot_mapping), (self.context_lens, self._context_lens)):
+                          (self.context_lens, self._context_lens)):
             dev[:padded].copy_(host[:padded], non_blocking=True)
-        self.block_table[:padded, :width].copy_(self._block_table[:padded, :width], non_blocking=True)
 
 
 @dataclass(slots=True)
@@ -126,7 +136,7 @@ class DecodeGraphs:
 
     def __init__(self, model: torch.nn.Module, forward: Forward, kv_cache: KVCache, backend, *,
                  max_num_seqs: int, max_blocks_per_seq: int, dummy_block: int, vocab_size: int,
-                 device: torch.device):
+                 device: torch.device, kv_groups: KVGroups | None = None):
         assert getattr(backend, "supports_cuda_graphs", False), f"{backend.name} has no graph-safe decode"
         self.model = model
         self.forward = forward
@@ -136,7 +146,9 @@ class DecodeGraphs:
         self.dummy_block = dummy_block
         self.device = device
         self.sizes = capture_sizes(max_num_seqs)
-        self.buffers = DecodeBuffers(max_num_seqs, max_blocks_per_seq, device)
+        self.kv_groups = kv_groups
+        self.buffers = DecodeBuffers(max_num_seqs, max_blocks_per_seq, device,
+                                     1 if kv_groups is None else kv_groups.num_groups)
         # one logits buffer for all sizes: each graph copies its logits into the head of it, so
         # the graphs' own logits die inside the shared pool instead of each keeping [size, vocab].
         # Allocated by the first (warm-up) forward, in the dtype the model's logits have.
@@ -154,8 +166,9 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         b = self.buffers  # capture-time inputs: every row is a padding row
         b.context_lens.fill_(1)
-        b.slot_mapping.fill_(self.dummy_block * self.block_size)
-        b.block_table[:, 0] = self.dummy_block
+        for (slot_mapping, _), (block_table, _) in zip(b.group_slot_mappings, b.group_block_tables, strict=True):
+            slot_mapping.fill_(self.dummy_block * self.block_size)
+            block_table[:, 0] = self.dummy_block
         for size in reversed(self.sizes):
             self._padded_forward(size)  # warm-up: lazy inits and autotuning must not happen inside capture
             torch.cuda.synchronize(self.device)
@@ -174,6 +187,11 @@ class DecodeGraphs:
             slot_mapping=b.slot_mapping[:size], kv_caches=self.kv_cache.layers, block_size=self.block_size,
             backend=self.backend, step=self.backend.graph_decode_metadata(b.block_table[:size], b.context_lens[:size]),
             kv_scales=self.kv_cache.scales)
+        if self.kv_groups is not None:  # each layer group's slots and block table (paged.py picks its layer's)
+            meta.layer_group, meta.group_windows = self.kv_groups.layer_group, self.kv_groups.group_windows
+            meta.group_slot_mappings = [slots[:size] for slots, _ in b.group_slot_mappings]
+            meta.group_steps = [self.backend.graph_decode_metadata(table[:size], b.context_lens[:size])
+                                for table, _ in b.group_block_tables]
         with forward_context(meta):
             # logits_to_keep=0 keeps every row: each is a decode row (or padding)
             logits = self.forward(self.model, b.input_ids[None, :size], b.positions[None, :size], 0)[0]

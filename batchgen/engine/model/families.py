@@ -14,6 +14,7 @@ import logging
 import torch
 from transformers import PretrainedConfig
 
+from batchgen.engine.kv.groups import MAX_KV_GROUPS, KVGroups, plan_groups
 from batchgen.errors import UnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -102,15 +103,36 @@ def kv_window(model) -> int | None:
     """`uniform_window` of the model's config, where its attention modules agree (those that keep a
     `sliding_window` of their own); None, logged, where one does not: then all KV is kept."""
     window = uniform_window(model.config)
-    if window is None:
+    if window is None or not _modules_agree(model, [window] * text_config(model.config).num_hidden_layers):
         return None
-    for module in model.modules():
-        own = getattr(module, "sliding_window", window) if hasattr(module, "layer_idx") else window
-        if own != window:
-            log.warning("layer %s of %s attends a window of %s tokens, not the config's %d: keeping all KV",
-                        module.layer_idx, type(model).__name__, own, window)
-            return None
     return window
+
+
+def kv_groups(model) -> KVGroups | None:
+    """The KV layer groups (kv/groups.py) of a model with both full-attention and sliding layers,
+    where its attention modules agree with its config; None otherwise (one group: kv_window's)."""
+    windows = layer_windows(model.config)
+    groups = plan_groups(windows)
+    if groups is None:
+        num_sliding = sum(w is not None for w in windows)
+        if 0 < num_sliding < len(windows):
+            log.info("KV: %d of %d layers slide, they would need more than %d layer groups of equal size: "
+                     "keeping all KV", num_sliding, len(windows), MAX_KV_GROUPS)
+        return None
+    return groups if _modules_agree(model, windows) else None
+
+
+def _modules_agree(model, windows: list[int | None]) -> bool:
+    """Does every attention module that keeps a `sliding_window` keep its layer's window from the
+    config? Logged where one does not: then all KV is kept."""
+    for module in model.modules():
+        if hasattr(module, "layer_idx") and hasattr(module, "sliding_window"):
+            expected = windows[module.layer_idx]
+            if module.sliding_window != expected:
+                log.warning("layer %s of %s attends a window of %s tokens, not the config's %s: keeping all KV",
+                            module.layer_idx, type(model).__name__, module.sliding_window, expected)
+                return False
+    return True
 
 
 def describe(config: PretrainedConfig) -> str:

@@ -190,20 +190,21 @@ class Scheduler:
             seq = self.waiting[0]
             cached = bm.find_cached_prefix(seq)
             reserve = seq.num_tokens_to_reserve(self.max_model_len)
-            fully_reserved = bm.can_admit(seq, cached, 0, reserve_tokens=reserve)
+            chunk = self.max_num_batched_tokens
+            fully_reserved = bm.can_admit(seq, cached, 0, reserve_tokens=reserve, chunk_tokens=chunk)
             if not fully_reserved:
                 if self.running:
                     break
                 # alone it does not fit either: run it with what there is (it stops at "length")
                 reserve = seq.num_tokens
-                if not bm.can_admit(seq, cached, 0, reserve_tokens=reserve):
+                if not bm.can_admit(seq, cached, 0, reserve_tokens=reserve, chunk_tokens=chunk):
                     # even its tokens so far do not fit the whole cache (it grew past it in an
                     # earlier batch): it can never run again
                     self.waiting.popleft()
                     out.out_of_memory.append(seq)
                     continue
             self.waiting.popleft()
-            bm.admit(seq, cached, 0, reserve_tokens=reserve)
+            bm.admit(seq, cached, 0, reserve_tokens=reserve, chunk_tokens=chunk)
             self._start(seq, len(cached) * bm.block_size)
             seq.reserved_for_prediction = fully_reserved and reserve < min(seq.max_num_tokens, self.max_model_len)
             if not fully_reserved:
@@ -289,6 +290,7 @@ class Scheduler:
         for seq in self.waiting:
             assert seq.status is SequenceStatus.WAITING
             assert not seq.block_table and seq.num_computed_tokens == 0
+            assert not any(g.block_table for g in seq.kv_groups)
         ids = [s.seq_id for s in self.running] + [s.seq_id for s in self.waiting]
         assert len(ids) == len(set(ids)), "a sequence is queued twice"
         self.block_manager.check_integrity(self.running)

@@ -16,6 +16,17 @@ from enum import Enum, auto
 from batchgen.engine.request import FinishReason, Request, TokenLogprob
 
 
+@dataclass(slots=True)
+class GroupBlocks:
+    """A sequence's blocks in one more KV layer group (kv/groups.py: a local/global model's sliding
+    layers have their own): the four block fields a Sequence has for its first group."""
+
+    block_table: list[int] = field(default_factory=list)
+    num_dropped_blocks: int = 0
+    num_hashed_blocks: int = 0
+    block_hashes: list[int] = field(default_factory=list)
+
+
 class SequenceStatus(Enum):
     WAITING = auto()  # not admitted yet, or preempted (holds no blocks)
     RUNNING = auto()  # holds blocks, gets tokens scheduled
@@ -34,6 +45,8 @@ class Sequence:
     # (kv/block_manager.py, drop_out_of_window): their entries stay in block_table as DROPPED_BLOCK
     num_dropped_blocks: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
+    # the same four fields for each further KV layer group (kv/hybrid.py); empty with one group
+    kv_groups: list[GroupBlocks] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     # full blocks of this sequence already registered in the prefix cache (a prefix of block_table)
     num_hashed_blocks: int = 0

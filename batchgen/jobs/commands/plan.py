@@ -68,7 +68,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     engine = build_engine(config, loaded)
     job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
     planner, block_size = job.planner, engine.block_size
-    bytes_per_token = engine.kv_cache.spec.bytes_per_token
+    bytes_per_token = engine.kv_cache.spec.bytes_per_token  # of one pool block (kv/groups.py: one page per tensor pair)
+    cache_bytes = engine.kv_cache.num_bytes
     budget = engine.limits.max_num_batched_tokens  # the step token budget (set or auto)
 
     rng = random.Random(0)
@@ -87,7 +88,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             p50_tally.add(r.prediction.p50)
             p90_tally.add(r.prediction.p90)
         entry = plan.describe()
-        entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token, engine.kv_window, budget)
+        entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token, engine.kv_window, budget,
+                                     engine.kv_groups)
         shards.append(entry)
         work.append(window_work(plan, budget))
 
@@ -115,7 +117,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
         "prompt_tokens": prompt_tally.describe(), "predicted_output_tokens": p50_tally.total,
         "output_tokens_p50": p50_tally.describe(), "output_tokens_p90": p90_tally.describe(),
         "learned_rows": job.predictor.num_learned_rows,
-        "kv": {"bytes_per_token": bytes_per_token, "cache_bytes": planner.kv_capacity_tokens * bytes_per_token,
+        "kv": {"bytes_per_token": bytes_per_token, "cache_bytes": cache_bytes,
                "cache_tokens": planner.kv_capacity_tokens,
                "needed_bytes_max": max((s["kv_bytes"]["needed"] for s in shards), default=0)},
         "calibration": None if calibration is None else {

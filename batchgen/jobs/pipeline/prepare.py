@@ -133,7 +133,7 @@ def prompt_side(config: JobConfig, template: Template, loaded: LoadedModel, engi
     Shared by prepare_job and the engine-side batch function (batchgen.jobs.pipeline.batch_fn)."""
     builder = PromptBuilder.for_job(config, loaded.tokenizer, template, engine.max_tokens_per_seq)
     predictor = LengthPredictor.load(out_dir, length_model_key(loaded, builder), ignore_eos=config.ignore_eos)
-    planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_cache.num_blocks * engine.block_size,
+    planner = Planner(config, predictor, kv_capacity_tokens=engine.kv_capacity_tokens,
                       block_size=engine.block_size, device_type=engine.device.type,
                       max_model_len=engine.max_model_len)
     return builder, predictor, planner

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen.engine.engine import LLMEngine
+from batchgen.engine.kv.groups import KVGroups
 from batchgen.engine.metrics import StepStats
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.jobs.planning.planned_row import PlannedRow
@@ -121,13 +122,19 @@ def window_work(plan: WindowPlan, budget: int) -> WindowWork:
 
 
 def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token: int,
-             kv_window: int | None = None, budget: int | None = None) -> dict[str, int]:
+             kv_window: int | None = None, budget: int | None = None,
+             kv_groups: KVGroups | None = None) -> dict[str, int]:
     """KV memory the shard needs at its peak: the largest static batch's reservations (prompt + p90,
     whole blocks), or for continuous the batch_size longest rows at prompt + p50. With `kv_window`
     (every layer's sliding window, whose out-of-window blocks the engine returns) a continuous row
     holds at most its window plus one step's chunk of `budget` tokens; static reservations are
-    taken whole at admission, so they count every token."""
+    taken whole at admission, so they count every token. With `kv_groups` (a local/global model,
+    engine/kv/groups.py; `bytes_per_token` is then one pool block's) a row holds a block per block
+    of its tokens in every group, but in a sliding group at most its window's, reserved or not."""
     def blocks(r: PlannedRow, out: int) -> int:
+        if kv_groups is not None:
+            num_tokens = r.num_prompt_tokens + out
+            return kv_groups.blocks_held(num_tokens, budget or r.num_prompt_tokens, block_size)
         return ceil_div(r.num_prompt_tokens + out, block_size)
 
     def held_blocks(r: PlannedRow, out: int) -> int:

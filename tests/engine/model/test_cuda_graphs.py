@@ -148,3 +148,73 @@ def test_oom_that_persists_is_an_engine_error(tokenizer, monkeypatch):
     monkeypatch.setattr(engine.runner, "_forward", forward)
     with pytest.raises(EngineError, match="out of device memory 5 times"):
         list(engine.generate(case.requests()))
+
+
+def _windowed_flash_fakes():
+    """flash-attn stand-ins that honour `window_size=(left, 0)` (what flash.py passes for a window)."""
+    def keys_seen(q_pos: torch.Tensor, len_k: int, window_size) -> torch.Tensor:
+        k_pos = torch.arange(len_k)[None, :]
+        seen = k_pos <= q_pos[:, None]
+        if window_size is not None:
+            seen &= k_pos >= q_pos[:, None] - window_size[0]
+        return seen  # [len_q, len_k]
+
+    def attend(q, k_cache, v_cache, blocks, len_k, q_pos, scale, window_size):
+        k = k_cache[blocks].flatten(0, 1)[:len_k]  # [len_k, KVH, D]
+        v = v_cache[blocks].flatten(0, 1)[:len_k]
+        group = q.shape[1] // k.shape[1]
+        k, v = (x.repeat_interleave(group, dim=1).transpose(0, 1) for x in (k, v))
+        mask = keys_seen(q_pos, len_k, window_size)
+        return F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale).transpose(0, 1)
+
+    def with_kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None, causal=False,
+                     window_size=None):
+        assert causal
+        out = torch.empty_like(q)
+        for i in range(q.shape[0]):
+            n = int(cache_seqlens[i])
+            blocks = block_table[i, :-(-n // k_cache.shape[1])].long()
+            out[i] = attend(q[i], k_cache, v_cache, blocks, n, torch.tensor([n - 1]), softmax_scale, window_size)
+        return out
+
+    def varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+               causal=False, block_table=None, window_size=None):
+        assert causal
+        out = torch.empty_like(q)
+        for i in range(block_table.shape[0]):
+            q0, q1 = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
+            len_k = int(cu_seqlens_k[i + 1] - cu_seqlens_k[i])
+            q_pos = torch.arange(len_k - (q1 - q0), len_k)
+            out[q0:q1] = attend(q[q0:q1], k_cache, v_cache, block_table[i].long(), len_k, q_pos, softmax_scale,
+                                window_size)
+        return out
+
+    return with_kvcache, varlen
+
+
+@pytest.mark.parametrize("family", ["qwen2", "cohere2"])
+def test_graph_decode_of_a_local_global_model_reads_each_groups_block_table(family, tokenizer, monkeypatch):
+    import copy
+
+    from tests.engine import test_families_generate as fams
+
+    model = fams.build(family)
+    prompts = fams.workload()
+    with_kvcache, varlen = _windowed_flash_fakes()
+    monkeypatch.setattr(flash, "flash_attn_varlen_func", lambda: varlen)
+    monkeypatch.setattr(flash, "flash_attn_with_kvcache", lambda: with_kvcache)
+    config = EngineConfig(attention_backend="sdpa", block_size=4, num_kv_blocks=97, max_num_seqs=5,
+                          max_num_batched_tokens=32)
+    engine = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
+    assert engine.kv_groups is not None
+    engine.backend = engine.runner.backend = flash.FlashBackend()
+    engine.use_cuda_graphs = True  # what the engine does on CUDA: reserve a dummy block, build the graphs
+    engine._allocate_cache(engine.kv_cache.num_blocks)
+    engine.scheduler.set_block_manager(engine.block_manager)
+    engine._capture_graphs()
+    requests = [Request(str(i), p, SamplingParams(max_new_tokens=fams.MAX_NEW_TOKENS, ignore_eos=True))
+                for i, p in enumerate(prompts)]
+    got = {c.request_id: c.token_ids for c in engine.generate(requests, between_steps=engine.check_integrity)}
+    assert [got[str(i)] for i in range(len(prompts))] == [fams.greedy(model, p) for p in prompts]
+    assert engine.runner.graphs.stats.num_graph_steps > 10
+    assert len(engine.runner.graphs.buffers.group_block_tables) == engine.kv_groups.num_groups == 2

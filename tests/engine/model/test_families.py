@@ -98,3 +98,19 @@ def test_features_the_engine_lacks_are_named(attr, value, match):
     setattr(config, attr, value)
     with pytest.raises(UnsupportedModelError, match=match):
         families.check_config(config, "m")
+
+
+def test_a_local_global_model_gets_kv_groups_where_its_modules_agree(caplog):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Gemma2Config(**_common(head_dim=16, sliding_window=16)))
+    groups = families.kv_groups(model)
+    assert groups.group_windows == (None, 16) and groups.layer_group == (1, 0)
+    assert families.kv_window(model) is None  # not every layer has the window
+    assert families.kv_groups(AutoModelForCausalLM.from_config(MistralConfig(**_common(sliding_window=16)))) is None
+    model.model.layers[0].self_attn.sliding_window = 8  # disagrees with its config: all KV kept
+    with caplog.at_level("WARNING"):
+        assert families.kv_groups(model) is None
+    assert "keeping all KV" in caplog.text

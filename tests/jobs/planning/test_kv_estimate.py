@@ -21,3 +21,15 @@ def test_a_window_caps_continuous_rows_and_leaves_static_reservations_whole():
     assert full["continuous"] == (29 + 22 + 5) * per_block  # ceil((prompt + p50) / 16) each
     assert windowed["continuous"] == (7 + 7 + 5) * per_block  # ceil((64 + 32) / 16) + 1, or the row if shorter
     assert windowed["static"] == full["static"] and windowed["needed"] == windowed["continuous"]
+
+
+def test_kv_groups_count_a_block_per_group_and_window_bounded_sliding_blocks_static_too():
+    from batchgen.engine.kv.groups import plan_groups, window_blocks
+
+    groups = plan_groups([64, 64, 64, None])  # three sliding groups, one full, one layer each
+    hybrid = kv_bytes(plan(Policy.CONTINUOUS), 3, 16, 2, budget=32, kv_groups=groups)
+    per_block, bound = 16 * 2, window_blocks(64, 32, 16)
+    assert hybrid["continuous"] == (29 + 3 * bound + 22 + 3 * bound + 5 * 4) * per_block
+    static = kv_bytes(plan(Policy.STATIC), 3, 16, 2, budget=32, kv_groups=groups)
+    # ceil((prompt + p90) / 16) in the full group, at most the window's blocks in each sliding one
+    assert static["static"] == (32 + 3 * bound + 25 + 3 * bound + 9 + 3 * bound) * per_block
