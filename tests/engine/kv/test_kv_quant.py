@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from test_native import reference
+from tests.engine.kernels.test_native import reference
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
