@@ -9,16 +9,23 @@ State: one matcher per constrained row, keyed by sequence id and owned here. A g
 once per constraint (a pristine matcher that rows deep-copy), so rows sharing a schema compile once.
 A row's matcher holds exactly its generated tokens: preemption by recompute keeps the Sequence and
 so the matcher; a continued row's earlier tokens are replayed into a fresh one when it is added.
+
+Masks are filled by llguidance's batch executor, and the next step's are filled on a worker thread
+while the next forward runs (engine/sampling/mask_prefetch.py; `overlap=False` fills them after
+the forward, as a reference). Whether a row's grammar is finished is read when its token is
+accepted and kept here, so that the engine's stop check never calls a matcher the worker holds.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 
 import torch
 
 from batchgen.config.constraint import Constraint, InvalidConstraint
+from batchgen.engine.sampling.mask_prefetch import MaskPrefetch
 from batchgen.engine.scheduler.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -29,14 +36,27 @@ _BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # bit i of a mask word allows
 _LL_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def mask_threads(device: torch.device) -> int:
+    """Threads that fill masks: one beside a CPU forward (its OpenMP threads have the cores), more
+    beside a GPU's, where the host's cores are idle while the device computes."""
+    return 1 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 class GrammarMasks:
-    def __init__(self, tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer, vocab_size: int, *, num_threads: int = 1, overlap: bool = True) -> None:
         self.hf_tokenizer = tokenizer
         self.vocab_size = vocab_size  # the model's logits width (may exceed the tokenizer's)
+        self.num_threads = num_threads
+        self.overlap = overlap  # fill the next step's masks during the forward (mask_prefetch.py)
         self._ll_tokenizer = None  # built on the first constrained row: unconstrained jobs never pay
+        self._executor = None  # llguidance.LLExecutor, made with the first mask
+        self._prefetch: MaskPrefetch | None = None
         self._compiled: dict[Constraint, object] = {}  # constraint -> a pristine llguidance matcher
         self._matchers: dict[int, object] = {}  # seq_id -> that row's matcher
+        self._stopped: set[int] = set()  # seq ids whose grammar is finished (read at accept, see above)
         self.num_compiled = 0
+        self.num_prefetched_rows = 0  # masks taken from the background fill
+        self.num_filled_rows = 0  # masks filled after the forward (rows new to the batch, overlap off)
 
     def __bool__(self) -> bool:
         return bool(self._matchers)
@@ -50,6 +70,19 @@ class GrammarMasks:
                 by_vocab[self.vocab_size] = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size)
             self._ll_tokenizer = by_vocab[self.vocab_size]
         return self._ll_tokenizer
+
+    def _executor_(self):
+        if self._executor is None:
+            import llguidance
+
+            self._executor = llguidance.LLExecutor(num_threads=self.num_threads)
+            self._prefetch = MaskPrefetch(self._executor)
+        return self._executor
+
+    @property
+    def background_s(self) -> float:
+        """Seconds the worker spent filling masks (beside the forward, off the step's path)."""
+        return 0.0 if self._prefetch is None else self._prefetch.background_s
 
     def compiled(self, constraint: Constraint):
         """The constraint's pristine matcher, compiled on first use (InvalidConstraint if it cannot be)."""
@@ -75,27 +108,43 @@ class GrammarMasks:
                             seq.request.request_id, matcher.get_error())
                 break
         self._matchers[seq.seq_id] = matcher
+        if matcher.is_stopped():
+            self._stopped.add(seq.seq_id)
 
     def release(self, seq: Sequence) -> None:
+        # only forgotten here: a fill in flight may still hold the matcher, and drops it when done
         self._matchers.pop(seq.seq_id, None)
+        self._stopped.discard(seq.seq_id)
 
     def stopped(self, seq: Sequence) -> bool:
         """The row's grammar is finished: it accepts and nothing else can follow."""
-        matcher = self._matchers.get(seq.seq_id)
-        return matcher is not None and matcher.is_stopped()
+        return seq.seq_id in self._stopped
 
     def mask(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Logits with every token a row's grammar forbids at -inf (rows without one untouched)."""
         # logits: [num_seqs, vocab_size]
-        rows = [(i, self._matchers[s.seq_id]) for i, s in enumerate(seqs) if s.seq_id in self._matchers]
+        executor = self._executor_()
+        prefetched, filled = self._prefetch.take()  # joins the fill that ran beside this forward
+        rows = [(i, s) for i, s in enumerate(seqs) if s.seq_id in self._matchers]
         if not rows:
             return logits
         import llguidance.torch as lt
 
-        num_words = -(-self._tokenizer().vocab_size // 32)
-        bitmask = torch.full((len(seqs), num_words), -1, dtype=torch.int32)  # all allowed
-        for i, matcher in rows:
-            lt.fill_next_token_bitmask(matcher, bitmask, i)
+        bitmask = torch.full((len(seqs), self._num_words()), -1, dtype=torch.int32)  # all allowed
+        dst, src, missing = [], [], []
+        for i, seq in rows:
+            hit = prefetched.get(seq.seq_id)
+            if hit is not None and hit[1] == seq.num_generated_tokens:  # filled for the state it is in
+                dst.append(i)
+                src.append(hit[0])
+            else:
+                missing.append((self._matchers[seq.seq_id], i))
+        if dst:
+            bitmask[dst] = filled[src]
+        if missing:
+            lt.fill_next_token_bitmask_par(executor, missing, bitmask)
+        self.num_prefetched_rows += len(dst)
+        self.num_filled_rows += len(missing)
         # the packed words go to the logits' device and are unpacked there: 32x fewer bytes to copy
         device = logits.device
         bitmask = bitmask.to(device, non_blocking=True)
@@ -109,10 +158,28 @@ class GrammarMasks:
         return logits.masked_fill(~allowed[:, :width], float("-inf"))
 
     def accept(self, seqs: list[Sequence], token_ids: list[int]) -> None:
-        """Advance each constrained row's grammar by the token it was given this step."""
-        for seq, token in zip(seqs, token_ids, strict=True):
-            matcher = self._matchers.get(seq.seq_id)
-            if matcher is not None and not matcher.is_stopped() and not matcher.consume_token(token):
+        """Advance each constrained row's grammar by the token it was given this step, then start
+        filling the next step's masks of the rows that go on (mask_prefetch.py)."""
+        executor = self._executor_()
+        self._prefetch.take()  # mask() joined it already; a caller that skipped mask() must not race it
+        rows = [(seq, matcher, token) for seq, token in zip(seqs, token_ids, strict=True)
+                if (matcher := self._matchers.get(seq.seq_id)) is not None and seq.seq_id not in self._stopped]
+        if not rows:
+            return
+        ok = executor.consume_token_par([(matcher, token) for _, matcher, token in rows])
+        next_rows = []
+        for (seq, matcher, token), fits in zip(rows, ok, strict=True):
+            if not fits:
                 # only a token the mask left open is drawn; this means an empty mask (e.g. min_tokens masked EOS)
                 log.warning("request %s: token %d does not fit its constraint (%s)", seq.request.request_id,
                             token, matcher.get_error())
+            num_tokens = seq.num_generated_tokens + 1  # the token is appended after sampling
+            if matcher.is_stopped():
+                self._stopped.add(seq.seq_id)
+            elif num_tokens < seq.request.sampling.max_new_tokens:  # else the row ends this step
+                next_rows.append((seq.seq_id, num_tokens, matcher))
+        if self.overlap:
+            self._prefetch.start(next_rows, self._num_words())
+
+    def _num_words(self) -> int:
+        return -(-self._tokenizer().vocab_size // 32)
