@@ -30,7 +30,13 @@ from batchgen.engine.scheduler.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # bit i of a mask word allows token 32 * word + i
+# a mask byte's value -> what its 8 tokens add to the logits (0 where the bit allows the token, -inf
+# where it does not): bit i of byte k of mask word w allows token 32 * w + 8 * k + i, and the words
+# are little-endian, so viewing them as bytes lists the tokens in order. One gather and one add:
+# measured on this project's CPU machine at 16 rows of a 49k vocabulary, a third of the time of
+# shifting out every bit and masked_fill with the result (the tokens' logits are unchanged but for
+# -0.0, which becomes 0.0: equal under every comparison the sampler makes)
+_BYTE_TO_ADDEND = torch.tensor([[0.0 if (value >> i) & 1 else float("-inf") for i in range(8)] for value in range(256)])
 # the grammar engine's view of a tokenizer, per (HF tokenizer, vocab size): building it walks the whole
 # vocabulary, and a job builds a new engine at each mode switch or fallback with the same tokenizer
 _LL_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -51,6 +57,7 @@ class GrammarMasks:
         self._ll_tokenizer = None  # built on the first constrained row: unconstrained jobs never pay
         self._executor = None  # llguidance.LLExecutor, made with the first mask
         self._prefetch: MaskPrefetch | None = None
+        self._table: torch.Tensor | None = None  # _BYTE_TO_ADDEND on the logits' device, in their dtype
         self._compiled: dict[Constraint, object] = {}  # constraint -> a pristine llguidance matcher
         self._matchers: dict[int, object] = {}  # seq_id -> that row's matcher
         self._stopped: set[int] = set()  # seq ids whose grammar is finished (read at accept, see above)
@@ -148,14 +155,14 @@ class GrammarMasks:
         # the packed words go to the logits' device and are unpacked there: 32x fewer bytes to copy
         device = logits.device
         bitmask = bitmask.to(device, non_blocking=True)
-        shifts = _BIT_SHIFTS if device.type == "cpu" else _BIT_SHIFTS.to(device, non_blocking=True)
-        allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(seqs), -1)
+        table = self._addend_table(device, logits.dtype)
+        addend = table[bitmask.view(torch.uint8).long()].reshape(len(seqs), -1)  # [num_seqs, 32 * num_words]
         width = logits.shape[1]
-        if allowed.shape[1] < width:  # logits past the grammar's vocabulary: only unconstrained rows keep them
-            pad = torch.ones(len(seqs), width - allowed.shape[1], dtype=torch.bool)
-            pad[[i for i, _ in rows]] = False
-            allowed = torch.cat([allowed, pad.to(device, non_blocking=True)], dim=1)
-        return logits.masked_fill(~allowed[:, :width], float("-inf"))
+        if addend.shape[1] < width:  # logits past the grammar's vocabulary: only unconstrained rows keep them
+            pad = torch.zeros(len(seqs), width - addend.shape[1], dtype=table.dtype)
+            pad[[i for i, _ in rows]] = float("-inf")
+            addend = torch.cat([addend, pad.to(device, non_blocking=True)], dim=1)
+        return logits + addend[:, :width]
 
     def accept(self, seqs: list[Sequence], token_ids: list[int]) -> None:
         """Advance each constrained row's grammar by the token it was given this step, then start
@@ -180,6 +187,11 @@ class GrammarMasks:
                 next_rows.append((seq.seq_id, num_tokens, matcher))
         if self.overlap:
             self._prefetch.start(next_rows, self._num_words())
+
+    def _addend_table(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        if self._table is None or self._table.device != device or self._table.dtype != dtype:
+            self._table = _BYTE_TO_ADDEND.to(device, dtype)
+        return self._table
 
     def _num_words(self) -> int:
         return -(-self._tokenizer().vocab_size // 32)
