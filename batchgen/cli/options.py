@@ -127,6 +127,10 @@ Choices = Annotated[str | None, _opt("--choices", metavar="A,B,C", help=(
     "Constrain every row's text to exactly one of these comma-separated choices (labelling)."))]
 JsonSchemaColumn = Annotated[str | None, _opt("--json-schema-column", metavar="COL", help=(
     "Column of per-row JSON schemas (JSON text; null = the job's constraint); adds a json_valid column."))]
+ConstraintColumn = Annotated[str | None, _opt("--constraint-column", metavar="COL", help=(
+    'Column of per-row constraints of any kind, a JSON object (or struct) per cell: {"type": "regex", '
+    '"pattern": ...}, {"type": "choices", "choices": [...]}, {"type": "json_schema", "schema": ...} or '
+    '{"type": "json_object"} (null = the job\'s constraint); adds a json_valid column.'))]
 MinP = Annotated[float | None, _opt("--min-p", metavar="P", help=(
     "Sampled rows: drop tokens less likely than P times the likeliest token, in [0, 1]; 0 = off [0]."))]
 StopTokenIds = Annotated[list[int] | None, _opt("--stop-token-ids", metavar="ID", help=(

@@ -49,6 +49,7 @@ def run(
     regex: o.Regex = None,
     choices: o.Choices = None,
     json_schema_column: o.JsonSchemaColumn = None,
+    constraint_column: o.ConstraintColumn = None,
     stop_token_ids: o.StopTokenIds = None,
     logit_bias: o.LogitBias = None,
     allowed_token_ids: o.AllowedTokenIds = None,

@@ -99,6 +99,39 @@ class Constraint:
                                     else " ".join(error.split())[:300])
         return grammar
 
+    @staticmethod
+    def from_object(value: Any) -> Constraint:
+        """From a tagged object, the cell shape of --constraint-column (OpenAI response_format's
+        "type" key, the spec beside it): {"type": "json_schema", "schema": {...}}, {"type":
+        "json_object"}, {"type": "regex", "pattern": "..."}, {"type": "choices", "choices": [...]}.
+        Keys that are null count as absent (an Arrow struct cell has every field)."""
+        if not isinstance(value, dict):
+            raise InvalidConstraint(f"a constraint is an object with a type, got {type(value).__name__}")
+        value = {k: v for k, v in value.items() if v is not None}
+        kind = value.pop("type", None)
+        try:
+            kind = ConstraintKind(kind)
+        except ValueError:
+            known = ", ".join(k.value for k in ConstraintKind)
+            raise InvalidConstraint(f"type must be one of {known}, got {kind!r}") from None
+        key = {ConstraintKind.JSON_SCHEMA: "schema", ConstraintKind.REGEX: "pattern",
+               ConstraintKind.CHOICES: "choices", ConstraintKind.JSON_OBJECT: None}[kind]
+        extra = sorted(set(value) - {key})
+        if extra:
+            raise InvalidConstraint(f"key {extra[0]!r} does not go with type {kind.value!r}"
+                                    + (f" (it takes {key!r})" if key else " (it takes none)"))
+        if key is not None and key not in value:
+            raise InvalidConstraint(f"type {kind.value!r} needs {key!r}")
+        if kind is ConstraintKind.JSON_SCHEMA:
+            return Constraint.json_schema(value[key])
+        if kind is ConstraintKind.REGEX:
+            return Constraint.regex(value[key])
+        if kind is ConstraintKind.CHOICES:
+            if not isinstance(value[key], (list, tuple)):
+                raise InvalidConstraint(f"choices are a list of strings, got {type(value[key]).__name__}")
+            return Constraint.choices(value[key])
+        return Constraint.json_object()
+
     def validate(self) -> Constraint:
         """Raise InvalidConstraint if no grammar can be built; return self for chaining."""
         self.grammar()
@@ -121,6 +154,10 @@ def job_constraint(config: Any) -> Constraint | None:
 
 
 def writes_json_valid(config: Any) -> bool:
-    """A job whose rows may carry a JSON constraint writes the json_valid column."""
+    """A job whose rows may carry a JSON constraint writes the json_valid column: an OpenAI Batch
+    job too, whose requests may carry a JSON response_format (jobs/commands/run.py leaves it out of
+    a directory begun before the column, so that its parts stay one table)."""
     constraint = job_constraint(config)
-    return config.json_schema_column is not None or (constraint is not None and constraint.is_json)
+    return (config.json_schema_column is not None or config.constraint_column is not None
+            or config.input_format == "openai-batch"  # rules.OPENAI_BATCH (rules imports this module)
+            or (constraint is not None and constraint.is_json))

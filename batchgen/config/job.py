@@ -75,6 +75,9 @@ class JobConfig:
     regex: str | None = None
     choices: list[str] | None = None  # the flag takes "a,b,c"
     json_schema_column: str | None = None  # a per-row JSON schema (null cell = the job's constraint)
+    # a per-row constraint of any kind: {"type": "json_schema" | "json_object" | "regex" | "choices", ...}
+    # (config/constraint.py's Constraint.from_object; null cell = the job's constraint)
+    constraint_column: str | None = None
     seed: int = 0
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False

@@ -246,9 +246,14 @@ def _constraint_settings(config: JobConfig) -> None:
         config.choices = [c.strip() for c in config.choices.split(",") if c.strip()]
     if isinstance(config.json_schema, str):
         config.json_schema = _schema_value(config.json_schema)
-    if config.json_schema_column is not None and (not isinstance(config.json_schema_column, str)
-                                                  or not config.json_schema_column):
-        raise ConfigError(f"{label('json_schema_column')} must be a column name, got {config.json_schema_column!r}")
+    for name in ("json_schema_column", "constraint_column"):
+        column = getattr(config, name)
+        if column is not None and (not isinstance(column, str) or not column):
+            raise ConfigError(f"{label(name)} must be a column name, got {column!r}")
+    if config.json_schema_column is not None and config.constraint_column is not None:
+        raise ConfigError(f"{label('json_schema_column')} and {label('constraint_column')} cannot go together: "
+                          "a row has one constraint (a constraint cell can hold a schema: "
+                          '{"type": "json_schema", "schema": ...})')
     if given:
         try:
             job_constraint(config).validate()
@@ -277,9 +282,6 @@ def _combinations(config: JobConfig) -> None:
     if config.system is not None and config.chat is False:
         raise ConfigError("--system needs the chat template, and --no-chat turns it off: drop one of them, "
                           "or put the text in --template")
-    if config.executor == "ray" and (job_constraint(config) is not None or config.json_schema_column):
-        raise ConfigError("--json-schema, --regex, --choices and --json-schema-column run on the local executor: "
-                          "the Ray executor writes no json_valid column")
     if config.logprobs is not None and config.executor == "ray":
         raise ConfigError("--logprobs runs on the local executor: the Ray executor writes no logprobs column")
     if config.kv_cache_dtype == "int8" and config.attention_backend == "flash":
@@ -298,7 +300,7 @@ def _openai_batch_settings(config: JobConfig) -> None:
     """Batch API requests carry their own id, prompt and limits: the flags that would name
     columns for them are refused, and the id, prompt and kept columns are set (idempotent)."""
     for name in ("template", "system", "max_new_tokens_column", "sampling_column", "length_column", "json_schema",
-                 "regex", "choices", "json_schema_column"):
+                 "regex", "choices", "json_schema_column", "constraint_column"):
         if getattr(config, name) is not None:
             raise ConfigError(f"{label(name)} does not apply to --input-format openai-batch: each request's body "
                               "carries its messages or prompt, max_tokens, sampling settings and response_format")

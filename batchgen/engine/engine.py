@@ -31,7 +31,7 @@ from batchgen.engine.model import experts, families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
-from batchgen.engine.sampling.grammar import GrammarMasks
+from batchgen.engine.sampling.grammar import GrammarMasks, mask_threads
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler import sizing
 from batchgen.engine.scheduler.scheduler import Scheduler
@@ -116,7 +116,7 @@ class LLMEngine:
         self._capture_graphs()
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.grammar = self.runner.sampler.grammar = GrammarMasks(
-            tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])
+            tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0], num_threads=mask_threads(self.device))
         self.metrics = EngineMetrics()
         self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
         if self.device.type == "cpu" and omp.choice_reason is not None:

@@ -159,7 +159,9 @@ def test_a_batch_api_file_read_as_plain_jsonl_hints_the_input_format(tmp_path):
     (["--json-schema", "no-such-schema.json"], "--json-schema (YAML json_schema): cannot read"),
     (["--regex", "[a-"], "--regex (YAML regex)"),
     (["--choices", "a,b", "--regex", "x"], "cannot go together"),
-], ids=["schema", "schema-file", "regex", "two"])
+    (["--json-schema-column", "a", "--constraint-column", "b"], "cannot go together"),
+    (["--constraint-column", "no_such_column"], "--constraint-column 'no_such_column' not found"),
+], ids=["schema", "schema-file", "regex", "two", "two-columns", "missing-column"])
 def test_bad_constraint_flags(docs, tmp_path, flags, needle):
     assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body", *flags),
                          needle)

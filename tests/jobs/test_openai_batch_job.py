@@ -334,3 +334,34 @@ def test_response_format_requests_round_trip(tmp_path, tiny_model_dir, loaded, o
         jsonschema.validate(json.loads(choice.message.content), schema)
     [choice] = Completion.model_validate(ok["jo"]["response"]["body"]).choices
     assert choice.finish_reason != "stop" or isinstance(json.loads(choice.text), dict), choice.text
+    # the Parquet parts carry json_valid: the text parsed and validated for a JSON response_format's row,
+    # null for a free one and for an error row
+    valid = {cid: row["json_valid"] for cid, row in parquet_rows(tmp_path / "out").items()}
+    assert valid["js"] is True and valid["js-sampled"] is True and valid["text"] is None and valid["bad"] is None
+    assert valid["jo"] is (choice.finish_reason == "stop"), choice
+
+
+def test_a_response_format_that_does_not_compile_is_its_requests_error(tmp_path, tiny_model_dir, loaded, one_thread,
+                                                                        monkeypatch):
+    """A schema that passes the tokenizer-free check but does not compile for the model's tokenizer: that
+    request's invalid_value error line, the other requests answered."""
+    from batchgen.config.constraint import InvalidConstraint
+    from batchgen.engine.sampling.grammar import GrammarMasks
+
+    real = GrammarMasks.compiled
+
+    def compiled(self, constraint):
+        if "UNCOMPILABLE" in constraint.spec:
+            raise InvalidConstraint("initial lexer configuration (grammar) too big")
+        return real(self, constraint)
+
+    monkeypatch.setattr(GrammarMasks, "compiled", compiled)
+    bad = {"type": "object", "properties": {"UNCOMPILABLE": {"type": "string"}}}
+    requests = [chat("bad", "Hi", response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad}}),
+                chat("ok", "Hi", max_tokens=4)]
+    run_job(job(tmp_path, requests, model_dir=tiny_model_dir), loaded=loaded)
+    ok, errors = read_lines(tmp_path / "out")
+    assert set(ok) == {"ok"} and set(errors) == {"bad"}
+    error = errors["bad"]["response"]["body"]["error"]
+    assert error["code"] == "invalid_value" and error["param"] == "response_format", error
+    assert "does not compile" in error["message"], error

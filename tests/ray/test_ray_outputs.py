@@ -86,3 +86,22 @@ def test_shards_on_ray_then_finalize_equal_one_process(ray_cluster, src, tiny_mo
     assert not set(shards[0]) & set(shards[1])
     assert finalize_output(out)["rows"] == NUM_ROWS
     assert {**shards[0], **shards[1]} == local_rows  # derived ids count from the file's start in each shard
+
+
+def test_constrained_rows_and_json_valid(ray_cluster, tiny_model_dir, loaded, tmp_path):
+    """Per-row constraints (a bad cell an error row) on Ray: the json_valid column and every row as the
+    local executor writes them."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    cells = [json.dumps({"type": "json_schema", "schema": schema}),
+             json.dumps({"type": "regex", "pattern": "[a-c]{3}"}), None, "not json"] * 3
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(len(cells))), "text": [f"row {i}" for i in range(len(cells))],
+                             "constraint": cells}), src)
+    settings = dict(id_column="id", constraint_column="constraint", max_new_tokens=24)
+    run_job(config(src, tmp_path / "local", tiny_model_dir, **settings), loaded=loaded)
+    summary = batchgen.ray.run(config(src, tmp_path / "ray", tiny_model_dir, **settings), num_actors=2)
+    assert summary.complete and summary.num_rows_error == 3
+    local, on_ray = committed_rows(tmp_path / "local", "id"), committed_rows(tmp_path / "ray", "id")
+    assert on_ray == local
+    assert [on_ray[i]["json_valid"] for i in range(4)] == [True, None, None, None]

@@ -94,7 +94,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                                        with_prompt_truncated=session.writes_prompt_truncated(),
                                        with_logprobs=config.logprobs is not None or (
                                            config.input_format == OPENAI_BATCH and session.writes_logprobs()),
-                                       with_json_valid=writes_json_valid(config))
+                                       with_json_valid=writes_json_valid(config) and (
+                                           config.input_format != OPENAI_BATCH or session.writes_json_valid()))
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)

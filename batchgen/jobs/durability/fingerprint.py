@@ -50,7 +50,7 @@ DEFAULTS = {"input_format": "auto", "quantize": "none", "quantize_backend": "aut
 
 CONTROL_DEFAULTS = {"min_p": 0.0, "stop_token_ids": [], "include_stop_str_in_output": False,
                     "skip_special_tokens": True, "logprobs": None, "logit_bias": {}, "allowed_token_ids": [],
-                    "constraint": None, "json_schema_column": None}
+                    "constraint": None, "json_schema_column": None, "constraint_column": None}
 
 
 def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, model: dict[str, Any] | None = None
@@ -109,7 +109,7 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
                 "logit_bias": {str(t): b for t, b in sorted(config.logit_bias.items())},
                 "allowed_token_ids": list(config.allowed_token_ids),
                 "constraint": constraint.describe() if (constraint := job_constraint(config)) is not None else None,
-                "json_schema_column": config.json_schema_column}
+                "json_schema_column": config.json_schema_column, "constraint_column": config.constraint_column}
     fingerprint.update({k: v for k, v in controls.items() if v != CONTROL_DEFAULTS[k]})
     if config.num_shards is not None:
         # a sharded job's shards share one fingerprint (the index is the directory's name), and the

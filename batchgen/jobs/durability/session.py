@@ -27,7 +27,7 @@ from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE
 from batchgen.io.store.lock import LOCK_FILE
 from batchgen.io.store.partials import clean_partial_files
-from batchgen.io.store.schema import LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED
+from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import check_output_dir
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
@@ -110,6 +110,10 @@ class OutputSession:
     def writes_logprobs(self) -> bool:
         """The same for the logprobs column of an OpenAI Batch job (written for requests that ask)."""
         return self._writes_column(LOGPROBS)
+
+    def writes_json_valid(self) -> bool:
+        """The same for the json_valid column of an OpenAI Batch job (a JSON response_format's rows)."""
+        return self._writes_column(JSON_VALID)
 
     def _writes_column(self, column: str) -> bool:
         old = self.state.fingerprint

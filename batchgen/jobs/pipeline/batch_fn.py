@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from batchgen.config.constraint import writes_json_valid
 from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion
@@ -42,8 +43,9 @@ from batchgen.jobs.pipeline.batch_columns import (
 )
 from batchgen.jobs.pipeline.core import JobCore
 from batchgen.jobs.pipeline.logprob_column import LogprobColumn
-from batchgen.jobs.pipeline.prepare import prompt_side
+from batchgen.jobs.pipeline.prepare import check_job_constraint, prompt_side
 from batchgen.jobs.pipeline.prompts import RowError, Template
+from batchgen.jobs.pipeline.row_constraint import json_valid
 from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, InputRow
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import prepare_row
@@ -102,6 +104,8 @@ class BatchGenerator:
         engine = self.core.engines.get(config.engine_policy())
         self.template = Template(config.template, config.prompt_column)
         self.builder, self.predictor, self.planner = prompt_side(config, self.template, loaded, engine, out_dir=None)
+        check_job_constraint(config, engine)
+        self.compile_constraint = engine.grammar.compiled  # a row's own constraint compiles when prepared
         self.schema = schema
         self.model_fingerprint = model_fingerprint(loaded, self.builder)  # what the driver's fingerprint needs
         self.num_rows_skipped = 0  # COMMITTED_HASH rows whose prompt was unchanged
@@ -111,8 +115,9 @@ class BatchGenerator:
         id_name = schema.field(0).name
         with_hash = PROMPT_HASH in schema.names
         marks = {"with_prompt_truncated": PROMPT_TRUNCATED in schema.names}
-        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, "generated_text", "finish_reason", "num_prompt_tokens",
-                 "num_generated_tokens", "error"}
+        marks["with_json_valid"] = JSON_VALID in schema.names  # a JSON-constrained job
+        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, JSON_VALID, "generated_text", "finish_reason",
+                 "num_prompt_tokens", "num_generated_tokens", "error"}
         passthrough = [n for n in schema.names if n not in fixed]
         rows = self._input_rows(table)
         committed = table.column(COMMITTED_HASH).to_pylist() if COMMITTED_HASH in table.column_names else None
@@ -123,7 +128,7 @@ class BatchGenerator:
             try:
                 if row.error is not None:
                     raise RowError(row.error)
-                planned = prepare_row(row, self.builder, self.config)
+                planned = prepare_row(row, self.builder, self.config, compile_constraint=self.compile_constraint)
             except RowError as e:
                 outputs[i] = output_row(id_name, passthrough, with_hash, row, error=str(e), **marks)
                 continue
@@ -135,9 +140,11 @@ class BatchGenerator:
         if planned_rows:
             for planned, completion in self.core.generate(self.planner.plans(iter(planned_rows))):
                 self.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, planned.prediction)
+                constraint = planned.constraint if planned.constraint is not None else self.core.constraint
                 outputs[position[id(planned)]] = output_row(id_name, passthrough, with_hash, planned.row,
                                                             completion=completion, digest=planned.prompt_hash,
-                                                            truncated=planned.num_truncated_tokens > 0, **marks)
+                                                            truncated=planned.num_truncated_tokens > 0,
+                                                            json_valid=json_valid(constraint, completion), **marks)
         kept = [(row, out) for row, out in zip(rows, outputs, strict=True) if out is not None]
         result = pa.Table.from_pylist([out for _, out in kept], schema=schema)
         if SOURCE_PATH in table.column_names:  # the executor's provenance, for its committer
@@ -179,5 +186,5 @@ class BatchGenerator:
         names = config.keep_columns if config.keep_columns is not None else table.column_names
         passthrough = [table.schema.field(n) for n in names
                        if n not in BOOKKEEPING and n != config.id_column and n != id_field.name]
-        self.schema = output_schema(id_field, passthrough)
+        self.schema = output_schema(id_field, passthrough, with_json_valid=writes_json_valid(config))
         return self.schema

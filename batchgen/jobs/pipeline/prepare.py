@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchgen.config.constraint import Constraint, InvalidConstraint, job_constraint
 from batchgen.config.job import JobConfig
+from batchgen.config.rules import label
+from batchgen.errors import ConfigError
 from batchgen.io.manifest.manifest import ManifestState
 from batchgen.io.store.store import OutputStore
 from batchgen.jobs.durability.resume import ResumeRule
@@ -68,6 +71,8 @@ class PreparedJob:
     num_rows_changed: int = 0  # committed rows (--id-column) whose prompt changed: generated again
     # called once, before the first row that will change the output (generated, or an error row)
     on_change: Callable[[], None] | None = None
+    # the engine's grammar cache (GrammarMasks.compiled): a row's own constraint compiles when prepared
+    compile_constraint: Callable[[Constraint], Any] | None = None
 
     def rows(self, on_error: Callable[[InputRow, str], None]) -> Iterator[PlannedRow]:
         """The rows to generate, prompts built; settled rows skipped, error rows handed to on_error."""
@@ -78,7 +83,7 @@ class PreparedJob:
             try:
                 if row.error is not None:
                     raise RowError(row.error)
-                planned = prepare_row(row, self.builder, self.config)
+                planned = prepare_row(row, self.builder, self.config, compile_constraint=self.compile_constraint)
             except RowError as e:
                 self.num_rows_changed += check  # its prompt no longer builds: an error row replaces it
                 self.num_error_rows += 1
@@ -145,4 +150,20 @@ def prepare_job(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, engin
     builder, predictor, planner = prompt_side(config, inputs.source.template, loaded, engine, out_dir=out_dir)
     resume = ResumeRule(state if state is not None else ManifestState(), config.retry_errors,
                         check_prompts=config.id_column is not None)
-    return PreparedJob(config, inputs.source, builder, predictor, planner, resume)
+    check_job_constraint(config, engine)
+    return PreparedJob(config, inputs.source, builder, predictor, planner, resume,
+                       compile_constraint=engine.grammar.compiled)
+
+
+def check_job_constraint(config: JobConfig, engine: LLMEngine) -> None:
+    """The job's constraint compiled against the model's tokenizer once the model is loaded: one that
+    passed the tokenizer-free check before the load but does not compile exits 2 naming its flag
+    (every row would fail alike), rather than the engine refusing each row."""
+    constraint = job_constraint(config)
+    if constraint is None:
+        return
+    try:
+        engine.grammar.compiled(constraint)
+    except InvalidConstraint as e:
+        flag = next(name for name in ("json_schema", "regex", "choices") if getattr(config, name) is not None)
+        raise ConfigError(f"{label(flag)} does not compile for this model's tokenizer: {e}") from None

@@ -63,7 +63,8 @@ class RowSource:
         self.id_field = (schema.field(config.id_column) if config.id_column
                          else pa.field(DERIVED_ID_COLUMN, pa.string()))
         self.passthrough_fields = _passthrough(config, schema, self.id_field.name)
-        optional = [config.max_new_tokens_column, config.length_column, config.sampling_column, config.id_column]
+        optional = [config.max_new_tokens_column, config.length_column, config.sampling_column, config.id_column,
+                    config.json_schema_column, config.constraint_column]
         needed = [*template.columns, *[c for c in optional if c], *[f.name for f in self.passthrough_fields]]
         self.read_columns = list(dict.fromkeys(needed))
         self._shard_labels = _shard_labels(shards)
@@ -101,7 +102,7 @@ class RowSource:
         used = schemas
         if config.keep_columns is not None:  # only the columns the job reads need to agree
             optional = [config.max_new_tokens_column, config.length_column, config.sampling_column,
-                        config.id_column]
+                        config.id_column, config.json_schema_column, config.constraint_column]
             names = {*template.columns, *[c for c in optional if c], *config.keep_columns}
             used = [pa.schema([f for f in schema if f.name in names]) for schema in schemas]
         return cls(config, shards, unify_schemas(shards, used), template, schemas)
@@ -261,7 +262,9 @@ def _check_columns(config: JobConfig, template: Template, schema: pa.Schema, pat
     for flag, column in (("--id-column", config.id_column),
                          ("--max-new-tokens-column", config.max_new_tokens_column),
                          ("--length-column", config.length_column),
-                         ("--sampling-column", config.sampling_column)):
+                         ("--sampling-column", config.sampling_column),
+                         ("--json-schema-column", config.json_schema_column),
+                         ("--constraint-column", config.constraint_column)):
         if column is not None and column not in names:
             raise InputError(f"{flag} {column!r} not found; columns: {listed}", path=path)
     for column in config.keep_columns or []:

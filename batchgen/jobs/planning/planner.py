@@ -40,17 +40,18 @@ is in, while continuous decodes the rows already prefilled inside those same ste
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen.config.choices import Policy
+from batchgen.config.constraint import Constraint
 from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.engine.scheduler.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.openai.requests import prepare_request_row
 from batchgen.jobs.pipeline.chat_rows import conversation_token_ids
 from batchgen.jobs.pipeline.prompts import PromptBuilder, row_max_new_tokens
-from batchgen.jobs.pipeline.row_constraint import row_constraint
+from batchgen.jobs.pipeline.row_constraint import check_compiles, row_constraint
 from batchgen.jobs.pipeline.row_sampling import row_sampling
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor, parse_known_length
@@ -58,15 +59,25 @@ from batchgen.jobs.planning.planned_row import PlannedRow, row_settings_key
 from batchgen.jobs.planning.stats import ceil_div, distribution
 
 
-def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:
-    """Prompt ids, budget and known length of one row; raises RowError for an error row."""
+def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig, *,
+                compile_constraint: Callable[[Constraint], Any] | None = None) -> PlannedRow:
+    """Prompt ids, budget and known length of one row; raises RowError for an error row.
+    `compile_constraint` (the engine's GrammarMasks.compiled): the row's own constraint is compiled
+    against the model's tokenizer here, so that one that does not compile is this row's error."""
+    planned = _prepare_row(row, builder, config)
+    if compile_constraint is not None:
+        check_compiles(planned, config, compile_constraint)
+    return planned
+
+
+def _prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:
     if config.input_format == OPENAI_BATCH:
         return prepare_request_row(row, builder, config)
     max_new = row_max_new_tokens(row.values, config.max_new_tokens_column, config.max_new_tokens)
     known = parse_known_length(row.values.get(config.length_column), config.length_column) \
         if config.length_column else None
     sampling = row_sampling(row.values, config.sampling_column)
-    constraint = row_constraint(row, config.json_schema_column)
+    constraint = row_constraint(row, config)
     if row.messages is not None:  # a chat dataset's conversation (batchgen.jobs.pipeline.chat_rows)
         ids = conversation_token_ids(row.messages, builder, column=config.prompt_column, system=config.system,
                                      max_new_tokens=max_new)

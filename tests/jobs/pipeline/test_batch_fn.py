@@ -94,3 +94,35 @@ def test_the_executors_schema_is_kept(tmp_path, src, tiny_model_dir, loaded, one
     schema = output_schema(pa.field("doc", pa.string()), [pa.field("topic", pa.int64())], with_prompt_hash=False)
     out = BatchGenerator(cfg, loaded=loaded, schema=schema)(pq.read_table(src).slice(0, 2))
     assert out.schema == schema
+
+
+def test_constrained_rows_carry_json_valid(tmp_path, tiny_model_dir, loaded, one_thread):
+    """The Ray executor's actors write json_valid as `batchgen run` does: per-row constraints and the job's."""
+    import json
+
+    from batchgen.io.store.schema import JSON_VALID
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    cells = [json.dumps({"type": "json_schema", "schema": schema}), json.dumps({"type": "choices", "choices": ["a"]}),
+             None, json.dumps({"type": "nope"})]
+    table = pa.table({"doc": [f"d{i}" for i in range(4)], "text": ["one", "two", "three", "four"],
+                      "constraint": cells})
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src)
+    cfg = config(src, tmp_path / "out", tiny_model_dir, max_new_tokens=24, constraint_column="constraint")
+    run_job(cfg, loaded=loaded)
+    local = committed_rows(tmp_path / "out", "doc")
+    out = BatchGenerator(cfg, loaded=loaded)(table)
+    assert JSON_VALID in out.schema.names and "constraint" in out.schema.names
+    rows = {r["doc"]: r for r in out.to_pylist()}
+    for doc in ("d0", "d1", "d2"):
+        assert rows[doc] == local[doc]
+    # the bad cell's error names where the row came from: the file locally, the table here
+    assert "in.parquet row 3: column 'constraint'" in local["d3"]["error"]
+    assert "<batch> row 3: column 'constraint'" in rows["d3"]["error"]
+    assert rows["d0"][JSON_VALID] is True and rows["d1"]["generated_text"] == "a" and rows["d1"][JSON_VALID] is None
+    assert rows["d3"]["finish_reason"] == "error" and rows["d3"][JSON_VALID] is None
+    job_schema = BatchGenerator(config(src, tmp_path / "out2", tiny_model_dir, max_new_tokens=24,
+                                       json_schema=json.dumps(schema)), loaded=loaded)(table.drop(["constraint"]))
+    assert job_schema.column(JSON_VALID).to_pylist() == [True] * 4
