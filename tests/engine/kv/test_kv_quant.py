@@ -14,7 +14,6 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.engine.kernels.test_native import reference
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -27,6 +26,7 @@ from batchgen.engine.kv.cache import KVCacheSpec
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.errors import ConfigError
 from tests.engine.greedy_pair import generate_tokens
+from tests.engine.kernels.test_native import reference
 from tests.tiny import make_tiny_model
 
 FAKE_QUANT_ATTENTION = "batchgen_test_int8_kv_sdpa"
