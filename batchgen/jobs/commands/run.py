@@ -65,6 +65,16 @@ MIN_SECONDS_FOR_CHECKPOINT = 1.0
 __all__ = ["SUMMARY_FILE", "RunSummary", "run_job"]
 
 
+def writes_sample_index(config: JobConfig, session: OutputSession) -> bool:
+    """One output row per sample (a sample_index column): with --n > 1, and in a job whose rows may
+    ask for n themselves (a --sampling-column, OpenAI Batch requests) unless its directory was begun
+    without the column. The Ray executor writes one row per input row (rules.py refuses its --n)."""
+    if config.executor == "ray":
+        return False
+    per_row = config.sampling_column is not None or config.input_format == OPENAI_BATCH
+    return config.n > 1 or (per_row and session.writes_sample_index())
+
+
 def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSummary:
     """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config)
@@ -94,7 +104,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                                        with_prompt_truncated=session.writes_prompt_truncated(),
                                        with_logprobs=config.logprobs is not None or (
                                            config.input_format == OPENAI_BATCH and session.writes_logprobs()),
-                                       with_json_valid=writes_json_valid(config))
+                                       with_json_valid=writes_json_valid(config),
+                                       with_sample_index=writes_sample_index(config, session))
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)

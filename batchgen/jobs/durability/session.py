@@ -27,7 +27,7 @@ from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE
 from batchgen.io.store.lock import LOCK_FILE
 from batchgen.io.store.partials import clean_partial_files
-from batchgen.io.store.schema import LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED
+from batchgen.io.store.schema import LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import check_output_dir
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
@@ -110,6 +110,11 @@ class OutputSession:
     def writes_logprobs(self) -> bool:
         """The same for the logprobs column of an OpenAI Batch job (written for requests that ask)."""
         return self._writes_column(LOGPROBS)
+
+    def writes_sample_index(self) -> bool:
+        """The same for the sample_index column of a job whose rows may ask for n (a --sampling-column,
+        OpenAI Batch requests): a directory begun before it keeps one row per input row."""
+        return self._writes_column(SAMPLE_INDEX)
 
     def _writes_column(self, column: str) -> bool:
         old = self.state.fingerprint

@@ -29,7 +29,7 @@ from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, output_schema
+from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, output_schema
 from batchgen.jobs.durability.fingerprint import model_fingerprint
 from batchgen.jobs.pipeline.batch_columns import (
     BOOKKEEPING,
@@ -40,7 +40,7 @@ from batchgen.jobs.pipeline.batch_columns import (
     SOURCE_PATH,
     SOURCE_ROW,
 )
-from batchgen.jobs.pipeline.core import JobCore
+from batchgen.jobs.pipeline.core import JobCore, num_samples
 from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import prompt_side
 from batchgen.jobs.pipeline.prompts import RowError, Template
@@ -57,11 +57,14 @@ def output_row(id_name: str, passthrough: list[str], with_prompt_hash: bool, row
                completion: Completion | None = None, error: str | None = None,
                digest: str | None = None, truncated: bool | None = None,
                with_prompt_truncated: bool = True, logprobs: LogprobColumn | None = None,
-               with_json_valid: bool = False, json_valid: bool | None = None) -> dict[str, Any]:
+               with_json_valid: bool = False, json_valid: bool | None = None,
+               with_sample_index: bool = False) -> dict[str, Any]:
     """One output row (batchgen.io.store.schema's columns) of a finished row or an error row: the one
     definition both executors write. Without prompt_hash / prompt_truncated for a directory begun
     before those columns (the writer refuses keys its schema lacks)."""
     out: dict[str, Any] = {id_name: row.row_id}
+    if with_sample_index:  # the job's rows may have several samples: (id, sample_index) is the key
+        out[SAMPLE_INDEX] = None if completion is None else completion.sample_index
     if with_prompt_hash:
         out[PROMPT_HASH] = digest
     if completion is not None:
@@ -124,6 +127,9 @@ class BatchGenerator:
                 if row.error is not None:
                     raise RowError(row.error)
                 planned = prepare_row(row, self.builder, self.config)
+                if num_samples(self.config, planned) > 1:  # rules.py refuses --n; a row's own n lands here
+                    raise RowError(f"n = {num_samples(self.config, planned)} samples need the local executor: "
+                                   "the Ray executor writes one output row per input row")
             except RowError as e:
                 outputs[i] = output_row(id_name, passthrough, with_hash, row, error=str(e), **marks)
                 continue
@@ -133,7 +139,7 @@ class BatchGenerator:
             position[id(planned)] = i
             planned_rows.append(planned)
         if planned_rows:
-            for planned, completion in self.core.generate(self.planner.plans(iter(planned_rows))):
+            for planned, [completion] in self.core.generate(self.planner.plans(iter(planned_rows))):
                 self.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, planned.prediction)
                 outputs[position[id(planned)]] = output_row(id_name, passthrough, with_hash, planned.row,
                                                             completion=completion, digest=planned.prompt_hash,
