@@ -117,7 +117,7 @@ MinTokens = Annotated[int | None, _opt("--min-tokens", metavar="N", help=(
     "Generate at least N tokens before EOS or a stop string may end a row [0]."))]
 SamplingColumn = Annotated[str | None, _opt("--sampling-column", metavar="COL", help=(
     "Column of per-row sampling overrides: a JSON object (or struct) with any of temperature, top_p, "
-    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens, min_p (null = the job's)."))]
+    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens, min_p, n (null = the job's)."))]
 N = Annotated[int | None, _opt("--n", metavar="N", help=(
     "Samples per row (1-128), each with its own seeded stream; the prompt is prefilled once. One output row per "
     "sample, with a sample_index column [1]."))]
