@@ -8,18 +8,24 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from batchgen.config.job import build_config
+from batchgen.engine.model.loader import load_model
 from batchgen.errors import FingerprintMismatch, JobInterrupted
 from batchgen.io.manifest.manifest import load_manifest
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status
+from tests.jobs import kill_harness
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 NUM_ROWS = 8
@@ -155,3 +161,53 @@ def test_sigterm_then_resume_writes_every_sample_exactly_once(reference, src, ti
         run_job(cfg, loaded=loaded)
         assert sample_rows(out) == expected, f"seed {seed}: the resumed output differs from the uninterrupted run"
     assert num_interrupted and num_partials, "no signal landed while samples were in flight"
+
+
+
+KILL_ROWS = 48
+
+
+@pytest.fixture(scope="module")
+def kill_setup(tmp_path_factory):
+    """The kill harness's tiny model directory and input, the job's flags with --n 3, and the
+    uninterrupted output by (id, sample_index)."""
+    fixture = kill_harness.make_fixture(tmp_path_factory.mktemp("kill"), KILL_ROWS)
+    flags = dict(id_column="id", device="cpu", dtype="float32", max_new_tokens=kill_harness.MAX_NEW_TOKENS,
+                 kv_cache_memory="16MiB", batch_size=16, commit_every_rows=2, n=3, temperature=1.0, seed=5,
+                 quiet=True)
+    model = load_model(str(fixture.model_dir), device="cpu", dtype="float32")
+
+    def config_for(out):
+        return build_config(None, inputs=[str(fixture.src)], output=str(out), model=str(fixture.model_dir), **flags)
+
+    reference_out = tmp_path_factory.mktemp("kill-ref") / "out"
+    run_job(config_for(reference_out), loaded=model)
+    args = ["--n", "3", "--temperature", "1.0", "--seed", "5"]
+    return fixture, sample_rows(reference_out), config_for, model, args
+
+
+def test_kill_9_then_resume_writes_every_sample_exactly_once(tmp_path, kill_setup, one_thread):
+    """A `python -m batchgen run --n 3` subprocess SIGKILLed after its first commit, then resumed:
+    only whole rows are committed before the kill, every (id, sample) once after the resume."""
+    fixture, reference, config_for, model, extra = kill_setup
+    num_partial = 0
+    for seed in range(3):
+        out = tmp_path / f"seed-{seed}"
+        args = kill_harness.job_args(fixture, out)
+        args[args.index("--commit-every") + 1] = "2"  # as config_for: a commit every 2 rows (6 output rows)
+        proc = subprocess.Popen([sys.executable, "-m", "batchgen", "run", *args, *extra],
+                                env={**os.environ, **kill_harness.JOB_ENV}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        with kill_harness.reaped(proc):
+            if kill_harness.wait_until_a_part(proc, out):
+                time.sleep(random.Random(seed).uniform(0.0, 0.3))
+                kill_harness.sigkill(proc)
+            proc.wait()
+        state = load_manifest(out)
+        committed = sample_rows(out)
+        assert len(committed) == 3 * len(state.ok_ids)  # whole rows only
+        assert all(committed[key] == reference[key] for key in committed)
+        num_partial += 0 < len(state.ok_ids) < KILL_ROWS
+        run_job(config_for(out), loaded=model)
+        assert sample_rows(out) == reference
+    assert num_partial, "no kill landed on a half-written output"

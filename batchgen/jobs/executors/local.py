@@ -33,7 +33,7 @@ from batchgen.jobs.durability.inflight import InFlightCheckpoints
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import OutputSession
 from batchgen.jobs.pipeline.batch_fn import output_row
-from batchgen.jobs.pipeline.core import JobCore, num_samples
+from batchgen.jobs.pipeline.core import JobCore
 from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import JobInputs, prepare_job, seq_token_needs
 from batchgen.jobs.pipeline.progress import Progress
@@ -42,7 +42,7 @@ from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
 from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")

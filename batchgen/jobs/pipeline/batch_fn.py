@@ -40,12 +40,12 @@ from batchgen.jobs.pipeline.batch_columns import (
     SOURCE_PATH,
     SOURCE_ROW,
 )
-from batchgen.jobs.pipeline.core import JobCore, num_samples
+from batchgen.jobs.pipeline.core import JobCore
 from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import prompt_side
 from batchgen.jobs.pipeline.prompts import RowError, Template
 from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, InputRow
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
 from batchgen.jobs.planning.planner import prepare_row
 
 log = logging.getLogger("batchgen")

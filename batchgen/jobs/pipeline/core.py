@@ -42,7 +42,7 @@ from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.pipeline.row_sampling import sampling_settings
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
 from batchgen.jobs.planning.planner import WindowPlan
 
 log = logging.getLogger("batchgen")
@@ -245,11 +245,6 @@ class JobCore:
             row = self.pending[key] = _PendingRow(
                 planned, request, self.continuations_for(planned) if self.continuations_for is not None else {})
             yield from row.requests()
-
-
-def num_samples(config: JobConfig, planned: PlannedRow) -> int:
-    """The samples a row asks for: its own n (a sampling cell, a Batch API request), else --n."""
-    return (planned.sampling or {}).get("n", config.n)
 
 
 @dataclasses.dataclass(slots=True)
