@@ -68,9 +68,8 @@ __all__ = ["SUMMARY_FILE", "RunSummary", "run_job"]
 def writes_sample_index(config: JobConfig, session: OutputSession) -> bool:
     """One output row per sample (a sample_index column): with --n > 1, and in a job whose rows may
     ask for n themselves (a --sampling-column, OpenAI Batch requests) unless its directory was begun
-    without the column. The Ray executor writes one row per input row (rules.py refuses its --n)."""
-    if config.executor == "ray":
-        return False
+    without the column. The Ray executor writes the same schema, one sample per row (rules.py refuses
+    its --n, and a row asking for more is an error row there)."""
     per_row = config.sampling_column is not None or config.input_format == OPENAI_BATCH
     return config.n > 1 or (per_row and session.writes_sample_index())
 

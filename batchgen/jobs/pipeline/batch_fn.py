@@ -113,9 +113,10 @@ class BatchGenerator:
         schema = self.schema if self.schema is not None else self._derive_schema(table)
         id_name = schema.field(0).name
         with_hash = PROMPT_HASH in schema.names
-        marks = {"with_prompt_truncated": PROMPT_TRUNCATED in schema.names}
-        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, "generated_text", "finish_reason", "num_prompt_tokens",
-                 "num_generated_tokens", "error"}
+        marks = {"with_prompt_truncated": PROMPT_TRUNCATED in schema.names,
+                 "with_sample_index": SAMPLE_INDEX in schema.names}  # one sample per row here: index 0
+        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, "generated_text", "finish_reason",
+                 "num_prompt_tokens", "num_generated_tokens", "error"}
         passthrough = [n for n in schema.names if n not in fixed]
         rows = self._input_rows(table)
         committed = table.column(COMMITTED_HASH).to_pylist() if COMMITTED_HASH in table.column_names else None
