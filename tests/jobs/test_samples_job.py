@@ -64,6 +64,17 @@ def reference(src, tiny_model_dir, loaded, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def reference_s(src, tiny_model_dir, loaded, tmp_path_factory) -> float:
+    """Wall seconds of the uninterrupted job (the faster of two): signals are timed within it."""
+    times = []
+    for _ in range(2):
+        started = time.monotonic()
+        run_job(config(src, tmp_path_factory.mktemp("timed") / "out", tiny_model_dir, n=3), loaded=loaded)
+        times.append(time.monotonic() - started)
+    return min(times)
+
+
 def test_n3_writes_three_rows_per_id_with_sample_index(reference, src, tiny_model_dir, loaded, tmp_path, one_thread):
     rows = sample_rows(reference)
     assert set(rows) == {(i, s) for i in range(NUM_ROWS) for s in range(3)}
@@ -138,8 +149,8 @@ def interrupted_run(cfg, loaded, delay_s: float) -> bool:
 
 
 @pytest.mark.usefixtures("harmless_late_signal")
-def test_sigterm_then_resume_writes_every_sample_exactly_once(reference, src, tiny_model_dir, loaded, tmp_path,
-                                                              one_thread):
+def test_sigterm_then_resume_writes_every_sample_exactly_once(reference, reference_s, src, tiny_model_dir, loaded,
+                                                              tmp_path, one_thread):
     expected = sample_rows(reference)
     num_interrupted = num_partials = 0
     for seed in range(5):
@@ -147,7 +158,7 @@ def test_sigterm_then_resume_writes_every_sample_exactly_once(reference, src, ti
         out = tmp_path / f"seed-{seed}"
         cfg = config(src, out, tiny_model_dir, n=3, checkpoint_in_flight_every_s=0)
         for _ in range(2):
-            if not interrupted_run(cfg, loaded, rng.uniform(0.3, 2.5)):
+            if not interrupted_run(cfg, loaded, rng.uniform(0.05, 0.7) * reference_s):
                 break
             num_interrupted += 1
             if (out / "_manifest").is_dir():
@@ -181,15 +192,16 @@ def kill_setup(tmp_path_factory):
         return build_config(None, inputs=[str(fixture.src)], output=str(out), model=str(fixture.model_dir), **flags)
 
     reference_out = tmp_path_factory.mktemp("kill-ref") / "out"
+    started = time.monotonic()
     run_job(config_for(reference_out), loaded=model)
     args = ["--n", "3", "--temperature", "1.0", "--seed", "5"]
-    return fixture, sample_rows(reference_out), config_for, model, args
+    return fixture, sample_rows(reference_out), config_for, model, args, time.monotonic() - started
 
 
 def test_kill_9_then_resume_writes_every_sample_exactly_once(tmp_path, kill_setup, one_thread):
     """A `python -m batchgen run --n 3` subprocess SIGKILLed after its first commit, then resumed:
     only whole rows are committed before the kill, every (id, sample) once after the resume."""
-    fixture, reference, config_for, model, extra = kill_setup
+    fixture, reference, config_for, model, extra, reference_s = kill_setup
     num_partial = 0
     for seed in range(3):
         out = tmp_path / f"seed-{seed}"
@@ -200,7 +212,7 @@ def test_kill_9_then_resume_writes_every_sample_exactly_once(tmp_path, kill_setu
                                 stderr=subprocess.PIPE)
         with kill_harness.reaped(proc):
             if kill_harness.wait_until_a_part(proc, out):
-                time.sleep(random.Random(seed).uniform(0.0, 0.3))
+                time.sleep(random.Random(seed).uniform(0.0, 0.3) * reference_s)  # within what is left to run
                 kill_harness.sigkill(proc)
             proc.wait()
         state = load_manifest(out)
