@@ -47,8 +47,9 @@ _PANELS = {
               "--quantize-embedding"),
     "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
                  "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
-                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--logprobs", "--logit-bias",
-                 "--allowed-token-ids", "--json-schema", "--regex", "--choices", "--json-schema-column"),
+                 "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--n", "--logprobs",
+                 "--logit-bias", "--allowed-token-ids", "--json-schema", "--regex", "--choices",
+                 "--json-schema-column"),
     "Output": ("--output", "--output-format", "--keep-columns", "--rows-per-part", "--commit-every",
                "--commit-every-seconds", "--stop-grace-seconds", "--checkpoint-in-flight-every", "--retry-errors",
                "--overwrite", "--max-error-rate"),
@@ -116,7 +117,10 @@ MinTokens = Annotated[int | None, _opt("--min-tokens", metavar="N", help=(
     "Generate at least N tokens before EOS or a stop string may end a row [0]."))]
 SamplingColumn = Annotated[str | None, _opt("--sampling-column", metavar="COL", help=(
     "Column of per-row sampling overrides: a JSON object (or struct) with any of temperature, top_p, "
-    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens, min_p (null = the job's)."))]
+    "top_k, repetition_penalty, presence_penalty, frequency_penalty, min_tokens, min_p, n (null = the job's)."))]
+N = Annotated[int | None, _opt("--n", metavar="N", help=(
+    "Samples per row (1-128), each with its own seeded stream; the prompt is prefilled once. One output row per "
+    "sample, with a sample_index column [1]."))]
 Logprobs = Annotated[int | None, _opt("--logprobs", metavar="K", help=(
     "Write each generated token's logprob and its K likeliest alternatives (0-20) in a `logprobs` list column."))]
 JsonSchema = Annotated[str | None, _opt("--json-schema", metavar="FILE|JSON", help=(

@@ -44,6 +44,7 @@ def run(
     min_tokens: o.MinTokens = None,
     sampling_column: o.SamplingColumn = None,
     min_p: o.MinP = None,
+    n: o.N = None,
     logprobs: o.Logprobs = None,
     json_schema: o.JsonSchema = None,
     regex: o.Regex = None,

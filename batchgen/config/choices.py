@@ -42,3 +42,5 @@ def canonical_attention_backend(name: str) -> str:
 
 # the most alternatives a token's logprobs list (--logprobs, OpenAI's top_logprobs)
 MAX_LOGPROBS = 20
+# the most samples one row may ask for (--n, a sampling cell's or a Batch API request's n): OpenAI's limit
+MAX_SAMPLES = 128

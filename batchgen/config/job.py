@@ -68,6 +68,8 @@ class JobConfig:
     skip_special_tokens: bool = True  # the text leaves special tokens out
     # each generated token's logprob and this many likeliest alternatives, as a `logprobs` list column; None = off
     logprobs: int | None = None
+    # samples per row (vLLM's and OpenAI's `n`): one output row each, with a sample_index column
+    n: int = 1
     sampling_column: str | None = None  # per-row overrides of the above (a JSON object or struct per cell)
     # structured output (config/constraint.py), at most one of these three: a JSON schema (a file, inline
     # JSON or, in YAML, a mapping; the parsed schema once validated), a regex, or the texts a row may be

@@ -14,6 +14,7 @@ from batchgen.config.choices import (
     ATTENTION_BACKEND_ALIASES,
     ATTENTION_BACKENDS,
     MAX_LOGPROBS,
+    MAX_SAMPLES,
     Policy,
     canonical_attention_backend,
 )
@@ -158,6 +159,8 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             or config.ray_keep_warm_s < 0):
         raise ConfigError(f"{label('ray_keep_warm_s')} must be a number of seconds >= 0, "
                           f"got {config.ray_keep_warm_s!r}")
+    if isinstance(config.n, bool) or not isinstance(config.n, int) or not 1 <= config.n <= MAX_SAMPLES:
+        raise ConfigError(f"{label('n')} must be an integer in [1, {MAX_SAMPLES}] (samples per row), got {config.n!r}")
     if config.logprobs is not None and (isinstance(config.logprobs, bool) or not isinstance(config.logprobs, int)
                                         or not 0 <= config.logprobs <= MAX_LOGPROBS):
         raise ConfigError(f"{label('logprobs')} must be an integer in [0, {MAX_LOGPROBS}] (the alternatives listed "
@@ -282,6 +285,8 @@ def _combinations(config: JobConfig) -> None:
     if config.system is not None and config.chat is False:
         raise ConfigError("--system needs the chat template, and --no-chat turns it off: drop one of them, "
                           "or put the text in --template")
+    if config.n > 1 and config.executor == "ray":
+        raise ConfigError("--n runs on the local executor: the Ray executor writes one row per input row")
     if config.logprobs is not None and config.executor == "ray":
         raise ConfigError("--logprobs runs on the local executor: the Ray executor writes no logprobs column")
     if config.kv_cache_dtype == "int8" and config.attention_backend == "flash":

@@ -35,7 +35,7 @@ from batchgen.engine.sampling.grammar import GrammarMasks, mask_threads
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler import sizing
 from batchgen.engine.scheduler.scheduler import Scheduler
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
 from batchgen.errors import EngineError, UsageError
 from batchgen.runtime import omp
 from batchgen.runtime.threads import ThreadGovernor
@@ -123,6 +123,7 @@ class LLMEngine:
             log.info("CPU: %d compute threads, OpenMP %s", torch.get_num_threads(), omp.choice_reason)
         self._seq_ids = itertools.count()
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
+        self._prompt_leaders: dict[str, Sequence] = {}  # request id -> its samples' leader (sampling.n > 1)
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
         self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
 
@@ -198,6 +199,12 @@ class LLMEngine:
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if request.sampling.n > 1 and request.sample_index is None:
+            # one sequence per sample: each is scheduled, preempted, continued and finished on its own,
+            # and they share the prompt's K/V (scheduler/samples.py)
+            for sample_index in range(request.sampling.n):
+                self.add_request(dataclasses.replace(request, sample_index=sample_index))
+            return
         num_prompt = len(request.prompt_token_ids)
         if num_prompt == 0:
             raise RequestRejected("empty prompt")
@@ -223,6 +230,13 @@ class LLMEngine:
             if reason is not None:
                 self._finished_on_admission.append(self._finish(seq, reason))
                 return
+        if request.sampling.n > 1:
+            # the first sample of a request still here leads: the others take its prompt blocks
+            leader = self._prompt_leaders.get(request.request_id)
+            if leader is None or leader.status is SequenceStatus.FINISHED:
+                self._prompt_leaders[request.request_id] = seq
+            else:
+                seq.prompt_leader = leader
         self.scheduler.add(seq)
 
     def in_flight(self) -> list[tuple[Request, Continuation]]:
@@ -331,6 +345,8 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:
         self.scheduler.finish(seq, reason)
         self.runner.release(seq)
+        if self._prompt_leaders.get(seq.request.request_id) is seq:
+            del self._prompt_leaders[seq.request.request_id]
         token_ids, text = self.stop_checker.finalize(seq)
         self.metrics.num_generated_tokens += len(token_ids)
         self.metrics.num_requests_finished += 1
@@ -338,7 +354,7 @@ class LLMEngine:
         return Completion(request_id=seq.request.request_id, token_ids=token_ids, text=text,
                           finish_reason=reason, num_prompt_tokens=seq.num_prompt_tokens,
                           num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
-                          num_preemptions=seq.num_preemptions, logprobs=logprobs)
+                          num_preemptions=seq.num_preemptions, logprobs=logprobs, sample_index=seq.sample_index)
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -49,8 +49,12 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] = ()
     # structured output: the text must match this (engine/sampling/grammar.py masks the logits); None = free
     constraint: Constraint | None = None
+    # samples per request (vLLM's `n`): n sequences share the prompt's K/V and draw from n streams
+    # (sample i's seed: engine/sampling/sampler.py, sample_seed); greedy ones are n equal texts, as vLLM's
+    n: int = 1
 
     def __post_init__(self):
+        assert self.n >= 1, self.n
         assert self.max_new_tokens >= 1, self.max_new_tokens
         assert self.temperature >= 0.0, self.temperature
         assert 0.0 < self.top_p <= 1.0, self.top_p
@@ -109,6 +113,15 @@ class Request:
     # what an earlier, stopped attempt generated: counted in max_new_tokens, stop checks and the
     # completion, exactly as if this attempt had generated it
     continuation: Continuation | None = None
+    # with sampling.n > 1: None = every sample 0..n-1 (the engine makes one sequence each); k = sample
+    # k alone (a continued sample, or one a resumed job still lacks), whose draws are those it has
+    # within the whole request
+    sample_index: int | None = None
+
+    def __post_init__(self):
+        assert self.sample_index is None or 0 <= self.sample_index < self.sampling.n, self.sample_index
+        assert self.continuation is None or self.sample_index is not None or self.sampling.n == 1, (
+            "a continuation is one sample's: give its sample_index")
 
 
 @dataclass(slots=True)
@@ -126,6 +139,8 @@ class Completion:
     num_preemptions: int = 0
     # one per token of token_ids when the request asked for logprobs, else None
     logprobs: list[TokenLogprob] | None = None
+    # which of the request's sampling.n samples this is (0 when n == 1)
+    sample_index: int = 0
 
     @property
     def num_generated_tokens(self) -> int:

@@ -6,6 +6,7 @@ same tokens as `model.generate`."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
@@ -16,6 +17,7 @@ from batchgen.config.choices import Policy
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.model import families
 from batchgen.engine.request import Request, SamplingParams
+from batchgen.engine.sampling.sampler import sample_seed
 from tests.tiny import _common
 
 WINDOW = 12
@@ -185,3 +187,23 @@ def test_a_small_jobs_cache_is_sized_by_the_blocks_its_rows_hold_in_every_group(
                           seq_token_needs=(100, 8))
     engine = LLMEngine(gemma3(), tokenizer, config, eos_token_ids=[])
     assert engine.kv_cache.num_blocks == (25 + 5 * window_blocks(WINDOW, 16, 4)) + 6 * 2
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_samples_of_a_request_on_layer_groups_equal_each_sample_run_alone(policy, tokenizer):
+    # the pool of several groups does not fork a leader's blocks: each sample is computed (or found in
+    # the prefix cache) on its own, and draws what it draws alone with its derived seed
+    model = gemma3()
+    prompt = [7 + (i * 37) % 250 for i in range(40)]  # longer than the window
+    sampled = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.95, seed=11, n=3, ignore_eos=True)
+    config = EngineConfig(policy=policy, block_size=4, num_kv_blocks=96, adaptive_threads=False)
+    engine = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
+    assert engine.block_manager.forks_samples is False
+    got = {c.sample_index: c.token_ids
+           for c in engine.generate([Request("row", prompt, sampled)], between_steps=engine.check_integrity)}
+    assert sorted(got) == [0, 1, 2] and len({tuple(t) for t in got.values()}) == 3
+    for i in range(3):
+        alone = dataclasses.replace(sampled, n=1, seed=sample_seed(sampled.seed, i))
+        solo = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
+        [c] = solo.generate([Request("row", prompt, alone)])
+        assert c.token_ids == got[i]

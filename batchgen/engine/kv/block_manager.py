@@ -52,6 +52,9 @@ DROPPED_BLOCK = 0  # the block-table entry of a block dropped out of the window:
 
 
 class BlockManager:
+    # samples of one request may share their leader's prompt blocks (engine/scheduler/samples.py)
+    forks_samples = True
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  sliding_window: int | None = None):
         assert num_blocks >= 1 and block_size >= 1
@@ -119,15 +122,23 @@ class BlockManager:
     # ---- mutations -----------------------------------------------------------------------
     def admit(self, seq: Sequence, cached_block_ids: list[int], num_new_tokens: int,
               reserve_tokens: int = 0, chunk_tokens: int | None = None) -> None:
-        """Give a waiting sequence its cached prefix plus blocks for `num_new_tokens` more."""
+        """Give a waiting sequence its cached prefix (or the prompt blocks of the sample it shares
+        them with) plus blocks for `num_new_tokens` more."""
         assert not seq.block_table and seq.num_computed_tokens == 0
-        for block_id in cached_block_ids:
+        parent: int | None = None
+        for i, block_id in enumerate(cached_block_ids):
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self.free_queue[block_id]
             block.ref_count += 1
             seq.block_table.append(block_id)
-            seq.block_hashes.append(block.block_hash)
+            # a sibling sample's fork (scheduler/samples.py) may take blocks not registered yet: their
+            # chained hash comes from the tokens, so its own later blocks chain on the right parent
+            if block.block_hash is None and self.enable_prefix_caching:
+                parent = chain_hash(parent, tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size]))
+            else:
+                parent = block.block_hash
+            seq.block_hashes.append(parent)
         num_cached_tokens = len(cached_block_ids) * self.block_size
         seq.num_hashed_blocks = len(cached_block_ids)
         seq.num_computed_tokens = num_cached_tokens

@@ -58,6 +58,9 @@ class PrefixHit:
 
 
 class HybridBlockManager(BlockManager):
+    # a fork would share one group's table only: samples of a request meet through the prefix cache
+    forks_samples = False
+
     def __init__(self, num_blocks: int, block_size: int, groups: KVGroups, enable_prefix_caching: bool = True):
         super().__init__(num_blocks, block_size, enable_prefix_caching)
         self.groups = groups

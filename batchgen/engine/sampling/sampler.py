@@ -8,7 +8,8 @@ randomness is stored: a preempted, recomputed or continued row draws what an uni
 and its text does not depend on which rows share its batch.
 
 A request without a seed gets one from its request id (`derived_seed`), so a rerun draws the same;
-a job always passes one, derived from the job's --seed and the row id (jobs/pipeline/core.py).
+a job always passes one, derived from the job's --seed and the row id (jobs/pipeline/core.py). The
+samples of a request with n > 1 draw with `sample_seed(seed, i)`.
 Repetition, presence and frequency penalties and min_tokens (engine/sampling/penalties.py) change the
 logits of the rows that ask for them first; with none asked for, a step skips them entirely.
 """
@@ -25,6 +26,7 @@ from batchgen.engine.sampling.draw import Drawn, RowControls, draw
 from batchgen.engine.sampling.grammar import GrammarMasks
 from batchgen.engine.sampling.logprobs import greedy_logprobs, sampled_logprobs
 from batchgen.engine.sampling.penalties import Penalties
+from batchgen.engine.sampling.random_stream import MASK64, splitmix64_int
 from batchgen.engine.scheduler.sequence import Sequence
 
 # each sampling row's candidates: its largest logits, one topk over the batch (engine/sampling/draw.py)
@@ -34,6 +36,20 @@ DEFAULT_WINDOW = 256
 def derived_seed(request_id: str) -> int:
     """The seed of a request that has none: stable across runs, batches and continuations."""
     return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def sample_seed(seed: int, sample_index: int) -> int:
+    """The seed of sample `sample_index` of a request with sampling.n > 1, from the request's seed.
+
+    Sample 0 keeps the seed, so its text is the one n = 1 gives; sample i > 0 draws with
+    splitmix64(seed XOR splitmix64(i)) >> 1, a stream unrelated to every other key (vLLM's seed + i
+    would make sample 1 of seed s the stream of sample 0 of seed s + 1, and a job's rows get
+    consecutive-looking seeds from --seed). Like the seed, it depends on nothing else: each sample
+    is reproducible, batch invariant and continued exactly.
+    """
+    if sample_index == 0:
+        return seed
+    return splitmix64_int((seed & MASK64) ^ splitmix64_int(sample_index)) >> 1
 
 
 def _int64(seed: int) -> int:
@@ -127,7 +143,8 @@ class Sampler:
             top_k=torch.tensor(top_k, dtype=torch.long, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
-            seeds=torch.tensor([_int64(p.seed if p.seed is not None else derived_seed(s.request.request_id))
+            seeds=torch.tensor([_int64(sample_seed(p.seed if p.seed is not None else derived_seed(s.request.request_id),
+                                                   s.sample_index))
                                 for p, s in zip(params, seqs, strict=True)], dtype=torch.long, device=device),
             positions=torch.tensor([s.num_generated_tokens for s in seqs], dtype=torch.long, device=device),
             max_top_k=max(top_k), any_top_p=any(p.top_p < 1.0 for p in params),

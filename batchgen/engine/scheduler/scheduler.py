@@ -19,6 +19,9 @@ its whole prompt + max_new_tokens up front (or prompt + a planner's predicted ou
 the batch never preempts, and it runs until its last member finishes. A member that outgrows a
 predicted reservation is parked at the back of the queue with its tokens, and finished in a
 later batch with a full reservation: never cut short, never taking a batch-mate's memory.
+
+Samples of one request (sampling.n > 1) share their prompt's blocks; which sample waits for which,
+and when, is samples.py's rule. Both admissions skip a sample that must wait and go on down the queue.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from batchgen.config.choices import Policy
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.request import FinishReason
+from batchgen.engine.scheduler import samples
 from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
 
 
@@ -108,6 +112,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if samples.awaiting(seq):
+                i += 1  # its leader computes the prompt blocks it shares first
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             assert num_new >= 1
             if self._defer_split(seq, num_new, budget):
@@ -147,12 +154,16 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            cached = bm.find_cached_prefix(seq)
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
+            cached, awaits = samples.prefix_for(seq, bm)
+            if cached is None:
+                i += 1  # a sample whose leader has not got the prompt's blocks yet: the rows behind it go on
+                continue
             num_cached_tokens = len(cached) * bm.block_size
             num_new = min(seq.num_tokens - num_cached_tokens, budget)
-            if self._defer_split(seq, num_new, budget, seq.num_tokens - num_cached_tokens):
+            if not awaits and self._defer_split(seq, num_new, budget, seq.num_tokens - num_cached_tokens):
                 break  # admitted first next step, in queue order
             # the watermark keeps room for running sequences to grow; with none running it
             # would only stop a sequence that fits from ever starting
@@ -160,15 +171,18 @@ class Scheduler:
             if not bm.can_admit(seq, cached, num_new, watermark_blocks=watermark):
                 if not self.running:
                     # nothing runs and it still cannot start: it can never run
-                    self.waiting.popleft()
+                    del self.waiting[i]
                     out.out_of_memory.append(seq)
                     continue
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             bm.admit(seq, cached, num_new)
             self._start(seq, num_cached_tokens)
-            samples = seq.num_computed_tokens + num_new == seq.num_tokens
-            out.scheduled.append(ScheduledSeq(seq, num_new, samples))
+            if awaits:  # shares blocks its leader computes in this step: it runs from the next
+                seq.awaits_leader_tokens = num_cached_tokens
+                continue
+            samples_now = seq.num_computed_tokens + num_new == seq.num_tokens
+            out.scheduled.append(ScheduledSeq(seq, num_new, samples_now))
             budget -= num_new
 
     def _defer_split(self, seq: Sequence, num_new: int, budget: int, num_left: int | None = None) -> bool:
@@ -186,9 +200,13 @@ class Scheduler:
     def _admit_static_batch(self, out: SchedulerOutput) -> None:
         """Admit up to max_num_seqs waiting sequences, each with its full final size reserved."""
         bm = self.block_manager
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            cached = bm.find_cached_prefix(seq)
+        i = 0
+        while i < len(self.waiting) and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
+            cached, awaits = samples.prefix_for(seq, bm)
+            if cached is None:
+                i += 1  # its leader is not in this batch (yet): it waits for it
+                continue
             reserve = seq.num_tokens_to_reserve(self.max_model_len)
             chunk = self.max_num_batched_tokens
             fully_reserved = bm.can_admit(seq, cached, 0, reserve_tokens=reserve, chunk_tokens=chunk)
@@ -200,12 +218,14 @@ class Scheduler:
                 if not bm.can_admit(seq, cached, 0, reserve_tokens=reserve, chunk_tokens=chunk):
                     # even its tokens so far do not fit the whole cache (it grew past it in an
                     # earlier batch): it can never run again
-                    self.waiting.popleft()
+                    del self.waiting[i]
                     out.out_of_memory.append(seq)
                     continue
-            self.waiting.popleft()
+            del self.waiting[i]
             bm.admit(seq, cached, 0, reserve_tokens=reserve, chunk_tokens=chunk)
             self._start(seq, len(cached) * bm.block_size)
+            if awaits:
+                seq.awaits_leader_tokens = len(cached) * bm.block_size
             seq.reserved_for_prediction = fully_reserved and reserve < min(seq.max_num_tokens, self.max_model_len)
             if not fully_reserved:
                 # it grows into blocks it has not reserved: batch-mates would be preempted for
@@ -223,7 +243,8 @@ class Scheduler:
         they are recomputed when readmitted). The engine's recovery from a device OOM."""
         running = list(self.running)
         for seq in reversed(running):  # the newest goes to the front first, so the oldest ends up first
-            self._preempt(seq)
+            if seq.status is SequenceStatus.RUNNING:  # not requeued already with its leader
+                self._preempt(seq)
         return len(running)
 
     def set_block_manager(self, block_manager: BlockManager) -> None:
@@ -245,15 +266,23 @@ class Scheduler:
         self._release_to_waiting(seq, front=True)  # first to come back
 
     def _release_to_waiting(self, seq: Sequence, *, front: bool) -> None:
-        """Drop a running sequence's K/V (its tokens stay: they are recomputed on return)."""
+        """Drop a running sequence's K/V (its tokens stay: they are recomputed on return), and the
+        K/V of samples that share its prompt blocks before it computed them (samples.py)."""
+        for sibling in self._awaiting(seq):
+            self._release_to_waiting(sibling, front=front)
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.awaits_leader_tokens = 0
         seq.status = SequenceStatus.WAITING
         if front:
             self.waiting.appendleft(seq)
         else:
             self.waiting.append(seq)
+
+    def _awaiting(self, seq: Sequence) -> list[Sequence]:
+        """Running samples that share `seq`'s prompt blocks before it computed them (samples.py)."""
+        return [s for s in self.running if s.awaits_leader_tokens and s.prompt_leader is seq]
 
     # ---- after the forward ---------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
@@ -273,6 +302,11 @@ class Scheduler:
         return samplers
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        for sibling in self._awaiting(seq):  # samples.py: it computed their blocks, unless it never ran
+            if seq.num_computed_tokens >= sibling.awaits_leader_tokens:
+                sibling.awaits_leader_tokens = 0
+            else:
+                self._release_to_waiting(sibling, front=True)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.block_manager.free(seq)
@@ -287,9 +321,10 @@ class Scheduler:
             assert seq.status is SequenceStatus.RUNNING
             assert len(seq.block_table) * bs >= seq.num_computed_tokens
             assert seq.num_computed_tokens <= seq.num_tokens
+            samples.check_awaiting(seq, bs)
         for seq in self.waiting:
             assert seq.status is SequenceStatus.WAITING
-            assert not seq.block_table and seq.num_computed_tokens == 0
+            assert not seq.block_table and seq.num_computed_tokens == 0 and not seq.awaits_leader_tokens
             assert not any(g.block_table for g in seq.kv_groups)
         ids = [s.seq_id for s in self.running] + [s.seq_id for s in self.waiting]
         assert len(ids) == len(set(ids)), "a sequence is queued twice"

@@ -62,6 +62,12 @@ class Sequence:
     num_prefill_deferrals: int = 0
     # requests with logprobs: one per generated token of this attempt (the sampler appends them)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # a sample of a request with sampling.n > 1 other than its first: the sibling whose prompt blocks
+    # it shares (scheduler.py, "Samples of one request"); None for a first sample or n == 1
+    prompt_leader: Sequence | None = None
+    # > 0 while it holds its leader's prompt blocks before the leader has computed them: it is not
+    # scheduled until the leader's num_computed_tokens reaches this
+    awaits_leader_tokens: int = 0
 
     @classmethod
     def from_request(cls, seq_id: int, request: Request) -> Sequence:
@@ -71,6 +77,10 @@ class Sequence:
         generated = request.continuation.token_ids if request.continuation is not None else ()
         return cls(seq_id=seq_id, request=request, token_ids=[*request.prompt_token_ids, *generated],
                    num_prompt_tokens=len(request.prompt_token_ids))
+
+    @property
+    def sample_index(self) -> int:
+        return self.request.sample_index or 0
 
     @property
     def num_tokens(self) -> int:

@@ -64,11 +64,14 @@ class PartRecord:
 
     @classmethod
     def staged(cls, staged: StagedPart, ids: list[Any], is_error: list[bool], shards: list[str],
-               rows: list[int], hashes: list[str | None] | None = None) -> PartRecord:
-        assert len(ids) == len(is_error) == len(shards) == len(rows) == staged.num_rows
+               rows: list[int], hashes: list[str | None] | None = None, *, with_samples: bool = False) -> PartRecord:
+        """`with_samples`: the part holds one row per sample (a sample_index column), a row's samples
+        next to each other: its lists still have one entry per input row, and num_rows counts those."""
+        assert len(ids) == len(is_error) == len(shards) == len(rows)
+        assert staged.num_rows >= len(ids) if with_samples else staged.num_rows == len(ids)
         assert hashes is None or len(hashes) == len(ids)
         errors = {i for i, e in enumerate(is_error) if e}
-        return cls(staged.name, staged.temp, 0, staged.num_rows, staged.num_bytes,
+        return cls(staged.name, staged.temp, 0, len(ids), staged.num_bytes,
                    staged.sha256, ids, [ids[i] for i in sorted(errors)], _shard_counts(shards, errors),
                    shards, rows, hashes)
 

@@ -4,7 +4,8 @@ When a job stops (a signal, an engine failure, or every --checkpoint-in-flight-e
 writes, for every row that had generated tokens but not finished:
 
     _manifest/NNNNNNNN.partials.json   {"fingerprint": digest, "rows": [{"id", "prompt_hash",
-                                       "token_ids": [...], "rng_state": base64 or null}]}
+                                       "token_ids": [...], "rng_state": base64 or null,
+                                       "sample": its index, for samples 1..n-1 of a row}]}
                                        (temp + fsync + rename + directory fsync)
     _manifest/NNNNNNNN.json            {"op": "partials", "file", "fingerprint", "num_rows",
                                        "num_tokens", "num_bytes", "sha256"}: the commit point
@@ -44,16 +45,24 @@ class PartialRow:
     token_ids: tuple[int, ...]  # generated so far
     # None since the counter-based stream (a row's tokens are its whole state); still read in older files
     rng_state: bytes | None
+    sample_index: int = 0  # which of the row's samples (n > 1); "sample" in the file only when not 0
+
+    @property
+    def key(self) -> tuple[Any, int]:
+        return self.row_id, self.sample_index
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.row_id, "prompt_hash": self.prompt_hash, "token_ids": list(self.token_ids),
-                "rng_state": None if self.rng_state is None else base64.b64encode(self.rng_state).decode()}
+        out = {"id": self.row_id, "prompt_hash": self.prompt_hash, "token_ids": list(self.token_ids),
+               "rng_state": None if self.rng_state is None else base64.b64encode(self.rng_state).decode()}
+        if self.sample_index:
+            out["sample"] = self.sample_index
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PartialRow:
         state = d["rng_state"]
         return cls(d["id"], d["prompt_hash"], tuple(d["token_ids"]),
-                   None if state is None else base64.b64decode(state))
+                   None if state is None else base64.b64decode(state), d.get("sample", 0))
 
 
 def write_partials(manifest: Manifest, rows: list[PartialRow], fingerprint: str) -> None:
@@ -69,8 +78,10 @@ def write_partials(manifest: Manifest, rows: list[PartialRow], fingerprint: str)
     clean_partial_files(store, keep=name)
 
 
-def read_partials(out_dir: Path | OutputStore, entry: dict[str, Any] | None, fingerprint: str) -> dict[Any, PartialRow]:
-    """The committed partials by row id; empty when there are none or they belong to another config."""
+def read_partials(out_dir: Path | OutputStore, entry: dict[str, Any] | None,
+                  fingerprint: str) -> dict[tuple[Any, int], PartialRow]:
+    """The committed partials by (row id, sample index); empty when there are none or they belong to
+    another config."""
     if entry is None or not entry["num_rows"]:
         return {}
     if entry["fingerprint"] != fingerprint:
@@ -91,7 +102,7 @@ def read_partials(out_dir: Path | OutputStore, entry: dict[str, Any] | None, fin
     assert payload["fingerprint"] == fingerprint, "partials file and its entry disagree"
     rows = [PartialRow.from_json(d) for d in payload["rows"]]
     assert len(rows) == entry["num_rows"], "partials file and its entry disagree"
-    return {r.row_id: r for r in rows}
+    return {r.key: r for r in rows}
 
 
 def clean_partial_files(out_dir: Path | OutputStore, keep: str | None) -> None:

@@ -29,6 +29,12 @@ _TOKEN_LOGPROB = [pa.field("token", pa.string()), pa.field("token_id", pa.int32(
 LOGPROBS_FIELD = pa.field(LOGPROBS, pa.list_(pa.struct(
     [*_TOKEN_LOGPROB, pa.field("top_logprobs", pa.list_(pa.struct(_TOKEN_LOGPROB)))])))
 
+SAMPLE_INDEX = "sample_index"
+# jobs in which a row may ask for several samples (--n > 1, a --sampling-column, OpenAI Batch requests):
+# one output row per sample, keyed by (id, sample_index), 0..n-1; null for error rows (one per input row).
+# Right after the id column, so (id, sample_index) read as the key. Every other job keeps its schema.
+SAMPLE_INDEX_FIELD = pa.field(SAMPLE_INDEX, pa.int32())
+
 JSON_VALID = "json_valid"
 # a JSON-constrained job (--json-schema, --json-schema-column): the text parsed (and validated against
 # the row's schema); null for error rows and rows without a JSON constraint. After the fixed columns,
@@ -38,7 +44,7 @@ JSON_VALID_FIELD = pa.field(JSON_VALID, pa.bool_())
 
 def output_schema(id_field: pa.Field, passthrough: list[pa.Field], *, with_prompt_hash: bool = True,
                   with_prompt_truncated: bool = True, with_logprobs: bool = False,
-                  with_json_valid: bool = False) -> pa.Schema:
+                  with_json_valid: bool = False, with_sample_index: bool = False) -> pa.Schema:
     """The id field, then OUTPUT_FIXED_FIELDS, then the passthrough input columns in input order.
 
     `with_prompt_hash=False` / `with_prompt_truncated=False`: the schema of directories begun
@@ -46,8 +52,9 @@ def output_schema(id_field: pa.Field, passthrough: list[pa.Field], *, with_promp
     dropped = {name for name, keep in ((PROMPT_HASH, with_prompt_hash), (PROMPT_TRUNCATED, with_prompt_truncated))
                if not keep}
     fixed = [f for f in OUTPUT_FIXED_FIELDS if f.name not in dropped]
-    fields = [id_field, *fixed, *([LOGPROBS_FIELD] if with_logprobs else []),
-              *([JSON_VALID_FIELD] if with_json_valid else []), *passthrough]
+    fields = [id_field, *([SAMPLE_INDEX_FIELD] if with_sample_index else []), *fixed,
+              *([LOGPROBS_FIELD] if with_logprobs else []), *([JSON_VALID_FIELD] if with_json_valid else []),
+              *passthrough]
     names = [f.name for f in fields]
     # The CLI rejects colliding names with a usage error; reaching here with one is a bug.
     assert len(set(names)) == len(names), f"output column names collide: {names}"

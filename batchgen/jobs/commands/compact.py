@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from batchgen.io.manifest.manifest import (
     write_success,
 )
 from batchgen.io.store.factory import open_store
+from batchgen.io.store.schema import SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands.finalize import check_shards, finalize_locked
@@ -86,7 +88,10 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
         listed = [s["path"] for s in state.inputs["inputs"]] if state.inputs else []
         order = [p for p in listed if p in rows_by_shard] + sorted(set(rows_by_shard) - set(listed))
         first = next(iter(state.parts))
-        writer = PartWriter(store, store.read_schema(first))
+        schema = store.read_schema(first)
+        writer = PartWriter(store, schema)
+        with_samples = SAMPLE_INDEX in schema.names
+        samples = _SampleRows(store) if with_samples else None
         reader = _PartReader(store)
         tag = f".{state.last_seq + 1:08d}"
         errors = state.error_ids
@@ -94,11 +99,15 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
         try:
             for shard in order:
                 items = sorted(rows_by_shard[shard])
-                part = writer.stage_tables(reader.gather(items), tag=tag)
+                # a row of several samples is that many rows of its part, its samples in order
+                rows = items if samples is None else [(row, name, file_row) for row, name, position in items
+                                                      for file_row in samples.of(name, position)]
+                part = writer.stage_tables(reader.gather(rows), tag=tag)
                 ids = [state.parts[name].ids[pos] for _, name, pos in items]
                 hashes = [state.prompt_hashes.get(i) for i in ids] if state.prompt_hashes else None
                 staged.append((part, PartRecord.staged(part, ids, [i in errors for i in ids], [shard] * len(items),
-                                                       [row for row, _, _ in items], hashes)))
+                                                       [row for row, _, _ in items], hashes,
+                                                       with_samples=with_samples)))
         except BaseException:
             for part, _ in staged:
                 part.discard()
@@ -113,6 +122,22 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
         write_success(store, success)
         log.info("compacted %d parts into %d", before, len(staged))
         return CompactSummary(str(out_dir), before, len(staged), state.num_committed_rows)
+
+
+class _SampleRows:
+    """The file rows of each input row of a part with a sample_index column: a row starts where the
+    index is 0 (or null, an error row's), so one int column per part tells them apart."""
+
+    def __init__(self, store: OutputStore):
+        self.store = store
+        self.starts: dict[str, array] = {}  # 8 bytes per input row: compact's memory stays bounded
+
+    def of(self, name: str, position: int) -> range:
+        starts = self.starts.get(name)
+        if starts is None:
+            index = self.store.read_table(name, columns=[SAMPLE_INDEX]).column(0).to_pylist()
+            starts = self.starts[name] = array("q", [i for i, s in enumerate(index) if not s] + [len(index)])
+        return range(starts[position], starts[position + 1])
 
 
 class _PartReader:

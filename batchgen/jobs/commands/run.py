@@ -65,6 +65,15 @@ MIN_SECONDS_FOR_CHECKPOINT = 1.0
 __all__ = ["SUMMARY_FILE", "RunSummary", "run_job"]
 
 
+def writes_sample_index(config: JobConfig, session: OutputSession) -> bool:
+    """One output row per sample (a sample_index column): with --n > 1, and in a job whose rows may
+    ask for n themselves (a --sampling-column, OpenAI Batch requests) unless its directory was begun
+    without the column. The Ray executor writes the same schema, one sample per row (rules.py refuses
+    its --n, and a row asking for more is an error row there)."""
+    per_row = config.sampling_column is not None or config.input_format == OPENAI_BATCH
+    return config.n > 1 or (per_row and session.writes_sample_index())
+
+
 def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSummary:
     """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes."""
     inputs = open_inputs(config)
@@ -95,7 +104,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                                        with_logprobs=config.logprobs is not None or (
                                            config.input_format == OPENAI_BATCH and session.writes_logprobs()),
                                        with_json_valid=writes_json_valid(config) and (
-                                           config.input_format != OPENAI_BATCH or session.writes_json_valid()))
+                                           config.input_format != OPENAI_BATCH or session.writes_json_valid()),
+                                       with_sample_index=writes_sample_index(config, session))
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)

@@ -7,6 +7,10 @@ committed row and costs no write (today's error rows are all of that kind: a pro
 be built fails the same way every time). A committed row generated again because its prompt
 changed (--id-column, batchgen.jobs.durability.resume) replaces its old row the same way. Either way each id
 is in exactly one part.
+
+A job with a sample_index column (several samples per row, batchgen.io.store.schema) writes a
+row's samples together: one buffered entry, one part, next to each other. The manifest lists the
+row once, so a row id is committed with all of its samples or not at all.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import pyarrow.compute as pc
 
 from batchgen.io.manifest.manifest import Manifest, PartRecord
 from batchgen.io.manifest.state import part_row_lists
-from batchgen.io.store.schema import PROMPT_HASH
+from batchgen.io.store.schema import PROMPT_HASH, SAMPLE_INDEX
 from batchgen.io.store.writers import PartWriter
 
 
@@ -35,9 +39,13 @@ class CommitCounts:
 
 @dataclass(slots=True)
 class _Pending:
-    out: dict[str, Any]
+    outs: list[dict[str, Any]]  # the row's output rows: one, or one per sample
     shard: str
     row: int
+
+    @property
+    def out(self) -> dict[str, Any]:
+        return self.outs[0]
 
 
 class Committer:
@@ -49,6 +57,7 @@ class Committer:
         self.id_name = id_name
         self.rows_per_part = rows_per_part
         self.with_hashes = PROMPT_HASH in writer.schema.names
+        self.with_samples = SAMPLE_INDEX in writer.schema.names
         self.buffer: list[_Pending] = []
         self.counts = CommitCounts()
         self._old_errors: dict[str, dict[Any, str]] = {}  # part -> {id: message of an error row}, lazily
@@ -56,8 +65,11 @@ class Committer:
     def __len__(self) -> int:
         return len(self.buffer)
 
-    def add(self, out: dict[str, Any], shard: str, row: int) -> None:
-        self.buffer.append(_Pending(out, shard, row))
+    def add(self, out: dict[str, Any] | list[dict[str, Any]], shard: str, row: int) -> None:
+        """Buffer one input row's output: a row, or its samples' rows (committed together)."""
+        outs = out if isinstance(out, list) else [out]
+        assert len(outs) == 1 or self.with_samples, "several output rows for one id need the sample_index column"
+        self.buffer.append(_Pending(outs, shard, row))
 
     def commit(self) -> None:
         """Stage, commit and publish the buffer (one manifest entry); a no-op when empty."""
@@ -83,13 +95,12 @@ class Committer:
         staged: list = []
         remove: list[str] = []
         try:
-            for start in range(0, len(rows), self.rows_per_part):
-                chunk = rows[start:start + self.rows_per_part]
-                part = self.writer.stage_part([p.out for p in chunk], tag=seq_tag)
+            for chunk in self._chunks(rows):
+                part = self.writer.stage_part([out for p in chunk for out in p.outs], tag=seq_tag)
                 staged.append((part, PartRecord.staged(
                     part, [p.out[self.id_name] for p in chunk], [p.out["error"] is not None for p in chunk],
                     [p.shard for p in chunk], [p.row for p in chunk],
-                    [p.out[PROMPT_HASH] for p in chunk] if self.with_hashes else None)))
+                    [p.out[PROMPT_HASH] for p in chunk] if self.with_hashes else None, with_samples=self.with_samples)))
             for name, ids in superseded.items():
                 rewrite = self._rewrite_without(name, ids, seq_tag)
                 if rewrite is not None:
@@ -109,6 +120,19 @@ class Committer:
         self.counts.num_rows_replaced += sum(len(ids) for ids in superseded.values())
         self.buffer = []
 
+    def _chunks(self, rows: list[_Pending]) -> list[list[_Pending]]:
+        """At most rows_per_part output rows per part, a row's samples never split (a row with more
+        samples than that has a part of its own)."""
+        chunks: list[list[_Pending]] = []
+        size = self.rows_per_part
+        for item in rows:
+            if not chunks or size + len(item.outs) > self.rows_per_part:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(item)
+            size += len(item.outs)
+        return chunks
+
     def _old_message(self, part_name: str, row_id: Any) -> str | None:
         if part_name not in self._old_errors:
             table = self.manifest.store.read_table(part_name, columns=[self.id_name, "error"])
@@ -126,11 +150,13 @@ class Committer:
         table = self.manifest.store.read_table(name)
         id_type = table.schema.field(self.id_name).type
         kept = table.filter(pc.invert(pc.is_in(table.column(self.id_name), value_set=pa.array(list(ids), id_type))))
-        kept_ids = kept.column(self.id_name).to_pylist()
+        kept_ids = list(dict.fromkeys(kept.column(self.id_name).to_pylist()))  # a row's samples: its id once
         shards, rows, hashes = part_row_lists(self.manifest.store, record)
         position = {row_id: i for i, row_id in enumerate(record.ids)}
         part = self.writer.stage_part(kept, name=name, tag=seq_tag)
-        return part, PartRecord.staged(part, kept_ids, [e is not None for e in kept.column("error").to_pylist()],
+        errors = set(record.error_ids)
+        return part, PartRecord.staged(part, kept_ids, [i in errors for i in kept_ids],
                                        [shards[position[i]] for i in kept_ids],
                                        [rows[position[i]] for i in kept_ids],
-                                       None if hashes is None else [hashes[position[i]] for i in kept_ids])
+                                       None if hashes is None else [hashes[position[i]] for i in kept_ids],
+                                       with_samples=SAMPLE_INDEX in table.schema.names)

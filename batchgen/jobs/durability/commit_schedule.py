@@ -42,8 +42,9 @@ class CommitSchedule:
     def __len__(self) -> int:
         return len(self.committer)
 
-    def add(self, out: dict[str, Any], shard: str, row: int) -> None:
-        """Buffer one finished output row (its source shard path and row index); commit when due."""
+    def add(self, out: dict[str, Any] | list[dict[str, Any]], shard: str, row: int) -> None:
+        """Buffer one finished input row's output (a row, or one per sample; its source shard path and
+        row index); commit when due."""
         self.committer.add(out, shard, row)
         if self.due():
             self.commit()

@@ -49,7 +49,7 @@ DEFAULTS = {"input_format": "auto", "quantize": "none", "quantize_backend": "aut
 
 
 CONTROL_DEFAULTS = {"min_p": 0.0, "stop_token_ids": [], "include_stop_str_in_output": False,
-                    "skip_special_tokens": True, "logprobs": None, "logit_bias": {}, "allowed_token_ids": [],
+                    "skip_special_tokens": True, "n": 1, "logprobs": None, "logit_bias": {}, "allowed_token_ids": [],
                     "constraint": None, "json_schema_column": None, "constraint_column": None}
 
 
@@ -104,7 +104,7 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
     # vLLM's output controls, only when set: fingerprints of jobs begun before they existed still match
     controls = {"min_p": config.min_p, "stop_token_ids": list(config.stop_token_ids),
                 "include_stop_str_in_output": config.include_stop_str_in_output,
-                "skip_special_tokens": config.skip_special_tokens, "logprobs": config.logprobs,
+                "skip_special_tokens": config.skip_special_tokens, "n": config.n, "logprobs": config.logprobs,
                 # JSON keys are strings: the ids as a resumed run reads them back
                 "logit_bias": {str(t): b for t, b in sorted(config.logit_bias.items())},
                 "allowed_token_ids": list(config.allowed_token_ids),

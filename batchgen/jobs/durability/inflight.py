@@ -1,7 +1,8 @@
 """The job's in-flight checkpoints: continue rows an earlier attempt left part-way, keep the rest.
 
 At start the job reads the committed partials (batchgen.io.store.partials) made under its own
-fingerprint. A row with one is handed to the engine as a continuation (`continuation_for`),
+fingerprint. A row with one is handed to the engine as a continuation (`continuations_for`; a row
+with n samples may have one per sample),
 provided its prompt is the one the tokens continue (same prompt hash). `write` commits the rows
 in flight now, merged with the partials this job read and has not continued or finished yet, so
 a row that waited its turn through several attempts keeps its tokens. `drop_all` removes them
@@ -26,7 +27,9 @@ class InFlightCheckpoints:
         self.manifest = manifest
         self.fingerprint = fingerprint  # digest of the job's config fingerprint
         state = manifest.state
-        self.saved: dict[Any, PartialRow] = read_partials(manifest.store, state.partials, fingerprint)
+        # row id -> sample index -> its partial (a row with n samples may have one per sample)
+        self.saved: dict[Any, dict[int, PartialRow]] = _by_row(
+            read_partials(manifest.store, state.partials, fingerprint).values())
         committed = [row_id for row_id in self.saved if row_id in state.ok_ids or row_id in state.error_ids]
         for row_id in committed:  # finished after the partial was written (a kill -9 in between)
             del self.saved[row_id]
@@ -36,35 +39,39 @@ class InFlightCheckpoints:
         self.seconds_writing = 0.0
         if self.saved:
             log.info("continuing %d rows from partial generations (%d tokens)", len(self.saved),
-                     sum(len(r.token_ids) for r in self.saved.values()))
+                     sum(len(r.token_ids) for samples in self.saved.values() for r in samples.values()))
 
-    def continuation_for(self, row_id: Any, prompt_hash: str | None) -> Continuation | None:
-        partial = self.saved.get(row_id)
-        if partial is None:
-            return None
-        if partial.prompt_hash != prompt_hash:  # --id-column: the row's prompt changed since
+    def continuations_for(self, row_id: Any, prompt_hash: str | None) -> dict[int, Continuation]:
+        """The row's saved generations by sample index (0 alone for a row of one sample)."""
+        samples = self.saved.get(row_id)
+        if not samples:
+            return {}
+        if any(p.prompt_hash != prompt_hash for p in samples.values()):  # --id-column: the prompt changed since
             del self.saved[row_id]
-            return None
+            return {}
         self.num_rows_continued += 1
-        self.num_tokens_continued += len(partial.token_ids)
-        return Continuation(partial.token_ids, partial.rng_state)
+        self.num_tokens_continued += sum(len(p.token_ids) for p in samples.values())
+        return {i: Continuation(p.token_ids, p.rng_state) for i, p in samples.items()}
 
     def finished(self, row_id: Any) -> None:
-        """A row finished: its partial (if it was never handed out) is dead."""
+        """A row finished: its partials (if they were never handed out) are dead."""
         self.saved.pop(row_id, None)
 
     def write(self, in_flight: list[PartialRow]) -> None:
         """Commit the rows in flight plus the saved ones no attempt has continued since."""
         started = time.perf_counter()
-        rows = {**self.saved, **{r.row_id: r for r in in_flight}}
-        # a saved row handed to the engine is in `in_flight` (with more tokens) or finished; one
+        rows = {row_id: dict(samples) for row_id, samples in self.saved.items()}
+        for r in in_flight:
+            rows.setdefault(r.row_id, {})[r.sample_index] = r
+        # a saved sample handed to the engine is in `in_flight` (with more tokens) or finished; one
         # handed out but not yet sampled again keeps its saved tokens through `saved`
         state = self.manifest.state
-        rows = [r for row_id, r in rows.items() if row_id not in state.ok_ids and row_id not in state.error_ids]
+        rows = [r for row_id, samples in rows.items() if row_id not in state.ok_ids and row_id not in state.error_ids
+                for r in samples.values()]
         if not rows and not self._has_committed_partials():
             return
         write_partials(self.manifest, rows, self.fingerprint)
-        self.saved = {r.row_id: r for r in rows}
+        self.saved = _by_row(rows)
         self.num_writes += 1
         self.seconds_writing += time.perf_counter() - started
 
@@ -77,3 +84,10 @@ class InFlightCheckpoints:
     def _has_committed_partials(self) -> bool:
         entry = self.manifest.state.partials
         return entry is not None and entry["num_rows"] > 0
+
+
+def _by_row(partials) -> dict[Any, dict[int, PartialRow]]:
+    out: dict[Any, dict[int, PartialRow]] = {}
+    for p in partials:
+        out.setdefault(p.row_id, {})[p.sample_index] = p
+    return out

@@ -27,7 +27,7 @@ from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE
 from batchgen.io.store.lock import LOCK_FILE
 from batchgen.io.store.partials import clean_partial_files
-from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED
+from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import check_output_dir
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
@@ -114,6 +114,11 @@ class OutputSession:
     def writes_json_valid(self) -> bool:
         """The same for the json_valid column of an OpenAI Batch job (a JSON response_format's rows)."""
         return self._writes_column(JSON_VALID)
+
+    def writes_sample_index(self) -> bool:
+        """The same for the sample_index column of a job whose rows may ask for n (a --sampling-column,
+        OpenAI Batch requests): a directory begun before it keeps one row per input row."""
+        return self._writes_column(SAMPLE_INDEX)
 
     def _writes_column(self, column: str) -> bool:
         old = self.state.fingerprint

@@ -23,7 +23,7 @@ from batchgen.engine.request import Completion, Continuation
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.io.store.partials import PartialRow
-from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED
+from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer
@@ -42,7 +42,7 @@ from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
 from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")
@@ -60,7 +60,9 @@ class LocalJob:
         self.config = config
         self.session = session
         self.guard = guard
-        self.core = JobCore(config, loaded, continuation_for=self.continuation_for, between_steps=self.between_steps)
+        self.with_sample_index = SAMPLE_INDEX in schema.names
+        self.core = JobCore(config, loaded, continuations_for=self.continuations_for, between_steps=self.between_steps,
+                            refuse_samples=None if self.with_sample_index else self.refuse_samples)
         self.checkpoints: InFlightCheckpoints | None = None  # once the job began (session.start)
         self.checkpoint_every_s = config.checkpoint_in_flight_every_s or None
         self.last_checkpoint = time.monotonic()
@@ -108,8 +110,8 @@ class LocalJob:
         try:
             plans = self.job.planner.plans(self.job.rows(on_error=self.failed))
             with self.guard.deferred():  # a signal stops the job between engine steps (between_steps)
-                for planned, completion in self.core.generate(plans):
-                    self.finished(planned, completion)
+                for planned, completions in self.core.generate(plans):
+                    self.finished(planned, completions)
             with self.guard.critical():
                 self.commits.commit()
                 self.checkpoints.write([])  # drops the partials of rows that finished
@@ -134,11 +136,11 @@ class LocalJob:
                     self.monitor.close()
         return self.summary
 
-    def continuation_for(self, planned: PlannedRow) -> Continuation | None:
+    def continuations_for(self, planned: PlannedRow) -> dict[int, Continuation]:
         checkpoints = self.checkpoints
         if checkpoints is None or not checkpoints.saved:
-            return None
-        return checkpoints.continuation_for(planned.row.row_id, planned.prompt_hash)
+            return {}
+        return checkpoints.continuations_for(planned.row.row_id, planned.prompt_hash)
 
     def between_steps(self) -> None:
         """Between two engine steps: stop here on a signal, and checkpoint rows in flight when due."""
@@ -159,31 +161,41 @@ class LocalJob:
             log.warning("no time left to checkpoint rows in flight (%.1f s of the grace budget): they start over "
                         "on resume", max(left, 0.0))
             return
-        rows = [PartialRow(planned.row.row_id, planned.prompt_hash, c.token_ids, c.rng_state)
-                for planned, c in self.core.in_flight()]
+        rows = [PartialRow(planned.row.row_id, planned.prompt_hash, c.token_ids, c.rng_state, sample_index)
+                for planned, sample_index, c in self.core.in_flight()]
         self.checkpoints.write(rows)
         self.last_checkpoint = time.monotonic()
         if stopping and rows:
             log.warning("checkpointed %d rows in flight (%d tokens): a resume continues them", len(rows),
                         sum(len(r.token_ids) for r in rows))
 
-    def finished(self, planned: PlannedRow, completion: Completion) -> None:
+    def finished(self, planned: PlannedRow, completions: list[Completion]) -> None:
+        """A row finished: every one of its samples (one unless it asked for n), written together."""
         if self.checkpoints is not None:
             self.checkpoints.finished(planned.row.row_id)
         prediction = planned.prediction
         self.summary.num_rows_truncated += int(planned.num_truncated_tokens > 0)
         self.summary.length_sources[prediction.source] = self.summary.length_sources.get(prediction.source, 0) + 1
-        self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
-        if self.monitor is not None:
-            policy = self.core.engines.policy
-            self.monitor.recorder.on_row(shard=planned.window_index, mode=None if policy is None else policy.value,
-                                         num_prompt_tokens=completion.num_prompt_tokens,
-                                         num_generated_tokens=completion.num_generated_tokens,
-                                         predicted_tokens=prediction.p50, error=False)
         constraint = planned.constraint if planned.constraint is not None else self.constraint
-        self.emit(planned.row, self.output_row(planned.row, completion=completion, digest=planned.prompt_hash,
-                                               truncated=planned.num_truncated_tokens > 0,
-                                               json_valid=json_valid(constraint, completion)))
+        outs = []
+        for completion in completions:
+            self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
+            if self.monitor is not None:
+                policy = self.core.engines.policy
+                self.monitor.recorder.on_row(shard=planned.window_index, mode=None if policy is None else policy.value,
+                                             num_prompt_tokens=completion.num_prompt_tokens,
+                                             num_generated_tokens=completion.num_generated_tokens,
+                                             predicted_tokens=prediction.p50, error=False)
+            outs.append(self.output_row(planned.row, completion=completion, digest=planned.prompt_hash,
+                                        truncated=planned.num_truncated_tokens > 0,
+                                        json_valid=json_valid(constraint, completion)))
+        self.emit(planned.row, outs)
+
+    def refuse_samples(self, planned: PlannedRow) -> None:
+        """A row that asks for n > 1 in a directory begun without the sample_index column."""
+        self.failed(planned.row, f"n = {num_samples(self.config, planned)} samples need one output row each, and "
+                                 f"{self.session.out_dir} was begun without the sample_index column: write this job "
+                                 "to a new --output (or --overwrite)")
 
     def failed(self, row: InputRow, message: str) -> None:
         if self.monitor is not None:
@@ -197,12 +209,16 @@ class LocalJob:
         return output_row(self.id_name, self.passthrough, self.with_prompt_hash, row, completion=completion,
                           error=error, digest=digest, truncated=truncated,
                           with_prompt_truncated=self.with_prompt_truncated, logprobs=self.logprobs,
-                          with_json_valid=self.with_json_valid, json_valid=json_valid)
+                          with_json_valid=self.with_json_valid, json_valid=json_valid,
+                          with_sample_index=self.with_sample_index)
 
-    def emit(self, row: InputRow, out: dict[str, Any]) -> None:
-        is_error = self.summary.count_row(out)
-        self.progress.update(num_generated_tokens=out["num_generated_tokens"] or 0, error=is_error)
-        self.commits.add(out, row.shard.path, row.row_index)
+    def emit(self, row: InputRow, out: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """One input row's output: a row, or one per sample (committed together)."""
+        outs = out if isinstance(out, list) else [out]
+        is_error = self.summary.count_row(outs[0])  # rows count input rows; the prompt counts once
+        self.summary.num_generated_tokens += sum(o["num_generated_tokens"] or 0 for o in outs[1:])
+        self.progress.update(num_generated_tokens=sum(o["num_generated_tokens"] or 0 for o in outs), error=is_error)
+        self.commits.add(outs if len(outs) > 1 else outs[0], row.shard.path, row.row_index)
 
     def save_lengths(self) -> None:
         """Save the learned output lengths with each commit (inside its critical section)."""

@@ -1,6 +1,8 @@
 """The OpenAI Batch API output files, written from a job's committed rows: `output.jsonl`, `errors.jsonl`.
 
-One line per committed row, successes in OUTPUT_FILE and error rows in ERRORS_FILE, as the API
+One line per committed request (its `n` samples are its choices, index = sample_index, from the
+rows the job writes next to each other; usage counts the prompt once and every choice's tokens),
+successes in OUTPUT_FILE and error rows in ERRORS_FILE, as the API
 splits them (its output and error files). `--output-format openai-batch` writes them into the
 output directory; `both` into its `_openai_batch/` subdirectory, because a JSON Lines file beside
 the parts would stop `pyarrow.dataset` (or Spark) from reading the directory as one Parquet table.
@@ -49,6 +51,7 @@ from batchgen.io.inputs.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
 from batchgen.io.manifest.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point, fsync_dir
+from batchgen.io.store.schema import SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
 
@@ -85,7 +88,8 @@ def write_batch_files(out: str | Path | OutputStore, state: ManifestState, dir_n
     last_commit = max((s.last_commit_time or 0 for _, s in readers), default=0)
     context = {"model": str(fingerprint.get("model") or "batchgen"), "digest": digest,
                "created": created if created is not None else int(last_commit or time.time())}
-    lines = (_line(row, context) for source, source_state in readers for row in _committed_rows(source, source_state))
+    lines = (_line(rows, context) for source, source_state in readers
+             for rows in _requests(_committed_rows(source, source_state)))
     if isinstance(store, LocalStore):
         counts = _write_local(store.path(dir_name), lines)
     else:
@@ -167,14 +171,31 @@ def batch_files_written(out: str | Path | OutputStore, state: ManifestState, dir
     return None
 
 
-def _line(row: dict[str, Any], context: dict[str, Any]) -> tuple[bool, bytes]:
+def _line(rows: list[dict[str, Any]], context: dict[str, Any]) -> tuple[bool, bytes]:
     """(is an error row, its line in UTF-8)."""
-    text = json.dumps(output_line(row, context), ensure_ascii=False) + "\n"
-    return row["finish_reason"] == "error", text.encode("utf-8")
+    text = json.dumps(output_line(rows, context), ensure_ascii=False) + "\n"
+    return rows[0]["finish_reason"] == "error", text.encode("utf-8")
 
 
-def output_line(row: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    """One committed row as a Batch API output line."""
+def _requests(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """Committed rows grouped by request: a request's samples 1..n-1 follow its sample 0."""
+    group: list[dict[str, Any]] = []
+    for row in rows:
+        if group and row.get(SAMPLE_INDEX):  # a later sample of the same request
+            assert row[ID_COLUMN] == group[0][ID_COLUMN] and row[SAMPLE_INDEX] == len(group), "samples out of order"
+            group.append(row)
+            continue
+        if group:
+            yield group
+        group = [row]
+    if group:
+        yield group
+
+
+def output_line(rows: dict[str, Any] | list[dict[str, Any]], context: dict[str, Any]) -> dict[str, Any]:
+    """One committed request (its row, or its samples' rows in order) as a Batch API output line."""
+    rows = rows if isinstance(rows, list) else [rows]
+    row = rows[0]
     custom_id = row[ID_COLUMN]
     key = hashlib.blake2b(f"{context['digest']}\x00{custom_id}".encode(), digest_size=16).hexdigest()
     request_id = f"req_{key}"
@@ -184,28 +205,31 @@ def output_line(row: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
                                           "code": code}}
         status = 400
     else:
-        body = completion_body(row, key, context)
+        body = completion_body(rows, key, context)
         status = 200
     return {"id": f"batch_req_{key}", "custom_id": custom_id,
             "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
 
 
-def completion_body(row: dict[str, Any], key: str, context: dict[str, Any]) -> dict[str, Any]:
-    """A chat.completion (chat requests) or text_completion object for a successful row."""
-    prompt_tokens, completion_tokens = int(row["num_prompt_tokens"]), int(row["num_generated_tokens"])
+def completion_body(rows: dict[str, Any] | list[dict[str, Any]], key: str, context: dict[str, Any]) -> dict[str, Any]:
+    """A chat.completion (chat requests) or text_completion object for a successful request: one
+    choice per row (sample), index = its sample_index."""
+    rows = rows if isinstance(rows, list) else [rows]
+    prompt_tokens = int(rows[0]["num_prompt_tokens"])
+    completion_tokens = sum(int(r["num_generated_tokens"]) for r in rows)
     common = {"created": context["created"], "model": context["model"],
               "system_fingerprint": f"fp_{context['digest'][:10]}",
               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                         "total_tokens": prompt_tokens + completion_tokens}}
-    text, finish_reason = row["generated_text"], row["finish_reason"]
-    logprobs = row.get(_LOGPROBS)  # None: the request asked for none
-    if row["url"] == CHAT_URL:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                  "logprobs": None if logprobs is None else chat_logprobs(logprobs), "finish_reason": finish_reason}
-        return {"id": f"chatcmpl-{key}", "object": "chat.completion", "choices": [choice], **common}
-    choice = {"index": 0, "text": text, "logprobs": None if logprobs is None else completion_logprobs(logprobs),
-              "finish_reason": finish_reason}
-    return {"id": f"cmpl-{key}", "object": "text_completion", "choices": [choice], **common}
+    if rows[0]["url"] == CHAT_URL:
+        choices = [{"index": i, "message": {"role": "assistant", "content": r["generated_text"], "refusal": None},
+                    "logprobs": None if r.get(_LOGPROBS) is None else chat_logprobs(r[_LOGPROBS]),
+                    "finish_reason": r["finish_reason"]} for i, r in enumerate(rows)]
+        return {"id": f"chatcmpl-{key}", "object": "chat.completion", "choices": choices, **common}
+    choices = [{"index": i, "text": r["generated_text"],
+                "logprobs": None if r.get(_LOGPROBS) is None else completion_logprobs(r[_LOGPROBS]),
+                "finish_reason": r["finish_reason"]} for i, r in enumerate(rows)]
+    return {"id": f"cmpl-{key}", "object": "text_completion", "choices": choices, **common}
 
 
 def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -233,6 +257,7 @@ def _committed_rows(store: OutputStore, state: ManifestState) -> Iterator[dict[s
     for name in state.parts:
         with store.open_input(name) as file:
             parquet = pq.ParquetFile(file)
-            columns = [*_COLUMNS, _LOGPROBS] if _LOGPROBS in parquet.schema_arrow.names else _COLUMNS
+            names = parquet.schema_arrow.names
+            columns = [*_COLUMNS, *(c for c in (_LOGPROBS, SAMPLE_INDEX) if c in names)]
             for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=columns):
                 yield from batch.to_pylist()

@@ -33,7 +33,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgen.config.choices import MAX_LOGPROBS
+from batchgen.config.choices import MAX_LOGPROBS, MAX_SAMPLES
 from batchgen.config.constraint import Constraint
 from batchgen.config.job import JobConfig
 from batchgen.config.token_controls import read_logit_bias, read_token_ids
@@ -50,10 +50,10 @@ MAX_STOP_STRINGS = 4  # the API's limit
 # body fields that do not change the generated text: accepted and not used (model is recorded)
 IGNORED_FIELDS = ("model", "user", "metadata", "store", "service_tier")
 # fields accepted only at the value that means "off"
-OFF_VALUES: dict[str, tuple[Any, ...]] = {"n": (1,), "best_of": (1,), "stream": (False,), "echo": (False,)}
+OFF_VALUES: dict[str, tuple[Any, ...]] = {"best_of": (1,), "stream": (False,), "echo": (False,)}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty",
                    "min_tokens", "logit_bias", "allowed_token_ids")
-COMMON_FIELDS = {*IGNORED_FIELDS, *OFF_VALUES, *SAMPLING_FIELDS, "max_tokens", "seed", "stop", "logprobs",
+COMMON_FIELDS = {*IGNORED_FIELDS, *OFF_VALUES, *SAMPLING_FIELDS, "n", "max_tokens", "seed", "stop", "logprobs",
                  "response_format"}
 FIELDS_BY_URL = {CHAT_URL: COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"},
                  COMPLETIONS_URL: COMMON_FIELDS | {"prompt"}}
@@ -103,6 +103,10 @@ def parse_request(values: dict[str, Any]) -> ParsedRequest:
         if name in body:
             request.max_new_tokens = _number(body, name, integer=True, low=1)
     request.sampling = _sampling(body)
+    # n choices: one engine sample each (the row's sample_index = the choice's index); n = 1 is left out
+    # of the settings, so rows committed when only n = 1 was accepted keep their prompt hashes
+    if "n" in body and (n := _number(body, "n", integer=True, low=1, high=MAX_SAMPLES)) > 1:
+        request.sampling["n"] = n
     if "seed" in body:
         request.seed = _number(body, "seed", integer=True) % (1 << 63)  # the engine's seeds are int63
     if "stop" in body:

@@ -30,7 +30,7 @@ from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, output_schema
+from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, output_schema
 from batchgen.jobs.durability.fingerprint import model_fingerprint
 from batchgen.jobs.pipeline.batch_columns import (
     BOOKKEEPING,
@@ -47,7 +47,7 @@ from batchgen.jobs.pipeline.prepare import check_job_constraint, prompt_side
 from batchgen.jobs.pipeline.prompts import RowError, Template
 from batchgen.jobs.pipeline.row_constraint import json_valid
 from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, InputRow
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
 from batchgen.jobs.planning.planner import prepare_row
 
 log = logging.getLogger("batchgen")
@@ -59,11 +59,14 @@ def output_row(id_name: str, passthrough: list[str], with_prompt_hash: bool, row
                completion: Completion | None = None, error: str | None = None,
                digest: str | None = None, truncated: bool | None = None,
                with_prompt_truncated: bool = True, logprobs: LogprobColumn | None = None,
-               with_json_valid: bool = False, json_valid: bool | None = None) -> dict[str, Any]:
+               with_json_valid: bool = False, json_valid: bool | None = None,
+               with_sample_index: bool = False) -> dict[str, Any]:
     """One output row (batchgen.io.store.schema's columns) of a finished row or an error row: the one
     definition both executors write. Without prompt_hash / prompt_truncated for a directory begun
     before those columns (the writer refuses keys its schema lacks)."""
     out: dict[str, Any] = {id_name: row.row_id}
+    if with_sample_index:  # the job's rows may have several samples: (id, sample_index) is the key
+        out[SAMPLE_INDEX] = None if completion is None else completion.sample_index
     if with_prompt_hash:
         out[PROMPT_HASH] = digest
     if completion is not None:
@@ -114,9 +117,10 @@ class BatchGenerator:
         schema = self.schema if self.schema is not None else self._derive_schema(table)
         id_name = schema.field(0).name
         with_hash = PROMPT_HASH in schema.names
-        marks = {"with_prompt_truncated": PROMPT_TRUNCATED in schema.names}
+        marks = {"with_prompt_truncated": PROMPT_TRUNCATED in schema.names,
+                 "with_sample_index": SAMPLE_INDEX in schema.names}  # one sample per row here: index 0
         marks["with_json_valid"] = JSON_VALID in schema.names  # a JSON-constrained job
-        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, JSON_VALID, "generated_text", "finish_reason",
+        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, JSON_VALID, "generated_text", "finish_reason",
                  "num_prompt_tokens", "num_generated_tokens", "error"}
         passthrough = [n for n in schema.names if n not in fixed]
         rows = self._input_rows(table)
@@ -129,6 +133,9 @@ class BatchGenerator:
                 if row.error is not None:
                     raise RowError(row.error)
                 planned = prepare_row(row, self.builder, self.config, compile_constraint=self.compile_constraint)
+                if num_samples(self.config, planned) > 1:  # rules.py refuses --n; a row's own n lands here
+                    raise RowError(f"n = {num_samples(self.config, planned)} samples need the local executor: "
+                                   "the Ray executor writes one output row per input row")
             except RowError as e:
                 outputs[i] = output_row(id_name, passthrough, with_hash, row, error=str(e), **marks)
                 continue
@@ -138,7 +145,7 @@ class BatchGenerator:
             position[id(planned)] = i
             planned_rows.append(planned)
         if planned_rows:
-            for planned, completion in self.core.generate(self.planner.plans(iter(planned_rows))):
+            for planned, [completion] in self.core.generate(self.planner.plans(iter(planned_rows))):
                 self.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, planned.prediction)
                 constraint = planned.constraint if planned.constraint is not None else self.core.constraint
                 outputs[position[id(planned)]] = output_row(id_name, passthrough, with_hash, planned.row,

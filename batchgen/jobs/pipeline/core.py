@@ -4,8 +4,13 @@ The seam every executor builds on (today the local one, `batchgen run`; a sharde
 would wrap the same core around its own reader and writer):
 
     core = JobCore(config, loaded)
-    for planned, completion in core.generate(plans):   # plans: WindowPlans, pulled lazily
+    for planned, completions in core.generate(plans):  # plans: WindowPlans, pulled lazily
         ...                                             # write, commit, count, learn
+
+A row yields once all of its samples finished (`n`, --n or the row's own: one completion each, by
+sample_index), so the executor writes a row's samples in one commit and exactly-once stays a matter
+of row ids. A sample that finished before a stop is not checkpointed: its seed and index make it
+again, token for token, when the row is resumed.
 
 `generate` pulls a shard's rows only when the engine asks for them, so a window is planned with
 what the rows before it taught. Consecutive shards planned in one mode stream through one
@@ -37,7 +42,7 @@ from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.pipeline.row_sampling import sampling_settings
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
 from batchgen.jobs.planning.planner import WindowPlan
 
 log = logging.getLogger("batchgen")
@@ -132,13 +137,16 @@ class JobCore:
     """Planned shards in, (row, completion) pairs out, in finishing order; see the module docstring."""
 
     def __init__(self, config: JobConfig, loaded: LoadedModel, *,
-                 continuation_for: Callable[[PlannedRow], Continuation | None] | None = None,
-                 between_steps: Callable[[], None] | None = None):
+                 continuations_for: Callable[[PlannedRow], dict[int, Continuation]] | None = None,
+                 between_steps: Callable[[], None] | None = None,
+                 refuse_samples: Callable[[PlannedRow], None] | None = None):
         self.config = config
         self.engines = EngineSlot(config, loaded)
-        self.continuation_for = continuation_for  # an earlier attempt's tokens for a row, if any
+        self.continuations_for = continuations_for  # an earlier attempt's tokens for a row's samples, if any
         self.between_steps = between_steps  # called between engine steps (stop, checkpoint)
-        self.pending: dict[str, tuple[PlannedRow, Request]] = {}  # request id -> (row, its request)
+        # set where the output has no sample_index column: a row asking for n > 1 goes here, not to the engine
+        self.refuse_samples = refuse_samples
+        self.pending: dict[str, _PendingRow] = {}  # request id -> the row, its request, finished samples
         self.keys = itertools.count()
         self.num_windows = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
         self.num_static_fallbacks = 0
@@ -150,7 +158,7 @@ class JobCore:
         policy = self.engines.policy
         return (None if policy is None else policy.value), self.window_index
 
-    def generate(self, plans: Iterator[WindowPlan]) -> Iterator[tuple[PlannedRow, Completion]]:
+    def generate(self, plans: Iterator[WindowPlan]) -> Iterator[tuple[PlannedRow, list[Completion]]]:
         plan = next(plans, None)
         while plan is not None:
             stretch = _Stretch(self, plan, plans)
@@ -158,13 +166,13 @@ class JobCore:
             plan = stretch.next_plan
         assert not self.pending, f"{len(self.pending)} rows lost in the engine"
 
-    def _run_stretch(self, stretch: _Stretch) -> Iterator[tuple[PlannedRow, Completion]]:
+    def _run_stretch(self, stretch: _Stretch) -> Iterator[tuple[PlannedRow, list[Completion]]]:
         while True:
             try:
                 engine = self.engines.get(stretch.mode)
                 engine.fit_batch_size(stretch.batch_size)
                 for completion in engine.generate(stretch, between_steps=self.between_steps):
-                    yield self._finished(completion)
+                    yield from self._finished(completion)
                 return
             except Exception as e:
                 if not self._is_engine_fault(stretch, e):
@@ -174,11 +182,9 @@ class JobCore:
             # appended no token, and tokens are a sampled row's whole state); the failed engine's frames went with the
             # exception, so drop() frees its memory
             failed = self.engines.engine
-            carried = {request.request_id: c for request, c in failed.in_flight()} if failed is not None else {}
-            for key, (planned, request) in self.pending.items():
-                if key in carried:
-                    self.pending[key] = (planned, dataclasses.replace(request, continuation=carried[key]))
-            unfinished = [request for _, request in self.pending.values()]
+            for request, c in (failed.in_flight() if failed is not None else []):
+                self.pending[request.request_id].continuations[request.sample_index or 0] = c
+            unfinished = [request for row in self.pending.values() for request in row.requests()]
             log.warning("the continuous engine failed (%s); running its %d unfinished rows and the rest of the "
                         "shard in static mode", failure, len(unfinished))
             self.num_static_fallbacks += 1
@@ -187,7 +193,7 @@ class JobCore:
             static.fit_batch_size(stretch.batch_size)
             for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest),
                                               between_steps=self.between_steps):
-                yield self._finished(completion)
+                yield from self._finished(completion)
             if stretch.done:
                 return
 
@@ -198,17 +204,21 @@ class JobCore:
             return False
         return isinstance(e, EngineError) or not isinstance(e, BatchgenError)
 
-    def in_flight(self) -> list[tuple[PlannedRow, Continuation]]:
-        """The rows in the engine that have generated tokens, with their tokens and random state so
-        far; call between steps (batchgen.engine.engine.LLMEngine.in_flight)."""
+    def in_flight(self) -> list[tuple[PlannedRow, int, Continuation]]:
+        """The samples in the engine that have generated tokens (row, sample index, its tokens so
+        far); call between steps (batchgen.engine.engine.LLMEngine.in_flight)."""
         engine = self.engines.engine
         if engine is None:
             return []
-        return [(self.pending[request.request_id][0], continuation) for request, continuation in engine.in_flight()]
+        return [(self.pending[request.request_id].planned, request.sample_index or 0, continuation)
+                for request, continuation in engine.in_flight()]
 
-    def _finished(self, completion: Completion) -> tuple[PlannedRow, Completion]:
-        planned, _ = self.pending.pop(completion.request_id)
-        return planned, completion
+    def _finished(self, completion: Completion) -> Iterator[tuple[PlannedRow, list[Completion]]]:
+        row = self.pending[completion.request_id]
+        row.done[completion.sample_index] = completion
+        if len(row.done) == row.request.sampling.n:
+            del self.pending[completion.request_id]
+            yield row.planned, [row.done[i] for i in range(row.request.sampling.n)]
 
     def window_requests(self, plan: WindowPlan) -> Iterator[Request]:
         config = self.config
@@ -217,6 +227,9 @@ class JobCore:
         log.info("shard %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
                  plan.first_row_index, plan.mode, plan.reason)
         for planned in plan.rows:
+            if self.refuse_samples is not None and num_samples(config, planned) > 1:
+                self.refuse_samples(planned)
+                continue
             key = str(next(self.keys))
             request = Request(key, planned.prompt_token_ids, SamplingParams(
                 max_new_tokens=planned.max_new_tokens,
@@ -228,10 +241,31 @@ class JobCore:
                 logprobs=planned.logprobs if planned.logprobs is not None else config.logprobs,
                 constraint=planned.constraint if planned.constraint is not None else self.constraint,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
-                predicted_num_output_tokens=planned.prediction.p90,
-                continuation=self.continuation_for(planned) if self.continuation_for is not None else None)
-            self.pending[key] = (planned, request)
-            yield request
+                predicted_num_output_tokens=planned.prediction.p90)
+            row = self.pending[key] = _PendingRow(
+                planned, request, self.continuations_for(planned) if self.continuations_for is not None else {})
+            yield from row.requests()
+
+
+@dataclasses.dataclass(slots=True)
+class _PendingRow:
+    """A row in the engine: its request (sampling.n samples) and the samples finished so far."""
+
+    planned: PlannedRow
+    request: Request
+    continuations: dict[int, Continuation]  # sample index -> the tokens an earlier attempt generated
+    done: dict[int, Completion] = dataclasses.field(default_factory=dict)  # sample index -> its completion
+
+    def requests(self) -> list[Request]:
+        """What the engine gets for the samples not finished: one request for all n when none has
+        earlier tokens (the engine makes the samples), else one per sample (sample_index)."""
+        n = self.request.sampling.n
+        if n == 1:
+            return [dataclasses.replace(self.request, continuation=self.continuations.get(0))] if not self.done else []
+        if not self.continuations and not self.done:
+            return [self.request]
+        return [dataclasses.replace(self.request, sample_index=i, continuation=self.continuations.get(i))
+                for i in range(n) if i not in self.done]
 
 
 class _Stretch:

@@ -11,13 +11,14 @@ import json
 import numbers
 from typing import Any
 
+from batchgen.config.choices import MAX_SAMPLES
 from batchgen.config.job import JobConfig, check_penalties
 from batchgen.config.rules import TOP_K_OFF
 from batchgen.config.token_controls import as_params, read_logit_bias, read_token_ids
 from batchgen.jobs.pipeline.prompts import RowError
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                 "min_tokens", "min_p", "logit_bias", "allowed_token_ids")
+                 "min_tokens", "min_p", "logit_bias", "allowed_token_ids", "n")
 
 
 def row_sampling(row: dict[str, Any], column: str | None) -> dict[str, Any] | None:
@@ -80,6 +81,10 @@ def _check(overrides: dict[str, Any], column: str) -> None:
     for key in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         number(key)
     number("min_tokens", integer=True)
+    n = number("n", integer=True)
+    if n is not None and not 1 <= n <= MAX_SAMPLES:
+        raise RowError(f"column {column!r}: n must be in [1, {MAX_SAMPLES}] (samples of the row), got {n}",
+                       column=column)
 
     def row_error(message: str) -> RowError:
         return RowError(f"column {column!r}: {message}", column=column)

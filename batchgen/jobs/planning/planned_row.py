@@ -47,6 +47,11 @@ class PlannedRow:
 
 
 
+def num_samples(config: JobConfig, planned: PlannedRow) -> int:
+    """The samples a row asks for: its own n (a sampling cell, a Batch API request), else --n."""
+    return (planned.sampling or {}).get("n", config.n)
+
+
 def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str, Any] | None,
                      constraint: Constraint | None = None) -> str | None:
     """The row's own settings (--max-new-tokens-column, --sampling-column) where they differ from

@@ -64,7 +64,8 @@ def drive(sched: Scheduler, seqs: list[Sequence], *, rng: random.Random, max_ste
     fake_kv: dict[int, int] = {}  # slot -> prefix key of the token whose K/V it holds
     trace = Trace()
     for seq in seqs:
-        sched.add(seq)
+        if not any(seq is queued for queued in sched.waiting):  # a caller may have queued it already
+            sched.add(seq)
     while sched.has_unfinished():
         trace.num_steps += 1
         assert trace.num_steps <= max_steps, "the scheduler does not finish its work"

@@ -165,7 +165,7 @@ def test_snapshots_and_partials_in_an_object_store(s3_out, monkeypatch):
     assert part_rows(store, load_manifest(store).parts[first]) == (["in.parquet"], [state.parts[first].ids[0]])
     rows = [PartialRow(7, "h", (1, 2, 3), None)]
     write_partials(manifest, rows, "fp")
-    assert read_partials(store, load_manifest(store).partials, "fp") == {7: rows[0]}
+    assert read_partials(store, load_manifest(store).partials, "fp") == {(7, 0): rows[0]}
     write_partials(manifest, [], "fp")
     assert [n for n in store.list("_manifest") if n.endswith(".partials.json")] == [
         load_manifest(store).partials["file"]]

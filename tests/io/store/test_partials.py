@@ -35,7 +35,7 @@ def test_partials_round_trip_through_snapshots_and_begin(tmp_path, monkeypatch):
     manifest.begin({"model": "m"})
     rows = [PartialRow(7, "ab" * 8, (5, 6, 7), b"\x00\x01state"), PartialRow("x:1", None, (9,), None)]
     write_partials(manifest, rows, "fp")
-    assert read_partials(out, load_manifest(out).partials, "fp") == {7: rows[0], "x:1": rows[1]}
+    assert read_partials(out, load_manifest(out).partials, "fp") == {(7, 0): rows[0], ("x:1", 0): rows[1]}
     assert read_partials(out, load_manifest(out).partials, "other") == {}  # another config's: unused
     write_partials(manifest, rows[:1], "fp")  # the newer set replaces the older, whose file goes
     assert len(partial_files(out)) == 1
@@ -44,7 +44,7 @@ def test_partials_round_trip_through_snapshots_and_begin(tmp_path, monkeypatch):
         commit(manifest, writer, [i])
     state = load_manifest(out)
     assert state.snapshot_seq is not None and state.num_committed_rows == 4
-    assert read_partials(out, state.partials, "fp") == {7: rows[0]}
+    assert read_partials(out, state.partials, "fp") == {(7, 0): rows[0]}
     assert job_status(out)["partial_rows"] == 1 and job_status(out)["partial_tokens"] == 3
     assert "in flight when stopped: 1 rows with 3 tokens generated" in "\n".join(status_lines(job_status(out)))
     (out / MANIFEST_DIR / ".stale.partials.json").write_text("{}")

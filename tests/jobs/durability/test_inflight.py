@@ -127,8 +127,8 @@ def test_sigterm_at_random_moments_then_resume_equals_uninterrupted(src, tiny_mo
             in_flight_at_signals += len(partials)
             committed = output(out) if state.num_committed_rows else {}
             assert set(committed) == state.ok_ids
-            assert not set(partials) & set(committed), "a row is both committed and checkpointed"
-            for row_id, partial in partials.items():  # a checkpoint is a prefix of the uninterrupted row
+            assert not {row_id for row_id, _ in partials} & set(committed), "a row is both committed and checkpointed"
+            for (row_id, _), partial in partials.items():  # a checkpoint is a prefix of the uninterrupted row
                 assert 0 < len(partial.token_ids) < reference[row_id]["num_generated_tokens"]
             assert job_status(out)["partial_rows"] == len(partials)
         summary = run_job(cfg, loaded=loaded)  # nothing left to do when an attempt above finished
