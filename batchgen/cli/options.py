@@ -49,7 +49,7 @@ _PANELS = {
                  "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
                  "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--n", "--logprobs",
                  "--logit-bias", "--allowed-token-ids", "--json-schema", "--regex", "--choices",
-                 "--json-schema-column"),
+                 "--json-schema-column", "--constraint-column"),
     "Output": ("--output", "--output-format", "--keep-columns", "--rows-per-part", "--commit-every",
                "--commit-every-seconds", "--stop-grace-seconds", "--checkpoint-in-flight-every", "--retry-errors",
                "--overwrite", "--max-error-rate"),
