@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchgen.config.choices import (
@@ -18,36 +17,16 @@ from batchgen.config.choices import (
     Policy,
     canonical_attention_backend,
 )
-from batchgen.config.constraint import InvalidConstraint, job_constraint
+from batchgen.config.keys import KEY_ALIASES, NO_FLAG, TOP_K_OFF, label
 from batchgen.config.output_url import check_output_url
+from batchgen.config.text_settings import chat_template_settings, constraint_settings
 from batchgen.config.token_controls import read_logit_bias, read_token_ids
 from batchgen.errors import ConfigError
 
 if TYPE_CHECKING:
     from batchgen.config.job import JobConfig
 
-# YAML key -> JobConfig field, where they differ. Every `run` flag's own name is a YAML key
-# (--commit-every-seconds: commit_every_seconds, tests/test_config_keys.py walks the flags), and
-# vLLM's max_tokens is max_new_tokens. The CLI maps its parameters through the same table.
-KEY_ALIASES = {"input": "inputs", "commit_every": "commit_every_rows", "commit_every_seconds": "commit_every_s",
-               "metrics_every_seconds": "metrics_every_s", "stop_grace_seconds": "stop_grace_s",
-               "checkpoint_in_flight_every": "checkpoint_in_flight_every_s", "ray_keep_warm": "ray_keep_warm_s",
-               "max_tokens": "max_new_tokens"}
-# field -> the key (and flag) users type for it; max_tokens is an alias, not the name errors use
-_KEYS = {field: key for key, field in KEY_ALIASES.items() if key != "max_tokens"}
-# settings with a YAML key but no flag (tests/test_config_keys.py checks this list against the CLI)
-NO_FLAG = frozenset({"read_batch_size", "log_every_s", "enable_prefix_caching"})
-TOP_K_OFF = (0, -1)  # vLLM's top_k=-1 (and 0): no limit
-
-
-def label(field: str) -> str:
-    """How an error names a setting: the flag a user types and the YAML key, e.g. "--top-k (YAML
-    top_k)"; the key alone for the few settings without a flag."""
-    key = _KEYS.get(field, field)
-    if field in NO_FLAG:
-        return key
-    return f"--{key.replace('_', '-')} (YAML {key})"
-
+__all__ = ["KEY_ALIASES", "NO_FLAG", "TOP_K_OFF", "label"]  # named here too: where callers found them before
 
 AUTO = "auto"  # the mode that lets the length planner choose a Policy per shard
 MODES = (AUTO, *(p.value for p in Policy))
@@ -68,8 +47,6 @@ OPENAI_BODY_COLUMN = "body"
 OPENAI_KEPT_COLUMNS = ("method", "url", "model")
 EXECUTORS = ("local", "ray")
 # apply_chat_template arguments batchgen passes itself: --chat-template-kwargs may not set them
-RESERVED_CHAT_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "chat_template", "add_generation_prompt",
-                                           "tokenize", "tools", "documents"})
 # engine/kv/quant.py's fp8_refusal says the same with the device in hand
 FP8_KV_REFUSAL = ("--kv-cache-dtype fp8 is not available: batchgen has no fp8 attention kernel yet (on CUDA it "
                   "would need flash-attn 3 on Hopper; there is none on CPU); use --kv-cache-dtype int8 "
@@ -142,8 +119,8 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("on_long_prompt", config.on_long_prompt, LONG_PROMPT_POLICIES)
     _choice("input_format", config.input_format, INPUT_FORMATS)
     _choice("output_format", config.output_format, OUTPUT_FORMATS)
-    _chat_template_settings(config)
-    _constraint_settings(config)
+    chat_template_settings(config)
+    constraint_settings(config)
     _combinations(config)
     if config.input_format == OPENAI_BATCH:
         _openai_batch_settings(config)
@@ -191,91 +168,6 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
         raise ConfigError(f"{label('metrics_port')} must be a port number 0-65535 (0 = any free port), "
                           f"got {config.metrics_port!r}")
-
-
-def chat_template_text(value: str) -> str:
-    """--chat-template's Jinja text: the file it names, or (as vLLM reads it) the text itself when
-    it holds template syntax; ConfigError for a file that is not there."""
-    if _is_jinja(value):
-        return value
-    path = Path(value).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{label('chat_template')}: cannot read {value!r} ({e.__class__.__name__}): pass a "
-                          "Jinja template file") from None
-    if not _is_jinja(text):
-        raise ConfigError(f"{label('chat_template')}: {value} holds no Jinja ({{{{ }}}} or {{% %}}), so it would "
-                          "render no message")
-    return text
-
-
-def _is_jinja(text: str) -> bool:
-    return "{{" in text or "{%" in text
-
-
-def _chat_template_settings(config: JobConfig) -> None:
-    """Read the --chat-template file and parse --chat-template-kwargs now, before any load."""
-    if config.chat_template is not None:
-        if not isinstance(config.chat_template, str) or not config.chat_template:
-            raise ConfigError(f"{label('chat_template')} must be a file path, got {config.chat_template!r}")
-        # the text from here on: Ray actors and --workers processes need no access to the file
-        config.chat_template = chat_template_text(config.chat_template)
-    kwargs = config.chat_template_kwargs
-    if isinstance(kwargs, str):  # the flag's JSON
-        try:
-            kwargs = json.loads(kwargs)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{label('chat_template_kwargs')}: not valid JSON: {e}") from None
-    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
-        raise ConfigError(f"{label('chat_template_kwargs')} must be a JSON object, e.g. "
-                          f"'{{\"enable_thinking\": false}}'; got {config.chat_template_kwargs!r}")
-    if kwargs is not None and set(kwargs) & RESERVED_CHAT_TEMPLATE_KWARGS:
-        raise ConfigError(f"{label('chat_template_kwargs')}: {sorted(set(kwargs) & RESERVED_CHAT_TEMPLATE_KWARGS)} "
-                          "are set by batchgen itself")
-    config.chat_template_kwargs = kwargs or None
-    if config.chat is False and (config.chat_template is not None or config.chat_template_kwargs):
-        raise ConfigError("--chat-template and --chat-template-kwargs need the chat template, and --no-chat turns "
-                          "it off: drop one of them")
-
-
-def _constraint_settings(config: JobConfig) -> None:
-    """Parse and check --json-schema / --regex / --choices now (exit 2 before any load); the job's
-    Constraint is then config/constraint.py's job_constraint(config)."""
-    given = [name for name in ("json_schema", "regex", "choices") if getattr(config, name) is not None]
-    if len(given) > 1:
-        raise ConfigError(f"{label(given[0])} and {label(given[1])} cannot go together: a row has one constraint")
-    if isinstance(config.choices, str):  # the flag's "a,b,c"
-        config.choices = [c.strip() for c in config.choices.split(",") if c.strip()]
-    if isinstance(config.json_schema, str):
-        config.json_schema = _schema_value(config.json_schema)
-    for name in ("json_schema_column", "constraint_column"):
-        column = getattr(config, name)
-        if column is not None and (not isinstance(column, str) or not column):
-            raise ConfigError(f"{label(name)} must be a column name, got {column!r}")
-    if config.json_schema_column is not None and config.constraint_column is not None:
-        raise ConfigError(f"{label('json_schema_column')} and {label('constraint_column')} cannot go together: "
-                          "a row has one constraint (a constraint cell can hold a schema: "
-                          '{"type": "json_schema", "schema": ...})')
-    if given:
-        try:
-            job_constraint(config).validate()
-        except InvalidConstraint as e:
-            raise ConfigError(f"{label(given[0])}: {e}") from None
-
-
-def _schema_value(text: str) -> Any:
-    """--json-schema's value: inline JSON, or a file holding it."""
-    if not text.lstrip().startswith(("{", "[")):
-        try:
-            text = Path(text).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{label('json_schema')}: cannot read {text!r} ({e.__class__.__name__}): pass a "
-                              "JSON schema file or inline JSON") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{label('json_schema')}: not valid JSON: {e}") from None
 
 
 def _combinations(config: JobConfig) -> None:

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from batchgen.config.constraint import job_constraint
 from batchgen.config.job import JobConfig
-from batchgen.config.rules import chat_template_text
+from batchgen.config.text_settings import chat_template_text
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.jobs.pipeline.rows import RowSource
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen.config.job import LONG_PROMPT_POLICIES, JobConfig
-from batchgen.config.rules import chat_template_text
+from batchgen.config.text_settings import chat_template_text
 from batchgen.errors import ConfigError
 from batchgen.jobs.pipeline.template import RowError, Template
 from batchgen.jobs.planning.stats import ceil_div
