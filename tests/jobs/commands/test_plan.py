@@ -279,11 +279,11 @@ def test_user_errors_and_our_own_failures_are_not_engine_faults(eos_model_dir, l
     prepare_row = prepare.prepare_row
     calls = []
 
-    def broken(row, builder, config):
+    def broken(row, builder, config, **kwargs):
         calls.append(row.row_index)
         if len(calls) == 9:  # while the engine runs the first rows: raised through engine.generate
             raise RuntimeError("a bug in the row stream")
-        return prepare_row(row, builder, config)
+        return prepare_row(row, builder, config, **kwargs)
 
     monkeypatch.setattr(prepare, "prepare_row", broken)
     with pytest.raises(RuntimeError, match="a bug in the row stream"):
