@@ -25,11 +25,13 @@ import weakref
 import torch
 
 from batchgen.config.constraint import Constraint, InvalidConstraint
+from batchgen.engine.kernels.token_bitmask import apply_token_bitmask_
 from batchgen.engine.sampling.mask_prefetch import MaskPrefetch
 from batchgen.engine.scheduler.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
+# on the CPU engine/kernels/token_bitmask.py writes -inf in place; elsewhere (and as the reference)
 # a mask byte's value -> what its 8 tokens add to the logits (0 where the bit allows the token, -inf
 # where it does not): bit i of byte k of mask word w allows token 32 * w + 8 * k + i, and the words
 # are little-endian, so viewing them as bytes lists the tokens in order. One gather and one add:
@@ -152,6 +154,11 @@ class GrammarMasks:
             lt.fill_next_token_bitmask_par(executor, missing, bitmask)
         self.num_prefetched_rows += len(dst)
         self.num_filled_rows += len(missing)
+        if logits.device.type == "cpu":  # the C kernel writes -inf over the forbidden tokens of a copy
+            constrained = [i for i, _ in rows]
+            masked = logits.clone()
+            if apply_token_bitmask_(masked, bitmask.index_select(0, torch.tensor(constrained)), constrained):
+                return masked
         # the packed words go to the logits' device and are unpacked there: 32x fewer bytes to copy
         device = logits.device
         bitmask = bitmask.to(device, non_blocking=True)
