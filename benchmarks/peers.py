@@ -60,6 +60,7 @@ import pyarrow.parquet as pq
 
 from benchmarks import sharegpt, sysload
 from benchmarks.throughput import args_config, write_record
+from benchmarks.vllm_peer import parses_as_json  # vllm_peer.py imports only the standard library at the top
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_PYTHON = REPO.parent / "peer" / "venv" / "bin" / "python"
@@ -115,7 +116,7 @@ def run_batchgen(rows: Path, dtype: str, tmp: Path, extra: list[str], env: dict 
     rec = {"generated_tokens": tokens, "gen_s": gen_s, "process_s": load.wall_s, "load": load.to_dict()}
     if "--json-schema" in extra:  # rows whose text parses as JSON, as vllm_peer.py counts them
         texts = pq.read_table(out, columns=["generated_text"]).column("generated_text").to_pylist()
-        rec["json_parsed"] = sum(_parses(t) for t in texts if t is not None)
+        rec["json_parsed"] = sum(parses_as_json(t) for t in texts if t is not None)
     if all(share is not None for share in shares):  # the model calls' share of the job's wall time
         rec["forward_share"] = min(shares)
     return rec
@@ -172,13 +173,6 @@ def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len
         rec["json_parsed"] = r["json_parsed"]
     return rec
 
-
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def run_hf(system: str, lm, table: pa.Table, tmp: Path) -> dict:

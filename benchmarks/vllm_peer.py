@@ -53,7 +53,8 @@ def load() -> tuple:
     return llm, table["text"], params
 
 
-def _parses(text: str) -> bool:
+def parses_as_json(text: str) -> bool:
+    """Whether a row's text parses as JSON (peers.py counts batchgen's rows with it too)."""
     try:
         json.loads(text)
     except ValueError:
@@ -68,7 +69,7 @@ def main() -> None:
     outputs = llm.generate(prompts, params, use_tqdm=False)
     generate_s = time.perf_counter() - t
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(json.dumps({"json_parsed": sum(_parses(o.outputs[0].text) for o in outputs),
+    print(json.dumps({"json_parsed": sum(parses_as_json(o.outputs[0].text) for o in outputs),
                       "startup_s": startup_s, "generate_s": generate_s, "generated_tokens": generated,
                       "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
                       "threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}), flush=True)

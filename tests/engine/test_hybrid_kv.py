@@ -18,11 +18,11 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.model import families
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.engine.sampling.sampler import sample_seed
+from tests.engine.test_window_kv import MAX_NEW_TOKENS, greedy  # the same generate reference
 from tests.tiny import _common
 
 WINDOW = 12
 PROMPT_LEN = 8 * WINDOW  # prompts of 8x the window
-MAX_NEW_TOKENS = 48
 LAYER_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -33,13 +33,6 @@ def gemma3():
     config = Gemma3TextConfig(**_common(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=20,
                                         num_hidden_layers=len(LAYER_TYPES), layer_types=LAYER_TYPES))
     return AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
-
-
-def greedy(model, prompt):
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def run(model, tokenizer, prompts, config: EngineConfig):
