@@ -83,8 +83,12 @@ def sample_workloads(draw):
         prompt = draw(st.lists(st.integers(0, 2), min_size=length, max_size=length))
         n = draw(st.integers(1, 4))
         max_new = draw(st.integers(1, 12))
-        continued = {i: tuple(draw(st.lists(st.integers(0, 2), min_size=1, max_size=max_new - 1)))
-                     for i in range(n) if max_new > 1 and draw(st.booleans())}
+        # a continuation holds what an earlier run generated under the same max_model_len, which ends a
+        # row at max_model_len tokens: prompt + continuation < max_model_len (a longer one is no state a
+        # job can resume, and a static batch's reservation, capped at max_model_len, could not hold it)
+        most_continued = min(max_new - 1, max_model_len - 1 - length)
+        continued = {i: tuple(draw(st.lists(st.integers(0, 2), min_size=1, max_size=most_continued)))
+                     for i in range(n) if most_continued >= 1 and draw(st.booleans())}
         seqs += make_samples(len(seqs), prompt, n, max_new, continued)
     config = dict(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
                   max_num_seqs=draw(st.integers(1, 6)), max_num_batched_tokens=draw(st.integers(1, 48)),
