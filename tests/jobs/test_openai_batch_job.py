@@ -342,20 +342,9 @@ def test_response_format_requests_round_trip(tmp_path, tiny_model_dir, loaded, o
 
 
 def test_a_response_format_that_does_not_compile_is_its_requests_error(tmp_path, tiny_model_dir, loaded, one_thread,
-                                                                        monkeypatch):
+                                                                        uncompilable):
     """A schema that passes the tokenizer-free check but does not compile for the model's tokenizer: that
     request's invalid_value error line, the other requests answered."""
-    from batchgen.config.constraint import InvalidConstraint
-    from batchgen.engine.sampling.grammar import GrammarMasks
-
-    real = GrammarMasks.compiled
-
-    def compiled(self, constraint):
-        if "UNCOMPILABLE" in constraint.spec:
-            raise InvalidConstraint("initial lexer configuration (grammar) too big")
-        return real(self, constraint)
-
-    monkeypatch.setattr(GrammarMasks, "compiled", compiled)
     bad = {"type": "object", "properties": {"UNCOMPILABLE": {"type": "string"}}}
     requests = [chat("bad", "Hi", response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad}}),
                 chat("ok", "Hi", max_tokens=4)]

@@ -13,8 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.config.constraint import InvalidConstraint
-from batchgen.engine.sampling.grammar import GrammarMasks
 from batchgen.errors import BatchgenError, ConfigError
 from batchgen.io.manifest.manifest import load_manifest
 from batchgen.jobs.commands.run import run_job
@@ -80,20 +78,6 @@ def test_the_column_is_in_the_fingerprint_and_goes_alone(tmp_path, loaded, tiny_
         _run(tmp_path, loaded, tiny_model_dir, CELLS[:2], constraint_column=None)
     with pytest.raises(ConfigError, match="cannot go together"):
         _run(tmp_path, loaded, tiny_model_dir, CELLS[:2], out_name="both", json_schema_column="constraint")
-
-
-@pytest.fixture()
-def uncompilable(monkeypatch):
-    """A constraint that llguidance accepts without a tokenizer but that fails to compile against it
-    (as a grammar past the lexer's limits for a large vocabulary does): any whose text holds the marker."""
-    real = GrammarMasks.compiled
-
-    def compiled(self, constraint):
-        if "UNCOMPILABLE" in constraint.spec:
-            raise InvalidConstraint("initial lexer configuration (grammar) too big")
-        return real(self, constraint)
-
-    monkeypatch.setattr(GrammarMasks, "compiled", compiled)
 
 
 @pytest.mark.parametrize("column", ["constraint_column", "json_schema_column"])
