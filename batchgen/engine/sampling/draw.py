@@ -25,6 +25,9 @@ works on each row's `window` largest values (one topk over the batch):
 Which path a row takes depends on its own logits and settings only (the window sizes are fixed,
 never taken from its batch-mates, and every reduction runs along one row), so a row's token does not
 depend on its batch.
+
+On the CPU, a step whose rows ask for no logprobs draws in one C call (kernels/sample_draw.py) that
+gives the token this window path gives, without building the window's tensors.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
+from batchgen.engine.kernels.sample_draw import sample_draw
 from batchgen.engine.kernels.sample_window import sample_window
-from batchgen.engine.sampling.random_stream import gumbel, row_keys
+from batchgen.engine.sampling.random_stream import PERM_SALT, UNIFORM_BITS, gumbel, row_keys
 
 # a truncated row whose kept set outgrows the window tries one this many times larger, then a sort
 WINDOW_GROWTH = 8
@@ -61,11 +65,12 @@ class RowControls:
 
 @dataclass(slots=True)
 class Drawn:
-    """A draw's result and what logprobs need: the processed (kept, scaled) values of the window."""
+    """A draw's result and what logprobs need: the processed (kept, scaled) values of the window
+    (None when the CPU kernel drew without a window: a draw without logprobs)."""
 
     token_ids: torch.Tensor  # [rows] int64
-    values: torch.Tensor  # [rows, window] float32: x in descending order, -inf where not kept
-    value_ids: torch.Tensor  # [rows, window] int64: the token ids of `values`
+    values: torch.Tensor | None  # [rows, window] float32: x in descending order, -inf where not kept
+    value_ids: torch.Tensor | None  # [rows, window] int64: the token ids of `values`
     # [rows] float32: logsumexp of the kept x over the whole row; None unless asked for (a full pass)
     log_normalizer: torch.Tensor | None
     chosen_values: torch.Tensor | None = None  # [rows] float32: x of the drawn token; with logprobs only
@@ -98,6 +103,11 @@ class _Scaled:
 
 def draw(logits: torch.Tensor, controls: RowControls, window: int, *, logprobs: bool = False) -> Drawn:
     """logits: [rows, vocab_size] of the sampling rows (any float dtype; not changed)."""
+    if not logprobs:
+        token_ids = sample_draw(logits, controls.temperature, controls.top_k, controls.top_p, controls.min_p,
+                                controls.seeds, controls.positions, window, PERM_SALT, UNIFORM_BITS)
+        if token_ids is not None:
+            return Drawn(token_ids, None, None, None)
     vocab_size = logits.shape[-1]
     scaled = _Scaled(logits, controls.temperature)
     first = sample_window(logits, controls.temperature, window) if window < vocab_size else None
@@ -198,7 +208,8 @@ def _race_the_tail(scaled: _Scaled, values: torch.Tensor, edge: torch.Tensor, be
 
     The tail's logsumexp is the row's less the window's, to float32 rounding: a tail of less mass
     than that rounding (1e-6 of the row's) never wins, where it would win once in a million draws."""
-    rows = untruncated.nonzero()[:, 0]
+    # a window holding -inf holds every finite value: no tail to race
+    rows = (untruncated & (edge > float("-inf"))).nonzero()[:, 0]
     window_share = torch.exp(values[rows] - full_lse[rows, None]).sum(-1)  # exp(-inf) = 0 outside
     tail_lse = full_lse[rows] + torch.log((1.0 - window_share).clamp_(min=0.0))
     vocab_size = scaled.logits.shape[-1]
@@ -211,4 +222,7 @@ def _race_the_tail(scaled: _Scaled, values: torch.Tensor, edge: torch.Tensor, be
         tail = scaled.rows(rows[won])
         tail.masked_fill_(tail > edge[rows[won], None], float("-inf"))
         all_ids = torch.arange(vocab_size, device=device)
-        token_ids[rows[won]] = (tail + gumbel(lo[won], hi[won], all_ids, vocab_size)).argmax(dim=-1)
+        score, tail_token = (tail + gumbel(lo[won], hi[won], all_ids, vocab_size)).max(dim=-1)
+        # a tail of -inf only (its mass a rounding of the window's share) keeps the window's token
+        real = score > float("-inf")
+        token_ids[rows[won][real]] = tail_token[real]

@@ -39,7 +39,7 @@ GUMBEL_MAX = -math.log(-math.log1p(-2.0 ** -(UNIFORM_BITS + 1)))  # 16.64
 GUMBEL_MIN = -math.log(-math.log(2.0 ** -(UNIFORM_BITS + 1)))  # -2.81
 
 _LOW32 = 0xFFFFFFFF
-_PERM_SALT = 0x2545F491
+PERM_SALT = 0x2545F491
 
 
 def _signed(value: int, bits: int) -> int:
@@ -106,7 +106,7 @@ def _token_perm(vocab_size: int, device: torch.device) -> torch.Tensor:
     pseudo-token): a bijection computed once per vocabulary."""
     perm = _PERMS.get((device, vocab_size))
     if perm is None:
-        perm = _lowbias32_(torch.arange(vocab_size + 1, dtype=torch.int32, device=device) ^ _signed(_PERM_SALT, 32))
+        perm = _lowbias32_(torch.arange(vocab_size + 1, dtype=torch.int32, device=device) ^ _signed(PERM_SALT, 32))
         _PERMS[(device, vocab_size)] = perm
     return perm
 
@@ -116,7 +116,7 @@ def gumbel(key_lo: torch.Tensor, key_hi: torch.Tensor, token_ids: torch.Tensor, 
 
     key_lo, key_hi: [rows, 1] int32 from `row_keys`; token_ids: [rows, n] int64 (or [n] for the same
     ids in every row), at most vocab_size; returns [rows, n] float32."""
-    noise = gumbel_noise(key_lo, key_hi, token_ids, _PERM_SALT, UNIFORM_BITS)  # the CPU kernel
+    noise = gumbel_noise(key_lo, key_hi, token_ids, PERM_SALT, UNIFORM_BITS)  # the CPU kernel
     return gumbel_torch(key_lo, key_hi, token_ids, vocab_size) if noise is None else noise
 
 
@@ -131,7 +131,7 @@ def gumbel_torch(key_lo: torch.Tensor, key_hi: torch.Tensor, token_ids: torch.Te
 def gumbel_reference(seed: int, position: int, token_id: int) -> float:
     """The same noise in plain Python, one value at a time (for tests and for the docs)."""
     key = splitmix64_int(splitmix64_int(seed & MASK64) ^ ((position * GOLDEN64) & MASK64))
-    perm = lowbias32_int(token_id ^ _PERM_SALT)
+    perm = lowbias32_int(token_id ^ PERM_SALT)
     bits = lowbias32_int(lowbias32_int(perm ^ (key & _LOW32)) ^ (key >> 32))
     u = ((bits >> (32 - UNIFORM_BITS)) + 0.5) * 2.0 ** -UNIFORM_BITS
     return -math.log(-math.log(u))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from batchgen.engine.kernels.gumbel_noise import gumbel_noise
-from batchgen.engine.sampling.random_stream import _PERM_SALT, UNIFORM_BITS, gumbel, gumbel_torch, row_keys
+from batchgen.engine.sampling.random_stream import PERM_SALT, UNIFORM_BITS, gumbel, gumbel_torch, row_keys
 
 VOCAB = 49152
 
@@ -18,7 +18,7 @@ def test_kernel_noise_equals_the_torch_ops(shared_ids):
     positions = torch.randint(0, 5000, (40,), generator=gen)
     lo, hi = row_keys(seeds, positions)
     ids = torch.arange(VOCAB + 1) if shared_ids else torch.randint(0, VOCAB + 1, (40, 300), generator=gen)
-    got = gumbel_noise(lo, hi, ids, _PERM_SALT, UNIFORM_BITS)
+    got = gumbel_noise(lo, hi, ids, PERM_SALT, UNIFORM_BITS)
     if got is None:
         pytest.skip("no C compiler: the torch ops run instead")
     want = gumbel_torch(lo, hi, ids, VOCAB)
@@ -30,4 +30,4 @@ def test_kernel_noise_equals_the_torch_ops(shared_ids):
 
 def test_other_devices_and_dtypes_take_the_torch_ops():
     lo, hi = row_keys(torch.arange(2), torch.zeros(2, dtype=torch.long))
-    assert gumbel_noise(lo, hi, torch.arange(8, dtype=torch.int32), _PERM_SALT, UNIFORM_BITS) is None
+    assert gumbel_noise(lo, hi, torch.arange(8, dtype=torch.int32), PERM_SALT, UNIFORM_BITS) is None

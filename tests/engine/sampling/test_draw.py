@@ -13,9 +13,12 @@ from batchgen.engine.sampling import draw as draw_module
 from batchgen.engine.sampling.draw import RowControls, draw
 
 
-@pytest.fixture(autouse=True, params=["kernel", "torch"])
+@pytest.fixture(autouse=True, params=["draw-kernel", "window-kernel", "torch"])
 def window_path(request, monkeypatch):
-    """Every test twice: the first window from the CPU kernel, and from torch's topk (other devices)."""
+    """Every test three times: the whole draw in the CPU kernel (a draw without logprobs), the window
+    path with its first window from the CPU kernel, and the window path in torch ops (other devices)."""
+    if request.param != "draw-kernel":
+        monkeypatch.setattr(draw_module, "sample_draw", lambda *args: None)
     if request.param == "torch":
         monkeypatch.setattr(draw_module, "sample_window", lambda *args: None)
     return request.param

@@ -35,9 +35,10 @@ def draws(sampler: Sampler, logits_row: torch.Tensor, s: Sequence, n: int) -> li
 
 
 def kept(row: torch.Tensor, window: int = 256, **params) -> torch.Tensor:
-    """Which tokens a draw with these settings may pick: [vocab_size] bool."""
+    """Which tokens a draw with these settings may pick: [vocab_size] bool (read from the window,
+    which a draw keeps when its row asks for logprobs)."""
     sampler = Sampler(window=window)
-    sampler.sample(row[None], [seq(0, temperature=1.0, seed=0, **params)])
+    sampler.sample(row[None], [seq(0, temperature=1.0, seed=0, logprobs=0, **params)])
     drawn = sampler.last_draw
     mask = torch.zeros(row.shape[-1], dtype=torch.bool)
     mask[drawn.value_ids[0][torch.isfinite(drawn.values[0])]] = True

@@ -23,7 +23,9 @@ IM_START = 3  # "<|im_start|>", a special token
 
 def _min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     sampler = Sampler()
-    seq = Sequence.from_request(0, Request("0", [1], SamplingParams(temperature=1.0, min_p=min_p, seed=0)))
+    # logprobs: the draw keeps its window, where the kept set is read
+    seq = Sequence.from_request(0, Request("0", [1], SamplingParams(temperature=1.0, min_p=min_p, seed=0,
+                                                                    logprobs=0)))
     sampler.sample(logits[None], [seq])
     drawn = sampler.last_draw
     out = torch.full_like(logits, float("-inf"))

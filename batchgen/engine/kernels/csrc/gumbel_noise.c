@@ -10,31 +10,17 @@
 #include <stdint.h>
 #include <math.h>
 
-static inline uint32_t lowbias32(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x21F0AAADu;
-    x ^= x >> 15;
-    x *= 0x735A2D97u;
-    x ^= x >> 15;
-    return x;
-}
+#include "gumbel_hash.h"  /* gumbel_value */
 
 /* key_lo, key_hi: [rows] (each row's key halves); token_ids: [rows, n] int64, ids_row_stride elements
  * apart (0: one [n] row of ids for every row); out: [rows, n] float32. perm(j) = lowbias32(j ^ salt). */
 void gumbel_noise(const int32_t* key_lo, const int32_t* key_hi, const int64_t* token_ids, int64_t rows, int64_t n,
                   int64_t ids_row_stride, uint32_t salt, int uniform_bits, float* out, int num_threads) {
-    const float scale = ldexpf(1.f, -uniform_bits);
-    const int shift = 32 - uniform_bits;
     #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * n > 32768)
     for (int64_t r = 0; r < rows; r++) {
         const uint32_t lo = (uint32_t)key_lo[r], hi = (uint32_t)key_hi[r];
         const int64_t* ids = token_ids + r * ids_row_stride;
         float* o = out + r * n;
-        for (int64_t j = 0; j < n; j++) {
-            const uint32_t perm = lowbias32((uint32_t)ids[j] ^ salt);
-            const uint32_t bits = lowbias32(lowbias32(perm ^ lo) ^ hi);
-            const float u = ((float)(bits >> shift) + 0.5f) * scale;
-            o[j] = -logf(-logf(u));
-        }
+        for (int64_t j = 0; j < n; j++) o[j] = gumbel_value(lo, hi, (uint32_t)ids[j], salt, uniform_bits);
     }
 }

@@ -21,93 +21,7 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-ALWAYS_INLINE float load_one(const void* x, int bf16, int64_t i) {
-    if (!bf16) return ((const float*)x)[i];
-    const uint32_t bits = (uint32_t)((const uint16_t*)x)[i] << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-#ifdef __AVX512F__
-#include <immintrin.h>
-#include "simd_exp.h"
-
-ALWAYS_INLINE __m512 load16(const void* x, int bf16, int64_t i) {
-    if (!bf16) return _mm512_loadu_ps((const float*)x + i);
-    const __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)x + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-#endif
-
-/* A candidate as one 64-bit key whose ascending order is (value descending, then id ascending):
- * the value's bits made monotone and inverted above, the id below. Sorting plain integers keeps the
- * comparisons inline (qsort's callback cost more than the rest of a row). */
-ALWAYS_INLINE uint64_t candidate_key(float value, int32_t id) {
-    uint32_t bits;
-    memcpy(&bits, &value, 4);
-    bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  /* monotone in the float's order */
-    return ((uint64_t)~bits << 32) | (uint32_t)id;
-}
-
-ALWAYS_INLINE float key_value(uint64_t key) {
-    uint32_t bits = ~(uint32_t)(key >> 32);
-    bits = (bits & 0x80000000u) ? (bits & 0x7FFFFFFFu) : ~bits;
-    float value;
-    memcpy(&value, &bits, 4);
-    return value;
-}
-
-ALWAYS_INLINE void swap_keys(uint64_t* a, uint64_t* b) {
-    const uint64_t t = *a;
-    *a = *b;
-    *b = t;
-}
-
-/* quickselect: reorder c so that its first `count` entries are its `count` smallest keys */
-static void select_first(uint64_t* c, int64_t n, int64_t count) {
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const uint64_t pivot = c[lo + (hi - lo) / 2];
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (c[i] < pivot) i++;
-            while (pivot < c[j]) j--;
-            if (i <= j) swap_keys(&c[i++], &c[j--]);
-        }
-        if (count - 1 <= j) hi = j;
-        else if (count - 1 >= i) lo = i;
-        else break;
-    }
-}
-
-/* ascending sort of the (distinct) keys: quicksort down to short runs, then insertion */
-static void sort_keys(uint64_t* c, int64_t n) {
-    while (n > 16) {
-        const uint64_t pivot = c[n / 2];
-        int64_t i = 0, j = n - 1;
-        while (i <= j) {
-            while (c[i] < pivot) i++;
-            while (pivot < c[j]) j--;
-            if (i <= j) swap_keys(&c[i++], &c[j--]);
-        }
-        /* recurse into the shorter side, loop on the longer: the stack stays logarithmic */
-        if (j + 1 < n - i) {
-            sort_keys(c, j + 1);
-            c += i;
-            n -= i;
-        } else {
-            sort_keys(c + i, n - i);
-            n = j + 1;
-        }
-    }
-    for (int64_t a = 1; a < n; a++) {
-        const uint64_t key = c[a];
-        int64_t b = a - 1;
-        for (; b >= 0 && c[b] > key; b--) c[b + 1] = c[b];
-        c[b + 1] = key;
-    }
-}
+#include "sample_rows.h"  /* load_one, load16, candidate keys, select_first, sort_keys, collect */
 
 /* candidate cuts, in nats (after temperature) below the row's max: the collection takes the first
  * that holds at least `window` values, counted during the sum-of-exp pass so only one collection
@@ -154,28 +68,6 @@ static void max_and_sum(const void* x, int bf16, int64_t n, float temperature, f
     }
     *out_max = m;
     *out_sum = s;
-}
-
-/* the row's logits >= cut and their ids into raw/ids (vectorized); returns how many */
-static int64_t collect(const void* x, int bf16, int64_t n, float cut, float* raw, int32_t* ids) {
-    int64_t k = 0, i = 0;
-#ifdef __AVX512F__
-    const __m512 vcut = _mm512_set1_ps(cut);
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = load16(x, bf16, i);
-        const __mmask16 keep = _mm512_cmp_ps_mask(v, vcut, _CMP_GE_OQ);
-        if (!keep) continue;
-        _mm512_mask_compressstoreu_ps(raw + k, keep, v);
-        _mm512_mask_compressstoreu_epi32(ids + k, keep, _mm512_add_epi32(_mm512_set1_epi32((int32_t)i), iota));
-        k += __builtin_popcount(keep);
-    }
-#endif
-    for (; i < n; i++) {
-        const float v = load_one(x, bf16, i);
-        if (v >= cut) { raw[k] = v; ids[k] = (int32_t)i; k++; }
-    }
-    return k;
 }
 
 static void window_row(const void* x, int bf16, int64_t n, float temperature, int64_t window, float* vals,
