@@ -220,6 +220,7 @@ def main() -> None:
                   "(recipe: ../shared/reference/vllm-cpu-peer.md)")
             systems.remove(name)
     results: dict[str, list[dict]] = {}
+    failures: dict[str, list[str]] = {}  # runs of a peer that crashed, with its last error line
     with tempfile.TemporaryDirectory(prefix="batchgen-peers-") as tmp_name:
         tmp = Path(tmp_name)
         for model, dtype in [(m, d) for m in args.model.split(",") for d in args.dtype.split(",")]:
@@ -248,8 +249,15 @@ def main() -> None:
                             # batchgen-w2: --workers 2 (data-parallel shard processes)
                             rec = run_batchgen(rows, dtype, tmp, [*model_flags, *system_flags(system), *ours])
                         elif system in ("vllm", "vllm-inproc"):
-                            rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp,
-                                           in_process=system == "vllm-inproc", extra=theirs)
+                            try:
+                                rec = run_vllm(args.vllm_python, model_dir, rows, dtype, max_len, tmp,
+                                               in_process=system == "vllm-inproc", extra=theirs)
+                            except RuntimeError as e:  # a peer's crash is a result, not the end of the run
+                                lines = str(e).strip().splitlines()
+                                why = ([line for line in lines if "Error" in line] or lines)[-1].strip()[:200]
+                                failures.setdefault(f"{prefix}/{workload}/{system}@{mode}", []).append(why)
+                                print(f"round {r} {prefix} {workload} {system}@{mode}: FAILED: {why}", flush=True)
+                                continue
                         else:
                             rec = run_hf(system, lm, table, tmp)
                         if mode != "greedy":
@@ -265,7 +273,9 @@ def main() -> None:
                               + f" (other cores {rec['load'].get('other_cores')})", flush=True)
             del lm
     report(results)
-    write_record({"benchmark": "peers", "args": args_config(args), "results": results}, None)
+    for key, whys in failures.items():
+        print(f"FAILED {key} ({len(whys)} of {args.rounds} rounds): {whys[-1]}")
+    write_record({"benchmark": "peers", "args": args_config(args), "results": results, "failures": failures}, None)
 
 
 def structured_schema() -> dict:
