@@ -83,10 +83,11 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             step = max(1, plan.num_rows // calibration_rows)  # spread over the shard, not its longest rows
             sample = [r.prompt_token_ids for r in plan.rows[::step][:calibration_rows]]
         for r in plan.rows:
-            size.add(r.row.row_id, r.row.values)
+            # a row with n samples writes n output rows, each with its own text
+            size.add(r.row.row_id, r.row.values, copies=r.num_samples)
             prompt_tally.add(r.num_prompt_tokens)
-            p50_tally.add(r.prediction.p50)
-            p90_tally.add(r.prediction.p90)
+            p50_tally.add(r.prediction.p50 * r.num_samples)
+            p90_tally.add(r.prediction.p90 * r.num_samples)
         entry = plan.describe()
         entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token, engine.kv_window, budget,
                                      engine.kv_groups)

@@ -15,6 +15,7 @@ policy saves per step beyond that is not in the estimate.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +86,9 @@ class WindowWork:
     """What a shard's time estimate needs, kept instead of its rows."""
 
     num_rows: int
+    num_sequences: int  # a row runs one per sample
     prompt_tokens: int
-    output_tokens: int  # sum of p50
+    output_tokens: int  # sum of p50 over the samples
     static_steps: int  # sum over predicted static batches of prefill chunks + the longest p90
 
 
@@ -117,8 +119,8 @@ def window_work(plan: WindowPlan, budget: int) -> WindowWork:
     for batch in batch_slices(plan.rows, plan.static_batches):
         static_steps += ceil_div(sum(r.num_prompt_tokens for r in batch), budget)
         static_steps += max(r.prediction.p90 for r in batch)
-    return WindowWork(plan.num_rows, sum(r.num_prompt_tokens for r in plan.rows),
-                      sum(r.prediction.p50 for r in plan.rows), static_steps)
+    return WindowWork(plan.num_rows, sum(r.num_samples for r in plan.rows), sum(r.num_prompt_tokens for r in plan.rows),
+                      sum(r.prediction.p50 * r.num_samples for r in plan.rows), static_steps)
 
 
 def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token: int,
@@ -130,22 +132,28 @@ def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token
     holds at most its window plus one step's chunk of `budget` tokens; static reservations are
     taken whole at admission, so they count every token. With `kv_groups` (a local/global model,
     engine/kv/groups.py; `bytes_per_token` is then one pool block's) a row holds a block per block
-    of its tokens in every group, but in a sliding group at most its window's, reserved or not."""
-    def blocks(r: PlannedRow, out: int) -> int:
+    of its tokens in every group, but in a sliding group at most its window's, reserved or not.
+    A row with n samples runs n sequences: the first holds the prompt, each other only the prompt's
+    last, partial block (the full ones are shared) and its own output."""
+    def blocks(r: PlannedRow, num_tokens: int) -> int:
         if kv_groups is not None:
-            num_tokens = r.num_prompt_tokens + out
             return kv_groups.blocks_held(num_tokens, budget or r.num_prompt_tokens, block_size)
-        return ceil_div(r.num_prompt_tokens + out, block_size)
+        return ceil_div(num_tokens, block_size)
 
-    def held_blocks(r: PlannedRow, out: int) -> int:
+    def held_blocks(r: PlannedRow, num_tokens: int) -> int:
         if kv_window is None:
-            return blocks(r, out)
-        return min(blocks(r, out), ceil_div(kv_window + (budget or r.num_prompt_tokens), block_size) + 1)
+            return blocks(r, num_tokens)
+        return min(blocks(r, num_tokens), ceil_div(kv_window + (budget or r.num_prompt_tokens), block_size) + 1)
+
+    def sequences(r: PlannedRow, out: int, count: Callable[[PlannedRow, int], int]) -> list[int]:
+        other = count(r, r.num_prompt_tokens % block_size + out)
+        return [count(r, r.num_prompt_tokens + out)] + [other] * (r.num_samples - 1)
 
     static = 0
     for batch in batch_slices(plan.rows, plan.static_batches):
-        static = max(static, sum(blocks(r, r.prediction.p90) for r in batch))
-    longest = sorted((held_blocks(r, r.prediction.p50) for r in plan.rows), reverse=True)[:batch_size]
+        static = max(static, sum(sum(sequences(r, r.prediction.p90, blocks)) for r in batch))
+    longest = sorted((b for r in plan.rows for b in sequences(r, r.prediction.p50, held_blocks)),
+                     reverse=True)[:batch_size]
     per_block = block_size * bytes_per_token
     result = {"static": static * per_block, "continuous": sum(longest) * per_block}
     result["needed"] = result[plan.mode]
@@ -155,7 +163,7 @@ def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token
 def window_seconds(calibration: Calibration, work: WindowWork, batch_size: int, budget: int) -> dict[str, float]:
     """The shard's estimated seconds in each mode."""
     continuous_steps = ceil_div(work.prompt_tokens, budget) + ceil_div(work.output_tokens,
-                                                                       min(batch_size, work.num_rows))
+                                                                       min(batch_size, work.num_sequences))
     tokens = work.prompt_tokens + work.output_tokens
     return {"static": round(calibration.seconds(work.static_steps, tokens), 3),
             "continuous": round(calibration.seconds(continuous_steps, tokens), 3)}

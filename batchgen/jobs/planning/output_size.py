@@ -36,11 +36,12 @@ class OutputSize:
     num_id_bytes: int = 0
     num_copied_bytes: dict[str, int] = field(default_factory=dict)
 
-    def add(self, row_id: Any, values: dict[str, Any]) -> None:
-        self.num_rows += 1
-        self.num_id_bytes += cell_bytes(row_id)
+    def add(self, row_id: Any, values: dict[str, Any], copies: int = 1) -> None:
+        """One input row, written `copies` times (once per sample of a row with n samples)."""
+        self.num_rows += copies
+        self.num_id_bytes += copies * cell_bytes(row_id)
         for name in self.columns:
-            self.num_copied_bytes[name] = self.num_copied_bytes.get(name, 0) + cell_bytes(values.get(name))
+            self.num_copied_bytes[name] = self.num_copied_bytes.get(name, 0) + copies * cell_bytes(values.get(name))
 
     def describe(self, predicted_output_tokens: int, bytes_per_token: float) -> dict[str, Any]:
         generated = round(predicted_output_tokens * bytes_per_token)

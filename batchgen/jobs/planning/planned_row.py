@@ -36,6 +36,8 @@ class PlannedRow:
     # its prompt hash, so that a resume under the same id regenerates a row whose settings changed, as
     # one whose prompt did
     settings_key: str | None = None
+    # the sequences the engine runs for it: its n samples (num_samples), which share the prompt's blocks
+    num_samples: int = 1
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -55,7 +55,7 @@ from batchgen.jobs.pipeline.row_constraint import check_compiles, row_constraint
 from batchgen.jobs.pipeline.row_sampling import row_sampling
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor, parse_known_length
-from batchgen.jobs.planning.planned_row import PlannedRow, row_settings_key
+from batchgen.jobs.planning.planned_row import PlannedRow, num_samples, row_settings_key
 from batchgen.jobs.planning.stats import ceil_div, distribution
 
 
@@ -65,6 +65,7 @@ def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig, *,
     `compile_constraint` (the engine's GrammarMasks.compiled): the row's own constraint is compiled
     against the model's tokenizer here, so that one that does not compile is this row's error."""
     planned = _prepare_row(row, builder, config)
+    planned.num_samples = num_samples(config, planned)
     if compile_constraint is not None:
         check_compiles(planned, config, compile_constraint)
     return planned
@@ -108,7 +109,7 @@ class WindowPlan:
 
     def describe(self) -> dict[str, Any]:
         """The shard as `batchgen plan --json` shows it (without per-row data)."""
-        p50 = [r.prediction.p50 for r in self.rows]
+        p50 = [r.prediction.p50 for r in self.rows]  # of each sample: a row's samples are drawn alike
         sources: dict[str, int] = {}
         for r in self.rows:
             sources[r.prediction.source] = sources.get(r.prediction.source, 0) + 1
@@ -118,7 +119,8 @@ class WindowPlan:
             "total_cv": round(self.total_cv, 4), "num_static_batches": len(self.static_batches),
             "batch_size": self.batch_size, "batch_size_reason": self.batch_size_reason,
             "prompt_tokens": distribution([r.num_prompt_tokens for r in self.rows]),
-            "predicted_output_tokens": sum(p50),
+            "num_sequences": sum(r.num_samples for r in self.rows),
+            "predicted_output_tokens": sum(r.prediction.p50 * r.num_samples for r in self.rows),
             "output_tokens_p50": distribution(p50),
             "output_tokens_p90": distribution([r.prediction.p90 for r in self.rows]),
             "prediction_sources": sources,
@@ -138,7 +140,7 @@ class Planner:
         self.block_size = block_size
         self.num_windows = 0
         self.num_planned_rows = 0
-        self.num_predicted_tokens = 0  # sum of p50 over the planned rows
+        self.num_predicted_tokens = 0  # sum of p50 over the planned rows' samples
 
     def plans(self, rows: Iterable[PlannedRow]) -> Iterator[WindowPlan]:
         for window in windows(rows, self.config.window_rows):
@@ -149,7 +151,7 @@ class Planner:
         for r in window:
             r.prediction = self.predictor.predict(r.num_prompt_tokens, r.max_new_tokens, r.known_output_tokens)
             r.window_index = self.num_windows
-            self.num_predicted_tokens += r.prediction.p50
+            self.num_predicted_tokens += r.prediction.p50 * r.num_samples
         self.num_planned_rows += len(window)
         ordered = sort_by_length(window) if config.sort_by_length else list(window)
         limits = self.batch_limits(window)
@@ -164,9 +166,10 @@ class Planner:
         return plan
 
     def batch_limits(self, window: list[PlannedRow]) -> BatchLimits:
-        """--batch-size, or auto: what the KV cache holds of this window's rows (prompt + predicted
-        output, mean), within the device's cap (engine/scheduler/sizing.py)."""
-        expected = sum(r.num_prompt_tokens + r.prediction.p50 for r in window) // max(1, len(window))
+        """--batch-size, or auto: what the KV cache holds of this window's sequences (prompt + predicted
+        output, mean; a row's samples share its prompt), within the device's cap (engine/scheduler/sizing.py)."""
+        expected = (sum(reserved_tokens(r, r.prediction.p50, 1) for r in window)
+                    // max(1, sum(r.num_samples for r in window)))
         return resolve_limits(device_type=self.device_type, kv_capacity_tokens=self.kv_capacity_tokens or 1 << 40,
                               max_num_seqs=self.config.batch_size,
                               max_num_batched_tokens=self.config.max_num_batched_tokens,
@@ -192,20 +195,32 @@ def sort_by_length(rows: list[PlannedRow]) -> list[PlannedRow]:
 
 def static_batches(rows: list[PlannedRow], batch_size: int, kv_capacity_tokens: int | None,
                    block_size: int) -> list[int]:
-    """Rows per batch as the static policy would take them in this order: batch_size rows, fewer
-    where their prompt + p90 reservations outgrow the KV cache."""
+    """Rows per batch as the static policy would take them in this order: batch_size sequences (a
+    row runs one per sample), fewer where their prompt + p90 reservations outgrow the KV cache."""
     sizes: list[int] = []
-    n = used = 0
+    num_rows = num_seqs = used = 0
     for r in rows:
-        need = ceil_div(r.num_prompt_tokens + r.prediction.p90, block_size) * block_size
-        if n and (n >= batch_size or (kv_capacity_tokens is not None and used + need > kv_capacity_tokens)):
-            sizes.append(n)
-            n = used = 0
-        n += 1
+        need = reserved_tokens(r, r.prediction.p90, block_size)
+        if num_rows and (num_seqs + r.num_samples > batch_size
+                         or (kv_capacity_tokens is not None and used + need > kv_capacity_tokens)):
+            sizes.append(num_rows)
+            num_rows = num_seqs = used = 0
+        num_rows += 1
+        num_seqs += r.num_samples
         used += need
-    if n:
-        sizes.append(n)
+    if num_rows:
+        sizes.append(num_rows)
     return sizes
+
+
+def reserved_tokens(r: PlannedRow, num_output_tokens: int, block_size: int) -> int:
+    """KV slots a row's sequences hold at num_output_tokens each, in whole blocks: the first sample
+    its prompt and output; each other sample the prompt's last, partial block (shared are only the
+    full ones, engine/scheduler/samples.py) and its own output."""
+    first = ceil_div(r.num_prompt_tokens + num_output_tokens, block_size)
+    partial = r.num_prompt_tokens % block_size
+    other = ceil_div(partial + num_output_tokens, block_size)
+    return (first + (r.num_samples - 1) * other) * block_size
 
 
 def batch_slices(rows: list[PlannedRow], batch_sizes: list[int]) -> Iterator[list[PlannedRow]]:
@@ -220,8 +235,8 @@ def static_occupancy(rows: list[PlannedRow], batch_sizes: list[int]) -> float:
     """Predicted fraction of static batch slots doing useful work (see the module docstring)."""
     useful = slots = 0
     for batch in batch_slices(rows, batch_sizes):
-        useful += sum(r.prediction.p50 for r in batch)
-        slots += len(batch) * max(r.prediction.p90 for r in batch)
+        useful += sum(r.prediction.p50 * r.num_samples for r in batch)
+        slots += sum(r.num_samples for r in batch) * max(r.prediction.p90 for r in batch)
     return useful / slots if slots else 1.0
 
 

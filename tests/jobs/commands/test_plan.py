@@ -27,7 +27,7 @@ from batchgen.jobs.pipeline import core, prepare
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LENGTH_MODEL_FILE, LengthPredictor
 from batchgen.jobs.planning.planned_row import PlannedRow
-from batchgen.jobs.planning.planner import Planner, static_batches, windows
+from batchgen.jobs.planning.planner import Planner, reserved_tokens, static_batches, windows
 
 # ---------------------------------------------------------------- planner decisions (no model)
 
@@ -107,6 +107,25 @@ def test_static_order_is_longest_first_and_batches_fit_the_cache():
     # 10 + 6 tokens fill one block of 16: a cache of 5 blocks holds 5 such rows per batch
     assert static_batches(alike, 16, 5 * 16, 16) == [5, 1]
     assert static_batches(alike, 4, None, 16) == [4, 2]
+
+
+def test_a_rows_samples_count_as_sequences():
+    """n = 4: a static batch of 8 sequences holds 2 rows, and the plan's tokens count every sample."""
+    planned = rows([40] * 6, known=[10] * 6)
+    for r in planned:
+        r.num_samples = 4
+    p = planner(batch_size=8)
+    plan = p.plan(planned)
+    assert plan.static_batches == [2, 2, 2]
+    described = plan.describe()
+    assert (described["num_rows"], described["num_sequences"], described["predicted_output_tokens"]) == (6, 24, 240)
+    assert p.num_predicted_tokens == 240
+    # a row asking for more samples than a batch holds still runs, alone
+    assert static_batches(planned[:2], 2, None, 16) == [1, 1]
+    # reservations: the prompt's full blocks once, its partial block and the output per sample
+    assert reserved_tokens(planned[0], 10, 16) == (4 + 3 * 2) * 16  # 40 + 10 -> 4 blocks; 8 + 10 -> 2 each
+    assert static_batches(planned, 8, 2 * 160, 16) == [2, 2, 2]
+    assert static_batches(planned, 8, 2 * 160 - 1, 16) == [1] * 6
 
 
 def test_windows_split_by_file_and_size():

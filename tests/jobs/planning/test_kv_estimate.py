@@ -10,7 +10,8 @@ from batchgen.jobs.planning.estimate import kv_bytes
 
 
 def plan(mode: Policy):
-    rows = [SimpleNamespace(num_prompt_tokens=n, prediction=SimpleNamespace(p50=50, p90=100)) for n in (400, 300, 30)]
+    rows = [SimpleNamespace(num_prompt_tokens=n, prediction=SimpleNamespace(p50=50, p90=100), num_samples=1)
+            for n in (400, 300, 30)]
     return SimpleNamespace(rows=rows, static_batches=[3], mode=mode)
 
 
@@ -33,3 +34,13 @@ def test_kv_groups_count_a_block_per_group_and_window_bounded_sliding_blocks_sta
     static = kv_bytes(plan(Policy.STATIC), 3, 16, 2, budget=32, kv_groups=groups)
     # ceil((prompt + p90) / 16) in the full group, at most the window's blocks in each sliding one
     assert static["static"] == (32 + 3 * bound + 25 + 3 * bound + 9 + 3 * bound) * per_block
+
+
+def test_samples_hold_the_prompts_partial_block_and_their_own_output():
+    rows = [SimpleNamespace(num_prompt_tokens=40, prediction=SimpleNamespace(p50=10, p90=20), num_samples=3)]
+    p = SimpleNamespace(rows=rows, static_batches=[1], mode=Policy.CONTINUOUS)
+    per_block = 16 * 2
+    # the first sample: ceil((40 + 10) / 16) = 4 blocks; each other: ceil((8 + 10) / 16) = 2
+    assert kv_bytes(p, 8, 16, 2)["continuous"] == (4 + 2 + 2) * per_block
+    assert kv_bytes(p, 2, 16, 2)["continuous"] == (4 + 2) * per_block  # the batch's two largest sequences
+    assert kv_bytes(p, 8, 16, 2)["static"] == (4 + 2 + 2) * per_block  # ceil(60 / 16), ceil(28 / 16) x 2

@@ -38,3 +38,13 @@ def test_cell_sizes():
     size = OutputSize(["a"])
     size.add("id-1", {"a": "xyz"})
     assert size.describe(10, 4.0)["total_bytes"] == 40 + 3 + 4 + 16
+
+
+def test_a_job_with_n_samples_plans_every_samples_row(tmp_path, tiny_model_dir, loaded):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": TEXTS}), src)
+    one, three = plan(src, tiny_model_dir, loaded), plan(src, tiny_model_dir, loaded, n=3)
+    assert three["predicted_output_tokens"] == 3 * one["predicted_output_tokens"]
+    assert three["shards"][0]["num_sequences"] == 9 and one["shards"][0]["num_sequences"] == 3
+    assert three["output_size"]["copied_columns"] == {"text": 3 * sum(len(t.encode()) for t in TEXTS)}
+    assert three["output_size"]["generated_text_bytes"] >= 3 * one["output_size"]["generated_text_bytes"] - 3
