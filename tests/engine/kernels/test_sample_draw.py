@@ -78,3 +78,16 @@ def test_a_strided_or_non_cpu_input_is_refused_with_none():
     args = (c.temperature, c.top_k, c.top_p, c.min_p, c.seeds, c.positions, 8, PERM_SALT, UNIFORM_BITS)
     assert sample_draw(x.t().contiguous().t(), *args) is None
     assert sample_draw(x.half(), *args) is None
+
+
+def test_top_k_ties_past_what_the_kernel_sorts_are_kept(monkeypatch):
+    """The k-th value tied with hundreds more: all of them are kept (the window path's rule), though
+    the kernel sorts only a margin past k before finding that out."""
+    vocab_size, rows = 4000, 64
+    x = torch.randn(rows, vocab_size, generator=torch.Generator().manual_seed(2)) - 10
+    x[:, :5] = torch.arange(5, 0, -1, dtype=torch.float32) + 2
+    x[:, 5:305] = 1.0  # the 6th to 305th largest, all equal
+    c = controls(rows, top_k=8, seeds=torch.arange(rows) * 7 + 1)
+    got = fused(x, c, 256)
+    assert torch.equal(got, window_path(x, c, 256, monkeypatch, torch_ops=False))
+    assert (got >= 5).any() and (got < 305).all()  # the tied tokens are drawn, nothing below them

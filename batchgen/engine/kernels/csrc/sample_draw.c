@@ -167,20 +167,37 @@ typedef struct {
 ALWAYS_INLINE float noise_of(const Noise* z, uint32_t id) { return gumbel_value(z->lo, z->hi, id, z->salt, z->uniform_bits); }
 
 /* An untruncated row whose pseudo-token won: argmax of x + noise over its tail (x <= edge, every
- * token id, first id on ties, as torch's argmax over the vocabulary). The collected candidates seed
- * the best score, so that most of the row is skipped by the noise's bound without being hashed. */
+ * token id, first id on ties, as torch's argmax over the vocabulary). The tail's largest collected
+ * value seeds the best score, so that most of the row is skipped by the noise's bound unhashed. */
 static int64_t draw_tail(const void* x, int bf16, int64_t n, float temperature, float edge, const uint64_t* keys,
                          int64_t k, const Noise* z) {
     float best = -INFINITY;
     int64_t token = -1;
-    for (int64_t j = 0; j < k; j++) {
-        const float v = key_value(keys[j]);
-        if (!(v <= edge)) continue;
-        const int64_t id = key_id(keys[j]);
-        const float score = v + noise_of(z, (uint32_t)id);
-        if (score > best || (score == best && id < token)) best = score, token = id;
+    uint64_t seed_key = UINT64_MAX;  /* the largest collected tail value: its score seeds the bound */
+    for (int64_t j = 0; j < k; j++)
+        if (key_value(keys[j]) <= edge && keys[j] < seed_key) seed_key = keys[j];
+    if (seed_key != UINT64_MAX) {
+        token = key_id(seed_key);
+        best = key_value(seed_key) + noise_of(z, (uint32_t)token);
     }
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = 0;
+#ifdef __AVX512F__
+    /* a block whose every value lies beyond the noise's reach below the best is skipped whole: the
+     * product by 1 / temperature is within rounding of the division, which the slack covers */
+    const __m512 inv_temperature = _mm512_set1_ps(1.f / temperature);
+    for (; i + 16 <= n; i += 16) {
+        const float reach = best - GUMBEL_BOUND - 0.01f - fabsf(best) * 1e-5f;
+        const __m512 approx = _mm512_mul_ps(load16(x, bf16, i), inv_temperature);
+        if (!_mm512_cmp_ps_mask(approx, _mm512_set1_ps(reach), _CMP_GE_OQ)) continue;
+        for (int64_t j = i; j < i + 16; j++) {
+            const float v = load_one(x, bf16, j) / temperature;
+            if (!(v <= edge) || v + GUMBEL_BOUND < best) continue;
+            const float score = v + noise_of(z, (uint32_t)j);
+            if (score > best || (score == best && j < token)) best = score, token = j;
+        }
+    }
+#endif
+    for (; i < n; i++) {
         const float v = load_one(x, bf16, i) / temperature;
         if (!(v <= edge) || v + GUMBEL_BOUND < best) continue;
         const float score = v + noise_of(z, (uint32_t)i);
@@ -248,16 +265,28 @@ static int64_t draw_row(const void* x, int bf16, int64_t n, float temperature, i
     const float lse = st.max / temperature + logf(st.sum);
     int c = first_cut(&st, untruncated, window, top_k, top_k_on, top_p, min_p);
     if (untruncated && window >= n) c = NUM_CUTS;  /* a window of the whole row keeps every token */
+    int retried = 0;
     for (;; c++) {
-        const int64_t k = collect(x, bf16, n, c < NUM_CUTS ? st.max - CUT_NATS[c] * temperature : -INFINITY,
+        int64_t k = collect(x, bf16, n, c < NUM_CUTS ? st.max - CUT_NATS[c] * temperature : -INFINITY,
                                   sc->raw, sc->ids);
         for (int64_t j = 0; j < k; j++)
             sc->keys[j] = candidate_key(sc->raw[j] / temperature, sc->ids[j]);  /* as torch's logits / temperature */
         if (untruncated && window < n) return draw_untruncated(x, bf16, n, temperature, lse, sc->keys, k, window, z);
-        sort_keys(sc->keys, k);
+        /* top-k keeps at most its k largest and their ties: sort a margin beyond them, not the cut's all
+         * (ties past the margin make the threshold reach its edge: the next cut sorts everything) */
+        int64_t sorted = k;
+        if (top_k_on && !retried && c < NUM_CUTS && k > 2 * top_k + 32) {
+            sorted = 2 * top_k + 32;
+            select_first(sc->keys, k, sorted);
+        }
+        sort_keys(sc->keys, sorted);
         float threshold;
-        if (truncated_threshold(sc->keys, k, k == n, n, top_k, top_p, min_p, lse, &threshold) && c < NUM_CUTS)
-            continue;  /* the kept set may reach below this cut: the next one */
+        if (truncated_threshold(sc->keys, sorted, sorted == n, n, top_k, top_p, min_p, lse, &threshold)
+            && c < NUM_CUTS) {
+            retried = 1;
+            continue;  /* the kept set may reach below what was sorted: the next cut */
+        }
+        k = sorted;
         float best = -INFINITY;
         int64_t token = key_id(sc->keys[0]);
         for (int64_t j = 0; j < k; j++) {
