@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from batchgen.config.choices import Policy
-from batchgen.config.constraint import InvalidConstraint
+from batchgen.engine.admission import check_request
 from batchgen.engine.attention import paged as attention
 from batchgen.engine.attention.registry import make_backend
 from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
@@ -36,16 +36,11 @@ from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler import sizing
 from batchgen.engine.scheduler.scheduler import Scheduler
 from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
-from batchgen.errors import EngineError, UsageError
+from batchgen.errors import EngineError
 from batchgen.runtime import omp
 from batchgen.runtime.threads import ThreadGovernor
 
 log = logging.getLogger(__name__)
-
-
-class RequestRejected(UsageError, ValueError):
-    """This one request cannot run (too long for the context or the KV cache); others can. A user's
-    input, not an engine fault: the job loop must not rerun it in static mode."""
 
 
 # a step that runs out of device memory is retried after freeing some: the KV cache loses this
@@ -205,23 +200,9 @@ class LLMEngine:
             for sample_index in range(request.sampling.n):
                 self.add_request(dataclasses.replace(request, sample_index=sample_index))
             return
-        num_prompt = len(request.prompt_token_ids)
-        if num_prompt == 0:
-            raise RequestRejected("empty prompt")
-        if num_prompt >= self.max_tokens_per_seq:
-            raise RequestRejected(
-                f"prompt of {num_prompt} tokens leaves no room to generate (limit {self.max_tokens_per_seq} "
-                "tokens: the model's context or the KV cache)")
-        if request.continuation is not None and request.sampling.logprobs is not None:
-            # the earlier attempt's logprobs are not part of a continuation (in_flight leaves such rows out)
-            raise RequestRejected("a continued request cannot return logprobs; start it over")
-        if request.sampling.constraint is not None:
-            try:
-                self.grammar.compiled(request.sampling.constraint)  # cached: rows sharing one compile once
-            except InvalidConstraint as e:
-                raise RequestRejected(f"invalid {request.sampling.constraint.kind.value} constraint: {e}") from None
+        check_request(request, self.max_tokens_per_seq, self.grammar)
         seq = Sequence.from_request(next(self._seq_ids), request)
-        self.metrics.num_prompt_tokens += num_prompt
+        self.metrics.num_prompt_tokens += len(request.prompt_token_ids)
         self.runner.add(seq)  # before the checks below: a continued row's grammar replays its tokens
         if seq.num_generated_tokens:
             # a continued row whose earlier tokens already end it (a stop was sampled in the very

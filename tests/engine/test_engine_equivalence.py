@@ -226,7 +226,7 @@ def test_prompt_that_needs_every_block_still_runs(llama, tokenizer):
 
 
 def test_prompt_too_long_for_the_cache_is_rejected(llama, tokenizer):
-    from batchgen.engine.engine import RequestRejected
+    from batchgen.engine.admission import RequestRejected
 
     engine = LLMEngine(copy.deepcopy(llama), tokenizer, EngineConfig(num_kv_blocks=4, block_size=4))
     with pytest.raises(RequestRejected):

@@ -157,7 +157,7 @@ def test_static_rows_past_their_predicted_length_are_parked_and_finish_with_gene
 
 
 def test_the_longest_request_counts_window_bounded_blocks_in_the_sliding_groups(tokenizer):
-    from batchgen.engine.engine import RequestRejected
+    from batchgen.engine.admission import RequestRejected
 
     model = gemma3()
     config = EngineConfig(block_size=4, num_kv_blocks=60, max_num_seqs=2, max_num_batched_tokens=16)

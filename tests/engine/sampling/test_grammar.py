@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from batchgen.config.constraint import Constraint
-from batchgen.engine.engine import EngineConfig, LLMEngine, RequestRejected
+from batchgen.engine.admission import RequestRejected
+from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Continuation, FinishReason, Request, SamplingParams
 from tests.tiny import make_tiny_model
 

@@ -10,7 +10,8 @@ import copy
 import pytest
 import torch
 
-from batchgen.engine.engine import EngineConfig, LLMEngine, RequestRejected
+from batchgen.engine.admission import RequestRejected
+from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
