@@ -41,7 +41,8 @@ from batchgen.io.manifest.entries import (  # re-exported: readers of the state 
 )
 from batchgen.io.manifest.part_record import PartRecord
 from batchgen.io.manifest.prompt_hashes import PromptHashes
-from batchgen.io.manifest.snapshot import apply_snapshot, part_row_lists, part_rows
+from batchgen.io.manifest.snapshot import apply_snapshot
+from batchgen.io.manifest.snapshot_rows import part_row_lists, part_rows
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import OutputStore
 
