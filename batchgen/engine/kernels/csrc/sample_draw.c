@@ -28,7 +28,7 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-#include "sample_rows.h"  /* load_one, load16, candidate keys, select_first, sort_keys, collect */
+#include "sample_rows.h"  /* load_one, load16, candidate keys, select_first, sort_keys, collect_keys */
 #include "gumbel_hash.h"  /* row_key, gumbel_value */
 
 /* cuts in nats (after temperature) below the row's max; past the last, the whole row is collected */
@@ -236,9 +236,7 @@ static int64_t draw_untruncated(const void* x, int bf16, int64_t n, float temper
 }
 
 typedef struct {
-    float* raw;
-    int32_t* ids;
-    uint64_t* keys;
+    uint64_t* keys;  /* a row's candidates */
     int64_t capacity;
 } Scratch;
 
@@ -247,11 +245,9 @@ static __thread Scratch thread_scratch;
 
 static int reserve(Scratch* sc, int64_t n) {
     if (sc->capacity >= n) return 1;
-    free(sc->raw), free(sc->ids), free(sc->keys);
-    sc->raw = (float*)malloc((size_t)n * sizeof(float));
-    sc->ids = (int32_t*)malloc((size_t)n * sizeof(int32_t));
+    free(sc->keys);
     sc->keys = (uint64_t*)malloc((size_t)n * sizeof(uint64_t));
-    sc->capacity = sc->raw && sc->ids && sc->keys ? n : 0;
+    sc->capacity = sc->keys ? n : 0;
     return sc->capacity > 0;
 }
 
@@ -267,10 +263,8 @@ static int64_t draw_row(const void* x, int bf16, int64_t n, float temperature, i
     if (untruncated && window >= n) c = NUM_CUTS;  /* a window of the whole row keeps every token */
     int retried = 0;
     for (;; c++) {
-        int64_t k = collect(x, bf16, n, c < NUM_CUTS ? st.max - CUT_NATS[c] * temperature : -INFINITY,
-                                  sc->raw, sc->ids);
-        for (int64_t j = 0; j < k; j++)
-            sc->keys[j] = candidate_key(sc->raw[j] / temperature, sc->ids[j]);  /* as torch's logits / temperature */
+        int64_t k = collect_keys(x, bf16, n, c < NUM_CUTS ? st.max - CUT_NATS[c] * temperature : -INFINITY,
+                                 temperature, sc->keys);
         if (untruncated && window < n) return draw_untruncated(x, bf16, n, temperature, lse, sc->keys, k, window, z);
         /* top-k keeps at most its k largest and their ties: sort a margin beyond them, not the cut's all
          * (ties past the margin make the threshold reach its edge: the next cut sorts everything) */

@@ -95,7 +95,7 @@ static void sort_keys(uint64_t* c, int64_t n) {
 }
 
 /* the row's logits >= cut and their ids into raw/ids (vectorized); returns how many */
-static int64_t collect(const void* x, int bf16, int64_t n, float cut, float* raw, int32_t* ids) {
+static inline int64_t collect(const void* x, int bf16, int64_t n, float cut, float* raw, int32_t* ids) {
     int64_t k = 0, i = 0;
 #ifdef __AVX512F__
     const __m512 vcut = _mm512_set1_ps(cut);
@@ -112,6 +112,43 @@ static int64_t collect(const void* x, int bf16, int64_t n, float cut, float* raw
     for (; i < n; i++) {
         const float v = load_one(x, bf16, i);
         if (v >= cut) { raw[k] = v; ids[k] = (int32_t)i; k++; }
+    }
+    return k;
+}
+
+/* the row's logits >= cut straight into candidate keys of logit / temperature (the division
+ * torch does), vectorized; returns how many */
+static inline int64_t collect_keys(const void* x, int bf16, int64_t n, float cut, float temperature, uint64_t* keys) {
+    int64_t k = 0, i = 0;
+#ifdef __AVX512F__
+    const __m512 vcut = _mm512_set1_ps(cut), vt = _mm512_set1_ps(temperature);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = load16(x, bf16, i);
+        const __mmask16 keep = _mm512_cmp_ps_mask(v, vcut, _CMP_GE_OQ);
+        if (!keep) continue;
+        const __m512i bits = _mm512_castps_si512(_mm512_div_ps(v, vt));
+        /* candidate_key's high half: a negative value's bits as they are, a positive one's inverted
+         * below the sign bit */
+        const __mmask16 negative = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
+        const __m512i high = _mm512_mask_mov_epi32(_mm512_andnot_si512(bits, magnitude), negative, bits);
+        const __m512i ids = _mm512_add_epi32(_mm512_set1_epi32((int32_t)i), iota);
+        const __m512i low8 = _mm512_or_si512(
+            _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(high)), 32),
+            _mm512_cvtepu32_epi64(_mm512_castsi512_si256(ids)));
+        const __m512i high8 = _mm512_or_si512(
+            _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(high, 1)), 32),
+            _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(ids, 1)));
+        _mm512_mask_compressstoreu_epi64(keys + k, (__mmask8)keep, low8);
+        k += __builtin_popcount(keep & 0xFF);
+        _mm512_mask_compressstoreu_epi64(keys + k, (__mmask8)(keep >> 8), high8);
+        k += __builtin_popcount(keep >> 8);
+    }
+#endif
+    for (; i < n; i++) {
+        const float v = load_one(x, bf16, i);
+        if (v >= cut) keys[k++] = candidate_key(v / temperature, (int32_t)i);
     }
     return k;
 }
