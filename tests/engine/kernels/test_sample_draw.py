@@ -91,3 +91,19 @@ def test_top_k_ties_past_what_the_kernel_sorts_are_kept(monkeypatch):
     got = fused(x, c, 256)
     assert torch.equal(got, window_path(x, c, 256, monkeypatch, torch_ops=False))
     assert (got >= 5).any() and (got < 305).all()  # the tied tokens are drawn, nothing below them
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flat_rows_whose_tail_wins_draw_the_window_paths_tail_token(dtype, monkeypatch):
+    """Flat rows at temperature 1-2 with a window of 8: the tail wins most draws, and the kernel rules
+    most of its tokens out by their hash alone before hashing the rest in full."""
+    vocab_size, rows = 3000, 300
+    x = (torch.randn(rows, vocab_size, generator=torch.Generator().manual_seed(9)) * 0.7).to(dtype)
+    x[::3, :50] -= float("inf")  # masked tokens in the tail
+    c = controls(rows, temperature=1.0 + torch.arange(rows) % 2, seeds=torch.arange(rows) * 31337 + 3,
+                 positions=torch.arange(rows) % 11)
+    got = fused(x, c, 8)
+    assert torch.equal(got, window_path(x, c, 8, monkeypatch, torch_ops=False))
+    scaled = x.float() / c.temperature[:, None]
+    edge = scaled.topk(8, -1).values[:, -1]
+    assert int((scaled.gather(1, got[:, None])[:, 0] <= edge).sum()) > rows // 2  # the tail won

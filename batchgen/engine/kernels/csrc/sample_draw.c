@@ -166,6 +166,16 @@ typedef struct {
 
 ALWAYS_INLINE float noise_of(const Noise* z, uint32_t id) { return gumbel_value(z->lo, z->hi, id, z->salt, z->uniform_bits); }
 
+#ifdef __AVX512F__
+ALWAYS_INLINE __m512i lowbias16(__m512i x) {  /* gumbel_hash.h's lowbias32 on 16 lanes */
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x21F0AAAD));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x735A2D97));
+    return _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+}
+#endif
+
 /* An untruncated row whose pseudo-token won: argmax of x + noise over its tail (x <= edge, every
  * token id, first id on ties, as torch's argmax over the vocabulary). The tail's largest collected
  * value seeds the best score, so that most of the row is skipped by the noise's bound unhashed. */
@@ -185,11 +195,27 @@ static int64_t draw_tail(const void* x, int bf16, int64_t n, float temperature, 
     /* a block whose every value lies beyond the noise's reach below the best is skipped whole: the
      * product by 1 / temperature is within rounding of the division, which the slack covers */
     const __m512 inv_temperature = _mm512_set1_ps(1.f / temperature);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (; i + 16 <= n; i += 16) {
-        const float reach = best - GUMBEL_BOUND - 0.01f - fabsf(best) * 1e-5f;
+        const float slack = 0.01f + fabsf(best) * 1e-5f;
         const __m512 approx = _mm512_mul_ps(load16(x, bf16, i), inv_temperature);
-        if (!_mm512_cmp_ps_mask(approx, _mm512_set1_ps(reach), _CMP_GE_OQ)) continue;
-        for (int64_t j = i; j < i + 16; j++) {
+        __mmask16 reach = _mm512_cmp_ps_mask(approx, _mm512_set1_ps(best - GUMBEL_BOUND - slack), _CMP_GE_OQ);
+        if (!reach) continue;
+        /* the lanes whose noise could lift them to the best: x + g >= best needs g >= d = best - x,
+         * that is u >= exp(-exp(-d)), and u grows with the hash bits, so the hash alone (16 lanes at
+         * once) rules out most of a flat row's tail; the bound is loosened past exp16's rounding */
+        const __m512i bits = lowbias16(_mm512_xor_si512(lowbias16(_mm512_xor_si512(lowbias16(
+            _mm512_xor_si512(_mm512_add_epi32(_mm512_set1_epi32((int32_t)i), iota), _mm512_set1_epi32((int32_t)z->salt))),
+            _mm512_set1_epi32((int32_t)z->lo))), _mm512_set1_epi32((int32_t)z->hi)));
+        const __m512 u = _mm512_mul_ps(
+            _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bits, 32 - z->uniform_bits)), _mm512_set1_ps(0.5f)),
+            _mm512_set1_ps(ldexpf(1.f, -z->uniform_bits)));
+        const __m512 d = _mm512_sub_ps(_mm512_set1_ps(best - slack), approx);  /* at most best - x */
+        const __m512 u_min = exp16(_mm512_sub_ps(_mm512_setzero_ps(), exp16(_mm512_sub_ps(_mm512_setzero_ps(), d))));
+        reach &= _mm512_cmp_ps_mask(u, _mm512_sub_ps(_mm512_mul_ps(u_min, _mm512_set1_ps(1.f - 1e-5f)),
+                                                     _mm512_set1_ps(1e-7f)), _CMP_GE_OQ);
+        for (; reach; reach &= reach - 1) {
+            const int64_t j = i + __builtin_ctz(reach);
             const float v = load_one(x, bf16, j) / temperature;
             if (!(v <= edge) || v + GUMBEL_BOUND < best) continue;
             const float score = v + noise_of(z, (uint32_t)j);
