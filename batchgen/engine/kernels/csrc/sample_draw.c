@@ -203,17 +203,18 @@ static int64_t draw_tail(const void* x, int bf16, int64_t n, float temperature, 
         if (!reach) continue;
         /* the lanes whose noise could lift them to the best: x + g >= best needs g >= d = best - x,
          * that is u >= exp(-exp(-d)), and u grows with the hash bits, so the hash alone (16 lanes at
-         * once) rules out most of a flat row's tail; the bound is loosened past exp16's rounding */
+         * once) rules out most of a flat row's tail; the bounds are loosened past exp16's rounding */
         const __m512i bits = lowbias16(_mm512_xor_si512(lowbias16(_mm512_xor_si512(lowbias16(
             _mm512_xor_si512(_mm512_add_epi32(_mm512_set1_epi32((int32_t)i), iota), _mm512_set1_epi32((int32_t)z->salt))),
             _mm512_set1_epi32((int32_t)z->lo))), _mm512_set1_epi32((int32_t)z->hi)));
         const __m512 u = _mm512_mul_ps(
             _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bits, 32 - z->uniform_bits)), _mm512_set1_ps(0.5f)),
             _mm512_set1_ps(ldexpf(1.f, -z->uniform_bits)));
+        /* exp(-exp(-d)) >= 1 - exp(-d): so 1 - u <= exp(-d) is a looser test, with one exp */
         const __m512 d = _mm512_sub_ps(_mm512_set1_ps(best - slack), approx);  /* at most best - x */
-        const __m512 u_min = exp16(_mm512_sub_ps(_mm512_setzero_ps(), exp16(_mm512_sub_ps(_mm512_setzero_ps(), d))));
-        reach &= _mm512_cmp_ps_mask(u, _mm512_sub_ps(_mm512_mul_ps(u_min, _mm512_set1_ps(1.f - 1e-5f)),
-                                                     _mm512_set1_ps(1e-7f)), _CMP_GE_OQ);
+        const __m512 room = _mm512_fmadd_ps(exp16(_mm512_sub_ps(_mm512_setzero_ps(), d)), _mm512_set1_ps(1.f + 1e-5f),
+                                            _mm512_set1_ps(1e-7f));
+        reach &= _mm512_cmp_ps_mask(_mm512_sub_ps(_mm512_set1_ps(1.f), u), room, _CMP_LE_OQ);
         for (; reach; reach &= reach - 1) {
             const int64_t j = i + __builtin_ctz(reach);
             const float v = load_one(x, bf16, j) / temperature;
