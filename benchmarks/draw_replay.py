@@ -32,6 +32,7 @@ from benchmarks.peers import build_rows
 SETTINGS = {
     "top-p 0.95": dict(top_p=0.95),
     "temperature only": dict(top_p=1.0),
+    "temperature 1.0 only": dict(top_p=1.0, temperature=1.0),
     "top-k 50": dict(top_p=1.0, top_k=50),
     "min-p 0.05": dict(top_p=1.0, min_p=0.05),
 }
@@ -73,6 +74,8 @@ def capture(n: int, max_output_len: int, every: int, tmp: Path) -> list[tuple[to
 def with_settings(controls, settings: dict):
     c = copy.copy(controls)
     rows = c.temperature.shape[0]
+    if "temperature" in settings:
+        c.temperature = torch.full((rows,), settings["temperature"])
     c.top_p = torch.full((rows,), settings.get("top_p", 1.0))
     c.top_k = torch.full((rows,), settings.get("top_k", 0), dtype=torch.long)
     c.min_p = torch.full((rows,), settings.get("min_p", 0.0))

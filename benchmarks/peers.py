@@ -150,8 +150,10 @@ def vllm_env(python: Path) -> dict:
 # requests from one generator and seeded ones apart, the case batchgen's rows are always in
 SAMPLED = ["--temperature", "0.8", "--top-p", "0.95"]
 SCHEMA_FILE = ["--json-schema", "{schema}"]
+TEMPERATURE_1 = ["--temperature", "1.0"]  # synthetic data: the whole distribution, no truncation
 SAMPLING_MODES = {"greedy": ([], []), "sampled": (SAMPLED, SAMPLED),
-                  "sampled-seeded": (SAMPLED, [*SAMPLED, "--seeded"]), "json-schema": (SCHEMA_FILE, SCHEMA_FILE)}
+                  "sampled-seeded": (SAMPLED, [*SAMPLED, "--seeded"]), "temperature-1": (TEMPERATURE_1, TEMPERATURE_1),
+                  "json-schema": (SCHEMA_FILE, SCHEMA_FILE)}
 
 
 def run_vllm(python: Path, model_dir: str, rows: Path, dtype: str, max_model_len: int, tmp: Path,
@@ -203,7 +205,7 @@ def main() -> None:
     ap.add_argument("--summary-tokens", type=int, default=64)
     ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--sampling", default="greedy", help=f"comma-separated: {', '.join(SAMPLING_MODES)} "
-                    "(temperature 0.8, top-p 0.95)")
+                    "(sampled: temperature 0.8, top-p 0.95; temperature-1: temperature 1.0 alone)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--model", default="embedded",
                     help="comma-separated model directories both systems load; embedded: the default model")
