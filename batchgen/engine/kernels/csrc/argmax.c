@@ -14,28 +14,17 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-ALWAYS_INLINE float load_one(const void* x, int bf16, int64_t i) {
-    if (!bf16) return ((const float*)x)[i];
-    const uint32_t bits = (uint32_t)((const uint16_t*)x)[i] << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+#include "bf16_convert.h"  /* load_one */
 
 #ifdef __AVX512F__
 #include <immintrin.h>
-
-ALWAYS_INLINE __m512 load16(const void* x, int bf16, int64_t i, __mmask16 k) {
-    if (!bf16) return _mm512_maskz_loadu_ps(k, (const float*)x + i);
-    const __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t*)x + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+#include "simd_load16.h"  /* tail, load16 */
 
 static int64_t argmax_row(const void* x, int bf16, int64_t n) {
     __m512 vm = _mm512_set1_ps(-INFINITY);
     __mmask16 any_nan = 0;
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 k = tail(n - i);
         const __m512 v = load16(x, bf16, i, k);
         any_nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
         vm = _mm512_mask_max_ps(vm, k, vm, v);
@@ -46,7 +35,7 @@ static int64_t argmax_row(const void* x, int bf16, int64_t n) {
     }
     const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 k = tail(n - i);
         const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, load16(x, bf16, i, k), m, _CMP_EQ_OQ);
         if (hit) return i + __builtin_ctz(hit);
     }

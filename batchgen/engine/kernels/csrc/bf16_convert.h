@@ -10,6 +10,11 @@ ALWAYS_INLINE float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* element i of a row of float32, or of bfloat16 when bf16 */
+ALWAYS_INLINE float load_one(const void* x, int bf16, int64_t i) {
+    return bf16 ? bf16_to_f32(((const uint16_t*)x)[i]) : ((const float*)x)[i];
+}
+
 /* round to nearest even, NaN kept NaN: torch's .to(torch.bfloat16) */
 ALWAYS_INLINE uint16_t f32_to_bf16(float f) {
     uint32_t bits;

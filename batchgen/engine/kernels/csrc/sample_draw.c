@@ -58,7 +58,7 @@ static void row_stats(const void* x, int bf16, int64_t n, float temperature, Row
     for (int c = 0; c < NUM_CUTS; c++) st->within[c] = 0, st->mass[c] = 0.f;
 #ifdef __AVX512F__
     __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, load16(x, bf16, i));
+    for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, load16(x, bf16, i, ALL16));
     m = _mm512_reduce_max_ps(vmax);
     for (int64_t j = i; j < n; j++) m = fmaxf(m, load_one(x, bf16, j));
     for (int c = 0; c < NUM_CUTS; c++) cut[c] = m - CUT_NATS[c] * temperature;
@@ -68,7 +68,7 @@ static void row_stats(const void* x, int bf16, int64_t n, float temperature, Row
     const __m512 vskip = _mm512_set1_ps(m - NEGLIGIBLE_NATS * temperature);
     const __m512 vm = _mm512_set1_ps(m), vt = _mm512_set1_ps(inv_temperature);
     for (i = 0; i + 16 <= n; i += 16) {
-        const __m512 v = load16(x, bf16, i);
+        const __m512 v = load16(x, bf16, i, ALL16);
         if (!_mm512_cmp_ps_mask(v, vskip, _CMP_GE_OQ)) continue;  /* a block of negligible values */
         const __m512 e = exp16(_mm512_mul_ps(_mm512_sub_ps(v, vm), vt));
         acc = _mm512_add_ps(acc, e);
@@ -198,7 +198,7 @@ static int64_t draw_tail(const void* x, int bf16, int64_t n, float temperature, 
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (; i + 16 <= n; i += 16) {
         const float slack = 0.01f + fabsf(best) * 1e-5f;
-        const __m512 approx = _mm512_mul_ps(load16(x, bf16, i), inv_temperature);
+        const __m512 approx = _mm512_mul_ps(load16(x, bf16, i, ALL16), inv_temperature);
         __mmask16 reach = _mm512_cmp_ps_mask(approx, _mm512_set1_ps(best - GUMBEL_BOUND - slack), _CMP_GE_OQ);
         if (!reach) continue;
         /* the lanes whose noise could lift them to the best: x + g >= best needs g >= d = best - x,

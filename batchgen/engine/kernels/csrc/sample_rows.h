@@ -2,27 +2,18 @@
  * logits, the 64-bit candidate keys whose ascending order is (value descending, id ascending), their
  * selection and sort, and the vectorized collection of a row's logits at or above a cut.
  * Included after <stdint.h>, <string.h>, <math.h> and the includer's ALWAYS_INLINE; under
- * __AVX512F__ it includes <immintrin.h> and simd_exp.h itself. */
+ * __AVX512F__ it includes <immintrin.h>, simd_exp.h and simd_load16.h itself. */
 #ifndef BATCHGEN_SAMPLE_ROWS_H
 #define BATCHGEN_SAMPLE_ROWS_H
 
-ALWAYS_INLINE float load_one(const void* x, int bf16, int64_t i) {
-    if (!bf16) return ((const float*)x)[i];
-    const uint32_t bits = (uint32_t)((const uint16_t*)x)[i] << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+#include "bf16_convert.h"  /* load_one */
 
 #ifdef __AVX512F__
 #include <immintrin.h>
 #include "simd_exp.h"
+#include "simd_load16.h"  /* tail, load16 */
 
-ALWAYS_INLINE __m512 load16(const void* x, int bf16, int64_t i) {
-    if (!bf16) return _mm512_loadu_ps((const float*)x + i);
-    const __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)x + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+#define ALL16 ((__mmask16)0xFFFF)
 #endif
 
 /* A candidate as one 64-bit key whose ascending order is (value descending, then id ascending):
@@ -101,7 +92,7 @@ static inline int64_t collect(const void* x, int bf16, int64_t n, float cut, flo
     const __m512 vcut = _mm512_set1_ps(cut);
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (; i + 16 <= n; i += 16) {
-        const __m512 v = load16(x, bf16, i);
+        const __m512 v = load16(x, bf16, i, ALL16);
         const __mmask16 keep = _mm512_cmp_ps_mask(v, vcut, _CMP_GE_OQ);
         if (!keep) continue;
         _mm512_mask_compressstoreu_ps(raw + k, keep, v);
@@ -125,7 +116,7 @@ static inline int64_t collect_keys(const void* x, int bf16, int64_t n, float cut
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
     for (; i + 16 <= n; i += 16) {
-        const __m512 v = load16(x, bf16, i);
+        const __m512 v = load16(x, bf16, i, ALL16);
         const __mmask16 keep = _mm512_cmp_ps_mask(v, vcut, _CMP_GE_OQ);
         if (!keep) continue;
         const __m512i bits = _mm512_castps_si512(_mm512_div_ps(v, vt));

@@ -40,7 +40,7 @@ static void max_and_sum(const void* x, int bf16, int64_t n, float temperature, f
     for (int c = 0; c < NUM_CUTS; c++) within[c] = 0;
 #ifdef __AVX512F__
     __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, load16(x, bf16, i));
+    for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, load16(x, bf16, i, ALL16));
     m = _mm512_reduce_max_ps(vmax);
     for (int64_t j = i; j < n; j++) m = fmaxf(m, load_one(x, bf16, j));
     __m512 acc = _mm512_setzero_ps();
@@ -48,7 +48,7 @@ static void max_and_sum(const void* x, int bf16, int64_t n, float temperature, f
     for (int c = 0; c < NUM_CUTS; c++) vcut[c] = _mm512_set1_ps(m - CUT_NATS[c] * temperature);
     const __m512 vm = _mm512_set1_ps(m), vt = _mm512_set1_ps(inv_temperature);
     for (i = 0; i + 16 <= n; i += 16) {
-        const __m512 v = load16(x, bf16, i);
+        const __m512 v = load16(x, bf16, i, ALL16);
         /* most of a peaked row lies below the farthest cut, where exp(-64) and less cannot change a
          * float32 sum that holds the max's exp(0) = 1: one compare skips their exp and counts */
         if (!_mm512_cmp_ps_mask(v, vcut[NUM_CUTS - 1], _CMP_GE_OQ)) continue;
