@@ -25,10 +25,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from tests.jobs.helpers import write_random_texts
 from tests.tiny import save_tiny_model_dir
 
 MAX_NEW_TOKENS = 8
@@ -64,10 +64,8 @@ def make_fixture(directory: Path, num_rows: int = 240) -> Fixture:
     """The tiny model saved as an HF directory and an input of `num_rows` prompts with an id column."""
     model_dir = directory / "tiny-llama"
     save_tiny_model_dir(model_dir)
-    rng = random.Random(0)
-    texts = ["".join(rng.choice("abcdefgh ijklmnop") for _ in range(rng.randint(3, 40))) for _ in range(num_rows)]
-    src = directory / "in.parquet"
-    pq.write_table(pa.table({"id": list(range(num_rows)), "text": texts}), src, row_group_size=64)
+    src = write_random_texts(directory / "in.parquet", num_rows, seed=0, max_chars=40, alphabet="abcdefgh ijklmnop",
+                             row_group_size=64)
     return Fixture(model_dir, src, num_rows)
 
 

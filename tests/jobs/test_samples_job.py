@@ -26,7 +26,7 @@ from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status
 from tests.jobs import kill_harness
-from tests.jobs.helpers import committed_rows, tiny_job_config
+from tests.jobs.helpers import committed_rows, tiny_job_config, write_random_texts
 
 NUM_ROWS = 8
 SAMPLED = {"temperature": 1.1, "top_p": 0.95, "seed": 7}
@@ -34,11 +34,7 @@ SAMPLED = {"temperature": 1.1, "top_p": 0.95, "seed": 7}
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
-    path = tmp_path_factory.mktemp("samples") / "in.parquet"
-    rng = random.Random(4)
-    texts = ["".join(rng.choice("abcdefgh ijk") for _ in range(rng.randint(3, 30))) for _ in range(NUM_ROWS)]
-    pq.write_table(pa.table({"id": list(range(NUM_ROWS)), "text": texts}), path)
-    return path
+    return write_random_texts(tmp_path_factory.mktemp("samples") / "in.parquet", NUM_ROWS, seed=4, max_chars=30)
 
 
 def config(src, out, model_dir, **overrides):

@@ -17,9 +17,7 @@ import signal
 import threading
 import time
 
-import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 import pytest
 
 from batchgen.config.job import build_config
@@ -28,6 +26,7 @@ from batchgen.io.manifest.manifest import load_manifest
 from batchgen.io.store.partials import read_partials
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status
+from tests.jobs.helpers import write_random_texts
 
 NUM_ROWS = 10
 MAX_NEW_TOKENS = 48  # long rows next to a batch of 3: most signals land with rows in flight
@@ -38,11 +37,7 @@ SAMPLING = {"greedy": {}, "seeded": {"temperature": 1.1, "top_p": 0.95, "seed": 
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
-    path = tmp_path_factory.mktemp("inflight") / "in.parquet"
-    rng = random.Random(3)
-    texts = ["".join(rng.choice("abcdefgh ijk") for _ in range(rng.randint(3, 24))) for _ in range(NUM_ROWS)]
-    pq.write_table(pa.table({"id": list(range(NUM_ROWS)), "text": texts}), path)
-    return path
+    return write_random_texts(tmp_path_factory.mktemp("inflight") / "in.parquet", NUM_ROWS, seed=3, max_chars=24)
 
 
 def config(src, out, model_dir, **overrides):
