@@ -42,7 +42,7 @@ from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
-from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
+from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")
@@ -193,7 +193,7 @@ class LocalJob:
 
     def refuse_samples(self, planned: PlannedRow) -> None:
         """A row that asks for n > 1 in a directory begun without the sample_index column."""
-        self.failed(planned.row, f"n = {num_samples(self.config, planned)} samples need one output row each, and "
+        self.failed(planned.row, f"n = {planned.num_samples} samples need one output row each, and "
                                  f"{self.session.out_dir} was begun without the sample_index column: write this job "
                                  "to a new --output (or --overwrite)")
 

@@ -47,7 +47,7 @@ from batchgen.jobs.pipeline.prepare import check_job_constraint, prompt_side
 from batchgen.jobs.pipeline.prompts import RowError, Template
 from batchgen.jobs.pipeline.row_constraint import json_valid
 from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, InputRow
-from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
+from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import prepare_row
 
 log = logging.getLogger("batchgen")
@@ -133,8 +133,8 @@ class BatchGenerator:
                 if row.error is not None:
                     raise RowError(row.error)
                 planned = prepare_row(row, self.builder, self.config, compile_constraint=self.compile_constraint)
-                if num_samples(self.config, planned) > 1:  # rules.py refuses --n; a row's own n lands here
-                    raise RowError(f"n = {num_samples(self.config, planned)} samples need the local executor: "
+                if planned.num_samples > 1:  # rules.py refuses --n; a row's own n lands here
+                    raise RowError(f"n = {planned.num_samples} samples need the local executor: "
                                    "the Ray executor writes one output row per input row")
             except RowError as e:
                 outputs[i] = output_row(id_name, passthrough, with_hash, row, error=str(e), **marks)

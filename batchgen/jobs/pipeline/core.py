@@ -42,7 +42,7 @@ from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
 from batchgen.errors import BatchgenError, EngineError
 from batchgen.jobs.pipeline.row_sampling import sampling_settings
-from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
+from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import WindowPlan
 
 log = logging.getLogger("batchgen")
@@ -227,7 +227,7 @@ class JobCore:
         log.info("shard %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
                  plan.first_row_index, plan.mode, plan.reason)
         for planned in plan.rows:
-            if self.refuse_samples is not None and num_samples(config, planned) > 1:
+            if self.refuse_samples is not None and planned.num_samples > 1:
                 self.refuse_samples(planned)
                 continue
             key = str(next(self.keys))

@@ -29,7 +29,7 @@ from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError, Template
 from batchgen.jobs.pipeline.rows import InputRow, RowSource
 from batchgen.jobs.pipeline.scan import InputScan, scan_inputs
 from batchgen.jobs.planning.length import LengthPredictor
-from batchgen.jobs.planning.planned_row import PlannedRow, num_samples
+from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import Planner, prepare_row
 
 if TYPE_CHECKING:  # open_inputs and the resume rule run before torch is imported
@@ -126,7 +126,7 @@ def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, r
         except RowError:
             continue
         # each sample is a sequence (they share the prompt's blocks: counting it n times over-counts, never under)
-        needs += [planned.num_prompt_tokens + planned.max_new_tokens] * num_samples(config, planned)
+        needs += [planned.num_prompt_tokens + planned.max_new_tokens] * planned.num_samples
         if len(needs) > config.window_rows:
             return None
     return tuple(needs) or None
