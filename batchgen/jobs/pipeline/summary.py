@@ -121,6 +121,8 @@ class RunSummary(JobSummary):
                     f"output: {self.output_dir}"]
         out = JobSummary.lines(self)
         out.insert(-1, f"resume: {plural(self.num_rows_skipped, 'row')} already committed, "
+                       f"{plural(self.num_rows_continued, 'row')} continued from in-flight checkpoints "
+                       f"({plural(self.num_tokens_continued, 'token')} they held, not generated again), "
                        f"{plural(self.num_rows_retried, 'error row')} retried, "
                        f"{plural(self.num_rows_changed, 'changed prompt')} ({self.num_rows_replaced} replaced); "
                        f"{plural(self.num_commits, 'commit')}; output holds {plural(self.output_rows, 'row')} "
