@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from batchgen.config.constraint import job_constraint
 from batchgen.config.job import JobConfig
+from batchgen.config.settings_registry import ALWAYS, absent_value, is_declared, output_settings
 from batchgen.config.text_settings import chat_template_text
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.jobs.pipeline.rows import RowSource
@@ -34,47 +35,25 @@ MODEL_KEYS = ("model_revision", "dtype", "chat", "tokenizer", "eos_token_ids", "
 # Shown but never compared: the same model may be named by another path on a resume.
 INFO_KEYS = ("model",)
 # Keys a directory begun by an older batchgen does not record: not compared there (unknown), so
-# such a directory still resumes. Keys an older fingerprint has and this one lacks
-# (batchgen_version, max_context_tokens) are ignored (fingerprint_changes).
+# such a directory still resumes.
 ADDED_KEYS = ("output_format", "tokenizer", "eos_token_ids", "parse_special_tokens")
-# Keys job_fingerprint records only when not at their default (so that fingerprints of jobs begun
-# before these options existed still match), with that default: a side that lacks one had it at
-# the default. Both sides are compared over the union of their keys, so a resume that drops
-# `--repetition-penalty 1.3` is refused as one that adds it is. None: absent means "not recorded"
-# (a recipe, or an embedding setting of an int4 job begun before it was recorded), never a value.
-DEFAULTS = {"input_format": "auto", "quantize": "none", "quantize_backend": "auto", "kv_cache_dtype": "auto",
-            "quantize_embedding": None, "int4_recipe": None, "int8_recipe": None, "repetition_penalty": 1.0,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0, "sampling_column": None,
-            "num_shards": None}
-
-
-CONTROL_DEFAULTS = {"min_p": 0.0, "stop_token_ids": [], "include_stop_str_in_output": False,
-                    "skip_special_tokens": True, "n": 1, "logprobs": None, "logit_bias": {}, "allowed_token_ids": [],
-                    "constraint": None, "json_schema_column": None, "constraint_column": None}
+# Keys only an older batchgen recorded: ignored (the package version must not refuse a resume; the
+# context capped by an auto-sized KV cache followed free memory).
+RETIRED_KEYS = ("batchgen_version", "max_context_tokens")
 
 
 def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, model: dict[str, Any] | None = None
                     ) -> dict[str, Any]:
-    """Settings that decide a row's output. `model` (from the loaded model and the prompt
-    builder: MODEL_KEYS plus "model") is left out for the check made before loading."""
-    fingerprint = {
-        "output_format": OUTPUT_FORMAT,
-        "model": config.model,
-        "prompt_column": config.prompt_column, "template": config.template, "system": config.system,
-        "id_column": config.id_column, "max_new_tokens": config.max_new_tokens,
-        "max_new_tokens_column": config.max_new_tokens_column, "temperature": config.temperature,
-        "top_p": config.top_p, "top_k": config.top_k, "seed": config.seed, "stop": list(config.stop),
-        "ignore_eos": config.ignore_eos, "on_long_prompt": config.on_long_prompt,
-        "max_prompt_tokens": config.max_prompt_tokens,
-        "output_schema": [[f.name, str(f.type)] for f in schema],
-    }
-    # only when set, so fingerprints of jobs begun before these options existed still match
-    if config.input_format != "auto":  # how the files are read (openai-batch: as Batch API requests)
-        fingerprint["input_format"] = config.input_format
-    quantization = {"quantize": config.quantize, "quantize_backend": config.quantize_backend,
-                    "kv_cache_dtype": config.kv_cache_dtype}
-    if quantization != {"quantize": "none", "quantize_backend": "auto", "kv_cache_dtype": "auto"}:
-        fingerprint.update(quantization)
+    """Settings that decide a row's output, as settings_registry declares them. `model` (from the
+    loaded model and the prompt builder: MODEL_KEYS plus "model") is left out for the check made
+    before loading."""
+    fingerprint: dict[str, Any] = {"output_format": OUTPUT_FORMAT, "model": config.model,
+                                   "output_schema": [[f.name, str(f.type)] for f in schema]}
+    for name, setting in output_settings().items():
+        value = _recorded(getattr(config, name))
+        # left out at the default: fingerprints of jobs begun before the setting existed still match
+        if setting.default is ALWAYS or value != setting.default:
+            fingerprint[name] = value
     if config.quantize != "none" or config.quantize_embedding != "auto":
         # not in ADDED_KEYS on purpose: an int4 job begun before the embedding was quantized by default
         # would resume with other weights, so it is refused rather than mixed
@@ -90,35 +69,26 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
         # oneDNN's int8 recipe (outlier channels from a calibration pass, asymmetric down_proj,
         # engine/quant/recipe.py): a job begun under another recipe has other weights, so it is refused
         fingerprint["int8_recipe"] = INT8_RECIPE
-    sampling = {"repetition_penalty": config.repetition_penalty, "presence_penalty": config.presence_penalty,
-                "frequency_penalty": config.frequency_penalty, "min_tokens": config.min_tokens,
-                "sampling_column": config.sampling_column}
-    if sampling != {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
-                    "sampling_column": None}:
-        fingerprint.update(sampling)
     if config.chat_template is not None:  # its text, not its path: an edited file is another prompt
         text = chat_template_text(config.chat_template)
         fingerprint["chat_template"] = hashlib.sha256(text.encode()).hexdigest()[:16]
-    if config.chat_template_kwargs:
-        fingerprint["chat_template_kwargs"] = config.chat_template_kwargs
-    # vLLM's output controls, only when set: fingerprints of jobs begun before they existed still match
-    controls = {"min_p": config.min_p, "stop_token_ids": list(config.stop_token_ids),
-                "include_stop_str_in_output": config.include_stop_str_in_output,
-                "skip_special_tokens": config.skip_special_tokens, "n": config.n, "logprobs": config.logprobs,
-                # JSON keys are strings: the ids as a resumed run reads them back
-                "logit_bias": {str(t): b for t, b in sorted(config.logit_bias.items())},
-                "allowed_token_ids": list(config.allowed_token_ids),
-                "constraint": constraint.describe() if (constraint := job_constraint(config)) is not None else None,
-                "json_schema_column": config.json_schema_column, "constraint_column": config.constraint_column}
-    fingerprint.update({k: v for k, v in controls.items() if v != CONTROL_DEFAULTS[k]})
-    if config.num_shards is not None:
-        # a sharded job's shards share one fingerprint (the index is the directory's name), and the
-        # number of shards is in it: shards of two different splits of a job never pass as one set
-        fingerprint["num_shards"] = config.num_shards
+    if (constraint := job_constraint(config)) is not None:
+        fingerprint["constraint"] = constraint.describe()
     if model is not None:
         assert set(model) == {"model", *MODEL_KEYS}, sorted(model)
         fingerprint.update(model)
+    undeclared = [key for key in fingerprint if key not in INFO_KEYS and not is_declared(key)]
+    assert not undeclared, f"fingerprint keys missing from settings_registry: {undeclared}"
     return fingerprint
+
+
+def _recorded(value: Any) -> Any:
+    """A setting's value as the fingerprint's JSON holds it (and a resumed run reads it back)."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):  # logit_bias's ids become strings in JSON: sort and stringify now
+        return {str(k): v for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    return value
 
 
 def model_fingerprint(loaded, builder) -> dict[str, Any]:
@@ -152,14 +122,19 @@ def tokenizer_digest(tokenizer) -> str:
 def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """'key old -> new' for each compared key that differs.
 
-    Compared: every key of `new`, and every DEFAULTS key of `old` (a key either side lacks has its
-    default there). MODEL_KEYS only where `new` has them, so a fingerprint made before the model is
-    loaded checks everything else; ADDED_KEYS missing from `old` (a directory begun by an older
-    batchgen) are not compared; keys only an older fingerprint has (batchgen_version,
-    max_context_tokens) are ignored."""
+    Compared: the union of both sides' keys, a key either side lacks having its declared default
+    there (settings_registry). MODEL_KEYS only where `new` has them, so a fingerprint made before
+    the model is loaded checks everything else; ADDED_KEYS missing from `old` (a directory begun by
+    an older batchgen) are not compared; RETIRED_KEYS are ignored."""
     changes = []
-    for key in [*new, *(k for k in old if k in DEFAULTS and k not in new)]:
-        if key in INFO_KEYS or (key in ADDED_KEYS and key not in old):
+    for key in dict.fromkeys([*new, *old]):
+        if key in INFO_KEYS or key in RETIRED_KEYS or (key in ADDED_KEYS and key not in old):
+            continue
+        if key in MODEL_KEYS and key not in new:
+            continue
+        if not is_declared(key):  # a key this batchgen does not know: a newer batchgen's setting
+            changes.append(f"{key} {_short(old.get(key))} -> {_short(new.get(key))} (a setting this batchgen "
+                           "does not know: resume with the batchgen that began the job)")
             continue
         before, after = _value(old, key), _value(new, key)
         if before != after:
@@ -172,7 +147,7 @@ def _value(fingerprint: dict[str, Any], key: str) -> Any:
         return fingerprint[key]
     if key == "quantize_embedding" and fingerprint.get("quantize", "none") == "none":
         return "auto"  # recorded whenever quantize is set, else only when not auto
-    return DEFAULTS.get(key)
+    return absent_value(key)
 
 
 def _short(value: Any) -> str:

@@ -5,9 +5,11 @@ a row per choice keyed by (custom_id, sample_index); compact rewrites the same l
 from __future__ import annotations
 
 import pyarrow.dataset as ds
+import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from batchgen.errors import FingerprintMismatch
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.test_openai_batch_job import chat, completion, job, read_lines
@@ -38,3 +40,14 @@ def test_n_choices_round_trip(tmp_path, tiny_model_dir, loaded, one_thread):
     before = (out / "output.jsonl").read_bytes()
     compact_output(out)
     assert sorted((out / "output.jsonl").read_bytes().splitlines()) == sorted(before.splitlines())
+
+
+def test_a_resume_without_the_jobs_n_is_refused(tmp_path, tiny_model_dir, loaded, one_thread):
+    """Batch input run with --n 2, then without it on more requests: the output already has
+    sample_index either way, so only the fingerprint can tell the old requests' 2 choices from the
+    new ones' 1; it used to let the rerun through and mix them."""
+    requests = [chat(f"c{i}", f"Hello {i}", max_tokens=3, temperature=1.0) for i in range(4)]
+    run_job(job(tmp_path, requests[:2], model_dir=tiny_model_dir, n=2), loaded=loaded)
+    with pytest.raises(FingerprintMismatch, match="n 2 -> 1") as e:
+        run_job(job(tmp_path, requests, model_dir=tiny_model_dir), loaded=loaded)
+    assert e.value.exit_code == 2
