@@ -7,7 +7,6 @@ and the validation in batchgen/config/rules.py, so the CLI stays thin and tests 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from batchgen.config.rules import (
     parse_bytes,
     validate_job_config,
 )
+from batchgen.config.suggest import did_you_mean
 from batchgen.errors import ConfigError
 
 # importers take these from here; their definitions sit with the rules
@@ -191,8 +191,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 def _did_you_mean(key: str) -> str:
     """'; did you mean 'x'?' for the closest known key, or '' when none is close."""
-    close = difflib.get_close_matches(key, sorted(JobConfig.field_names() | set(KEY_ALIASES)), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return did_you_mean(key, sorted(JobConfig.field_names() | set(KEY_ALIASES)))
 
 
 def build_config(config_file: str | Path | None = None, *, need_output: bool = True, **overrides: Any) -> JobConfig:

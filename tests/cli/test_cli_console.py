@@ -45,7 +45,8 @@ def test_interrupt_while_starting_up_says_so_and_exits_130(tmp_path):
                            "--quiet"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 130, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines[-1] == "interrupted by SIGINT while starting up, before any row was generated; nothing was committed"
+    assert lines[-1] == ("error: interrupted by SIGINT while starting up, before any row was generated; "
+                         "nothing was committed")
     assert "Traceback" not in proc.stderr
 
 

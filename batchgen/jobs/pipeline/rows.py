@@ -13,7 +13,6 @@ naming both files, so a job never fails half way through its inputs.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from collections import Counter
@@ -25,6 +24,7 @@ import pyarrow as pa
 
 from batchgen.config.constraint import writes_json_valid
 from batchgen.config.job import OPENAI_BATCH, JobConfig
+from batchgen.config.suggest import closest
 from batchgen.errors import ConfigError, InputError
 from batchgen.io.inputs.cells import invalid_cells, json_cells
 from batchgen.io.inputs.discovery import InputShard, resolve_inputs
@@ -266,10 +266,17 @@ def _check_columns(config: JobConfig, template: Template, schema: pa.Schema, pat
                          ("--json-schema-column", config.json_schema_column),
                          ("--constraint-column", config.constraint_column)):
         if column is not None and column not in names:
-            raise InputError(f"{flag} {column!r} not found; columns: {listed}", path=path)
+            raise InputError(f"{flag} {column!r} not found; columns: {listed}{_pass(flag, column, names)}", path=path)
     for column in config.keep_columns or []:
         if column not in names:
-            raise InputError(f"--keep-columns {column!r} not found; columns: {listed}", path=path)
+            raise InputError(f"--keep-columns {column!r} not found; columns: {listed}"
+                             f"{_pass('--keep-columns', column, names)}", path=path)
+
+
+def _pass(flag: str, asked: str, names: list[str]) -> str:
+    """"; pass FLAG NAME" for the column a typo most likely meant, as a missing prompt column is answered."""
+    meant = closest(asked, names)
+    return f"; pass {flag} {meant}" if meant is not None else ""
 
 
 # what people call the column a prompt comes from, likeliest first
@@ -287,9 +294,9 @@ def likely_prompt_column(schema: pa.Schema, asked: str) -> str | None:
     for common in _PROMPT_NAMES:
         if common in lowered:
             return lowered[common]
-    close = difflib.get_close_matches(asked.lower(), list(lowered), n=1, cutoff=0.6)
-    if close:
-        return lowered[close[0]]
+    close = closest(asked, text)
+    if close is not None:
+        return close
     not_ids = [n for n in text if not n.lower().endswith(("id", "_key", "uuid"))]
     return (not_ids or text)[0]
 

@@ -11,6 +11,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from batchgen.config.suggest import closest
 from batchgen.errors import ConfigError
 
 
@@ -62,7 +63,9 @@ class Template:
             return
         what = (f"column {missing[0]!r}, which does not exist" if len(missing) == 1 else
                 f"columns {', '.join(map(repr, missing))}, which do not exist")
-        raise ConfigError(f"{source}: template names {what}; columns: {', '.join(available)}")
+        meant = closest(missing[0], available)
+        hint = f"; did you mean {{{meant}}}?" if meant is not None else ""
+        raise ConfigError(f"{source}: template names {what}; columns: {', '.join(available)}{hint}")
 
     def render(self, row: Mapping[str, Any], *, document_override: str | None = None) -> str:
         """Fill the placeholders from `row`; `document_override` replaces the document's value."""
