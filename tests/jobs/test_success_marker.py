@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchgen.engine.engine import LLMEngine
-from batchgen.errors import ShardsIncomplete
-from batchgen.io.manifest.manifest import SUCCESS_FILE, load_manifest
+from batchgen.errors import OutputError, ShardsIncomplete
+from batchgen.io.manifest.manifest import SUCCESS_FILE, Manifest, load_manifest
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
-from tests.jobs.helpers import tiny_job_config
+from tests.jobs.helpers import committed_rows, tiny_job_config
 
 TEXTS = [f"row {i} " + "ab" * i for i in range(8)]
 
@@ -96,4 +96,44 @@ def test_finalize_checks_a_shards_success_against_its_manifest(tiny_model_dir, l
     with pytest.raises(ShardsIncomplete, match=r"rows committed of the 4 its last run read"):
         finalize_output(out)
     run_job(config(src, out, tiny_model_dir, num_shards=2, shard_index=0), loaded=loaded)  # resumed
+    assert finalize_output(out)["rows"] == len(TEXTS)
+
+
+def lose_a_part_before_success(monkeypatch) -> None:
+    """A committed part vanishes after the job's last commit and sweep (deleted by a writer that lost
+    the output while paused): the job did not delete it and its manifest still commits it."""
+    real_sweep = Manifest.sweep
+
+    def sweep(self):
+        swept = real_sweep(self)
+        self.store.delete(sorted(self.state.parts)[0])
+        return swept
+
+    monkeypatch.setattr(Manifest, "sweep", sweep)
+
+
+def test_no_success_over_a_committed_part_that_is_gone(tiny_model_dir, loaded, tmp_path, monkeypatch):
+    src = write(tmp_path / "in.parquet", TEXTS)
+    out = tmp_path / "out"
+    real_sweep = Manifest.sweep
+    lose_a_part_before_success(monkeypatch)
+    with pytest.raises(OutputError, match=r"1 committed part\(s\) holding 2 rows are missing") as e:
+        run_job(config(src, out, tiny_model_dir), loaded=loaded)  # before: _SUCCESS over 6 of 8 rows
+    assert e.value.exit_code == 2 and not (out / SUCCESS_FILE).exists()
+    monkeypatch.setattr(Manifest, "sweep", real_sweep)
+    run_job(config(src, out, tiny_model_dir), loaded=loaded)  # the rerun generates the lost rows again
+    assert (out / SUCCESS_FILE).exists() and sorted(committed_rows(out)) == list(range(len(TEXTS)))
+
+
+def test_finalize_refuses_a_shard_whose_committed_part_is_gone(tiny_model_dir, loaded, tmp_path):
+    src = write(tmp_path / "in.parquet", TEXTS)
+    out = tmp_path / "out"
+    for index in range(2):
+        run_job(config(src, out, tiny_model_dir, num_shards=2, shard_index=index), loaded=loaded)
+    shard = out / "shard-1-of-2"
+    (shard / sorted(load_manifest(shard).parts)[0]).unlink()  # after the shard's _SUCCESS
+    with pytest.raises(ShardsIncomplete, match=r"shard 1 of 2 .* committed part\(s\) holding 2 rows are missing"):
+        finalize_output(out)  # before: _SUCCESS over 6 of 8 rows
+    assert not (out / SUCCESS_FILE).exists()
+    run_job(config(src, out, tiny_model_dir, num_shards=2, shard_index=1), loaded=loaded)  # regenerated
     assert finalize_output(out)["rows"] == len(TEXTS)

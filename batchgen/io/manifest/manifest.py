@@ -38,7 +38,8 @@ written once); step 3 only deletes what the entry removes. A part is thus visibl
 listing before its entry exists: readers, `status` and `compact` go by the manifest, and recovery
 deletes every part no entry names (a job killed between 1 and 2). A rewrite of a part gets a new
 name and the entry removes the old one. The job's lease (batchgen.io.store.lease) is read back before
-every entry (`guard`), so a job that lost it commits nothing more.
+every entry (`guard`), so a job that lost it commits nothing more, and again between an entry (or a
+listing) and the deletes it decides, so it deletes nothing the next holder commits (_check_guard).
 
 Entry payloads (every entry also has "format", "seq", "time"):
     {"op": "begin", "fingerprint": {...}}   a job (re)starts here: earlier parts are all dropped
@@ -72,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import AlreadyExists, OutputError, OutputLocked
-from batchgen.io.manifest.snapshot import SNAPSHOT_EVERY_ENTRIES, clean_rows_files, snapshot_payload
+from batchgen.io.manifest.snapshot import SNAPSHOT_EVERY_ENTRIES, snapshot_payload, stale_rows_files
 from batchgen.io.manifest.state import (  # re-exported: the manifest's readers import them from here
     ENTRY_RE,
     FORMAT,
@@ -90,18 +91,25 @@ from batchgen.io.manifest.state import (  # re-exported: the manifest's readers 
     read_entry,
     read_entry_file,
 )
+from batchgen.io.manifest.success import (
+    SUCCESS_FILE,
+    check_parts_present,
+    clear_success,
+    describe_missing,
+    missing_parts,
+    write_success,
+)
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import StagedPart, json_bytes, publish_staged, write_json_atomic
 
 __all__ = ["FORMAT", "MANIFEST_DIR", "PART_NAME_RE", "SUCCESS_FILE", "Manifest", "ManifestState", "PartRecord",
-           "clear_success", "fingerprint_digest", "is_job_dir", "load_manifest", "manifest_dir", "part_rows",
-           "read_entry", "write_success"]
+           "check_parts_present", "clear_success", "describe_missing", "fingerprint_digest", "is_job_dir",
+           "load_manifest", "manifest_dir", "missing_parts", "part_rows", "read_entry", "write_success"]
 
 log = logging.getLogger(__name__)
 
-SUCCESS_FILE = "_SUCCESS"
 PART_NAME_RE = re.compile(r"part-\d{5,}-[0-9a-f]{8}\.parquet")
 
 
@@ -176,7 +184,15 @@ class Manifest:
         return self.store, entry_name(seq)
 
     def _check_guard(self) -> None:
-        """A lease can expire under a stalled job and be taken over: never commit after that."""
+        """A lease can expire under a stalled job and be taken over: never commit after that.
+
+        Also between what a job decides to delete and the deletes (a part an entry removes, an
+        orphan part, the entries before a snapshot): an object store has no conditional delete,
+        and a job that lost the lease while paused could delete what the new holder commits. A
+        check passed after the entry (or the listing) proves no other job took the output over
+        before it: a later holder loads the manifest after that, and its state already holds the
+        entry (commits nothing the deletes remove), so deletes that a pause delays past the
+        check still remove only what no holder counts."""
         check = getattr(self.guard, "check", None)
         if check is not None:
             check()
@@ -216,6 +232,8 @@ class Manifest:
                 for staged, _ in parts:
                     staged.discard()
             raise
+        if remove:
+            self._check_guard()  # the entry is visible to every later holder before anything goes (_check_guard)
         self.publish([s for s, _ in parts], remove)
         if op == "commit" and self.state.last_seq - (self.state.snapshot_seq or 0) >= SNAPSHOT_EVERY_ENTRIES:
             self.snapshot()
@@ -258,10 +276,12 @@ class Manifest:
         """
         state, store = self.state, self.store
         names = store.list()
-        for name in sorted(names):
-            if PART_NAME_RE.fullmatch(name) and name not in state.parts:
-                log.info("removing %s: no committed manifest entry holds it", name)
-                store.delete(name)
+        orphans = [name for name in sorted(names) if PART_NAME_RE.fullmatch(name) and name not in state.parts]
+        if orphans:
+            self._check_guard()
+        for name in orphans:
+            log.info("removing %s: no committed manifest entry holds it", name)
+            store.delete(name)
         by_temp = {r.temp: r for r in state.parts.values() if r.temp != r.name}  # an object store's: none
         pending = []
         for name in sorted(names):
@@ -279,11 +299,7 @@ class Manifest:
             for name in store.list(sub):
                 if name.startswith(".") and name.endswith(TEMP_SUFFIX):  # uncommitted, or stale
                     store.delete(f"{sub}/{name}" if sub else name)
-        damaged = []
-        sizes = store.list()
-        for record in state.parts.values():
-            if sizes.get(record.name) != record.num_bytes:
-                damaged.append(record)
+        damaged = missing_parts(store, state)
         store.sync()
         return damaged
 
@@ -296,13 +312,13 @@ class Manifest:
         staged temp in a directory; either would be read beside the committed rows."""
         self.fence_stale_entries()
         state, store = self.state, self.store
-        swept = []
-        for name in sorted(store.list()):
-            staged_temp = name.startswith(".part-") and name.endswith(TEMP_SUFFIX)
-            if (PART_NAME_RE.fullmatch(name) and name not in state.parts) or staged_temp:
-                log.info("removing %s: no committed manifest entry holds it", name)
-                store.delete(name)
-                swept.append(name)
+        swept = [name for name in sorted(store.list()) if (PART_NAME_RE.fullmatch(name) and name not in state.parts)
+                 or (name.startswith(".part-") and name.endswith(TEMP_SUFFIX))]
+        if swept:
+            self._check_guard()
+        for name in swept:
+            log.info("removing %s: no committed manifest entry holds it", name)
+            store.delete(name)
         if swept:
             store.sync()
         return swept
@@ -317,21 +333,11 @@ class Manifest:
         """Delete entries before seq `first`, oldest first, so a crash part way leaves a contiguous
         suffix; and every snapshot rows file but the current one."""
         store = self.store
-        for seq, name in entry_paths(store):
-            if seq >= first:
-                break
+        names = [name for seq, name in entry_paths(store) if seq < first]  # oldest first
+        names += stale_rows_files(store, self.state.snapshot_rows)
+        if names:
+            self._check_guard()
+        for name in names:
             store.delete(name)
-        clean_rows_files(store, self.state.snapshot_rows)
         store.sync(MANIFEST_DIR)
 
-
-def clear_success(out_dir: str | Path | OutputStore) -> None:
-    store = open_store(out_dir)
-    if store.exists(SUCCESS_FILE):
-        store.delete(SUCCESS_FILE)
-        store.sync()
-
-
-def write_success(out_dir: str | Path | OutputStore, payload: dict[str, Any]) -> None:
-    store = open_store(out_dir)
-    write_json_atomic(store.path(SUCCESS_FILE) if isinstance(store, LocalStore) else (store, SUCCESS_FILE), payload)

@@ -16,8 +16,8 @@ previous snapshot's rows file. A load checks the rows file against the entry's s
 reads a row; a damaged one (DamagedSnapshot) is passed over where the entries before the snapshot
 are all still there (batchgen.io.manifest.state.load_manifest), else the directory is refused.
 The entry is the commit point as always: a rows file no entry
-names is garbage, which `clean_rows_files` deletes. A reader that needs counts only (status)
-does not open the rows file: per-part counts are in the entry. Reading the rows file, and a
+names is garbage, which the writer deletes (`stale_rows_files`). A reader that needs counts only
+(status) does not open the rows file: per-part counts are in the entry. Reading the rows file, and a
 committed part's per-row lists: batchgen.io.manifest.snapshot_rows.
 """
 
@@ -164,9 +164,8 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
     state.snapshot_rows = entry["rows"]["name"]
 
 
-def clean_rows_files(out_dir: str | Path | OutputStore, keep: str | None) -> None:
-    """Delete rows files other than `keep` (the latest snapshot's): superseded, or never committed."""
-    store = open_store(out_dir)
-    for name in store.list(MANIFEST_DIR):
-        if name.endswith(ROWS_SUFFIX) and name != keep:
-            store.delete(f"{MANIFEST_DIR}/{name}")
+def stale_rows_files(out_dir: str | Path | OutputStore, keep: str | None) -> list[str]:
+    """The rows files other than `keep` (the latest snapshot's), superseded or never committed, by
+    their names in the store: the writer deletes them (batchgen.io.manifest.manifest.drop_before)."""
+    names = open_store(out_dir).list(MANIFEST_DIR)
+    return [f"{MANIFEST_DIR}/{name}" for name in sorted(names) if name.endswith(ROWS_SUFFIX) and name != keep]

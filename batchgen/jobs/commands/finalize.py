@@ -4,7 +4,8 @@ The checks, in the order a failing one is reported (each names the shard):
 
     every shard-I-of-N/ for I in 0..N-1 exists, holds a job, is not running and has its _SUCCESS,
     which is checked against the shard's manifest, not trusted (its rows, error rows and
-    fingerprint are the manifest's, and its committed rows cover the inputs its last run read)
+    fingerprint are the manifest's, its committed rows cover the inputs its last run read, and
+    every part its manifest commits is there)
         -> ShardsIncomplete (exit 4): run or resume that shard, then finalize again
     every shard was begun with the same job fingerprint (settings, model, N), read the same input
     files (the identity digest its runs recorded), and no row id is committed by two shards
@@ -38,9 +39,11 @@ from batchgen.io.manifest.manifest import (
     SUCCESS_FILE,
     ManifestState,
     clear_success,
+    describe_missing,
     fingerprint_digest,
     is_job_dir,
     load_manifest,
+    missing_parts,
     write_success,
 )
 from batchgen.io.store.factory import open_store
@@ -125,8 +128,9 @@ def _check_complete(shard: ShardDir) -> dict[str, Any]:
 
 def _check_success(shard: ShardDir, success: dict[str, Any], state: ManifestState) -> None:
     """The shard's _SUCCESS re-derived from its manifest, not trusted: its figures (where it has
-    them) are the manifest's, and the committed rows cover every input row its last run read. A
-    _SUCCESS left from before a rerun changed rows fails here."""
+    them) are the manifest's, the committed rows cover every input row its last run read, and every
+    committed part is there (batchgen.io.manifest.success). A _SUCCESS left from before a rerun changed
+    rows fails here, and so does one over a part that vanished after it was written."""
     derived = {"rows": state.num_committed_rows, "rows_error": len(state.error_ids),
                "fingerprint": fingerprint_digest(state.fingerprint)}
     stale = [f"{key} {success[key]!r} (the manifest: {value!r})" for key, value in derived.items()
@@ -135,6 +139,9 @@ def _check_success(shard: ShardDir, success: dict[str, Any], state: ManifestStat
     num_input_rows = sum(int(i.get("num_rows") or 0) for i in inputs)
     if not stale and state.num_committed_rows < num_input_rows:
         stale = [f"{state.num_committed_rows} rows committed of the {num_input_rows} its last run read"]
+    missing = [] if stale else missing_parts(shard.store, state)
+    if missing:
+        stale = [describe_missing(missing)]
     if stale:
         raise ShardsIncomplete(f"shard {shard.index} of {shard.num_shards} ({shard.path}) has a {SUCCESS_FILE} that "
                                f"does not match its manifest: {'; '.join(stale)}; rerun its `batchgen run` command "

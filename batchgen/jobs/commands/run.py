@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING
 from batchgen.config.constraint import writes_json_valid
 from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
-from batchgen.io.manifest.manifest import clear_success, fingerprint_digest, is_job_dir, load_manifest, write_success
+from batchgen.io.manifest.manifest import (
+    check_parts_present,
+    clear_success,
+    fingerprint_digest,
+    is_job_dir,
+    load_manifest,
+    write_success,
+)
 from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import json_bytes
 from batchgen.jobs.durability.fingerprint import job_fingerprint
@@ -247,4 +254,5 @@ def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> N
     if failed:
         raise ErrorRateExceeded(f"{summary.output_rows_error} of {summary.output_rows} rows failed, more than "
                                 f"--max-error-rate {rate}; the output is in {session.out_dir} (no _SUCCESS)")
+    check_parts_present(session.store, state)  # and every part that _SUCCESS vouches for is there
     write_success(session.store, success)
