@@ -55,7 +55,7 @@ _PANELS = {
                "--overwrite", "--max-error-rate"),
     "Engine": ("--batch-size", "--max-num-batched-tokens", "--kv-cache-memory", "--kv-cache-dtype", "--compile",
                "--attention-backend", "--block-size", "--cuda-graphs", "--mode", "--window-rows", "--sort-by-length",
-               "--static-min-occupancy"),
+               "--dedup", "--static-min-occupancy"),
     "Sharding and executors": ("--workers", "--num-shards", "--shard-index", "--executor", "--ray-actors",
                                "--ray-keep-warm"),
     "Monitoring": ("--quiet", "--metrics", "--metrics-textfile", "--metrics-port", "--metrics-host",
@@ -196,6 +196,9 @@ LengthColumn = Annotated[str | None, _opt("--length-column", metavar="COL", help
 SortByLength = Annotated[bool | None, _opt("--sort-by-length/--no-sort-by-length", help=(
     "Run each shard's rows longest predicted output first: static batches hold alike rows, continuous "
     "leaves the short rows for the draining tail [on]."))]
+Dedup = Annotated[bool | None, _opt("--dedup/--no-dedup", help=(
+    "Run rows whose prompt and settings decide the same output once (greedy rows, or sampled rows with "
+    "the same explicit seed) and write it under each id [on]."))]
 StaticMinOccupancy = Annotated[float | None, _opt("--static-min-occupancy", metavar="X", help=(
     "auto: static when its batches would keep at least this share of slots busy [1.0]."))]
 Device = Annotated[str | None, _opt("--device", metavar="DEVICE", help="auto | cpu | cuda [auto].")]

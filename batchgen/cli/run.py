@@ -67,6 +67,7 @@ def run(
     window_rows: o.WindowRows = None,
     length_column: o.LengthColumn = None,
     sort_by_length: o.SortByLength = None,
+    dedup: o.Dedup = None,
     static_min_occupancy: o.StaticMinOccupancy = None,
     device: o.Device = None,
     dtype: o.Dtype = None,

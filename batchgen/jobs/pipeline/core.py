@@ -41,6 +41,7 @@ from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
 from batchgen.errors import BatchgenError, EngineError
+from batchgen.jobs.pipeline.duplicates import DuplicatePrompts, duplicate_key
 from batchgen.jobs.pipeline.row_sampling import sampling_settings
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import WindowPlan
@@ -152,6 +153,7 @@ class JobCore:
         self.num_static_fallbacks = 0
         self.window_index: int | None = None  # the shard whose rows the engine was fed last
         self.constraint = job_constraint(config)  # --json-schema / --regex / --choices; a row's own wins
+        self.duplicates = DuplicatePrompts() if config.dedup else None  # copies of a prompt run once
 
     def context(self) -> tuple[str | None, int | None]:
         """(engine mode, newest shard fed): what a metrics record of this moment is labelled with."""
@@ -163,8 +165,10 @@ class JobCore:
         while plan is not None:
             stretch = _Stretch(self, plan, plans)
             yield from self._run_stretch(stretch)
+            yield from self._served_copies()
             plan = stretch.next_plan
         assert not self.pending, f"{len(self.pending)} rows lost in the engine"
+        assert self.duplicates is None or not self.duplicates.num_waiting(), "copies of a prompt lost"
 
     def _run_stretch(self, stretch: _Stretch) -> Iterator[tuple[PlannedRow, list[Completion]]]:
         while True:
@@ -173,6 +177,7 @@ class JobCore:
                 engine.fit_batch_size(stretch.batch_size)
                 for completion in engine.generate(stretch, between_steps=self.between_steps):
                     yield from self._finished(completion)
+                    yield from self._served_copies()
                 return
             except Exception as e:
                 if not self._is_engine_fault(stretch, e):
@@ -194,6 +199,7 @@ class JobCore:
             for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest),
                                               between_steps=self.between_steps):
                 yield from self._finished(completion)
+                yield from self._served_copies()
             if stretch.done:
                 return
 
@@ -218,7 +224,15 @@ class JobCore:
         row.done[completion.sample_index] = completion
         if len(row.done) == row.request.sampling.n:
             del self.pending[completion.request_id]
-            yield row.planned, [row.done[i] for i in range(row.request.sampling.n)]
+            completions = [row.done[i] for i in range(row.request.sampling.n)]
+            yield row.planned, completions
+            if self.duplicates is not None:
+                yield from self.duplicates.served(completion.request_id, completions)
+
+    def _served_copies(self) -> Iterator[tuple[PlannedRow, list[Completion]]]:
+        """Copies of prompts whose leader had finished when they were planned."""
+        if self.duplicates is not None:
+            yield from self.duplicates.take_ready()
 
     def window_requests(self, plan: WindowPlan) -> Iterator[Request]:
         config = self.config
@@ -242,8 +256,12 @@ class JobCore:
                 constraint=planned.constraint if planned.constraint is not None else self.constraint,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
                 predicted_num_output_tokens=planned.prediction.p90)
-            row = self.pending[key] = _PendingRow(
-                planned, request, self.continuations_for(planned) if self.continuations_for is not None else {})
+            row = _PendingRow(planned, request,
+                              self.continuations_for(planned) if self.continuations_for is not None else {})
+            if self.duplicates is not None and not row.continuations:  # a continued row is its own
+                if not self.duplicates.admit(planned, request, duplicate_key(request, planned.seed is not None)):
+                    continue
+            self.pending[key] = row
             yield from row.requests()
 
 

@@ -28,6 +28,7 @@ class JobSummary:
     num_shards_static: int = 0
     num_shards_continuous: int = 0
     num_static_fallbacks: int = 0
+    num_rows_from_duplicates: int = 0  # rows written from another row's run (--dedup: the same prompt and settings)
     # predicted (p50) vs actual output tokens of the rows generated in this run
     num_length_predictions: int = 0
     length_mae: float | None = None
@@ -66,7 +67,9 @@ class JobSummary:
         e = self.engine
         out = [
             f"done: {plural(self.num_rows, 'row')} ({self.num_rows_ok} ok, {plural(self.num_rows_error, 'error')}, "
-            f"{plural(self.num_rows_truncated, 'truncated prompt')}) in {self.wall_seconds:.1f}s",
+            f"{plural(self.num_rows_truncated, 'truncated prompt')}"
+            + (f", {self.num_rows_from_duplicates} served from a duplicate prompt" if self.num_rows_from_duplicates
+               else "") + f") in {self.wall_seconds:.1f}s",
             f"tokens: {self.num_prompt_tokens} prompt, {self.num_generated_tokens} generated, "
             f"{self.generated_tokens_per_s:.1f} generated tok/s ({self.model}, {self.mode})",
         ]
