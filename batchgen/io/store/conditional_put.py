@@ -36,7 +36,9 @@ class PreconditionFailed(Exception):
 class ConditionalPut:
     """put(key, data, if_absent=True) or put(key, data, if_version=token); read(key) -> (data, token).
 
-    A key is "bucket/path", as pyarrow.fs names objects."""
+    A key is "bucket/path", as pyarrow.fs names objects; `where` names the service (its endpoint)."""
+
+    where = ""
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False, if_version: str | None = None) -> str:
         raise NotImplementedError
@@ -53,6 +55,7 @@ class S3ConditionalPut(ConditionalPut):
         config = botocore.config.Config(connect_timeout=connect_timeout_s, read_timeout=request_timeout_s,
                                         retries={"total_max_attempts": 1})
         self.client = boto3.client("s3", endpoint_url=endpoint, region_name=region, config=config)
+        self.where = self.client.meta.endpoint_url
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False, if_version: str | None = None) -> str:
         bucket, _, name = key.partition("/")
@@ -87,6 +90,7 @@ class GcsConditionalPut(ConditionalPut):
     def __init__(self, *, request_timeout_s: float):
         self.client = gcs.Client()
         self.timeout = request_timeout_s
+        self.where = "gcs"
 
     def _blob(self, key: str):
         bucket, _, name = key.partition("/")

@@ -6,6 +6,9 @@ directory (batchgen.io.store.lock) becomes a lease:
     {"holder": random id of this run, "epoch", "pid", "host", identity (batchgen.io.store.claim),
      "started", "renewed", "expires": unix time, "ttl_s": seconds}
 
+- first, once per store and process, the store is probed (ObjectStore.check_conditional_writes): a
+  server that ignores If-None-Match / If-Match fences nothing below, and is refused (exit 2) unless
+  BATCHGEN_UNSAFE_STORE=1 accepts it.
 - acquire: read the lease; one not expired refuses the job (OutputLocked, exit 2), whoever holds
   it: a holder that looks dead from here may be a live job in another container with the same
   host name, and taking its lease over would let two jobs commit at once. An expired one is taken
@@ -89,6 +92,9 @@ class Lease(OutputClaim):
 
     def acquire(self) -> None:
         assert not self._held, "already held"
+        check_store = getattr(self.store, "check_conditional_writes", None)
+        if check_store is not None:  # the fencing below rests on the store's conditional writes
+            check_store()
         current, version = read_lease_versioned(self.store)
         if current is not None and not _expired(current):  # never taken over before its expiry
             raise OutputLocked(_in_use(self.store, current))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
@@ -19,9 +21,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from batchgen.config.output_url import URL_RE, check_object_url
-from batchgen.errors import AlreadyExists, OutputError
+from batchgen.errors import AlreadyExists, OutputError, UnsupportedOutputError
 from batchgen.io.store.conditional_put import ConditionalPut, PreconditionFailed, conditional_put_for
 from batchgen.io.store.lease import Lease, lease_holder, lease_ttl_s
+from batchgen.io.store.local_files import TEMP_SUFFIX
 from batchgen.io.store.store import OutputStore
 
 # Every request must end well inside the lease (batchgen.io.store.lease): a commit is refused once less
@@ -29,6 +32,12 @@ from batchgen.io.store.store import OutputStore
 S3_REQUEST_TIMEOUT_S = 10.0
 S3_CONNECT_TIMEOUT_S = 5.0
 MIN_REQUEST_TIMEOUT_S = 1.0
+UNSAFE_STORE_ENV = "BATCHGEN_UNSAFE_STORE"  # "1": write to a store that ignores conditional writes (unfenced)
+
+log = logging.getLogger(__name__)
+
+# what each store (endpoint, bucket) answered to the probe in this process: None, or the header it ignored
+_PROBED: dict[tuple[str, str], str | None] = {}
 
 
 def request_timeouts(ttl_s: float) -> tuple[float, float]:
@@ -112,6 +121,56 @@ class ObjectStore(OutputStore):
             return self.conditional.put(self._key(name), data, if_version=version)
         except PreconditionFailed:
             return None
+
+    def check_conditional_writes(self) -> None:
+        """Refuse (UnsupportedOutputError, exit 2) a store that ignores conditional writes, unless
+        UNSAFE_STORE_ENV is "1"; asked once per store and process, by every lease (batchgen.io.store.lease).
+
+        Fencing rests on them: an S3-compatible server that accepts If-None-Match / If-Match and
+        ignores them (older MinIO, Ceph and appliance releases) lets a job that stalled past its lease
+        replace the next holder's manifest entry and its rows vanish from the manifest, and lets two
+        jobs racing for the lease both win."""
+        where = (self.conditional.where, self.base.split("/", 1)[0])
+        if where not in _PROBED:
+            _PROBED[where] = self._probe()
+        ignored = _PROBED[where]
+        if ignored is None:
+            return
+        why = (f"--output {self.url}: the store ignored {ignored} (a conditional PUT that must fail landed), so it "
+               "cannot fence a job that stalled past its lease: that job's late manifest entry could replace the "
+               "next job's, and that job's rows would vanish from the manifest")
+        if os.environ.get(UNSAFE_STORE_ENV) == "1":
+            log.warning("%s does not honour conditional writes; writing anyway (%s=1): %s", self.url,
+                        UNSAFE_STORE_ENV, why)
+            return
+        raise UnsupportedOutputError(f"{why}. Use a store that honours If-None-Match and If-Match (AWS S3, GCS, a "
+                                     f"recent MinIO), or set {UNSAFE_STORE_ENV}=1 to write without that protection, "
+                                     "only where no two jobs can ever write this output")
+
+    def _probe(self) -> str | None:
+        """Which conditional header the store ignores, or None: a new key PUT twice if absent, then
+        replaced at its version, then replaced again at that now stale version."""
+        name = f".fencing-probe-{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"  # a hidden temp: recovery deletes a leftover
+        key = self._key(name)
+        put = self.conditional.put
+        try:
+            first = put(key, b"1", if_absent=True)
+            try:
+                put(key, b"2", if_absent=True)
+                return "If-None-Match: *"
+            except PreconditionFailed:
+                pass
+            try:
+                put(key, b"3", if_version=first)
+            except PreconditionFailed:
+                return "If-Match (it refused the current version)"
+            try:
+                put(key, b"4", if_version=first)
+                return "If-Match"
+            except PreconditionFailed:
+                return None
+        finally:
+            self.delete(name)
 
     def stage(self, name: str, write: Callable[[BinaryIO], None]) -> None:
         self._put(name, write)

@@ -10,12 +10,12 @@ import time
 import pyarrow as pa
 import pytest
 
-from batchgen.errors import AlreadyExists, OutputLocked
-from batchgen.io.manifest.manifest import Manifest, PartRecord, load_manifest
+from batchgen.errors import AlreadyExists, OutputLocked, UnsupportedOutputError
+from batchgen.io.manifest.manifest import Manifest, PartRecord, check_parts_present, load_manifest
 from batchgen.io.store import local_files
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_MARGIN, Lease, read_lease
-from batchgen.io.store.object_store import request_timeouts
+from batchgen.io.store.object_store import UNSAFE_STORE_ENV, request_timeouts
 from batchgen.io.store.writers import PartWriter
 
 pytestmark = pytest.mark.usefixtures("quick_lease_settle")
@@ -154,3 +154,103 @@ def test_without_the_sdk_an_s3_output_is_refused_not_written_unsafely(s3_out, mo
     monkeypatch.setattr(conditional_put, "boto3", None)
     with pytest.raises(UnsupportedOutputError, match=r"needs boto3 .*batchgen\[s3\]"):
         open_store(s3_out)
+
+
+def test_a_stalled_holders_entry_that_lands_first_removes_no_part_the_new_holder_commits(s3_out, monkeypatch):
+    store = open_store(s3_out)
+    old = Lease(store, ttl_s=0.6)
+    old.acquire()
+    a = Manifest(store, guard=old)
+    a.begin({"k": 1})
+    first = staged(store, [1, 2])
+    a.commit([first])
+    replaced = first[0].name
+    rewrite = staged(store, [2])  # the part minus row 1 (a retried row), under a new name
+    taken: list[tuple[Lease, Manifest]] = []
+
+    def take_over() -> None:
+        stall(old)
+        new = Lease(store, ttl_s=30)
+        new.acquire()
+        b = Manifest(store, guard=new)
+        b.recover()  # loaded before the stalled job's entry lands: `replaced` is committed here
+        taken.append((new, b))
+
+    run_in_stall(monkeypatch, take_over)
+    with pytest.raises(OutputLocked):  # before: no error, and `replaced` deleted after the entry
+        a.commit([rewrite], remove=[replaced])
+    monkeypatch.setattr(local_files, "_fault_hook", None)
+    new, b = taken[0]
+    b.commit([staged(store, [3])])  # writes past the stalled job's entry
+    b.sweep()
+    check_parts_present(store, b.state)  # what _SUCCESS needs
+    state = load_manifest(store)
+    assert set(state.ok_ids) == {1, 2, 3} and replaced in state.parts
+    assert all(store.exists(name) for name in state.parts)
+    new.release()
+
+
+def test_a_stalled_holders_snapshot_that_lands_first_drops_no_entry_the_new_holder_reads(s3_out, monkeypatch):
+    store = open_store(s3_out)
+    old = Lease(store, ttl_s=0.6)
+    old.acquire()
+    a = Manifest(store, guard=old)
+    a.begin({"k": 1})
+    a.commit([staged(store, [1])])
+    taken: list[tuple[Lease, Manifest]] = []
+
+    def take_over() -> None:
+        stall(old)
+        new = Lease(store, ttl_s=30)
+        new.acquire()
+        b = Manifest(store, guard=new)
+        b.recover()
+        taken.append((new, b))
+
+    run_in_stall(monkeypatch, take_over)
+    with pytest.raises(OutputLocked):  # before: no error, and entries 1-2 deleted after the snapshot
+        a.snapshot()
+    monkeypatch.setattr(local_files, "_fault_hook", None)
+    new, b = taken[0]
+    b.commit([staged(store, [2])])  # writes past the stalled job's snapshot: its chain is entries 1, 2, 4
+    state = load_manifest(store)
+    assert set(state.ok_ids) == {1, 2} and all(store.exists(name) for name in state.parts)
+    new.release()
+
+
+def ignore_conditions(monkeypatch) -> None:
+    """An S3-compatible server that takes If-None-Match / If-Match and ignores them: every PUT lands."""
+    from batchgen.io.store.conditional_put import S3ConditionalPut
+
+    real_put = S3ConditionalPut.put
+    monkeypatch.setattr(S3ConditionalPut, "put", lambda self, key, data, **conditions: real_put(self, key, data))
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_unless_the_user_consents(s3_out, monkeypatch, caplog):
+    ignore_conditions(monkeypatch)
+    store = open_store(s3_out)
+    with pytest.raises(UnsupportedOutputError, match=r"ignored If-None-Match.*BATCHGEN_UNSAFE_STORE=1") as e:
+        Lease(store, ttl_s=30).acquire()  # before: taken, and later fenced by nothing
+    assert e.value.exit_code == 2
+    assert not store.list()  # no lease, no probe object left behind
+    monkeypatch.setenv(UNSAFE_STORE_ENV, "1")
+    with Lease(open_store(s3_out), ttl_s=30) as lease:
+        assert read_lease(store)["holder"] == lease.holder_id
+    assert "does not honour conditional writes" in caplog.text
+
+
+def test_a_store_is_probed_once(s3_out, monkeypatch):
+    from batchgen.io.store.conditional_put import S3ConditionalPut
+
+    keys: list[str] = []
+    real_put = S3ConditionalPut.put
+
+    def put(self, key, data, **conditions):
+        keys.append(key)
+        return real_put(self, key, data, **conditions)
+
+    monkeypatch.setattr(S3ConditionalPut, "put", put)
+    for _ in range(2):
+        with Lease(open_store(s3_out), ttl_s=30):
+            pass
+    assert sum(".fencing-probe-" in key for key in keys) == 4  # once: PUT, its repeat, If-Match current, then stale
