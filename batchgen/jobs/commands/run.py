@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from batchgen.config.constraint import writes_json_valid
 from batchgen.config.job import OPENAI_BATCH, JobConfig
+from batchgen.engine.model.model_files import model_files_identity
 from batchgen.errors import ErrorRateExceeded, JobInterrupted, OutputError
 from batchgen.io.manifest.manifest import (
     check_parts_present,
@@ -50,7 +51,7 @@ from batchgen.io.manifest.manifest import (
 from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import json_bytes
 from batchgen.jobs.durability.fingerprint import job_fingerprint
-from batchgen.jobs.durability.prompt_check import prompts_unchanged
+from batchgen.jobs.durability.prompt_check import model_files_unchanged, nothing_to_do
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
 from batchgen.jobs.pipeline.prepare import open_inputs
@@ -90,6 +91,7 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
         check_job_output(config.output, config.num_shards)
         out = shard_output_dir(config.output, config.shard_index, config.num_shards)
     session = OutputSession(out, overwrite=config.overwrite, keep_hashes=config.id_column is not None)
+    session.model_files = model_files_identity(config.model, config.dtype)
     if config.executor == "local" and _needs_model(config, inputs, session):
         # torch and transformers load here, before the lock, so that holding the lock means "past the
         # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
@@ -116,8 +118,7 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)
-                if not config.overwrite and (resume.nothing_to_do(inputs)
-                                             or prompts_unchanged(config, inputs, resume)):
+                if not config.overwrite and nothing_to_do(config, inputs, resume, session.model_files):
                     with guard.critical():
                         summary = _nothing_to_do(config, session, scan)
                     return summary
@@ -200,7 +201,8 @@ def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:
         return True
     check_prompts = config.id_column is not None
     state = load_manifest(store, keep_hashes=check_prompts)
-    return not ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs)
+    return not (model_files_unchanged(state, session.model_files)
+                and ResumeRule(state, config.retry_errors, check_prompts).nothing_to_do(inputs))
 
 
 def _nothing_to_do(config: JobConfig, session: OutputSession, scan: InputScan) -> RunSummary:

@@ -10,20 +10,40 @@ Prompts are built against the model's full context here, where the run builds th
 engine's (never longer). A row whose prompt fits both hashes the same either way; one that was
 cut to fit may hash differently here, and then the run loads the model and decides with its
 engine, as it always did: this check can only say "unchanged" where the run would agree.
+
+The model is compared the same way, before it loads: the committed rows are settled only while its
+files are those a run that loaded it recorded (batchgen.engine.model.model_files). Files that differ
+(another checkpoint at the same path, another --model or --dtype, or the same model copied anew)
+send the rerun to the load, where the fingerprint's content hash and resolved dtype decide.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchgen.config.job import JobConfig
 from batchgen.errors import BatchgenError
+from batchgen.io.manifest.manifest import ManifestState
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError
 from batchgen.jobs.planning.planner import prepare_row
 
 if TYPE_CHECKING:
     from batchgen.jobs.pipeline.prepare import JobInputs
+
+
+def nothing_to_do(config: JobConfig, inputs: JobInputs, resume: ResumeRule, model_files: dict[str, Any]) -> bool:
+    """A rerun that needs no model: the model's files (`model_files`: model_files_identity) are those
+    the committed rows were generated with, and every input row is settled."""
+    return model_files_unchanged(resume.state, model_files) and (
+        resume.nothing_to_do(inputs) or prompts_unchanged(config, inputs, resume))
+
+
+def model_files_unchanged(state: ManifestState, model_files: dict[str, Any]) -> bool:
+    """Whether the last run that recorded its inputs had the same model files. A directory whose
+    runs recorded none (begun by a batchgen before it) is trusted, as it was then."""
+    recorded = (state.inputs or {}).get("model_files", model_files)
+    return recorded == model_files
 
 
 def prompts_unchanged(config: JobConfig, inputs: JobInputs, resume: ResumeRule) -> bool:

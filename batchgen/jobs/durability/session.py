@@ -57,6 +57,9 @@ class OutputSession:
         self.started = False  # a "begin" or "inputs" entry was written by this run
         self.lock = self.store.lock()  # an flock'ed file, or a lease object (batchgen.io.store.lease)
         self.manifest: Manifest | None = None
+        # the model's identity before it loads (batchgen.engine.model.model_files), recorded with the inputs
+        # a run generates from, so that a later rerun can tell the same model without loading it
+        self.model_files: dict[str, Any] | None = None
 
     @property
     def state(self):
@@ -171,6 +174,8 @@ class OutputSession:
         payload: dict[str, Any] = {"inputs": inputs, "max_rows": max_rows}
         if scan.split is not None:  # a shard of a sharded job (batchgen.jobs.sharding.split)
             payload["split"] = scan.split
+        if self.model_files is not None:
+            payload["model_files"] = self.model_files
         if scan.ids is not None and max_rows is None:  # --id-column: committed ids gone from the input
             state = self.state
             payload["orphans"] = orphans(itertools.chain(state.ok_ids, state.error_ids), scan.ids)

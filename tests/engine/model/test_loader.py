@@ -13,7 +13,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from batchgen.engine.model import gguf_cache, loader
-from batchgen.engine.model.gguf_cache import INSTALL_DEFAULT_HINT
 from batchgen.engine.model.loader import (
     DEFAULT_MODEL,
     cpu_auto_dtype,
@@ -21,6 +20,7 @@ from batchgen.engine.model.loader import (
     resolve_device,
     resolve_dtype,
 )
+from batchgen.engine.model.model_files import INSTALL_DEFAULT_HINT
 from batchgen.errors import ConfigError, ModelLoadError
 from tests.tiny import make_tiny_model
 
