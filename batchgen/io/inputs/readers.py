@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from batchgen.errors import InputError
+from batchgen.io.inputs.cells import with_oversized_cells
 from batchgen.io.inputs.discovery import InputShard, filesystem
 from batchgen.io.inputs.jsonl import jsonl_batches, sample_records
 from batchgen.io.inputs.openai_batch import OPENAI_BATCH_SCHEMA, check_first_request, openai_batch_batches
@@ -61,16 +62,18 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
     Cells that did not hold valid text (invalid UTF-8 in a Parquet string column, a lone
     surrogate in JSON) are read with U+FFFD replacements, so one bad cell cannot stop a job; the
     batch lists them (batchgen.io.inputs.cells), and RowSource turns each such row into an error row.
+    So are cells of more than MAX_CELL_BYTES, in every format.
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
     if shard.format == "parquet":
         _check_columns(shard, columns, read_columns(shard))
-        return parquet_batches(*filesystem(shard.path), shard.path, columns, batch_size, rows=shard.rows)
+        return _capped(parquet_batches(*filesystem(shard.path), shard.path, columns, batch_size, rows=shard.rows),
+                       shard)
     assert shard.rows is None, "JSON Lines files (Batch request ones too) are split whole (row count unknown unread)"
     if shard.format == "openai-batch":
         _check_columns(shard, columns, OPENAI_BATCH_SCHEMA.names)
-        return openai_batch_batches(*filesystem(shard.path), shard.path, columns, batch_size)
+        return _capped(openai_batch_batches(*filesystem(shard.path), shard.path, columns, batch_size), shard)
     schema, sample, records = sample_records(*filesystem(shard.path), shard.path)
     try:
         _check_columns(shard, columns, schema.names)
@@ -79,7 +82,16 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
         raise
     if columns is not None:
         schema = pa.schema([schema.field(name) for name in columns])
-    return jsonl_batches(sample, records, schema, batch_size, shard.path, warn_new_keys=columns is None)
+    return _capped(jsonl_batches(sample, records, schema, batch_size, shard.path, warn_new_keys=columns is None),
+                   shard)
+
+
+def _capped(batches: Iterator[pa.RecordBatch], shard: InputShard) -> Iterator[pa.RecordBatch]:
+    """The batches, each listing its cells of more than MAX_CELL_BYTES (batchgen.io.inputs.cells)."""
+    first_row = shard.first_row
+    for batch in batches:
+        yield with_oversized_cells(batch, shard.path, first_row)
+        first_row += batch.num_rows
 
 
 def _check_columns(shard: InputShard, columns: list[str] | None, existing: list[str]) -> None:

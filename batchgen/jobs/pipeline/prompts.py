@@ -23,17 +23,20 @@ from batchgen.config.job import LONG_PROMPT_POLICIES, JobConfig
 from batchgen.config.text_settings import chat_template_text
 from batchgen.errors import ConfigError
 from batchgen.jobs.pipeline.template import RowError, Template
+from batchgen.jobs.pipeline.token_chars import max_chars_per_token
 from batchgen.jobs.planning.stats import ceil_div
 
 __all__ = ["BuiltPrompt", "PromptBuilder", "RowError", "Template", "parse_count", "row_max_new_tokens"]
 
 _MAX_TRUNCATION_ROUNDS = 8
+_UNKNOWN = object()  # max_chars_per_token not read yet: only a long row needs it
 
 
 @dataclass(slots=True)
 class BuiltPrompt:
     token_ids: list[int]
-    num_truncated_tokens: int  # document tokens cut to fit; 0 when not truncated
+    # document tokens cut to fit (at least: a long one is cut to a prefix first); 0 when not truncated
+    num_truncated_tokens: int
 
 
 class PromptBuilder:
@@ -60,6 +63,7 @@ class PromptBuilder:
         if max_context_tokens < 1:
             raise ConfigError(f"max_context_tokens must be positive, got {max_context_tokens}")
         self.tokenizer = tokenizer
+        self._chars_per_token: Any = _UNKNOWN
         self.template = template
         self.system = system
         self.chat = chat
@@ -94,14 +98,38 @@ class PromptBuilder:
                            f"model's context of {self.max_context_tokens} tokens")
         if self.max_prompt_tokens is not None:
             max_prompt_tokens = min(max_prompt_tokens, self.max_prompt_tokens)
-        token_ids = self._tokenize(self.template.render(row))
-        if len(token_ids) <= max_prompt_tokens:
-            return BuiltPrompt(token_ids, 0)
+        text = self.template.render(row)  # every column checked, whether or not the document is cut
+        doc = self._document_prefix(row, text, max_prompt_tokens)
+        if doc is None:
+            token_ids = self._tokenize(text)
+            if len(token_ids) <= max_prompt_tokens:
+                return BuiltPrompt(token_ids, 0)
+            size = f"{len(token_ids)} tokens"
+        else:
+            token_ids = self._tokenize(self.template.render(row, document_override=doc))
+            size = f"more than {max_prompt_tokens} tokens ({len(text)} characters)"
         if self.on_long_prompt == "error":
-            raise RowError(f"prompt has {len(token_ids)} tokens; the model's context of "
+            raise RowError(f"prompt has {size}; the model's context of "
                            f"{self.max_context_tokens} tokens minus max_new_tokens {max_new_tokens} "
                            f"leaves room for {max_prompt_tokens}")
-        return self._truncate(row, token_ids, max_prompt_tokens)
+        return self._truncate(row, token_ids, max_prompt_tokens, size, doc)
+
+    def _document_prefix(self, row: Mapping[str, Any], text: str, max_prompt_tokens: int) -> str | None:
+        """The document's first characters where the whole of it cannot fit, else None.
+
+        More than `max_chars_per_token` x (max_prompt_tokens + 1) characters need more tokens than fit
+        (batchgen.jobs.pipeline.token_chars), so such a prompt is cut whatever its tokens. Twice that
+        is kept: a cut to fit keeps at most max_prompt_tokens tokens of the document, far before
+        the prefix's end, where the prefix's tokens are the whole document's."""
+        if len(text) <= max_prompt_tokens:  # too short to be cut: skip reading the tokenizer's bound
+            return None
+        if self._chars_per_token is _UNKNOWN:
+            self._chars_per_token = max_chars_per_token(self.tokenizer)
+        if self._chars_per_token is None:
+            return None
+        keep_chars = 2 * self._chars_per_token * (max_prompt_tokens + 1)
+        doc = self.template.document_value(row)
+        return doc[:keep_chars] if len(doc) > keep_chars else None
 
     def chat_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a whole conversation ({"role", "content"} dicts, the OpenAI Batch API's
@@ -162,10 +190,12 @@ class PromptBuilder:
     def _holds_special_text(self, text: str) -> bool:
         return any(special in text for special in self._special_texts)
 
-    def _truncate(self, row: Mapping[str, Any], token_ids: list[int],
-                  max_prompt_tokens: int) -> BuiltPrompt:
-        """Cut the end of the document column only, so the instruction and chat wrapper survive."""
-        doc = self.template.document_value(row)
+    def _truncate(self, row: Mapping[str, Any], token_ids: list[int], max_prompt_tokens: int, size: str,
+                  doc: str | None) -> BuiltPrompt:
+        """Cut the end of the document column only, so the instruction and chat wrapper survive.
+        `doc`: the document's prefix that `token_ids` were built from (None: the whole document), so
+        the cut tokens counted are at least that many."""
+        doc = self.template.document_value(row) if doc is None else doc
         column = self.template.document_column
         doc_ids, ends = self._document_tokens(doc)
         uses = self.template.document_uses
@@ -181,7 +211,7 @@ class PromptBuilder:
             # from the instruction alone: that is an error row, never a silent garbage answer.
             if not cut.strip():
                 rest = len(self._tokenize(self.template.render(row, document_override="")))
-                raise RowError(f"prompt has {len(token_ids)} tokens; the context leaves room for "
+                raise RowError(f"prompt has {size}; the context leaves room for "
                                f"{max_prompt_tokens}, and the prompt without column {column!r} already "
                                f"has {rest}, leaving too little room for any of it", column=column)
             ids = self._tokenize(self.template.render(row, document_override=cut))
