@@ -54,6 +54,7 @@ from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point, fsync_dir
 from batchgen.io.store.schema import SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
+from batchgen.jobs.openai.temp_files import open_held, sweep_dead_temps
 
 OUTPUT_FILE, ERRORS_FILE = BATCH_FILES
 SUCCESS_KEY = "openai_batch"  # in _SUCCESS: where the files are, and the commit sequence number they hold
@@ -101,9 +102,10 @@ def write_batch_files(out: str | Path | OutputStore, state: ManifestState, dir_n
 def _write_local(target: Path, lines: Iterator[tuple[bool, bytes]]) -> dict[str, int]:
     """Both files under hidden temp names, fsynced; the old pair removed; the new pair renamed in.
 
-    The temp names are this writer's own: two writers (a finalize and a compact that raced past
-    their lock, or a lock-free filesystem) never open one file between them, so each renames in
-    a whole file of its own. The caller holds the output's lock (finalize, compact, run)."""
+    The temp names are this writer's own, and held until renamed in (batchgen.jobs.openai.temp_files):
+    two writers (a finalize and a compact that raced past their lock, or a lock-free filesystem)
+    never open one file between them, so each renames in a whole file of its own, and the temps a
+    killed writer left are deleted here. The caller holds the output's lock (finalize, compact, run)."""
     token = uuid.uuid4().hex[:8]
     temps = {name: target / f".{name}.{token}{TEMP_SUFFIX}" for name in (OUTPUT_FILE, ERRORS_FILE)}
     counts = {OUTPUT_FILE: 0, ERRORS_FILE: 0}
@@ -111,19 +113,20 @@ def _write_local(target: Path, lines: Iterator[tuple[bool, bytes]]) -> dict[str,
         if not target.is_dir():
             target.mkdir()
             fsync_dir(target.parent)
-        with open(temps[OUTPUT_FILE], "xb") as ok, open(temps[ERRORS_FILE], "xb") as bad:
+        sweep_dead_temps(target, (OUTPUT_FILE, ERRORS_FILE))
+        with open_held(temps[OUTPUT_FILE]) as ok, open_held(temps[ERRORS_FILE]) as bad:
             for is_error, line in lines:
                 (bad if is_error else ok).write(line)
                 counts[ERRORS_FILE if is_error else OUTPUT_FILE] += 1
             for file in (ok, bad):
                 file.flush()
                 os.fsync(file.fileno())
-        for name in (OUTPUT_FILE, ERRORS_FILE):  # the old pair goes before any of the new one shows
-            (target / name).unlink(missing_ok=True)
-        fsync_dir(target)
-        for name, temp in temps.items():
-            fault_point("batch_file_rename")
-            os.replace(temp, target / name)
+            for name in (OUTPUT_FILE, ERRORS_FILE):  # the old pair goes before any of the new one shows
+                (target / name).unlink(missing_ok=True)
+            fsync_dir(target)
+            for name, temp in temps.items():  # still held: no other writer takes them for a dead one's
+                fault_point("batch_file_rename")
+                os.replace(temp, target / name)
         fsync_dir(target)
     except OSError as e:
         for temp in temps.values():
