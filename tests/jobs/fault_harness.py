@@ -2,20 +2,27 @@
 
 One seed, in-process and on the protocol's own functions (no model: rows are made up, each id's
 row known in advance), for tests/jobs/test_fault_soak.py (a few seeds) and
-benchmarks/fault_soak.py (many):
+benchmarks/fault_soak.py (many). Three scenarios (SCENARIOS):
 
-- two writers on one output: A commits a few batches, then stalls at a random fault point of its
-  next commit (staging a part, writing the entry, publishing) past its lease, as SIGSTOP would;
-  meanwhile B takes the output over (on S3, once the lease expires; on local disk B is refused,
-  the flock being held) and finishes the job, writing `_SUCCESS`; then A resumes and must commit
-  nothing more (or, on local disk, it finishes the job itself);
+- "stall": two writers on one output: A commits a few batches, then stalls at a random fault
+  point of its next commit (staging a part, writing the entry, publishing) past its lease, as
+  SIGSTOP would; meanwhile B takes the output over (on S3, once the lease expires; on local disk
+  B is refused, the flock being held) and finishes the job, writing `_SUCCESS`; then A resumes
+  and must commit nothing more (or, on local disk, it finishes the job itself);
+- "late_entry": A commits some rows as error rows, then a retry of them that replaces their
+  parts, and stalls in that commit past its lease: at a random staging write, or after its lease
+  check, right before its entry is written. B takes the output over (loads the manifest, runs
+  recovery) while A is stalled, then A wakes, and where it stalled at the entry, that entry lands
+  before B writes any (B writes past it); then B finishes the job. A must delete nothing B commits;
+- "unfenced": the store takes If-None-Match / If-Match and ignores them (an old S3-compatible
+  server; S3 only): A must be refused before it writes anything (exit 2's UnsupportedOutputError).
 - `status` polled in a thread the whole time: it must never call the manifest damaged;
 - then the output is read as a plain listing (`**/*.parquet`, what `_SUCCESS` vouches for) and
   through the manifest, and counted: rows lost, duplicated, "mixed" (a listed part that no entry
   commits, or a committed part that is not there) and "stale" (a row of A committed after it lost
-  the lease).
+  the lease); and every `_SUCCESS` is checked against the parts that exist.
 
-`finalize_race` runs two finalizes and a compact of a sharded job's OpenAI Batch files at once.
+The race of finalize and compact over a sharded job's Batch files: tests/jobs/finalize_race.py.
 """
 
 from __future__ import annotations
@@ -24,23 +31,28 @@ import json
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 
-from batchgen.errors import OutputError, OutputLocked
-from batchgen.io.inputs.openai_batch import ID_COLUMN
-from batchgen.io.manifest.manifest import PART_NAME_RE, SUCCESS_FILE, Manifest, load_manifest, write_success
+from batchgen.errors import OutputError, OutputLocked, UnsupportedOutputError
+from batchgen.io.manifest.manifest import (
+    PART_NAME_RE,
+    SUCCESS_FILE,
+    Manifest,
+    check_parts_present,
+    load_manifest,
+    write_success,
+)
 from batchgen.io.store import local_files
+from batchgen.io.store.conditional_put import ConditionalPut
 from batchgen.io.store.lease import Lease
+from batchgen.io.store.object_store import ObjectStore
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import PartWriter
-from batchgen.jobs.commands.compact import compact_output
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.status import job_status
 from batchgen.jobs.durability.commit import Committer
-from batchgen.jobs.openai.output import SUCCESS_KEY, write_batch_files
 
 NUM_ROWS = 40
 BATCH = 4
@@ -48,12 +60,14 @@ TTL_S = 1.0  # A's lease on S3: short, so a stall outlives it within a second
 TTL_B_S = 30.0  # B never stalls
 SCHEMA = pa.schema([("id", pa.int64()), ("error", pa.string()), ("text", pa.string())])
 FAULT_POINTS = ("write", "fsync", "rename", "file_write", "file_fsync", "file_rename", "file_fsync_dir")
+SCENARIOS = ("stall", "late_entry", "unfenced")
 
 
 @dataclass
 class SeedResult:
     seed: int
     store: str
+    scenario: str = "stall"
     lost: int = 0
     duplicated: int = 0
     mixed: int = 0
@@ -63,37 +77,48 @@ class SeedResult:
     damaged_polls: int = 0
     polls: int = 0
     a_stopped: str = ""  # how the stalled writer ended
+    b_failed: str = ""  # the error that ended the new holder's run, if one did
+    late_entry_landed: bool = False  # "late_entry": A's entry landed after B took over, before B wrote any
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.mixed or self.stale or self.damaged_polls) and \
-            self.success and self.success_true
+        if self.scenario == "unfenced":  # refused, and nothing left on the store ("mixed": objects there)
+            return self.a_stopped.startswith("refused") and not self.success and not self.mixed
+        return not (self.lost or self.duplicated or self.mixed or self.stale or self.damaged_polls
+                    or self.b_failed or self.a_stopped.startswith("failed")) and self.success and self.success_true
 
 
 def _claim(store: OutputStore, ttl_s: float = TTL_S):
     return Lease(store, ttl_s=ttl_s) if not isinstance(store, LocalStore) else store.lock()
 
 
-def _commit_ids(committer: Committer, ids: list[int], tag: str) -> None:
+def _commit_ids(committer: Committer, ids: list[int], tag: str, errors: set[int] = frozenset()) -> None:
     for start in range(0, len(ids), BATCH):
         for i in ids[start:start + BATCH]:
-            committer.add({"id": i, "error": None, "text": f"{tag}:{i}"}, "in.parquet", i)
+            committer.add({"id": i, "error": "boom" if i in errors else None, "text": f"{tag}:{i}"}, "in.parquet", i)
         committer.commit()
 
 
-def _finish(store: OutputStore, claim, tag: str) -> None:
-    """A writer's whole run over what is not committed yet: recovery, commits, sweep, _SUCCESS."""
+def _take_over(store: OutputStore, claim) -> Manifest:
+    """A new holder's start: load the manifest and finish what a crash (or a stalled job) left."""
     manifest = Manifest(store, load_manifest(store), guard=claim)
     damaged = manifest.recover()
     if damaged:
         manifest.commit([], [r.name for r in damaged], op="repair")
     if manifest.state.fingerprint is None:
         manifest.begin({"soak": 1})
+    return manifest
+
+
+def _complete(manifest: Manifest, tag: str) -> None:
+    """The rest of a run, as batchgen.jobs.commands.run ends one: every row not committed ok (error
+    rows retried), the sweep, the check of every committed part, then _SUCCESS."""
     todo = [i for i in range(NUM_ROWS) if i not in manifest.state.ok_ids]
-    _commit_ids(Committer(manifest, PartWriter(store, SCHEMA), "id", rows_per_part=BATCH), todo, tag)
+    _commit_ids(Committer(manifest, PartWriter(manifest.store, SCHEMA), "id", rows_per_part=BATCH), todo, tag)
     manifest.sweep()
-    write_success(store, {"rows": manifest.state.num_committed_rows})
+    check_parts_present(manifest.store, manifest.state)
+    write_success(manifest.store, {"rows": manifest.state.num_committed_rows})
 
 
 def _stop_renewals(claim) -> None:
@@ -101,6 +126,13 @@ def _stop_renewals(claim) -> None:
         claim._stop.set()
         if claim._thread is not None:
             claim._thread.join()
+
+
+def _pause_past_lease(claim) -> None:
+    """SIGSTOP: no renewals, and on S3 the lease runs out."""
+    _stop_renewals(claim)
+    if isinstance(claim, Lease):
+        time.sleep(max(claim.expires - time.time(), 0) + 0.02)
 
 
 def _poll(store: OutputStore, stop: threading.Event, result: SeedResult) -> None:
@@ -116,16 +148,28 @@ def _poll(store: OutputStore, stop: threading.Event, result: SeedResult) -> None
         time.sleep(0.005)
 
 
-def run_seed(seed: int, store: OutputStore, kind: str) -> SeedResult:
-    """One seed of the two-writer scenario on `store` (a fresh, empty output)."""
-    rng = random.Random(seed)
-    result = SeedResult(seed, kind)
+def run_seed(seed: int, store: OutputStore, kind: str, scenario: str = "stall") -> SeedResult:
+    """One seed of `scenario` on `store` (a fresh, empty output)."""
+    if scenario == "unfenced":
+        return _run_unfenced(seed, store, kind)
+    result = SeedResult(seed, kind, scenario)
     stop = threading.Event()
     poller = threading.Thread(target=_poll, args=(store, stop, result), daemon=True)
     poller.start()
+    try:
+        a_late = (_run_stall if scenario == "stall" else _run_late_entry)(random.Random(seed), store, result)
+    finally:
+        stop.set()
+        poller.join()
+    _count(store, result, a_late)
+    return result
+
+
+def _run_stall(rng: random.Random, store: OutputStore, result: SeedResult) -> set[int]:
+    """The "stall" scenario; the ids A had not committed when it stalled."""
     claim_a = _claim(store)
     claim_a.acquire()
-    a_late: set[int] = set()  # ids A had not committed when it stalled
+    committed_before_stall: set[int] = set()
     try:
         manifest = Manifest(store, load_manifest(store), guard=claim_a)
         manifest.recover()
@@ -135,7 +179,6 @@ def run_seed(seed: int, store: OutputStore, kind: str) -> SeedResult:
         _commit_ids(committer, list(range(before)), "A")
         stall_at = rng.randrange(1, 6)  # the n-th fault point of A's next commits
         events = []
-        committed_before_stall: set[int] = set()
 
         def stall(point: str) -> None:
             if point not in FAULT_POINTS or len(events) >= stall_at:
@@ -144,9 +187,7 @@ def run_seed(seed: int, store: OutputStore, kind: str) -> SeedResult:
             if len(events) < stall_at:
                 return
             local_files._fault_hook = None  # B's own writes run unhindered
-            _stop_renewals(claim_a)
-            if isinstance(claim_a, Lease):
-                time.sleep(max(claim_a.expires - time.time(), 0) + 0.02)  # paused past its lease
+            _pause_past_lease(claim_a)
             committed_before_stall.update(manifest.state.ok_ids)
             claim_b = _claim(store, TTL_B_S)
             try:
@@ -155,7 +196,7 @@ def run_seed(seed: int, store: OutputStore, kind: str) -> SeedResult:
                 result.notes.append("B refused while A held the output")
                 return
             try:
-                _finish(store, claim_b, "B")
+                _complete(_take_over(store, claim_b), "B")
             finally:
                 claim_b.release()
 
@@ -163,18 +204,121 @@ def run_seed(seed: int, store: OutputStore, kind: str) -> SeedResult:
         try:
             _commit_ids(committer, list(range(before, NUM_ROWS)), "A")
             manifest.sweep()
+            check_parts_present(store, manifest.state)
             write_success(store, {"rows": manifest.state.num_committed_rows})
             result.a_stopped = "finished"
         except OutputLocked as e:
             result.a_stopped = "refused: " + str(e)[:60]
+        except (OSError, OutputError) as e:  # e.g. a part it commits deleted under it: counted, not raised
+            result.a_stopped = f"failed: {type(e).__name__}: {str(e)[:120]}"
         finally:
             local_files._fault_hook = None
-        a_late = set(range(NUM_ROWS)) - committed_before_stall if committed_before_stall else set()
     finally:
         claim_a.release()
-        stop.set()
-        poller.join()
-    _count(store, result, a_late)
+    return set(range(NUM_ROWS)) - committed_before_stall if committed_before_stall else set()
+
+
+def _run_late_entry(rng: random.Random, store: OutputStore, result: SeedResult) -> set[int]:
+    """The "late_entry" scenario; the ids A had not committed ok when it stalled."""
+    claim_a = _claim(store)
+    claim_a.acquire()
+    b: list[tuple[object, Manifest]] = []
+    committed_before_stall: set[int] = set()
+    try:
+        manifest = Manifest(store, load_manifest(store), guard=claim_a)
+        manifest.recover()
+        manifest.begin({"soak": 1})
+        committer = Committer(manifest, PartWriter(store, SCHEMA), "id", rows_per_part=BATCH)
+        before = rng.randrange(2, 5) * BATCH
+        errors = {i for i in range(before) if rng.random() < 0.4} or {0}
+        _commit_ids(committer, list(range(before)), "A", errors)
+
+        def take_over() -> None:
+            local_files._fault_hook = None
+            _pause_past_lease(claim_a)
+            committed_before_stall.update(manifest.state.ok_ids)
+            claim_b = _claim(store, TTL_B_S)
+            try:
+                claim_b.acquire()
+            except OutputLocked:
+                result.notes.append("B refused while A held the output")
+                return
+            b.append((claim_b, _take_over(store, claim_b)))
+
+        retry = sorted(errors) + list(range(before, before + BATCH))  # the error rows retried, and new rows
+        if rng.random() < 0.7:  # after A's lease check, right before its entry is written: it lands first
+            real_write_entry = manifest._write_entry
+
+            def write_entry(build: Callable[[int], dict]) -> dict:
+                if b or committed_before_stall:
+                    return real_write_entry(build)
+                take_over()
+                entry = real_write_entry(build)
+                result.late_entry_landed = bool(b)
+                return entry
+
+            manifest._write_entry = write_entry
+        else:  # at a random write while A stages the retry's parts
+            stall_at, writes = rng.randrange(1, 1 + len(retry) // BATCH + 1), []
+
+            def stall(point: str) -> None:
+                if point in ("write", "file_write"):
+                    writes.append(point)
+                    if len(writes) == stall_at:
+                        take_over()
+
+            local_files._fault_hook = stall
+        try:
+            _commit_ids(committer, retry, "A")  # in batches: the first carries the retried rows
+            _complete(manifest, "A")
+            result.a_stopped = "finished"
+        except OutputLocked as e:
+            result.a_stopped = "refused: " + str(e)[:60]
+        except (OSError, OutputError) as e:  # e.g. a part it commits deleted under it: counted, not raised
+            result.a_stopped = f"failed: {type(e).__name__}: {str(e)[:120]}"
+        finally:
+            local_files._fault_hook = None
+            manifest.__dict__.pop("_write_entry", None)
+    finally:
+        claim_a.release()
+    for claim_b, manifest_b in b:
+        try:
+            _complete(manifest_b, "B")
+        except (OSError, OutputError) as e:  # a part it commits was deleted under it: counted, not raised
+            result.b_failed = f"{type(e).__name__}: {str(e)[:120]}"
+        finally:
+            claim_b.release()
+    return set(range(NUM_ROWS)) - committed_before_stall if committed_before_stall else set()
+
+
+class IgnoredConditions(ConditionalPut):
+    """A server that takes If-None-Match / If-Match and ignores them: every PUT lands."""
+
+    def __init__(self, inner: ConditionalPut):
+        self.inner = inner
+        self.where = f"ignoring {inner.where}"
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_version: str | None = None) -> str:
+        return self.inner.put(key, data)
+
+    def read(self, key: str) -> tuple[bytes, str]:
+        return self.inner.read(key)
+
+
+def _run_unfenced(seed: int, store: OutputStore, kind: str) -> SeedResult:
+    """The "unfenced" scenario: A must be refused before it writes anything."""
+    result = SeedResult(seed, kind, "unfenced")
+    assert isinstance(store, ObjectStore), "a local directory's exclusive writes are link(2), not headers"
+    unfenced = ObjectStore(store.fs, store.base, store.url, IgnoredConditions(store.conditional))
+    claim = _claim(unfenced, TTL_B_S)
+    try:
+        claim.acquire()
+        result.a_stopped = "took the lease"
+        claim.release()
+    except UnsupportedOutputError as e:
+        result.a_stopped = "refused: " + str(e)[:60]
+    result.mixed = len(store.list())  # objects left behind
+    result.success = store.exists(SUCCESS_FILE)
     return result
 
 
@@ -205,67 +349,3 @@ def _count(store: OutputStore, result: SeedResult, a_late: set[int]) -> None:
         vouched = json.loads(store.read_bytes(SUCCESS_FILE)).get("rows")
         result.success_true = (not result.mixed and not result.lost and not result.duplicated
                                and vouched == len(ids) == NUM_ROWS)
-
-
-BATCH_SCHEMA = pa.schema([(ID_COLUMN, pa.string()), ("url", pa.string()), ("generated_text", pa.string()),
-                          ("finish_reason", pa.string()), ("num_prompt_tokens", pa.int64()),
-                          ("num_generated_tokens", pa.int64()), ("error", pa.string())])
-RACE_ROWS = 30  # per shard
-
-
-def _batch_shard(out: Path, index: int) -> None:
-    """shard-I-of-2/ of a finished OpenAI Batch job, made with the protocol's functions (no model)."""
-    store = LocalStore(out / f"shard-{index}-of-2")
-    store.root.mkdir(parents=True)
-    with store.lock() as lock:
-        manifest = Manifest(store, guard=lock)
-        manifest.begin({"soak": "batch"})
-        manifest.append("inputs", inputs=[], max_rows=None, split={"job_inputs": "same"})
-        committer = Committer(manifest, PartWriter(store, BATCH_SCHEMA), ID_COLUMN, rows_per_part=7)
-        for i in range(RACE_ROWS):
-            error = "bad request" if i % 9 == 4 else None
-            committer.add({ID_COLUMN: f"s{index}-{i}", "url": "/v1/chat/completions", "generated_text": f"text {i}",
-                           "finish_reason": "error" if error else "stop", "num_prompt_tokens": 3,
-                           "num_generated_tokens": 2, "error": error}, "in.jsonl", i)
-        committer.commit()
-        files = write_batch_files(store, manifest.state, ".")
-        write_success(store, {"rows": manifest.state.num_committed_rows, SUCCESS_KEY: files})
-
-
-def finalize_race(seed: int, out: Path) -> bool:
-    """Two finalizes and a compact of a sharded job's OpenAI Batch files at once, started in a random
-    order; True when the job's files are whole (every line JSON, each custom_id once, as many as
-    committed) wherever `_SUCCESS` stands beside them, and at least one of the three completed."""
-    rng = random.Random(seed)
-    for index in range(2):
-        _batch_shard(out, index)
-    finalize_output(out)  # compact needs a finalized job
-    outcomes: list[str] = []
-
-    def run(action) -> None:
-        time.sleep(rng.random() * 0.01)
-        try:
-            action(out)
-            outcomes.append("done")
-        except OutputLocked:
-            outcomes.append("refused")
-
-    actions = [finalize_output, finalize_output, compact_output]
-    rng.shuffle(actions)
-    threads = [threading.Thread(target=run, args=(action,)) for action in actions]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if "done" not in outcomes:
-        return False
-    if not (out / SUCCESS_FILE).exists():
-        return True
-    data = (out / "output.jsonl").read_bytes() + (out / "errors.jsonl").read_bytes()
-    if b"\x00" in data:
-        return False
-    try:
-        ids = [json.loads(line)["custom_id"] for line in data.splitlines()]
-    except ValueError:
-        return False
-    return len(ids) == len(set(ids)) == 2 * RACE_ROWS

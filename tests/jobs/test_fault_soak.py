@@ -1,6 +1,7 @@
 """A few seeds of the fault-injection soak (tests/jobs/fault_harness.py; benchmarks/fault_soak.py runs
 many): a writer stalled past its lease while another takes over, `status` polled throughout. Every
-row exactly once, no part outside the manifest, no stale row, and `_SUCCESS` tells the truth."""
+row exactly once, no part outside the manifest, no stale row, and `_SUCCESS` tells the truth; a
+store that ignores conditional writes is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -8,23 +9,32 @@ import pytest
 
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import LocalStore
-from tests.jobs.fault_harness import finalize_race, run_seed
+from tests.jobs.fault_harness import run_seed
+from tests.jobs.finalize_race import finalize_race
 
 pytestmark = pytest.mark.usefixtures("quick_lease_settle")
 
 
+@pytest.mark.parametrize("scenario", ["stall", "late_entry"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_local_disk(tmp_path, seed):
-    result = run_seed(seed, LocalStore(tmp_path), "local")
+def test_local_disk(tmp_path, seed, scenario):
+    result = run_seed(seed, LocalStore(tmp_path), "local", scenario)
     assert result.ok, result
     assert result.a_stopped == "finished"  # the flock held while A stalled: B was refused
 
 
+@pytest.mark.parametrize("scenario", ["stall", "late_entry"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_s3(s3_out, seed):
-    result = run_seed(seed, open_store(s3_out), "s3")
+def test_s3(s3_out, seed, scenario):
+    result = run_seed(seed, open_store(s3_out), "s3", scenario)
     assert result.ok, result
     assert result.a_stopped.startswith("refused")  # A lost the lease while stalled: it committed nothing more
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_s3_ignoring_conditional_writes_is_refused(s3_out, seed):
+    result = run_seed(seed, open_store(s3_out), "s3", "unfenced")
+    assert result.ok, result
 
 
 @pytest.mark.parametrize("seed", [0, 1])
