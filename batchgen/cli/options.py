@@ -74,7 +74,8 @@ REQUIRED = "required, here or in --config"
 Input = Annotated[list[str] | None, _opt("--input", "-i", metavar="PATH", help=(
     f"Input file, directory or glob (.parquet, .jsonl, .jsonl.gz); repeatable [{REQUIRED}]."))]
 Output = Annotated[str | None, _opt("--output", "-o", metavar="DIR", help=(
-    "Output directory: new, empty, or this job's own (a rerun resumes) [" + REQUIRED + "]."))]
+    "Output directory: new, empty, or this job's own (a rerun resumes); with --output-format openai-batch, "
+    "a .jsonl file [" + REQUIRED + "]."))]
 InputFormat = Annotated[str | None, _opt("--input-format", metavar="FORMAT", help=(
     "auto | parquet | jsonl | openai-batch [auto: by file suffix]; openai-batch reads OpenAI Batch API "
     "request files (custom_id, method, url, body)."))]

@@ -2,10 +2,17 @@
 
 A URL that no store here writes would otherwise become a local directory named "ftp:"; the rule
 needs only the URL and pyarrow's build, so it sits with the config's other checks.
+
+An --output that ends in `.jsonl` names one file, as `vllm run-batch -o` does: the OpenAI Batch
+output file itself (jobs/openai/batch_file.py). A job needs a directory for its exactly-once
+bookkeeping (manifest, parts, lock or lease), so it keeps them in a sibling, `<file>.batchgen/`,
+and every command that takes --output (status, compact, finalize, report) finds them there from
+the file's name. A trailing slash (`out.jsonl/`) still names a directory.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 import pyarrow.fs as pafs
@@ -14,6 +21,29 @@ from batchgen.errors import UnsupportedOutputError
 
 URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 OBJECT_SCHEMES = ("s3", "gs")  # object stores pyarrow.fs reaches; gs only where pyarrow has GcsFileSystem
+
+
+BATCH_FILE_SUFFIX = ".jsonl"
+BOOKKEEPING_SUFFIX = ".batchgen"  # the sibling directory of a .jsonl --output
+
+
+def names_batch_file(output) -> bool:
+    """True when `output` names one .jsonl file rather than a directory (a trailing slash keeps one)."""
+    return isinstance(output, (str, os.PathLike)) and str(output).lower().endswith(BATCH_FILE_SUFFIX)
+
+
+def job_output_dir(output):
+    """Where a job's bookkeeping lives for an --output value: a .jsonl file's sibling
+    `<file>.batchgen`, else the value itself."""
+    return f"{output}{BOOKKEEPING_SUFFIX}" if names_batch_file(output) else output
+
+
+def batch_file_of(job_dir) -> str | None:
+    """The .jsonl --output whose bookkeeping `job_dir` holds (job_output_dir's inverse), else None."""
+    text = str(job_dir).rstrip("/")
+    if text.lower().endswith(BATCH_FILE_SUFFIX + BOOKKEEPING_SUFFIX):
+        return text[:-len(BOOKKEEPING_SUFFIX)]
+    return None
 
 
 def is_url(text) -> bool:

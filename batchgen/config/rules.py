@@ -18,7 +18,7 @@ from batchgen.config.choices import (
     canonical_attention_backend,
 )
 from batchgen.config.keys import KEY_ALIASES, NO_FLAG, TOP_K_OFF, label
-from batchgen.config.output_url import check_output_url
+from batchgen.config.output_url import check_output_url, job_output_dir, names_batch_file
 from batchgen.config.text_settings import chat_template_settings, constraint_settings
 from batchgen.config.token_controls import read_logit_bias, read_token_ids
 from batchgen.errors import ConfigError
@@ -127,6 +127,12 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     elif config.output_format != "parquet":
         raise ConfigError(f"output_format {config.output_format} needs Batch API requests as input: "
                           "pass --input-format openai-batch")
+    if names_batch_file(config.output):  # one Batch output file, its bookkeeping beside it (output_url.py)
+        if config.output_format != OPENAI_BATCH:
+            raise ConfigError(f"--output {config.output} names one JSON Lines file, but --output-format "
+                              f"{config.output_format} writes a directory of Parquet parts: pass --output-format "
+                              f"{OPENAI_BATCH} for the OpenAI Batch output file, or name a directory")
+        config.output = job_output_dir(config.output)
     _choice("executor", config.executor, EXECUTORS)
     if config.workers is not None:
         _positive("workers", config.workers)

@@ -54,6 +54,7 @@ from batchgen.jobs.durability.fingerprint import job_fingerprint
 from batchgen.jobs.durability.prompt_check import model_files_unchanged, nothing_to_do
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
+from batchgen.jobs.openai.batch_file import check_batch_file_target, clear_batch_file
 from batchgen.jobs.pipeline.prepare import open_inputs
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
@@ -90,6 +91,7 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     if config.num_shards is not None:  # one shard of a sharded job: OUTPUT/shard-I-of-N/ (a directory or prefix)
         check_job_output(config.output, config.num_shards)
         out = shard_output_dir(config.output, config.shard_index, config.num_shards)
+    check_batch_file_target(config.output, overwrite=config.overwrite)  # a .jsonl --output: not someone's file
     session = OutputSession(out, overwrite=config.overwrite, keep_hashes=config.id_column is not None)
     session.model_files = model_files_identity(config.model, config.dtype)
     if config.executor == "local" and _needs_model(config, inputs, session):
@@ -189,6 +191,7 @@ def _clear_success(config: JobConfig, session: OutputSession) -> None:
     clear_success(session.store)
     if config.num_shards is not None:
         clear_success(config.output)
+    clear_batch_file(config.output)  # a .jsonl --output's file says the job completed, as _SUCCESS does
 
 
 def _needs_model(config: JobConfig, inputs, session: OutputSession) -> bool:
@@ -244,15 +247,9 @@ def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> N
     success: dict = {"rows": summary.output_rows, "rows_error": summary.output_rows_error,
                      "fingerprint": fingerprint_digest(state.fingerprint), "finished": time.time()}
     if config.output_format != "parquet":  # a local directory or an object-store prefix
-        from batchgen.jobs.openai.output import SUCCESS_KEY, batch_dir_name, batch_files_written, write_batch_files
+        from batchgen.jobs.openai.output import SUCCESS_KEY, ensure_batch_files
 
-        dir_name = batch_dir_name(config.output_format)
-        written = None if failed else batch_files_written(session.store, state, dir_name)
-        if written is None:
-            clear_success(session.store)  # no _SUCCESS beside a pair being replaced (jobs/openai/output.py)
-            written = write_batch_files(session.store, state, dir_name)
-            log.info("wrote the Batch API output files in %s", session.out_dir)
-        success[SUCCESS_KEY] = written
+        success[SUCCESS_KEY] = ensure_batch_files(session.store, state, config.output_format, failed=failed)
     if failed:
         raise ErrorRateExceeded(f"{summary.output_rows_error} of {summary.output_rows} rows failed, more than "
                                 f"--max-error-rate {rate}; the output is in {session.out_dir} (no _SUCCESS)")

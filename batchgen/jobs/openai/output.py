@@ -6,6 +6,7 @@ successes in OUTPUT_FILE and error rows in ERRORS_FILE, as the API
 splits them (its output and error files). `--output-format openai-batch` writes them into the
 output directory; `both` into its `_openai_batch/` subdirectory, because a JSON Lines file beside
 the parts would stop `pyarrow.dataset` (or Spark) from reading the directory as one Parquet table.
+A `.jsonl` --output gets every line in that one file instead (batchgen.jobs.openai.batch_file).
 
     {"id": "batch_req_…", "custom_id": …, "response": {"status_code": 200, "request_id": "req_…",
      "body": <a chat.completion or text_completion object with choices, usage, model, created>},
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -48,13 +50,16 @@ import pyarrow.parquet as pq
 from batchgen.config.job import OPENAI_BATCH
 from batchgen.errors import OutputError
 from batchgen.io.inputs.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
-from batchgen.io.manifest.manifest import SUCCESS_FILE, ManifestState, fingerprint_digest
+from batchgen.io.manifest.manifest import SUCCESS_FILE, ManifestState, clear_success, fingerprint_digest
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point, fsync_dir
 from batchgen.io.store.schema import SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
+from batchgen.jobs.openai.batch_file import batch_file_present, batch_file_target, clear_batch_file, write_batch_file
 from batchgen.jobs.openai.temp_files import open_held, sweep_dead_temps
+
+log = logging.getLogger("batchgen")
 
 OUTPUT_FILE, ERRORS_FILE = BATCH_FILES
 SUCCESS_KEY = "openai_batch"  # in _SUCCESS: where the files are, and the commit sequence number they hold
@@ -91,12 +96,36 @@ def write_batch_files(out: str | Path | OutputStore, state: ManifestState, dir_n
                "created": created if created is not None else int(last_commit or time.time())}
     lines = (_line(rows, context) for source, source_state in readers
              for rows in _requests(_committed_rows(source, source_state)))
+    target = batch_file_target(store) if dir_name == "." else None
+    if target is not None:  # a .jsonl --output: every line in that one file (batchgen.jobs.openai.batch_file)
+        return {"dir": dir_name, "file": target[1], "last_seq": state.last_seq, "created": context["created"],
+                "files": {target[1]: write_batch_file(target, lines)}}
     if isinstance(store, LocalStore):
         counts = _write_local(store.path(dir_name), lines)
     else:
         counts = _write_objects(store, dir_name, lines)
     return {"dir": dir_name, "last_seq": state.last_seq, "created": context["created"],
             "files": {name: {"rows": n} for name, n in counts.items()}}
+
+
+def ensure_batch_files(store: OutputStore, state: ManifestState, output_format: str, *,
+                       failed: bool) -> dict[str, Any] | None:
+    """At the end of a run that has every row: the Batch files written unless `_SUCCESS` says they
+    hold exactly the committed rows; what `_SUCCESS` records of them. A job that failed
+    --max-error-rate gets the pair written (no `_SUCCESS` vouches for it), but no single .jsonl
+    file: that file's presence alone says the job completed."""
+    dir_name = batch_dir_name(output_format)
+    target = batch_file_target(store) if dir_name == "." else None
+    if failed and target is not None:
+        clear_batch_file(store)
+        return None
+    written = None if failed else batch_files_written(store, state, dir_name)
+    if written is None:
+        clear_success(store)  # no _SUCCESS beside files being replaced (the module docstring)
+        written = write_batch_files(store, state, dir_name)
+        where = target[0] / target[1] if target is not None else store / dir_name
+        log.info("wrote the Batch API output in %s", where)
+    return written
 
 
 def _write_local(target: Path, lines: Iterator[tuple[bool, bytes]]) -> dict[str, int]:
@@ -167,9 +196,12 @@ def batch_files_written(out: str | Path | OutputStore, state: ManifestState, dir
     the committed rows there are now; None when they must be written."""
     store = open_store(out)
     written = recorded_batch_files(store)
-    if (written is not None and written["dir"] == dir_name and written.get("last_seq") == state.last_seq
-            and all(store.exists(name if dir_name == "." else f"{dir_name}/{name}")
-                    for name in (OUTPUT_FILE, ERRORS_FILE))):
+    target = batch_file_target(store) if dir_name == "." else None
+    if written is None or written["dir"] != dir_name or written.get("last_seq") != state.last_seq:
+        return None
+    if target is not None:
+        return written if written.get("file") == target[1] and batch_file_present(target) else None
+    if all(store.exists(name if dir_name == "." else f"{dir_name}/{name}") for name in (OUTPUT_FILE, ERRORS_FILE)):
         return written
     return None
 
