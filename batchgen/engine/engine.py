@@ -297,6 +297,8 @@ class LLMEngine:
                                       "the KV cache and the batch; set a smaller --kv-cache-memory") from e
                 self._recover_from_oom(e)
         samplers: list[Sequence] = []
+        num_prompt_tokens = sum(max(0, min(s.seq.num_prompt_tokens, s.seq.num_computed_tokens + s.num_new_tokens)
+                                    - s.seq.num_computed_tokens) for s in out.scheduled)  # before update moves them
         if out.scheduled:
             samplers = self.scheduler.update(out, token_ids)
             for seq in samplers:
@@ -314,7 +316,7 @@ class LLMEngine:
             num_sampled_tokens=len(samplers), num_kv_blocks_used=bm.num_used_blocks,
             num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
             num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens,
-            forward_seconds=self.runner.last_forward_s if out.scheduled else 0.0))
+            forward_seconds=self.runner.last_forward_s if out.scheduled else 0.0, num_prompt_tokens=num_prompt_tokens))
         return finished
 
     def _stop_reason(self, seq: Sequence) -> FinishReason | None:

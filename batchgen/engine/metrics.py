@@ -29,6 +29,7 @@ class StepStats:
     num_overruns: int = 0
     num_prefix_hit_tokens: int = 0  # prompt tokens this step found in the prefix cache
     forward_seconds: float = 0.0  # the model call's share of step_seconds (ModelRunner.last_forward_s)
+    num_prompt_tokens: int = 0  # of num_batched_tokens, those at prompt positions (prefill, not decode)
 
 
 class LogHistogram:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from batchgen.config.job import JobConfig
 from batchgen.errors import ConfigError
+from batchgen.monitor.eta import WorkMeter
 from batchgen.monitor.prometheus import PrometheusExport
 from batchgen.monitor.recorder import MetricsRecorder
 from batchgen.monitor.store import metrics_dir
@@ -29,7 +30,7 @@ class JobMonitor:
 
     @classmethod
     def open(cls, config: JobConfig, out_dir: Path, *, context: Callable[[], tuple[str | None, int | None]],
-             work: Callable[[], tuple[int, int | None]] | None, input_rows: int | None, output_rows: int,
+             meter: WorkMeter | None, input_rows: int | None, output_rows: int,
              output_rows_error: int, last_commit_s: float | None) -> JobMonitor | None:
         """None when the config asks for no metrics at all (--no-metrics, no textfile, no port)."""
         wants_prometheus = bool(config.metrics_textfile) or config.metrics_port is not None
@@ -40,7 +41,7 @@ class JobMonitor:
         # unique even for two runs in one process within a second (tests, notebooks)
         run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         recorder = MetricsRecorder(out_dir, run_id=run_id, write_files=config.metrics, every_s=config.metrics_every_s,
-                                   context=context, work=work, input_rows=input_rows, output_rows=output_rows,
+                                   context=context, meter=meter, input_rows=input_rows, output_rows=output_rows,
                                    output_rows_error=output_rows_error, last_commit_s=last_commit_s)
         export = None
         if wants_prometheus:

@@ -48,7 +48,10 @@ class JobCollector(Collector):
             "batchgen_output_rows": (snap.output_rows, "Rows committed in the output directory, error rows included."),
             "batchgen_output_error_rows": (snap.output_rows_error, "Error rows committed in the output directory."),
             "batchgen_generated_tokens_per_second": (snap.tokens_per_s, "Tokens sampled per second, last minute."),
-            "batchgen_eta_seconds": (snap.eta_seconds, "Estimated seconds until the run ends (predicted lengths)."),
+            "batchgen_prompt_tokens_per_second": (snap.input_tokens_per_s,
+                                                  "Prompt tokens computed (prefilled) per second, last minute."),
+            "batchgen_eta_seconds": (snap.eta_seconds, "Estimated seconds until the run ends: predicted prompt "
+                                                       "and output tokens left at their measured costs."),
             "batchgen_running_sequences": (snap.num_running, "Sequences in the engine's batch at the latest step."),
             "batchgen_waiting_sequences": (snap.num_waiting, "Sequences queued in the engine at the latest step."),
             "batchgen_kv_cache_blocks_used": (snap.num_kv_blocks_used, "KV cache blocks in use at the latest step."),

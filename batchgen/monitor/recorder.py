@@ -8,7 +8,8 @@ textfile; the HTTP endpoint reads the same figures when scraped. Nothing here ca
 a failed flush is logged and the records are dropped.
 
 Gauges (running sequences, KV blocks, tokens/s, ETA) are live; counters are what has been
-flushed (batchgen.monitor.totals explains why).
+flushed (batchgen.monitor.totals explains why). The ETA is the job's WorkMeter's (batchgen.monitor.eta),
+the same figure the progress display shows.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchgen.engine.metrics import StepStats
+from batchgen.monitor.eta import RATE_WINDOW_S, WorkMeter
 from batchgen.monitor.records import CommitSecond, RowsSecond, StepSecond
 from batchgen.monitor.store import SegmentStore, metrics_dir
 from batchgen.monitor.totals import Totals
 
 log = logging.getLogger("batchgen")
-
-RATE_WINDOW_S = 60  # tokens/s and the ETA are taken over the last minute
 
 
 @dataclass(slots=True)
@@ -48,18 +48,19 @@ class Snapshot:
     num_kv_blocks_used: int | None = None
     num_kv_blocks_total: int | None = None
     tokens_per_s: float | None = None
+    input_tokens_per_s: float | None = None
     eta_seconds: float | None = None
 
 
 class MetricsRecorder:
     def __init__(self, out_dir: str | Path, *, run_id: str, write_files: bool, every_s: float,
                  context: Callable[[], tuple[str | None, int | None]],
-                 work: Callable[[], tuple[int, int | None]] | None = None, input_rows: int | None = None,
+                 meter: WorkMeter | None = None, input_rows: int | None = None,
                  output_rows: int = 0, output_rows_error: int = 0, last_commit_s: float | None = None):
         self.run_id = run_id
         self.every_s = every_s
         self.context = context  # (engine mode, shard being fed) when a second begins
-        self.work = work  # (tokens generated this run, predicted total this run): the ETA
+        self.meter = meter  # the ETA: None without one
         self.input_rows = input_rows
         self.output_rows = output_rows
         self.output_rows_error = output_rows_error
@@ -78,7 +79,8 @@ class MetricsRecorder:
         self._commit: CommitSecond | None = None
         self._pending: dict[str, list[dict]] = {"steps": [], "rows": [], "commits": []}
         self._uncommitted = [0, 0, 0]  # rows, error rows, tokens finished since the last commit
-        self._recent: collections.deque[tuple[int, int]] = collections.deque()  # (second, sampled tokens)
+        # (second, sampled tokens, prompt tokens computed)
+        self._recent: collections.deque[tuple[int, int, int]] = collections.deque()
         self._last_step: StepStats | None = None
         self._first_step_s: int | None = None  # the second of this run's first step
         self._stop = threading.Event()
@@ -139,34 +141,29 @@ class MetricsRecorder:
 
     def _close_steps(self, cur: StepSecond) -> None:
         recent = self._recent
-        recent.append((cur.time_s, cur.num_sampled_tokens))
+        recent.append((cur.time_s, cur.num_sampled_tokens, cur.num_prompt_tokens))
         while recent and recent[0][0] <= cur.time_s - RATE_WINDOW_S:
             recent.popleft()
-        self._pending["steps"].append(cur.record(self.run_id, self._eta(cur.time_s + 1)))
+        self._pending["steps"].append(cur.record(self.run_id, self._eta()))
 
     def _close_rows(self) -> None:
         self._pending["rows"].extend(acc.record(self.run_id) for acc in self._rows.values())
         self._rows.clear()
 
-    def _rate(self, now_s: float, open_tokens: int = 0) -> float | None:
+    def _rate(self, now_s: float, open_tokens: int = 0, *, column: int = 1) -> float | None:
         """Tokens/s over the last minute (or since the first step, if later): the seconds that ended,
-        plus `open_tokens` of the second in progress."""
+        plus `open_tokens` of the second in progress. Column 1: sampled tokens; 2: prompt tokens."""
         if self._first_step_s is None:
             return None
         since = max(self._first_step_s, now_s - RATE_WINDOW_S)
         span = now_s - since
         if span <= 0:
             return None
-        return (open_tokens + sum(n for t, n in self._recent if t + 1 > since)) / span
+        return (open_tokens + sum(r[column] for r in self._recent if r[0] + 1 > since)) / span
 
-    def _eta(self, now_s: float, open_tokens: int = 0) -> float | None:
-        if self.work is None:
-            return None
-        done, predicted = self.work()
-        rate = self._rate(now_s, open_tokens)
-        if predicted is None or not rate:
-            return None
-        return round(max(predicted - done, 0) / rate, 1)
+    def _eta(self) -> float | None:
+        eta = None if self.meter is None else self.meter.estimate().eta_s
+        return None if eta is None else round(eta, 1)
 
     # ---- the flusher -------------------------------------------------------------------------
     def start(self) -> None:
@@ -216,10 +213,13 @@ class MetricsRecorder:
         now = time.time()
         with self._lock:
             s = self._last_step
-            open_tokens = self._steps.num_sampled_tokens if self._steps is not None else 0
+            cur = self._steps
+            open_tokens = cur.num_sampled_tokens if cur is not None else 0
+            open_prompt = cur.num_prompt_tokens if cur is not None else 0
             snap = Snapshot(self.totals.copy(), now, self.run_started_s, self.input_rows, self.output_rows,
-                            self.output_rows_error, self.last_commit_s, tokens_per_s=self._rate(now, open_tokens))
-            snap.eta_seconds = self._eta(now, open_tokens)
+                            self.output_rows_error, self.last_commit_s, tokens_per_s=self._rate(now, open_tokens),
+                            input_tokens_per_s=self._rate(now, open_prompt, column=2))
+        snap.eta_seconds = self._eta()
         if s is not None:
             snap.num_running, snap.num_waiting = s.num_running, s.num_waiting
             snap.num_kv_blocks_used = s.num_kv_blocks_used

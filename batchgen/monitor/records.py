@@ -33,6 +33,7 @@ STEPS_SCHEMA = pa.schema([
     ("num_preemptions", pa.int32()), ("num_prefix_hit_tokens", pa.int64()),
     ("step_hist_bucket", pa.list_(pa.int16())), ("step_hist_count", pa.list_(pa.int32())),
     ("eta_seconds", pa.float64()),
+    ("num_prompt_tokens", pa.int64()),  # of num_batched_tokens, the prompts' (absent: null, in older files)
 ])
 
 ROWS_SCHEMA = pa.schema([
@@ -57,7 +58,7 @@ class StepSecond:
     __slots__ = ("time_s", "mode", "shard", "num_steps", "step_seconds_sum", "step_seconds_max", "num_running_sum",
                  "num_running_max", "num_waiting_max", "num_batched_tokens", "num_sampled_tokens",
                  "num_kv_blocks_used", "num_kv_blocks_used_max", "num_kv_blocks_total", "num_preemptions",
-                 "num_prefix_hit_tokens", "hist")
+                 "num_prefix_hit_tokens", "num_prompt_tokens", "hist")
 
     def __init__(self, time_s: int, mode: str | None, shard: int | None):
         self.time_s = time_s
@@ -76,6 +77,7 @@ class StepSecond:
         self.num_kv_blocks_total = 0
         self.num_preemptions = 0
         self.num_prefix_hit_tokens = 0
+        self.num_prompt_tokens = 0
         self.hist: dict[int, int] = {}  # step-time bucket (LogHistogram) -> steps
 
     def add(self, s: StepStats) -> None:
@@ -96,6 +98,7 @@ class StepSecond:
         self.num_kv_blocks_total = s.num_kv_blocks_used + s.num_kv_blocks_free
         self.num_preemptions += s.num_preempted
         self.num_prefix_hit_tokens += s.num_prefix_hit_tokens
+        self.num_prompt_tokens += s.num_prompt_tokens
         bucket = LogHistogram.bucket(s.step_seconds)
         self.hist[bucket] = self.hist.get(bucket, 0) + 1
 

@@ -127,11 +127,11 @@ class RayJob:
                 # the local executor); the Prometheus textfile and port work the same
                 metrics_config, metrics_at = dataclasses.replace(config, metrics=False, overwrite=False), Path(".")
             self.monitor = JobMonitor.open(
-                metrics_config, metrics_at, context=lambda: (None, None), work=self.work,
+                metrics_config, metrics_at, context=lambda: (None, None), meter=None,
                 input_rows=scan.num_rows, output_rows=state.num_committed_rows,
                 output_rows_error=len(state.error_ids), last_commit_s=state.last_commit_time)
             self.commits.monitor = self.monitor
-            self.progress = Progress(todo, quiet=config.quiet, log_every_s=config.log_every_s, work=self.work)
+            self.progress = Progress(todo, quiet=config.quiet, log_every_s=config.log_every_s)
             if pool is None:
                 outputs = self._generate(rows, actors, batch_rows).iter_batches(batch_size=None, batch_format="pyarrow")
             else:
@@ -251,10 +251,6 @@ class RayJob:
         if PROMPT_HASH not in self.schema.names:
             out.pop(PROMPT_HASH, None)
         self.commits.add(out, path, index)
-
-    def work(self) -> tuple[int, int | None]:
-        """(tokens generated so far, predicted total: unknown on the driver)."""
-        return self.summary.num_generated_tokens, None
 
     def _fill_summary(self, wall_seconds: float) -> None:
         s, counts = self.summary, self.commits.committer.counts

@@ -10,6 +10,7 @@ import pytest
 
 from batchgen.engine.metrics import StepStats
 from batchgen.monitor import recorder as recorder_module
+from batchgen.monitor.eta import PredictedWork, WorkMeter
 from batchgen.monitor.recorder import MetricsRecorder
 from batchgen.monitor.store import metrics_dir, read_kind
 
@@ -32,7 +33,7 @@ def clock(monkeypatch):
 def step(n_sampled: int, running: int = 4, used: int = 10, secs: float = 0.01, preempted: int = 0) -> StepStats:
     return StepStats(step_seconds=secs, num_running=running, num_waiting=2, num_batched_tokens=n_sampled + 3,
                      num_sampled_tokens=n_sampled, num_kv_blocks_used=used, num_kv_blocks_free=90 - used,
-                     num_preempted=preempted, num_prefix_hit_tokens=1)
+                     num_preempted=preempted, num_prefix_hit_tokens=1, num_prompt_tokens=3)
 
 
 def make(tmp_path, **kw) -> MetricsRecorder:
@@ -93,16 +94,24 @@ def test_counters_show_what_was_flushed_and_resume_from_the_files(tmp_path, cloc
     assert again.snapshot().totals.num_engine_steps == 2
 
 
-def test_tokens_per_second_and_eta(tmp_path, clock):
-    rec = make(tmp_path, work=lambda: (1000, 3000))
-    for i in range(300):  # 100 tokens per second for 30 s
+def test_tokens_per_second_and_the_meters_eta(tmp_path, clock):
+    """Output and prompt tokens/s over the last minute; the ETA is the job's WorkMeter's, in the
+    snapshot (Prometheus) and in each steps record (status)."""
+    meter = WorkMeter(lambda: PredictedWork(0, 5000), clock=clock)
+    rec = make(tmp_path, meter=meter)
+    for i in range(300):  # 100 sampled and 30 prompt tokens per second for 30 s
         clock.t = 1_000_000.0 + i * 0.1
         rec.on_step(step(10))
+        meter.on_step(step(10))
     clock.t = 1_000_030.0
     snap = rec.snapshot()
     assert snap.tokens_per_s == pytest.approx(100, rel=0.05)
-    assert snap.eta_seconds == pytest.approx(20, rel=0.05)  # 2000 tokens left at 100/s
+    assert snap.input_tokens_per_s == pytest.approx(30, rel=0.05)
+    assert snap.eta_seconds == pytest.approx(meter.estimate().eta_s, abs=0.05)
+    assert snap.eta_seconds > 0
     rec.close()
+    etas = read_kind(metrics_dir(tmp_path), "steps")["eta_seconds"].to_pylist()
+    assert etas[-1] == pytest.approx(snap.eta_seconds, abs=0.05)
 
 
 def test_monitor_modules_import_no_torch():

@@ -79,7 +79,8 @@ def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
         "num_entries": state.last_seq,
         # from _metrics/ (batchgen.monitor.live): tokens/s over the last minute, ETA; None without metrics
         # (an object-store output keeps no metrics files: None)
-        "live": live_figures(out_dir, running=state_name == "running") if isinstance(store, LocalStore) else None,
+        "live": live_figures(out_dir, running=state_name == "running", complete=complete)
+        if isinstance(store, LocalStore) else None,
     }
 
 
@@ -153,7 +154,8 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     live = status.get("live")
     if live is not None:
         eta = "" if live["eta_seconds"] is None else f", ETA {live['eta_seconds']:.0f} s"
-        lines.append(f"metrics: {live['tokens_per_s_last_minute']:.1f} tok/s over the last minute of records{eta}; "
+        lines.append(f"metrics: input {live['input_tokens_per_s_last_minute']:.1f} tok/s, output "
+                     f"{live['tokens_per_s_last_minute']:.1f} tok/s over the last minute of records{eta}; "
                      f"{live['tokens_generated']} tokens generated in {live['engine_steps']} engine steps")
     return lines
 

@@ -43,6 +43,7 @@ from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
 from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.monitor.eta import PredictedWork, WorkMeter
 from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")
@@ -87,6 +88,9 @@ class LocalJob:
         self.passthrough = [f.name for f in source.passthrough_fields]
         self.summary = RunSummary(output_dir=str(session.out_dir), model=loaded.name, mode=config.mode)
         self.progress: Progress | None = None
+        self.num_rows_to_do = 0  # this run's input rows: all of them less those a previous run settled
+        self.meter = WorkMeter(self.predicted_work)  # prompt and output tokens done and left: the ETA
+        self.finished_output_tokens = [0, 0]  # finished rows' (predicted, generated) output tokens
         self.monitor: JobMonitor | None = None  # the metrics (batchgen.monitor), from run() on
 
     def run(self, scan: InputScan) -> RunSummary:
@@ -96,15 +100,17 @@ class LocalJob:
             # the _metrics/ files are appended second by second: local directories only; the
             # Prometheus textfile and port work the same for an object-store output
             config, metrics_at = dataclasses.replace(config, metrics=False, overwrite=False), Path(".")
+        self.num_rows_to_do = max(scan.num_rows - self.job.resume.num_rows_done, 0)
+        self.core.engines.add_listener(self.meter.on_step)
         self.monitor = JobMonitor.open(
-            config, metrics_at, context=self.core.context, work=self.work, input_rows=scan.num_rows,
+            config, metrics_at, context=self.core.context, meter=self.meter, input_rows=scan.num_rows,
             output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
             last_commit_s=state.last_commit_time)
         self.commits.monitor = self.monitor
         if self.monitor is not None:
             self.core.engines.add_listener(self.monitor.recorder.on_step)
-        self.progress = Progress(max(scan.num_rows - self.job.resume.num_rows_done, 0), quiet=self.config.quiet,
-                                 log_every_s=self.config.log_every_s, work=self.work)
+        self.progress = Progress(self.num_rows_to_do, quiet=self.config.quiet, log_every_s=self.config.log_every_s,
+                                 meter=self.meter)
         started = time.monotonic()
         self.checkpoints = InFlightCheckpoints(self.session.manifest, fingerprint_digest(self.fingerprint))
         try:
@@ -178,6 +184,8 @@ class LocalJob:
         self.summary.length_sources[prediction.source] = self.summary.length_sources.get(prediction.source, 0) + 1
         constraint = planned.constraint if planned.constraint is not None else self.constraint
         outs = []
+        self.finished_output_tokens[0] += prediction.p50 * len(completions)
+        self.finished_output_tokens[1] += sum(c.num_generated_tokens for c in completions)
         for completion in completions:
             self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
             if self.monitor is not None:
@@ -226,16 +234,19 @@ class LocalJob:
         if predictor.num_observed_since_save:
             predictor.save(self.session.store)
 
-    def work(self) -> tuple[int, int | None]:
-        """(tokens generated so far, in flight included; predicted total of the job, None before a
-        row is planned): the rows not planned yet are counted at the planned rows' mean p50."""
-        tokens = self.core.engines.num_sampled_tokens()
-        planner, progress = self.job.planner, self.progress
+    def predicted_work(self) -> PredictedWork | None:
+        """This run's predicted prompt and output tokens (None before a row is planned): the rows not
+        planned yet count as the planned rows' mean, a finished row as the tokens it generated."""
+        planner = self.job.planner
         if not planner.num_planned_rows:
-            return tokens, None
-        unplanned = max(0, progress.total_rows - planner.num_planned_rows - self.summary.num_rows_error)
-        mean = planner.num_predicted_tokens / planner.num_planned_rows
-        return tokens, round(planner.num_predicted_tokens + unplanned * mean)
+            return None
+        if self.progress is not None and self.progress.done:
+            return PredictedWork(0, 0)  # every row is in: nothing is left, whatever was predicted
+        unplanned = max(0, self.num_rows_to_do - planner.num_planned_rows - self.summary.num_rows_error)
+        scale = 1 + unplanned / planner.num_planned_rows
+        predicted, generated = self.finished_output_tokens
+        return PredictedWork(round(planner.num_planned_prompt_tokens * scale),
+                             round(planner.num_predicted_tokens * scale) - predicted + generated)
 
     def _fill_summary(self, wall_seconds: float) -> None:
         s, counts, job, core = self.summary, self.commits.committer.counts, self.job, self.core

@@ -141,6 +141,7 @@ class Planner:
         self.num_windows = 0
         self.num_planned_rows = 0
         self.num_predicted_tokens = 0  # sum of p50 over the planned rows' samples
+        self.num_planned_prompt_tokens = 0  # once per row: a row's samples share its prompt's prefill
 
     def plans(self, rows: Iterable[PlannedRow]) -> Iterator[WindowPlan]:
         for window in windows(rows, self.config.window_rows):
@@ -152,6 +153,7 @@ class Planner:
             r.prediction = self.predictor.predict(r.num_prompt_tokens, r.max_new_tokens, r.known_output_tokens)
             r.window_index = self.num_windows
             self.num_predicted_tokens += r.prediction.p50 * r.num_samples
+            self.num_planned_prompt_tokens += r.num_prompt_tokens
         self.num_planned_rows += len(window)
         ordered = sort_by_length(window) if config.sort_by_length else list(window)
         limits = self.batch_limits(window)

@@ -216,9 +216,9 @@ def test_output_dir_that_exists_empty_is_used(loaded_models, tmp_path):
     assert not list(out.glob(".*.tmp"))
 
 
-def test_progress_counts_tokens_in_flight_against_the_predicted_total(loaded_models, tmp_path, caplog):
-    """ignore-EOS: every row's length is known, so the job's predicted total is exact and the last
-    progress line (written when the job ends) has generated all of it, ETA 0 s."""
+def test_progress_ends_with_every_row_and_its_tokens(loaded_models, tmp_path, caplog):
+    """The last progress line (written when the job ends) counts every row, 100%, no time left, and
+    every prompt and generated token."""
     model_dir, loaded = loaded_models("plain")
     src = write_prompts(tmp_path / "in.parquet", [f"row {i}" for i in range(6)], n=[3, 9, 1, 12, 5, 7])
     caplog.set_level(logging.INFO, logger="batchgen")
@@ -226,4 +226,5 @@ def test_progress_counts_tokens_in_flight_against_the_predicted_total(loaded_mod
                        log_every_s=30), loaded=loaded)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rows ")]
     assert lines, "the job ends with a progress line"
-    assert lines[-1].startswith("rows 6/6 (0 errors), 37 tokens") and lines[-1].endswith("ETA 0s"), lines[-1]
+    assert lines[-1].startswith("rows 6/6 (100%), elapsed ") and ", ETA 0.0s, " in lines[-1], lines[-1]
+    assert lines[-1].endswith(" 0 errors; 30 prompt and 37 generated tokens"), lines[-1]  # "row i": 5 bytes
