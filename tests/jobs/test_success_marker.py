@@ -13,12 +13,17 @@ import pytest
 
 from batchgen.engine.engine import LLMEngine
 from batchgen.errors import OutputError, ShardsIncomplete
-from batchgen.io.manifest.manifest import SUCCESS_FILE, Manifest, load_manifest
+from batchgen.io.manifest.manifest import SUCCESS_FILE, Manifest, load_manifest, write_success
+from batchgen.io.store.store import LocalStore
+from batchgen.io.store.writers import PartWriter
+from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.durability.commit import Committer
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 TEXTS = [f"row {i} " + "ab" * i for i in range(8)]
+ROWS_SCHEMA = pa.schema([("id", pa.int64()), ("error", pa.string()), ("text", pa.string())])
 
 
 class HardKill(BaseException):
@@ -137,3 +142,20 @@ def test_finalize_refuses_a_shard_whose_committed_part_is_gone(tiny_model_dir, l
     assert not (out / SUCCESS_FILE).exists()
     run_job(config(src, out, tiny_model_dir, num_shards=2, shard_index=1), loaded=loaded)  # regenerated
     assert finalize_output(out)["rows"] == len(TEXTS)
+
+
+def test_compact_writes_no_success_over_a_committed_part_that_is_gone(tmp_path, monkeypatch):
+    store = LocalStore(tmp_path / "out")
+    store.root.mkdir()
+    with store.lock() as lock:
+        manifest = Manifest(store, guard=lock)
+        manifest.begin({"k": 1})
+        committer = Committer(manifest, PartWriter(store, ROWS_SCHEMA), "id", rows_per_part=2)
+        for i in range(4):
+            committer.add({"id": i, "error": None, "text": f"row {i}"}, "in.parquet", i)
+        committer.commit()
+        write_success(store, {"rows": 4})
+    lose_a_part_before_success(monkeypatch)
+    with pytest.raises(OutputError, match=r"1 committed part\(s\) holding 4 rows are missing"):
+        compact_output(store)  # before: _SUCCESS over no part at all
+    assert not store.exists(SUCCESS_FILE)

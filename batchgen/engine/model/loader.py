@@ -21,6 +21,7 @@ from transformers.utils import logging as hf_logging
 
 from batchgen.engine.model import families, gguf_metadata
 from batchgen.engine.model.gguf_cache import first_line, gguf_dir, hash_dir, hash_files
+from batchgen.engine.model.load_attention import load_attention
 from batchgen.engine.model.model_files import DEFAULT_MODEL, default_gguf_path
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
@@ -212,8 +213,9 @@ def _load_hf(name: str, model_dir: str, dtype: torch.dtype, trust_remote_code: b
         try:
             # an attribute of the lazy package: the modeling code is imported here, not for a
             # rerun that needs the tokenizer alone
+            config = AutoConfig.from_pretrained(model_dir, **kwargs)
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=dtype, attn_implementation="sdpa", **kwargs)
+                model_dir, config=config, dtype=dtype, attn_implementation=load_attention(config), **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
             return model, tokenizer
         except Exception as e:  # transformers raises OSError, ValueError, KeyError, ... alike

@@ -207,6 +207,7 @@ def load_quantized(name: str, model_dir: str, dtype: torch.dtype, scheme: str, b
     need transformers' conversions): then load_model takes from_pretrained + quantize_model."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+    from batchgen.engine.model.load_attention import load_attention
     from batchgen.engine.quant import quantize as q
     from batchgen.engine.quant.embedding import quantize_embeddings
     from batchgen.engine.quant.plan import plan_quantization, requested_scheme
@@ -224,7 +225,7 @@ def load_quantized(name: str, model_dir: str, dtype: torch.dtype, scheme: str, b
     if plan.calibrated:  # its outlier channels come from running the whole full-precision model first
         return None
     with parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=load_attention(config))
     names = q.quantizable_linear_names(model, q.linear_group_size(plan)) if plan.scheme != "none" else set()
     if not stream_load(model, model_dir, dtype, lambda parent, child: q.quantize_linear(parent, child, plan, "cpu"),
                        names, (lambda: quantize_embeddings(model)) if plan.embedding != "none" else None):

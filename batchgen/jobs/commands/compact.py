@@ -33,6 +33,7 @@ from batchgen.io.manifest.manifest import (
     SUCCESS_FILE,
     Manifest,
     PartRecord,
+    check_parts_present,
     clear_success,
     fingerprint_digest,
     is_job_dir,
@@ -119,6 +120,7 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
         if batch_files is not None:  # written again, now in input order, before _SUCCESS
             success[SUCCESS_KEY] = write_batch_files(store, manifest.state, batch_files["dir"],
                                                      created=batch_files.get("created"))
+        check_parts_present(store, manifest.state)  # and every part _SUCCESS vouches for is there
         write_success(store, success)
         log.info("compacted %d parts into %d", before, len(staged))
         return CompactSummary(str(out_dir), before, len(staged), state.num_committed_rows)
