@@ -39,6 +39,14 @@ def _new(title: str):
     return fig, ax
 
 
+def _whole_number_ticks(axis) -> None:
+    """Ticks at whole numbers only: a count of rows has no 0.5 (matplotlib picks 0.5 steps for 1 to 3)."""
+    _pyplot()  # matplotlib, or the report's missing-dependency error
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _no_data(ax, text: str = "no data yet") -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.5", fontsize=12)
     ax.set_xticks([])
@@ -138,8 +146,9 @@ def scatter(title: str, xlabel: str, ylabel: str, xs: Sequence[float], ys: Seque
 
 
 def stacked_bars(title: str, xlabel: str, ylabel: str, categories: Sequence[str],
-                 stacks: dict[str, Sequence[float]]) -> bytes:
-    """One bar per category, split into `stacks` (label -> a value per category)."""
+                 stacks: dict[str, Sequence[float]], *, counts: bool = False) -> bytes:
+    """One bar per category, split into `stacks` (label -> a value per category); `counts`: whole
+    numbers (rows), so the value axis has no fractional ticks."""
     fig, ax = _new(title)
     if not categories:
         _no_data(ax)
@@ -154,12 +163,15 @@ def stacked_bars(title: str, xlabel: str, ylabel: str, categories: Sequence[str]
                   fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    if counts:
+        _whole_number_ticks(ax.yaxis)
     ax.legend(fontsize=8)
     return to_png(fig)
 
 
 def horizontal_bars(title: str, xlabel: str, labels: Sequence[str], values: Sequence[float], *,
-                    empty: str = "no data") -> bytes:
+                    empty: str = "no data", counts: bool = False) -> bytes:
+    """One bar per label; `counts`: whole numbers (rows), so no fractional ticks on the value axis."""
     fig, ax = _new(title)
     if not labels:
         _no_data(ax, empty)
@@ -169,6 +181,8 @@ def horizontal_bars(title: str, xlabel: str, labels: Sequence[str], values: Sequ
     ax.set_ylim(-0.5 - max(0, 3 - len(labels)) / 2, len(labels) - 0.5 + max(0, 3 - len(labels)) / 2)  # thin bars
     ax.set_yticks(list(range(len(labels)))[::-1], short, fontsize=8)
     ax.set_xlabel(xlabel)
+    if counts:
+        _whole_number_ticks(ax.xaxis)
     for i, v in enumerate(values):
         ax.annotate(f"{v:g}", (v, len(labels) - 1 - i), xytext=(3, 0), textcoords="offset points", va="center",
                     fontsize=8)

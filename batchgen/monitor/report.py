@@ -39,6 +39,10 @@ REPORT_DIR = "_report"
 SUMMARY_FILE = "_summary.json"
 MAX_POINTS = 2000  # time series are binned to at most this many points
 MAX_ERROR_REASONS = 12
+# a number standing alone in an error message (a count, a length, an id): not one inside a name,
+# such as /v1/embeddings or bf16, whose digit tells one reason from another
+NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d+(?:\.\d+)?")
+REJECTED = "rejected before planning"  # rows records without a shard: failed before the planner saw them
 GAP_S = 30  # no engine step for this long: the job was not generating (loading, between runs)
 
 
@@ -259,18 +263,19 @@ def _rows_per_shard(rows: pa.Table) -> Figure:
     if rows.num_rows:
         for shard, mode, n, e in zip(rows["shard"].to_pylist(), rows["mode"].to_pylist(),
                                      rows["num_rows"].to_pylist(), rows["num_rows_error"].to_pylist(), strict=True):
-            if shard is None:
-                per[(None, "error (no prompt)")] += e
+            if shard is None:  # failed before planning: rejected requests, bad cells, prompts too long
+                per[(None, REJECTED)] += e
             else:
                 per[(shard, mode or "?")] += n
     shards = sorted({s for s, _ in per}, key=lambda s: (s is None, s if s is not None else 0))
     modes = sorted({m for _, m in per})
     categories = ["none" if s is None else str(s) for s in shards]
     stacks = {m: [per.get((s, m), 0) for s in shards] for m in modes}
-    png = figures.stacked_bars("Rows finished per shard, by mode", "shard", "rows", categories, stacks)
+    png = figures.stacked_bars("Rows finished per shard, by mode", "shard", "rows", categories, stacks, counts=True)
     return Figure("rows_per_shard", "Rows per mode per shard", "Rows finished in each planned shard, coloured by "
                   "the engine mode that ran them (a continuous shard's rows in static mode are a static "
-                  "fallback). 'none': rows that failed before planning (bad prompt). Retried rows count again.", png)
+                  f"fallback). 'none': {REJECTED} (a request or row rejected: its endpoint, body, prompt, "
+                  "length or constraint). Retried rows count again.", png)
 
 
 def error_reasons(out_dir: Path | OutputStore, state) -> Counter:
@@ -286,8 +291,13 @@ def error_reasons(out_dir: Path | OutputStore, state) -> Counter:
             continue
         errors = table["error"].filter(pc.is_valid(table["error"]))
         for msg in errors.to_pylist():
-            reasons[re.sub(r"\d+", "N", msg)] += 1
+            reasons[error_reason(msg)] += 1
     return reasons
+
+
+def error_reason(message: str) -> str:
+    """An error message as its reason: its numbers as N."""
+    return NUMBER.sub("N", message)
 
 
 def _errors(out_dir: Path | OutputStore, state) -> Figure:
@@ -297,6 +307,6 @@ def _errors(out_dir: Path | OutputStore, state) -> Figure:
 def errors_figure(reasons: Counter) -> Figure:
     top = reasons.most_common(MAX_ERROR_REASONS)
     png = figures.horizontal_bars("Error rows by reason", "rows", [r for r, _ in top], [n for _, n in top],
-                                  empty="no error rows committed")
+                                  empty="no error rows committed", counts=True)
     return Figure("errors", "Error rows by reason", f"Committed error rows (finish_reason = error), the "
                   f"{MAX_ERROR_REASONS} most common messages, numbers shown as N. A resumed run retries them.", png)
