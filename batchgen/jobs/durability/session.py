@@ -16,6 +16,7 @@ from typing import Any
 
 from batchgen.errors import FingerprintMismatch, OutputError
 from batchgen.io.manifest.manifest import (
+    MANIFEST_DIR,
     PART_NAME_RE,
     SUCCESS_FILE,
     Manifest,
@@ -200,14 +201,21 @@ class OutputSession:
     def foreign_names(self) -> list[str]:
         """What a directory that is not (yet) a batchgen job holds besides our lock and the hidden
         temp files of a run killed before its first commit (recovery deletes those). Read-only."""
-        if is_job_dir(self.store):
+        if is_job_dir(self.store) and not self._manifest_is_link():
             return []
         return sorted(name + ("/" if size is None else "") for name, size in self.store.list().items()
                       if name not in (LOCK_FILE, LEASE_FILE) and not (name.startswith(".") and name.endswith(".tmp")))
 
+    def _manifest_is_link(self) -> bool:
+        return isinstance(self.store, LocalStore) and self.store.path(MANIFEST_DIR).is_symlink()
+
     def _refuse_foreign_files(self) -> None:
         """A directory that holds no batchgen job must be empty: parts written beside other files
         are read with them (`pyarrow.dataset` over the directory returns both, mixed schemas and all)."""
+        if self._manifest_is_link():
+            raise OutputError(f"{self.out_dir} has a symbolic link for its {MANIFEST_DIR}/ directory, which "
+                              "batchgen never writes: the job's commit log would be kept, and its entries "
+                              "deleted, wherever it points; remove the link or choose a new --output directory")
         if is_job_dir(self.store):
             return
         names = self.foreign_names()
