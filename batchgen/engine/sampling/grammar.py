@@ -7,6 +7,10 @@ grammar is finished (nothing else can follow), which is when a row ends here.
 
 State: one matcher per constrained row, keyed by sequence id and owned here. A grammar is compiled
 once per constraint (a pristine matcher that rows deep-copy), so rows sharing a schema compile once.
+The pristine matchers are kept least recently used first, up to MAX_COMPILED_BYTES of their estimated
+size: a job of per-row schemas would otherwise keep one per distinct schema for its whole run, some
+115 KiB each. One dropped is compiled again if a later row needs it; the rows running hold their
+own copies.
 A row's matcher holds exactly its generated tokens: preemption by recompute keeps the Sequence and
 so the matcher; a continued row's earlier tokens are replayed into a fresh one when it is added.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from collections import OrderedDict
 
 import torch
 
@@ -42,6 +47,17 @@ _BYTE_TO_ADDEND = torch.tensor([[0.0 if (value >> i) & 1 else float("-inf") for 
 # the grammar engine's view of a tokenizer, per (HF tokenizer, vocab size): building it walks the whole
 # vocabulary, and a job builds a new engine at each mode switch or fallback with the same tokenizer
 _LL_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MAX_COMPILED_BYTES = 64 << 20  # pristine matchers kept for reuse, by estimated_matcher_bytes
+# a pristine llguidance 1.9 matcher's heap, measured (glibc mallinfo2) over JSON schemas of 1 to 80
+# properties: about 128 KiB, plus about 70 bytes per character of its grammar's text, whatever the
+# vocabulary (the tokenizer's tables are shared, not copied into each matcher)
+_MATCHER_BASE_BYTES = 128 << 10
+_MATCHER_BYTES_PER_GRAMMAR_CHAR = 72
+
+
+def estimated_matcher_bytes(grammar: str) -> int:
+    """The memory a pristine matcher of `grammar` (llguidance grammar text) holds, estimated."""
+    return _MATCHER_BASE_BYTES + _MATCHER_BYTES_PER_GRAMMAR_CHAR * len(grammar)
 
 
 def mask_threads(device: torch.device) -> int:
@@ -51,7 +67,8 @@ def mask_threads(device: torch.device) -> int:
 
 
 class GrammarMasks:
-    def __init__(self, tokenizer, vocab_size: int, *, num_threads: int = 1, overlap: bool = True) -> None:
+    def __init__(self, tokenizer, vocab_size: int, *, num_threads: int = 1, overlap: bool = True,
+                 max_compiled_bytes: int = MAX_COMPILED_BYTES) -> None:
         self.hf_tokenizer = tokenizer
         self.vocab_size = vocab_size  # the model's logits width (may exceed the tokenizer's)
         self.num_threads = num_threads
@@ -60,7 +77,10 @@ class GrammarMasks:
         self._executor = None  # llguidance.LLExecutor, made with the first mask
         self._prefetch: MaskPrefetch | None = None
         self._table: torch.Tensor | None = None  # _BYTE_TO_ADDEND on the logits' device, in their dtype
-        self._compiled: dict[Constraint, object] = {}  # constraint -> a pristine llguidance matcher
+        # constraint -> (a pristine llguidance matcher, its estimated bytes), least recently used first
+        self._compiled: OrderedDict[Constraint, tuple[object, int]] = OrderedDict()
+        self.max_compiled_bytes = max_compiled_bytes
+        self.compiled_bytes = 0  # the estimated bytes of the matchers in _compiled
         self._matchers: dict[int, object] = {}  # seq_id -> that row's matcher
         self._stopped: set[int] = set()  # seq ids whose grammar is finished (read at accept, see above)
         self.num_compiled = 0
@@ -94,16 +114,25 @@ class GrammarMasks:
         return 0.0 if self._prefetch is None else self._prefetch.background_s
 
     def compiled(self, constraint: Constraint):
-        """The constraint's pristine matcher, compiled on first use (InvalidConstraint if it cannot be)."""
-        matcher = self._compiled.get(constraint)
-        if matcher is None:
-            import llguidance
+        """The constraint's pristine matcher, compiled on first use or when it was dropped to keep
+        the compiled ones within max_compiled_bytes (InvalidConstraint if it cannot be compiled)."""
+        kept = self._compiled.get(constraint)
+        if kept is not None:
+            self._compiled.move_to_end(constraint)
+            return kept[0]
+        import llguidance
 
-            matcher = llguidance.LLMatcher(self._tokenizer(), constraint.grammar())
-            if matcher.is_error():
-                raise InvalidConstraint(matcher.get_error())
-            self._compiled[constraint] = matcher
-            self.num_compiled += 1
+        grammar = constraint.grammar()
+        matcher = llguidance.LLMatcher(self._tokenizer(), grammar)
+        if matcher.is_error():
+            raise InvalidConstraint(matcher.get_error())
+        size = estimated_matcher_bytes(grammar)
+        self._compiled[constraint] = (matcher, size)
+        self.compiled_bytes += size
+        self.num_compiled += 1
+        while self.compiled_bytes > self.max_compiled_bytes and len(self._compiled) > 1:  # the newest stays
+            _, (_, dropped) = self._compiled.popitem(last=False)
+            self.compiled_bytes -= dropped
         return matcher
 
     def add(self, seq: Sequence) -> None:
