@@ -4,8 +4,9 @@ Building at first use rather than shipping a binary keeps the wheel pure Python 
 compiler target this CPU (-march=native: AVX-512, bf16 conversions). The shared object is cached
 under the batchgen cache dir, keyed by the source, the flags, the compiler and the CPU's feature
 flags, and published by an atomic rename so concurrent jobs never load a half-written file. A
-cached file is loaded only if this user owns it, nobody else may write it, and its sha256 is the
-one its build recorded (batchgen.engine.kernels.kernel_cache); else it is built again.
+cached file is loaded only from a directory nobody else can change, only if this user owns it,
+nobody else may write it and its sha256 is the one its build recorded, and through the descriptor
+those checks read (batchgen.engine.kernels.kernel_cache); else it is built again.
 Without a C compiler, or if the build fails, `load()` returns None once (with a warning) and the
 engine keeps the pure-torch attention path: slower, never wrong.
 """
@@ -53,9 +54,7 @@ KERNEL_ARGS = (
 class PagedDecodeKernel:
     """ctypes binding of `paged_decode_attention`; see the C file for the contract."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        lib = ctypes.CDLL(str(path))
+    def __init__(self, lib: ctypes.CDLL):
         fn = lib.paged_decode_attention
         fn.argtypes = [ctype for _, ctype in KERNEL_ARGS]
         fn.restype = ctypes.c_int
@@ -121,8 +120,8 @@ def load() -> PagedDecodeKernel | None:
     if os.environ.get("BATCHGEN_NO_NATIVE"):
         return None
     try:
-        return PagedDecodeKernel(_build())
-    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        return PagedDecodeKernel(_load(SOURCE))
+    except (OSError, subprocess.SubprocessError, RuntimeError, kernel_cache.Untrusted) as e:
         log.warning("CPU attention kernel unavailable (%s); using the slower torch attention path", e)
         return None
 
@@ -140,8 +139,8 @@ def load_library(source_path: Path) -> ctypes.CDLL | None:
     if os.environ.get("BATCHGEN_NO_NATIVE"):
         return None
     try:
-        return ctypes.CDLL(str(_build(source_path)))
-    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        return _load(source_path)
+    except (OSError, subprocess.SubprocessError, RuntimeError, kernel_cache.Untrusted) as e:
         log.warning("CPU kernels of %s unavailable (%s); using the torch ops", source_path.name, e)
         return None
 
@@ -159,6 +158,19 @@ def load_function(source_path: Path, name: str, argtypes: tuple) -> Any | None:
     return fn
 
 
+def _load(source_path: Path) -> ctypes.CDLL:
+    """The built (or cached) kernel of `source_path`, loaded from the very file its checks read.
+
+    The descriptor stays open for the life of the process: the dynamic loader knows a library by
+    the path it was given, and a closed descriptor's number, reused, would name another file."""
+    fd = kernel_cache.open_trusted(_build(source_path))
+    try:
+        return ctypes.CDLL(kernel_cache.fd_path(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _build(source_path: Path = SOURCE) -> Path:
     cc = _compiler()
     source = source_path.read_bytes()
@@ -167,6 +179,11 @@ def _build(source_path: Path = SOURCE) -> Path:
     key = hashlib.sha256(b"\0".join([source, headers, " ".join(CFLAGS).encode(), version.encode(),
                                      _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
     out_dir = cache_root() / "kernels"
+    kernel_cache.make_dir(out_dir)
+    unsafe = kernel_cache.dir_problem(out_dir)
+    if unsafe is not None:
+        raise RuntimeError(f"the kernel cache {out_dir} could be changed by others: {unsafe}; make it "
+                           "writable by you alone (chmod go-w), or set BATCHGEN_CACHE_DIR to a directory that is")
     target = out_dir / f"{source_path.stem}-{key}.so"
     if target.exists() or target.is_symlink():
         why = kernel_cache.problem(target)
@@ -174,7 +191,6 @@ def _build(source_path: Path = SOURCE) -> Path:
             return target
         log.warning("not loading the cached kernel %s: %s; building it again", target, why)
         kernel_cache.remove(target)  # an OSError (another user's file in a sticky dir): no kernel
-    out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         obj, lib = Path(tmp) / f"{source_path.stem}.o", Path(tmp) / f"{source_path.stem}.so"
         compile_cmd = [cc, *CFLAGS, "-c", str(source_path), "-o", str(obj)]
