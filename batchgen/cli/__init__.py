@@ -15,6 +15,7 @@ import sys
 
 from batchgen.cli import bench, finalize, plan, report, run, status  # noqa: F401  (each registers its command on `app`)
 from batchgen.cli.app import app
+from batchgen.cli.console import catch_interrupts
 from batchgen.runtime import omp, onednn_cache
 
 __all__ = ["app", "main"]
@@ -25,6 +26,7 @@ GENERATING_COMMANDS = ("run", "bench", "plan")
 
 
 def main() -> None:
+    catch_interrupts()  # first: a background job of a script starts with SIGINT ignored
     command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     omp.apply_defaults(sample=command in GENERATING_COMMANDS)  # before any command imports torch
     onednn_cache.apply_defaults()  # before the first forward builds a kernel

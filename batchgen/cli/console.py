@@ -5,6 +5,11 @@ table is in batchgen.errors); so do click's own usage errors (a flag's value of 
 an unknown flag or command: usage_line), exit 2, with the name a typo most likely meant. An
 interrupt before the job installed its own handlers (while torch loads, say) becomes one such
 line and exit 130 too. Anything else is a bug: exit 1 with the traceback.
+
+Python turns SIGINT into KeyboardInterrupt only if the process did not start with SIGINT ignored,
+and bash starts a script's background jobs (`batchgen run ... &`) with it ignored: such a job
+would sit through a SIGINT until the job's own handler is installed, seconds to minutes later,
+then honour the next one. `catch_interrupts` installs the handler at start-up instead.
 """
 
 from __future__ import annotations
@@ -93,6 +98,11 @@ def _sentence(message: str) -> str:
     """click's capitalized, full-stopped message as the rest of an `error:` line."""
     message = re.sub(r"\.\s+Did you mean", "; did you mean", message.strip()).rstrip(".")
     return message[:1].lower() + message[1:] if message[1:2].islower() else message
+
+
+def catch_interrupts() -> None:
+    """SIGINT raises KeyboardInterrupt from the first line on, whatever the parent left it set to."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 
@@ -48,6 +49,40 @@ def test_interrupt_while_starting_up_says_so_and_exits_130(tmp_path):
     assert lines[-1] == ("error: interrupted by SIGINT while starting up, before any row was generated; "
                          "nothing was committed")
     assert "Traceback" not in proc.stderr
+
+
+# A start-up that takes its time (the heavy imports): it says when it got there, then waits.
+SLOW_IMPORT = """
+import sys, time
+class Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.stderr.write("importing torch\\n")
+            sys.stderr.flush()
+            time.sleep(60)
+sys.meta_path.insert(0, Slow())
+from batchgen.cli import main
+sys.argv = ["batchgen", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_background_job_of_a_script_stops_on_an_early_sigint(tmp_path):
+    """bash starts `batchgen run ... &` with SIGINT ignored; the CLI handles it from start-up on."""
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a"]}), src)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT, "run", "-i", str(src), "-o", str(tmp_path / "out"),
+                             "--quiet"], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stderr.readline() == "importing torch\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted by SIGINT while starting up" in err
 
 
 QUIET_GGUF_BAR = """
