@@ -76,9 +76,18 @@ def test_metrics_match_the_summary_after_a_normal_run(fixture, tmp_path, one_thr
     assert values["batchgen_rows_finished_total"] == NUM_ROWS
     assert values["batchgen_output_rows"] == NUM_ROWS and values["batchgen_input_rows"] == NUM_ROWS
     assert values["batchgen_commits_total"] == summary.num_commits
+    assert values["batchgen_prompt_tokens_per_second"] > 0
+    prompt_tokens, = sums(out, "steps", "num_prompt_tokens")
+    assert prompt_tokens == engine["num_prompt_tokens"] - engine["num_prefix_hit_tokens"]
     live = job_status(out)["live"]
     assert live["tokens_generated"] == sampled and live["tokens_per_s_last_minute"] > 0
-    assert live["eta_seconds"] == 0
+    assert live["input_tokens_per_s_last_minute"] > 0
+    # a complete job: nothing left and nothing running, whatever the last second's records said
+    assert live["eta_seconds"] == 0 and live["running_sequences"] == 0
+    (out / "_SUCCESS").unlink()  # as if the run had stopped before the end: no run holds it
+    live = job_status(out)["live"]
+    assert job_status(out)["state"] == "incomplete"
+    assert live["eta_seconds"] is None and live["running_sequences"] == 0
 
 
 def test_textfile_counters_never_go_backwards_across_a_resume(fixture, tmp_path, one_thread):
