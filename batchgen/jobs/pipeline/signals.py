@@ -112,7 +112,7 @@ class SignalGuard:
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.signum is not None:
-            _say(f"batchgen: second signal ({name}): exiting now; rerun the command to resume\n")
+            _say(f"error: second signal ({name}): exiting now; rerun the command to resume\n")  # the last line
             os._exit(128 + self.signum)
         self.signum = signum
         grace = f" within {self.grace_s:g} s" if self.grace_s is not None else ""
@@ -128,7 +128,7 @@ class SignalGuard:
 
 
 def _exit_after_grace(signum: int, grace_s: float) -> None:
-    _say(f"batchgen: still stopping {grace_s:g} s after the signal (--stop-grace-seconds): exiting now; "
+    _say(f"error: still stopping {grace_s:g} s after the signal (--stop-grace-seconds): exiting now; "
          "rerun the command to resume\n")
     os._exit(128 + signum)
 

@@ -68,6 +68,30 @@ def test_guard_defers_inside_a_critical_section():
         assert guard.interrupted and done
 
 
+def test_the_last_line_before_a_forced_exit_is_an_error_line(monkeypatch, capfd):
+    """A second signal and the grace timer end the process on the spot: what they print last reads
+    as every other failure's last line does."""
+    from batchgen.jobs.pipeline import signals
+
+    exits = []
+
+    def exit_now(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(signals.os, "_exit", exit_now)
+    guard = SignalGuard()
+    guard.signum = signal.SIGINT  # the first signal came
+    with pytest.raises(SystemExit):
+        guard._handle(signal.SIGINT, None)
+    with pytest.raises(SystemExit):
+        signals._exit_after_grace(signal.SIGTERM, 25)
+    lines = capfd.readouterr().err.splitlines()
+    assert exits == [130, 143]
+    assert lines[0] == "error: second signal (SIGINT): exiting now; rerun the command to resume"
+    assert lines[1].startswith("error: still stopping 25 s after the signal (--stop-grace-seconds): exiting now")
+
+
 # ---------------------------------------------------------------- a job, in-process
 
 
