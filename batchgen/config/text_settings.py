@@ -74,6 +74,10 @@ def constraint_settings(config: JobConfig) -> None:
         raise ConfigError(f"{label(given[0])} and {label(given[1])} cannot go together: a row has one constraint")
     if isinstance(config.choices, str):  # the flag's "a,b,c"
         config.choices = [c.strip() for c in config.choices.split(",") if c.strip()]
+    if config.choices is not None and config.min_tokens:
+        # the grammar ends a row once its text is a whole choice, so min_tokens would silently not apply
+        raise ConfigError(f"{label('choices')} and {label('min_tokens')} cannot go together: a row ends as soon as "
+                          "its text is one of the choices, however few tokens that is; drop --min-tokens")
     if isinstance(config.json_schema, str):
         config.json_schema = _schema_value(config.json_schema)
     for name in ("json_schema_column", "constraint_column"):

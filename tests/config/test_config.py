@@ -204,3 +204,11 @@ def test_token_controls_read_from_yaml_with_string_or_integer_ids(tmp_path):
     path.write_text('logit_bias: {"198": -100, 5: 2.5}\nallowed_token_ids: 7\n')
     config = build_config(path, **REQUIRED)
     assert config.logit_bias == {5: 2.5, 198: -100.0} and config.allowed_token_ids == [7]
+
+
+def test_choices_refuse_min_tokens():
+    """A row ends once its text is one of the choices: --min-tokens could never lengthen it."""
+    with pytest.raises(ConfigError, match="--choices .* and --min-tokens .* cannot go together"):
+        build_config(None, **REQUIRED, choices="yes,no", min_tokens=6)
+    assert build_config(None, **REQUIRED, choices="yes,no", min_tokens=0).choices == ["yes", "no"]
+    assert build_config(None, **REQUIRED, regex="a+", min_tokens=6).min_tokens == 6  # a regex may go on

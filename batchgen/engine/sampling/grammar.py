@@ -86,6 +86,7 @@ class GrammarMasks:
         self.num_compiled = 0
         self.num_prefetched_rows = 0  # masks taken from the background fill
         self.num_filled_rows = 0  # masks filled after the forward (rows new to the batch, overlap off)
+        self._warned_min_tokens = False  # a grammar ended a row before its min_tokens (logged once)
 
     def __bool__(self) -> bool:
         return bool(self._matchers)
@@ -219,6 +220,11 @@ class GrammarMasks:
             num_tokens = seq.num_generated_tokens + 1  # the token is appended after sampling
             if matcher.is_stopped():
                 self._stopped.add(seq.seq_id)
+                if num_tokens < seq.request.sampling.min_tokens and not self._warned_min_tokens:
+                    self._warned_min_tokens = True  # once: every row of a job's constraint would repeat it
+                    log.warning("request %s: its constraint is complete after %d tokens, before its min_tokens %d; "
+                                "a finished constraint ends a row whatever min_tokens says (not logged again)",
+                                seq.request.request_id, num_tokens, seq.request.sampling.min_tokens)
             elif num_tokens < seq.request.sampling.max_new_tokens:  # else the row ends this step
                 next_rows.append((seq.seq_id, num_tokens, matcher))
         if self.overlap:

@@ -171,3 +171,12 @@ def test_free_rows_beside_constrained_ones_are_untouched(model, tokenizer, one_t
     assert {k: mixed[k].token_ids for k in alone} == {k: c.token_ids for k, c in alone.items()}
     for r in constrained:
         jsonschema.validate(json.loads(mixed[r.request_id].text), SCHEMA)
+
+
+def test_a_constraint_complete_before_min_tokens_ends_the_row_and_says_so_once(model, tokenizer, one_thread, caplog):
+    eng = engine(model, tokenizer)
+    with caplog.at_level("WARNING", logger="batchgen.engine.sampling.grammar"):
+        done = run(eng, requests(Constraint.choices(["yes", "no"]), n=3, min_tokens=6))
+    for c in done.values():
+        assert c.text in ("yes", "no") and c.finish_reason is FinishReason.STOP and len(c.token_ids) < 6
+    assert caplog.text.count("before its min_tokens 6") == 1, caplog.text
