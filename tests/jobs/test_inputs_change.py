@@ -226,3 +226,21 @@ def test_a_same_size_edit_that_keeps_the_mtime_is_refused(tiny_model_dir, loaded
     assert src.stat().st_size == stat.st_size and src.stat().st_mtime_ns == stat.st_mtime_ns
     with pytest.raises(InputsChanged, match=f"{src}: content changed"):
         run_job(config([src], out, tiny_model_dir), loaded=loaded)
+
+
+def test_a_resume_says_which_files_it_compares_only_in_part(tiny_model_dir, loaded, tmp_path, monkeypatch, caplog):
+    """Over the whole-file limit a Parquet file is known by its footer: an edit in place that keeps
+    it is not seen, and the resume says so, naming the file; a file hashed whole is not named."""
+    from batchgen.jobs.durability import identity
+
+    small = write(tmp_path / "small.parquet", TEXTS[:2])
+    large = write(tmp_path / "large.parquet", [" ".join(str(i * j + 7) for j in range(60)) for i in range(4)])
+    assert small.stat().st_size < large.stat().st_size - 1
+    monkeypatch.setattr(identity, "CONTENT_DIGEST_MAX_BYTES", large.stat().st_size - 1)
+    out = tmp_path / "out"
+    run_job(config([small, large], out, tiny_model_dir, max_rows=5), loaded=loaded)
+    caplog.set_level("INFO", logger="batchgen")
+    run_job(config([small, large], out, tiny_model_dir), loaded=loaded)
+    said = [r.getMessage() for r in caplog.records if "not by every byte" in r.getMessage()]
+    assert len(said) == 1 and str(large) in said[0] and str(small) not in said[0], said
+    assert "--id-column" in said[0]

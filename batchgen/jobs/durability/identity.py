@@ -6,7 +6,8 @@ schema, and a digest of the bytes ("inputs" manifest entry). The bytes digest is
 whole file up to CONTENT_DIGEST_MAX_BYTES, and of a larger Parquet file's footer (its row groups'
 offsets, sizes and column statistics: an edit that leaves those alike is missed); a larger JSON
 Lines file has none, and only its size and modification time tell. So a same-size edit whose
-modification time was kept (`cp -p`, `rsync -a`) is seen in small files and in most Parquet ones.
+modification time was kept (`cp -p`, `rsync -a`) is seen in small files and in most Parquet ones;
+a resume names the files it could compare only in part (a log line: no refusal, nothing changed).
 A resume compares them with the files it is given:
 
 - Derived ids ("<file name>:<row index>") name a row by its place in a file, so any change to the
@@ -26,12 +27,15 @@ A resume compares them with the files it is given:
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 import pyarrow as pa
 
 from batchgen.errors import InputError, InputsChanged
 from batchgen.io.inputs.discovery import InputShard, filesystem
+
+log = logging.getLogger("batchgen")
 
 # the fields of an identity, with how a change is described
 _FIELDS = (("num_rows", "rows"), ("size", "bytes"), ("schema", "schema"), ("mtime_ns", "modified"),
@@ -129,12 +133,27 @@ def check_derived_ids(out_dir: str, num_committed_rows: int, old: list[dict[str,
         return
     changes = input_changes(old, new)
     if not changes:
+        _say_what_identity_covers(new)
         return
     shown = "; ".join(changes[:5]) + (f"; and {len(changes) - 5} more" if len(changes) > 5 else "")
     raise InputsChanged(
         f"{out_dir} holds {num_committed_rows} rows committed from other inputs, and their ids are derived from "
         f"file name and row index, so they would be paired with other rows: {shown}. Rerun with the original "
         "inputs, pass --overwrite to start over, choose a new --output, or give rows stable ids with --id-column")
+
+
+def _say_what_identity_covers(inputs: list[dict[str, Any]]) -> None:
+    """A resume that passed the check says which files it could compare only in part: an edit in
+    place that keeps what it compared pairs committed outputs with rows that changed, unseen."""
+    partial = [i["path"] for i in inputs if i.get("identity") is not None
+               and not str(i["identity"].get("digest", "")).startswith("sha256:")]
+    if not partial:
+        return
+    shown = ", ".join(partial[:3]) + (f" and {len(partial) - 3} more" if len(partial) > 3 else "")
+    log.info("resuming over %d input %s larger than %d MiB (%s), identified by size, modification time, "
+             "row count, schema and (Parquet) footer, not by every byte: an edit in place that keeps all of "
+             "those is not seen; give rows ids of their own with --id-column if inputs are edited in place",
+             len(partial), "file" if len(partial) == 1 else "files", CONTENT_DIGEST_MAX_BYTES >> 20, shown)
 
 
 def check_sharded_retry(out_dir: str, num_committed_rows: int, old: dict[str, Any] | None,
