@@ -331,7 +331,7 @@ def test_max_new_tokens_column(runner, tiny_model_dir, tmp_path):
 def test_bad_per_row_max_new_tokens_is_an_error_row(runner, tiny_model_dir, tmp_path):
     src = write_parquet(tmp_path / "in.parquet", text=TEXTS[:3], limit=[4, 0, -2])
     out = tmp_path / "out"
-    ok(invoke(runner, tiny_model_dir, src, out, "--max-new-tokens-column", "limit"))
+    ok(invoke(runner, tiny_model_dir, src, out, "--max-new-tokens-column", "limit", "--max-error-rate", "1"))
     rows = rows_by_id(read_output(out))
     assert rows["in.parquet:0"]["error"] is None
     for i in (1, 2):
@@ -346,7 +346,7 @@ def test_null_empty_and_whitespace_prompts_are_error_rows(runner, tiny_model_dir
     texts = ["fine", None, "", "   \n\t", "also fine"]
     src = write_parquet(tmp_path / "in.parquet", text=texts, keep=list(range(5)))
     out = tmp_path / "out"
-    result = ok(invoke(runner, tiny_model_dir, src, out))
+    result = ok(invoke(runner, tiny_model_dir, src, out, "--max-error-rate", "1"))  # 3 of 5 fail, on purpose
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"output": str(out), "rows": 5, "errors": 3,
                                                                  "output_rows": 5, "output_errors": 3}
     rows = rows_by_id(read_output(out))
@@ -375,7 +375,7 @@ def test_jsonl_row_without_the_prompt_key_is_an_error_row(runner, tiny_model_dir
 def test_non_string_prompt_is_an_error_row(runner, tiny_model_dir, tmp_path):
     src = write_parquet(tmp_path / "in.parquet", text=pa.array([["a", "b"], [], None], pa.list_(pa.string())))
     out = tmp_path / "out"
-    result = ok(invoke(runner, tiny_model_dir, src, out))
+    result = ok(invoke(runner, tiny_model_dir, src, out, "--max-error-rate", "1"))
     assert json.loads(result.stdout.strip().splitlines()[-1])["errors"] == 3
     rows = rows_by_id(read_output(out))
     assert "prompt column 'text' holds a list, not text" in rows["in.parquet:0"]["error"]
@@ -415,19 +415,16 @@ def test_corrupt_parquet(runner, tiny_model_dir, tmp_path):
     assert_user_error(invoke(runner, tiny_model_dir, src, out), out, "in.parquet", "not a valid Parquet file")
 
 
-@pytest.mark.parametrize("name", ["in.parquet", "in.jsonl"])
-def test_empty_file(runner, tiny_model_dir, tmp_path, name):
+@pytest.mark.parametrize(("name", "content"), [("in.parquet", b""), ("in.jsonl", b""), ("in.jsonl", b"\n\n  \n")])
+def test_empty_file(runner, tiny_model_dir, tmp_path, name, content):
+    """An empty partition: exit 0 and _SUCCESS (jobs/pipeline/empty_input.py); exit 2 when refused."""
     src = tmp_path / name
-    src.write_bytes(b"")
+    src.write_bytes(content)
     out = tmp_path / "out"
-    assert_user_error(invoke(runner, tiny_model_dir, src, out), out, name, "empty")
-
-
-def test_jsonl_with_only_blank_lines(runner, tiny_model_dir, tmp_path):
-    src = tmp_path / "in.jsonl"
-    src.write_text("\n\n  \n")
-    out = tmp_path / "out"
-    assert_user_error(invoke(runner, tiny_model_dir, src, out), out, "in.jsonl", "empty")
+    result = ok(invoke(runner, tiny_model_dir, src, out))
+    assert json.loads(result.stdout.strip().splitlines()[-1])["output_rows"] == 0 and (out / "_SUCCESS").exists()
+    strict = tmp_path / "strict"
+    assert_user_error(invoke(runner, tiny_model_dir, src, strict, "--no-allow-empty-input"), strict, "holds no rows")
 
 
 def test_template_naming_a_missing_column(runner, tiny_model_dir, tmp_path):

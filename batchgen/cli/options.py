@@ -40,7 +40,7 @@ def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
 # each option's --help section (batchgen/cli/help.py), by its flag
 _PANELS = {
     "Input": ("--input", "--input-format", "--prompt-column", "--id-column", "--max-rows", "--max-new-tokens-column",
-              "--sampling-column", "--length-column"),
+              "--sampling-column", "--length-column", "--allow-empty-input"),
     "Prompt": ("--template", "--system", "--chat", "--chat-template", "--chat-template-kwargs",
                "--parse-special-tokens", "--on-long-prompt", "--max-prompt-tokens"),
     "Model": ("--model", "--trust-remote-code", "--device", "--dtype", "--quantize", "--quantize-backend",
@@ -230,7 +230,10 @@ MaxPromptTokens = Annotated[int | None, _opt("--max-prompt-tokens", metavar="N",
 KeepColumns = Annotated[list[str] | None, _opt("--keep-columns", metavar="COL", help=(
     "Input column to copy to the output; repeatable [all]."))]
 MaxErrorRate = Annotated[float | None, _opt("--max-error-rate", metavar="X", help=(
-    "Exit 3 when more than this fraction of rows fail [off]."))]
+    "Exit 3 (no _SUCCESS) when more than this fraction of the output's rows are error rows; 1 = never [0.5]."))]
+AllowEmptyInput = Annotated[bool | None, _opt("--allow-empty-input/--no-allow-empty-input", help=(
+    "An input without rows (0-byte files, 0-row Parquet) exits 0 with _SUCCESS and loads no model; "
+    "--no-allow-empty-input: exit 2 instead [on]."))]
 RowsPerPart = Annotated[int | None, _opt("--rows-per-part", metavar="N", help="Rows per output part file [1000].")]
 CommitEvery = Annotated[int | None, _opt("--commit-every", metavar="N", help=(
     "Commit finished rows after this many, so a crash loses at most that much work [--rows-per-part]."))]

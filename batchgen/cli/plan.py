@@ -84,6 +84,7 @@ def plan(
     max_prompt_tokens: o.MaxPromptTokens = None,
     keep_columns: o.KeepColumns = None,
     max_error_rate: o.MaxErrorRate = None,
+    allow_empty_input: o.AllowEmptyInput = None,
     rows_per_part: o.RowsPerPart = None,
     commit_every: o.CommitEvery = None,
     commit_every_seconds: o.CommitEverySeconds = None,

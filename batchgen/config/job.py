@@ -111,7 +111,12 @@ class JobConfig:
     on_long_prompt: str = "truncate"
     max_prompt_tokens: int | None = None  # cap prompts below the context (cut in the document part)
     keep_columns: list[str] | None = None  # None = pass every other input column through
-    max_error_rate: float | None = None  # fail (exit 3) when error rows exceed this fraction
+    # fail (exit 3, no _SUCCESS) when error rows exceed this fraction of the output; on by default so
+    # that a job whose rows mostly failed (a setting no row can meet) is not marked done; 1 or None = never
+    max_error_rate: float | None = 0.5
+    # an input without rows (an empty partition) finishes at once: exit 0, _SUCCESS, no model loaded;
+    # False: exit 2 instead, for a job that must never find its input empty
+    allow_empty_input: bool = True
     rows_per_part: int = 1000  # rows per output Parquet part file
     commit_every_rows: int | None = None  # commit after this many finished rows; None = rows_per_part
     commit_every_s: float | None = 60.0  # also commit finished rows this often; None or 0 = off

@@ -109,6 +109,7 @@ SETTINGS: dict[str, Output | Derived | RunOnly] = {
     "max_prompt_tokens": Output(ALWAYS),
     "keep_columns": RunOnly("passthrough columns: the output_schema key"),
     "max_error_rate": RunOnly(BOOKKEEPING),
+    "allow_empty_input": RunOnly("whether a run over no rows exits 0 or 2; no row is generated either way"),
     "rows_per_part": RunOnly(BOOKKEEPING),
     "commit_every_rows": RunOnly(BOOKKEEPING),
     "commit_every_s": RunOnly(BOOKKEEPING),

@@ -177,3 +177,27 @@ def test_bad_constraint_flags(docs, tmp_path, flags, needle):
     assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body", *flags),
                          needle)
 
+
+def test_max_new_tokens_that_fill_the_context_answer_before_the_model(docs, tmp_path, tiny_model_dir):
+    """The context is read from the model's config.json: every row would fail, so the job exits 2 at once."""
+    assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body",
+                                   "--model", tiny_model_dir, "--max-new-tokens", "1000000"),
+                         "--max-new-tokens (YAML max_new_tokens) 1000000 leaves no room for the prompt",
+                         "(512 tokens)", "use at most 511")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "empty.parquet"])
+def test_an_empty_input_exits_0_with_success_and_no_model(tmp_path, tiny_model_dir, name):
+    src = tmp_path / name
+    if name.endswith(".jsonl"):
+        src.write_bytes(b"")
+    else:
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), src)
+    out = tmp_path / "out"
+    args = ["run", "-i", src, "-o", out, "--model", tiny_model_dir, "--device", "cpu", "--quiet"]
+    code, heavy, stderr = batchgen(*args)
+    assert (code, heavy) == (0, []), stderr
+    assert "nothing to do: the input holds no rows; no model was loaded" in stderr and (out / "_SUCCESS").exists()
+    assert_answers_light(*batchgen(*args[:4], tmp_path / "strict", *args[5:], "--no-allow-empty-input"),
+                         "the input holds no rows (1 input file, every one empty)")

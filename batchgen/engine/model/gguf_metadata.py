@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import BinaryIO
-
-from transformers import AutoConfig, PretrainedConfig
+from typing import TYPE_CHECKING, BinaryIO
 
 from batchgen.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 GGUF_MAGIC = b"GGUF"
 MAX_KEPT_ARRAY_LEN = 4096  # numeric arrays up to this long are kept (per-layer head counts); longer ones skipped
@@ -85,6 +86,7 @@ def config_from_gguf(path: Path) -> PretrainedConfig | None:
     """The transformers config the conversion would build, from the metadata alone. Refuses an
     architecture transformers cannot convert; None where the config cannot be built here (the
     conversion then reports why)."""
+    from transformers import AutoConfig  # here: read_metadata serves the checks that run before transformers loads
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 

@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from batchgen.engine.model import families, gguf_metadata
+from batchgen.engine.model.context_length import context_limit
 from batchgen.engine.model.gguf_cache import first_line, gguf_dir, hash_dir, hash_files
 from batchgen.engine.model.load_attention import load_attention
 from batchgen.engine.model.model_files import DEFAULT_MODEL, default_gguf_path
@@ -48,8 +49,6 @@ def _cpu_has_native_bf16() -> bool:
         return False
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
-
-MAX_SANE_TOKENIZER_LENGTH = 1_000_000  # tokenizers without a limit report 1e30
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -256,12 +255,9 @@ def _max_context(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokeniz
 
 
 def _context_limit(name: str, config, tokenizer: PreTrainedTokenizerBase) -> int:
-    from_config = getattr(config.get_text_config(), "max_position_embeddings", None)
-    from_tokenizer = getattr(tokenizer, "model_max_length", None)
-    if not (isinstance(from_tokenizer, int) and 0 < from_tokenizer < MAX_SANE_TOKENIZER_LENGTH):
-        from_tokenizer = None
-    limits = [n for n in (from_config, from_tokenizer) if n]
-    if not limits:
+    limit = context_limit(getattr(config.get_text_config(), "max_position_embeddings", None),
+                          getattr(tokenizer, "model_max_length", None))
+    if limit is None:
         raise UnsupportedModelError(f"model {name!r}: cannot tell its maximum context length "
                                     f"(no max_position_embeddings, no tokenizer model_max_length)")
-    return min(limits)
+    return limit

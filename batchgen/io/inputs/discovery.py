@@ -217,10 +217,10 @@ def _open_shard(fs: pafs.FileSystem, info: pafs.FileInfo, display: str, input_fo
         fmt = input_format
     else:
         fmt = _format_of(info.path, display) if input_format == "auto" else input_format
-    if info.size == 0:
-        raise InputError("file is empty (0 bytes)", path=display)
     num_rows = None
-    if fmt == "parquet":
+    if info.size == 0:  # an empty file holds no rows (readers.py reads it as such), whatever its format
+        num_rows = 0 if fmt == "parquet" else None
+    elif fmt == "parquet":
         with open_parquet(fs, info.path, display) as parquet_file:
             num_rows = parquet_file.metadata.num_rows
     return InputShard(path=display, format=fmt, num_rows=num_rows, size=info.size, mtime_ns=info.mtime_ns)

@@ -245,12 +245,13 @@ def _records(fs: pafs.FileSystem, fs_path: str, display: str) -> Iterator[tuple[
 
 def sample_records(fs: pafs.FileSystem, fs_path: str, display: str
                    ) -> tuple[pa.Schema, list[tuple[int, dict]], Iterator]:
-    """(schema from the first records, those records, the iterator positioned after them)."""
+    """(schema from the first records, those records, the iterator positioned after them). A file
+    without records (0 bytes, blank lines only) has no rows and no columns: an empty schema and sample."""
     records = _records(fs, fs_path, display)
     sample = list(itertools.islice(records, JSONL_SCHEMA_SAMPLE_RECORDS))
     if not sample:
-        records.close()
-        raise InputError("file is empty (no JSON records)", path=display)
+        records.close()  # a closed generator: closing it again, or reading it, is harmless
+        return pa.schema([]), [], records
     return infer_schema([record for _, record in sample]), sample, records
 
 

@@ -117,15 +117,15 @@ def openai_batch_batches(fs: pafs.FileSystem, fs_path: str, display: str, column
 
 
 def check_first_request(fs: pafs.FileSystem, fs_path: str, display: str) -> None:
-    """Read the first request (an empty file or a malformed first line fails here, naming the file)."""
+    """Read the first request (a malformed first line fails here, naming the file); a file without
+    requests holds no rows, as an empty JSON Lines file does."""
     records = _records(fs, fs_path, display)
     try:
         first = next(records, None)
     finally:
         records.close()
-    if first is None:
-        raise InputError("file is empty (no JSON records)", path=display)
-    request_row(first[1], display, first[0])
+    if first is not None:
+        request_row(first[1], display, first[0])
 
 
 def _batch(rows: list[dict[str, Any]], schema: pa.Schema, cells: list[list]) -> pa.RecordBatch:

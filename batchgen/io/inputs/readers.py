@@ -20,7 +20,10 @@ from batchgen.io.inputs.parquet import open_parquet, parquet_batches
 
 
 def read_schema(shard: InputShard) -> pa.Schema:
-    """The shard's Arrow schema: the Parquet schema, or the one JSONL batches will carry."""
+    """The shard's Arrow schema: the Parquet schema, or the one JSONL batches will carry. An empty
+    file (0 bytes; JSON Lines without a record) has no rows and an empty schema (`holds_no_rows`)."""
+    if shard.size == 0:
+        return pa.schema([])
     if shard.format == "parquet":
         with open_parquet(*filesystem(shard.path), shard.path) as parquet_file:
             return parquet_file.schema_arrow
@@ -30,6 +33,18 @@ def read_schema(shard: InputShard) -> pa.Schema:
     schema, _, records = sample_records(*filesystem(shard.path), shard.path)
     records.close()
     return schema
+
+
+def holds_no_rows(shard: InputShard) -> bool:
+    """An empty file: 0 bytes, a Parquet footer of 0 rows, JSON Lines without a record. An empty
+    partition of a scheduled job looks like this; its columns cannot (JSON Lines) or need not be checked."""
+    if shard.size == 0 or shard.num_rows == 0:
+        return True
+    if shard.format == "parquet":
+        return False
+    _, sample, records = sample_records(*filesystem(shard.path), shard.path)
+    records.close()
+    return not sample
 
 
 def read_columns(shard: InputShard) -> list[str]:
@@ -66,6 +81,8 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
+    if shard.size == 0:  # an empty file: no rows (a 0-byte Parquet file has no footer to read)
+        return iter(())
     if shard.format == "parquet":
         _check_columns(shard, columns, read_columns(shard))
         return _capped(parquet_batches(*filesystem(shard.path), shard.path, columns, batch_size, rows=shard.rows),
@@ -75,6 +92,8 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
         _check_columns(shard, columns, OPENAI_BATCH_SCHEMA.names)
         return _capped(openai_batch_batches(*filesystem(shard.path), shard.path, columns, batch_size), shard)
     schema, sample, records = sample_records(*filesystem(shard.path), shard.path)
+    if not sample:  # no records: no rows, whichever columns were asked for
+        return iter(())
     try:
         _check_columns(shard, columns, schema.names)
     except InputError:

@@ -26,6 +26,8 @@ from batchgen.io.manifest.manifest import is_job_dir, load_manifest
 from batchgen.io.store.factory import open_store
 from batchgen.jobs.durability.prompt_check import prompts_unchanged
 from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.pipeline.context_check import check_room_for_prompts
+from batchgen.jobs.pipeline.empty_input import input_is_empty
 from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job
 from batchgen.jobs.pipeline.summary import plural
 from batchgen.jobs.planning.output_size import OutputSize, text_bytes_per_token
@@ -37,7 +39,10 @@ if TYPE_CHECKING:
 
 def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibration_rows: int = 16) -> dict[str, Any]:
     """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
+    check_room_for_prompts(config)  # as a run checks it: from the model's files, before any load
     inputs = open_inputs(config, need_output=False)
+    if input_is_empty(config, inputs):  # a run would load no model and finish at once
+        return {"empty_input": True, "inputs": inputs.scan.to_json(), "num_rows": 0, "shards": []}
     # the job's (or this shard's) output: a local directory or an object-store prefix, read, never written
     out = open_store(shard_output_dir(config.output, config.shard_index, config.num_shards)) if config.output else None
     # --overwrite: the run would start over, so nothing committed there is skipped or learned from
@@ -134,6 +139,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
 
 def plan_lines(report: dict[str, Any]) -> list[str]:
     """The plan for people: a header, then one line per shard."""
+    if report.get("empty_input"):
+        return ["nothing to plan: the input holds no rows; a run would load no model, write _SUCCESS and exit 0"]
     if report.get("nothing_to_do"):
         return [f"nothing to do: all {report['num_rows_done']} rows are committed in {report['output']} "
                 f"({plural(report['num_error_rows_done'], 'error row')}); a run there would load no model"]

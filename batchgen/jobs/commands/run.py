@@ -55,6 +55,8 @@ from batchgen.jobs.durability.prompt_check import model_files_unchanged, nothing
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
 from batchgen.jobs.openai.batch_file import check_batch_file_target, clear_batch_file
+from batchgen.jobs.pipeline.context_check import check_room_for_prompts
+from batchgen.jobs.pipeline.empty_input import input_is_empty
 from batchgen.jobs.pipeline.prepare import open_inputs
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
@@ -85,7 +87,9 @@ def writes_sample_index(config: JobConfig, session: OutputSession) -> bool:
 
 def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSummary:
     """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes."""
+    check_room_for_prompts(config)  # from the model's files: no input read, no model loaded
     inputs = open_inputs(config)
+    empty = input_is_empty(config, inputs)  # an empty partition: exit 0 without a model (or 2, if refused)
     source, scan = inputs.source, inputs.scan
     out: str | Path = config.output  # a local directory or an s3:// / gs:// prefix (batchgen.io.store.store)
     if config.num_shards is not None:  # one shard of a sharded job: OUTPUT/shard-I-of-N/ (a directory or prefix)
@@ -94,7 +98,7 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     check_batch_file_target(config.output, overwrite=config.overwrite)  # a .jsonl --output: not someone's file
     session = OutputSession(out, overwrite=config.overwrite, keep_hashes=config.id_column is not None)
     session.model_files = model_files_identity(config.model, config.dtype)
-    if config.executor == "local" and _needs_model(config, inputs, session):
+    if config.executor == "local" and not empty and _needs_model(config, inputs, session):
         # torch and transformers load here, before the lock, so that holding the lock means "past the
         # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
         from batchgen.engine.model.hf_imports import keep_torchao_out
@@ -119,6 +123,10 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                                        with_sample_index=writes_sample_index(config, session))
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
+                if empty:
+                    with guard.critical():
+                        summary = _empty_input(config, session, scan, job_fingerprint(config, source, schema))
+                    return summary
                 resume = ResumeRule(session.state, config.retry_errors, check_prompts=config.id_column is not None)
                 if not config.overwrite and nothing_to_do(config, inputs, resume, session.model_files):
                     with guard.critical():
@@ -220,6 +228,16 @@ def _nothing_to_do(config: JobConfig, session: OutputSession, scan: InputScan) -
     return summary
 
 
+def _empty_input(config: JobConfig, session: OutputSession, scan: InputScan, fingerprint: dict) -> RunSummary:
+    """An input without rows: the job begins (or resumes) as any job does, so that status and a rerun
+    read it, and is complete at once; no model, no commit; the summary and _SUCCESS as by any run."""
+    session.start(fingerprint, scan, config.max_rows)
+    summary = RunSummary(output_dir=str(session.out_dir), model=config.model or "default", mode=config.mode,
+                         empty_input=True, num_rows_skipped=session.state.num_committed_rows)
+    _finish(config, session, summary)
+    return summary
+
+
 def _write_partial(session: OutputSession, summary: RunSummary) -> None:
     """_summary.json of a run that stopped early (a signal, an error), marked partial, so the logs
     and sensors of the task that ran it see how far it got. Best effort: the stop's own error wins."""
@@ -251,7 +269,9 @@ def _finish(config: JobConfig, session: OutputSession, summary: RunSummary) -> N
 
         success[SUCCESS_KEY] = ensure_batch_files(session.store, state, config.output_format, failed=failed)
     if failed:
+        clear_success(session.store)  # an earlier run's, written under a laxer --max-error-rate
         raise ErrorRateExceeded(f"{summary.output_rows_error} of {summary.output_rows} rows failed, more than "
-                                f"--max-error-rate {rate}; the output is in {session.out_dir} (no _SUCCESS)")
+                                f"--max-error-rate {rate} (1 accepts any share); the output is in "
+                                f"{session.out_dir} (no _SUCCESS)")
     check_parts_present(session.store, state)  # and every part that _SUCCESS vouches for is there
     write_success(session.store, success)

@@ -28,7 +28,7 @@ from batchgen.config.suggest import closest
 from batchgen.errors import ConfigError, InputError
 from batchgen.io.inputs.cells import invalid_cells, json_cells
 from batchgen.io.inputs.discovery import InputShard, resolve_inputs
-from batchgen.io.inputs.readers import iter_batches, read_schema
+from batchgen.io.inputs.readers import holds_no_rows, iter_batches, read_schema
 from batchgen.io.store.schema import JSON_VALID, LOGPROBS, OUTPUT_FIXED_FIELDS
 from batchgen.jobs.pipeline.chat_rows import is_conversation
 from batchgen.jobs.pipeline.prompts import Template
@@ -60,8 +60,9 @@ class RowSource:
         self.max_rows = config.max_rows  # rows read at most, over all shards in order; None = all
         self.job_files: list[tuple[InputShard, pa.Schema]] | None = None  # a sharded job's files, all of them
         self.template = template
-        self.id_field = (schema.field(config.id_column) if config.id_column
-                         else pa.field(DERIVED_ID_COLUMN, pa.string()))
+        # an input of empty JSON Lines files alone has no columns: its (absent) ids are strings
+        self.id_field = (schema.field(config.id_column) if config.id_column in schema.names
+                         else pa.field(config.id_column or DERIVED_ID_COLUMN, pa.string()))
         self.passthrough_fields = _passthrough(config, schema, self.id_field.name)
         optional = [config.max_new_tokens_column, config.length_column, config.sampling_column, config.id_column,
                     config.json_schema_column, config.constraint_column]
@@ -96,8 +97,9 @@ class RowSource:
         template = Template(config.template, config.prompt_column)
         schemas = []
         for shard in shards:
-            schema = read_schema(shard)  # empty / corrupt files fail here, naming the file
-            _check_columns(config, template, schema, shard.path)
+            schema = read_schema(shard)  # corrupt files fail here, naming the file
+            if schema.names or not holds_no_rows(shard):  # an empty JSON Lines file has no columns to check
+                _check_columns(config, template, schema, shard.path)
             schemas.append(schema)
         used = schemas
         if config.keep_columns is not None:  # only the columns the job reads need to agree
@@ -220,10 +222,11 @@ class RowChunk:
 
 
 def _text_like(arrow_type: pa.DataType) -> bool:
-    """A type whose values the template reads as text: strings, numbers, bools (and null)."""
+    """A type whose values the template reads as text: strings, numbers (decimals too, as a JSON Lines
+    number is), bools (and null)."""
     t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
-            or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
+            or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
 
 
 def unify_schemas(shards: list[InputShard], schemas: list[pa.Schema]) -> pa.Schema:
@@ -305,7 +308,7 @@ def _passthrough(config: JobConfig, schema: pa.Schema, id_name: str) -> list[pa.
     names = config.keep_columns if config.keep_columns is not None else schema.names
     # only a real --id-column is dropped from the passthrough; an input column that merely shares the
     # derived id's name would be lost silently, so it is reported as a clash below instead
-    fields = [schema.field(n) for n in names if n != config.id_column]
+    fields = [schema.field(n) for n in names if n != config.id_column and n in schema.names]  # (empty files: none)
     reserved = {f.name for f in OUTPUT_FIXED_FIELDS} | {id_name}
     if config.logprobs is not None:
         reserved.add(LOGPROBS)

@@ -114,10 +114,14 @@ class RunSummary(JobSummary):
     output_rows_error: int = 0
     complete: bool = False  # every input row has a committed output row (_SUCCESS written)
     nothing_to_do: bool = False  # every input row was committed before this run: no model was loaded
+    empty_input: bool = False  # the input held no rows: no model was loaded, the job is complete as it is
     executor: str = "local"  # local (this process) or ray (batchgen.ray)
     num_actors: int = 0  # ray: the actor pool's size (models loaded)
 
     def lines(self) -> list[str]:
+        if self.empty_input:
+            return [f"nothing to do: the input holds no rows; no model was loaded"
+                    f"{'' if self.complete else ', incomplete'}", f"output: {self.output_dir}"]
         if self.nothing_to_do:
             return [f"nothing to do: all {self.num_rows_skipped} rows are committed "
                     f"({plural(self.output_rows_error, 'error row')}); no model was loaded",

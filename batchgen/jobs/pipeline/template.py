@@ -7,6 +7,7 @@ an error row in the output, the job goes on.
 
 from __future__ import annotations
 
+import decimal
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -92,6 +93,8 @@ class Template:
             text = value
         elif isinstance(value, numbers.Real):  # int, float, bool and numpy scalars read as text
             text = str(value)
+        elif isinstance(value, decimal.Decimal):  # a Parquet decimal: its digits as stored, never 1E+3
+            text = format(value, "f")
         else:
             raise RowError(f"{label} holds a {type(value).__name__}, not text", column=name)
         if is_doc and text == "":

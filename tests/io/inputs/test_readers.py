@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from batchgen.errors import InputError
 from batchgen.io.inputs.discovery import resolve_inputs
-from batchgen.io.inputs.readers import iter_batches, read_columns, read_schema
+from batchgen.io.inputs.readers import holds_no_rows, iter_batches, read_columns, read_schema
 
 
 def write_parquet(path, num_rows=10, row_group_size=None):
@@ -129,10 +129,12 @@ def test_corrupt_parquet_fails_at_resolve(tmp_path, damage):
 
 
 @pytest.mark.parametrize("name", ["empty.parquet", "empty.jsonl"])
-def test_zero_byte_file_is_an_error(tmp_path, name):
+def test_zero_byte_file_holds_no_rows(tmp_path, name):
+    """An empty partition of a scheduled job: no rows and no columns, whatever the format."""
     (tmp_path / name).write_bytes(b"")
-    with pytest.raises(InputError, match="file is empty"):
-        resolve_inputs([str(tmp_path / name)])
+    shard = only_shard(tmp_path / name)
+    assert holds_no_rows(shard) and read_columns(shard) == []
+    assert list(iter_batches(shard, ["text"], 8)) == []
 
 
 def test_zero_row_parquet_yields_nothing(tmp_path):
@@ -142,11 +144,13 @@ def test_zero_row_parquet_yields_nothing(tmp_path):
     assert shard.num_rows == 0 and list(iter_batches(shard, ["text"], 8)) == []
 
 
-def test_blank_only_jsonl_is_empty(tmp_path):
+def test_blank_only_jsonl_holds_no_rows(tmp_path):
     path = tmp_path / "blank.jsonl"
     path.write_bytes(b"\n  \n\n")
-    with pytest.raises(InputError, match="file is empty"):
-        read_columns(only_shard(path))
+    shard = only_shard(path)
+    assert holds_no_rows(shard) and read_columns(shard) == [] and list(iter_batches(shard, ["text"], 8)) == []
+    (tmp_path / "one.jsonl").write_text('\n{"text": "a"}\n')
+    assert not holds_no_rows(only_shard(tmp_path / "one.jsonl"))
 
 
 # ---------------------------------------------------------------- streaming

@@ -153,3 +153,20 @@ def test_jsonl_row_count_is_unknown_until_read(tmp_path):
     source = _open(tmp_path, [path], max_rows=2)
     assert source.num_rows == 2
     assert [r.values["text"] for r in source] == ["0", "1"]
+
+
+def test_numbers_in_a_prompt_column_are_text_in_either_format(tmp_path):
+    """A JSON Lines number is read as text; a Parquet number is too, a decimal as its digits as stored
+    (decimals used to be an error row: 'holds a Decimal, not text')."""
+    from decimal import Decimal
+
+    from batchgen.jobs.pipeline.template import Template
+
+    jsonl = _jsonl(tmp_path / "a.jsonl", [{"text": 12345}, {"text": 7}])
+    ints = _parquet(tmp_path / "i.parquet", text=pa.array([12345, 7], pa.int64()))
+    decimals = _parquet(tmp_path / "d.parquet", text=pa.array([Decimal("12345"), Decimal("2.50")], pa.decimal128(9, 2)))
+    template = Template("Q: {text}", "text")
+    for path, expected in ((jsonl, ["12345", "7"]), (ints, ["12345", "7"]), (decimals, ["12345.00", "2.50"])):
+        rows = list(_open(tmp_path, [path]))
+        assert [r.error for r in rows] == [None, None], path
+        assert [template.render(r.values) for r in rows] == [f"Q: {e}" for e in expected]
