@@ -28,6 +28,7 @@ from batchgen.io.store.factory import open_store
 from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point, fsync_dir
 from batchgen.io.store.object_store import ObjectStore
 from batchgen.io.store.store import LocalStore, OutputStore
+from batchgen.jobs.openai.temp_files import open_held, sweep_dead_temps
 
 ROWS, ERRORS = "rows", "errors"  # what _SUCCESS records of the file: its lines, and how many are error lines
 
@@ -83,29 +84,20 @@ def write_batch_file(target: tuple[OutputStore, str], lines: Iterator[tuple[bool
             raise OutputError(f"cannot write the Batch API output file {parent / name}: {e}") from e
         return counts
     directory = parent.path()
-    _sweep_temps(directory, name)
+    sweep_dead_temps(directory, (name,))  # a killed writer's (batchgen.jobs.openai.temp_files)
     temp = directory / f".{name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
     try:
-        with open(temp, "xb") as file:
+        with open_held(temp) as file:  # held until renamed in: no other writer sweeps it meanwhile
             write(file)
             file.flush()
             os.fsync(file.fileno())
-        fault_point("batch_file_rename")
-        os.replace(temp, directory / name)
+            fault_point("batch_file_rename")
+            os.replace(temp, directory / name)
         fsync_dir(directory)
     except OSError as e:
         temp.unlink(missing_ok=True)
         raise OutputError(f"cannot write the Batch API output file {directory / name}: {e.strerror or e}") from e
     return counts
-
-
-def _sweep_temps(directory: Path, name: str) -> None:
-    """A killed writer's temporary files of this one name (the caller holds the job's lock, so no
-    writer of this file is live): nothing else in a directory that is the user's is touched."""
-    for stale in directory.glob(f".{name}.*{TEMP_SUFFIX}"):
-        token = stale.name[len(name) + 2:-len(TEMP_SUFFIX)]
-        if len(token) == 8 and all(c in "0123456789abcdef" for c in token):
-            stale.unlink(missing_ok=True)
 
 
 def batch_file_present(target: tuple[OutputStore, str]) -> bool:

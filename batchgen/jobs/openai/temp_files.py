@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -37,13 +38,13 @@ def open_held(path: Path) -> BinaryIO:
 
 
 def sweep_dead_temps(directory: Path, names: Iterable[str]) -> list[str]:
-    """Delete the hidden temps of `names` in `directory` that no live writer holds; their names."""
+    """Delete the hidden temps of `names` in `directory` that no live writer holds; their names.
+    Only a writer's own names (`.<name>.<8 hex digits>.tmp`): the directory may be the user's."""
     if fcntl is None:
         return []
-    prefixes = tuple(f".{name}." for name in names)
+    ours = re.compile("|".join(rf"\.{re.escape(name)}\.[0-9a-f]{{8}}{re.escape(TEMP_SUFFIX)}" for name in names))
     try:
-        candidates = [e.name for e in os.scandir(directory) if e.name.startswith(prefixes)
-                      and e.name.endswith(TEMP_SUFFIX)]
+        candidates = [e.name for e in os.scandir(directory) if ours.fullmatch(e.name)]
     except FileNotFoundError:
         return []
     swept = []

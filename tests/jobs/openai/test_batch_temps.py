@@ -44,8 +44,10 @@ def test_a_live_writers_temp_is_left_alone(tmp_path):
     dead.write_bytes(b"{}\n")
     other = tmp_path / ".part-00001.parquet.tmp"  # not a Batch file's: someone else's to recover
     other.write_bytes(b"x")
+    users = tmp_path / ".output.jsonl.mine.tmp"  # not a name a writer gives: the directory may be the user's
+    users.write_bytes(b"x")
     with open_held(live) as held:
         held.write(b"{}\n")
         assert sweep_dead_temps(tmp_path, ("output.jsonl", "errors.jsonl")) == [dead.name]
-        assert live.exists() and other.exists()
+        assert live.exists() and other.exists() and users.exists()
     assert sweep_dead_temps(tmp_path, ("output.jsonl", "errors.jsonl")) == [live.name]
