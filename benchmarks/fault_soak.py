@@ -71,6 +71,7 @@ def main() -> int:
                 keys = ("lost", "duplicated", "mixed", "stale", "damaged_polls", "polls")
                 total = dict.fromkeys(keys, 0) | {"seeds": 0, "success_written": 0, "success_all_true": True,
                                                   "stalled_writer_refused": 0, "late_entry_landed": 0,
+                                                  "lapsed_before_stall": 0,
                                                   "failed_seeds": []}
                 for seed in range(args.seeds):
                     if kind == "local":
@@ -88,6 +89,7 @@ def main() -> int:
                     total["success_all_true"] &= result.success_true
                     total["stalled_writer_refused"] += result.a_stopped.startswith("refused")
                     total["late_entry_landed"] += result.late_entry_landed
+                    total["lapsed_before_stall"] += result.lapsed_before_stall
                     if not result.ok:
                         total["failed_seeds"].append(seed)
                         failed += 1

@@ -18,33 +18,24 @@ benchmarks/fault_soak.py (many). Three scenarios (SCENARIOS):
   server; S3 only): A must be refused before it writes anything (exit 2's UnsupportedOutputError).
 - `status` polled in a thread the whole time: it must never call the manifest damaged;
 - then the output is read as a plain listing (`**/*.parquet`, what `_SUCCESS` vouches for) and
-  through the manifest, and counted: rows lost, duplicated, "mixed" (a listed part that no entry
-  commits, or a committed part that is not there) and "stale" (a row of A committed after it lost
-  the lease); and every `_SUCCESS` is checked against the parts that exist.
+  through the manifest, and counted (tests/jobs/fault_counts.py): rows lost, duplicated, "mixed"
+  (a listed part that no entry commits, or a committed part that is not there) and "stale" (a row
+  of A committed after it lost the lease); and every `_SUCCESS` is checked against the parts that exist.
 
 The race of finalize and compact over a sharded job's Batch files: tests/jobs/finalize_race.py.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from batchgen.errors import OutputError, OutputLocked, UnsupportedOutputError
-from batchgen.io.manifest.manifest import (
-    PART_NAME_RE,
-    SUCCESS_FILE,
-    Manifest,
-    check_parts_present,
-    load_manifest,
-    write_success,
-)
+from batchgen.io.manifest.manifest import SUCCESS_FILE, Manifest, check_parts_present, load_manifest, write_success
 from batchgen.io.store import local_files
 from batchgen.io.store.conditional_put import ConditionalPut
 from batchgen.io.store.lease import Lease
@@ -53,40 +44,15 @@ from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands.status import job_status
 from batchgen.jobs.durability.commit import Committer
+from tests.jobs.fault_counts import NUM_ROWS, SeedResult, count
 
-NUM_ROWS = 40
+__all__ = ["NUM_ROWS", "SCENARIOS", "SeedResult", "run_seed"]
 BATCH = 4
 TTL_S = 1.0  # A's lease on S3: short, so a stall outlives it within a second
 TTL_B_S = 30.0  # B never stalls
 SCHEMA = pa.schema([("id", pa.int64()), ("error", pa.string()), ("text", pa.string())])
 FAULT_POINTS = ("write", "fsync", "rename", "file_write", "file_fsync", "file_rename", "file_fsync_dir")
 SCENARIOS = ("stall", "late_entry", "unfenced")
-
-
-@dataclass
-class SeedResult:
-    seed: int
-    store: str
-    scenario: str = "stall"
-    lost: int = 0
-    duplicated: int = 0
-    mixed: int = 0
-    stale: int = 0
-    success: bool = False  # _SUCCESS present at the end
-    success_true: bool = True  # where present: the listing holds every row once, and only committed parts
-    damaged_polls: int = 0
-    polls: int = 0
-    a_stopped: str = ""  # how the stalled writer ended
-    b_failed: str = ""  # the error that ended the new holder's run, if one did
-    late_entry_landed: bool = False  # "late_entry": A's entry landed after B took over, before B wrote any
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        if self.scenario == "unfenced":  # refused, and nothing left on the store ("mixed": objects there)
-            return self.a_stopped.startswith("refused") and not self.success and not self.mixed
-        return not (self.lost or self.duplicated or self.mixed or self.stale or self.damaged_polls
-                    or self.b_failed or self.a_stopped.startswith("failed")) and self.success and self.success_true
 
 
 def _claim(store: OutputStore, ttl_s: float = TTL_S):
@@ -161,134 +127,161 @@ def run_seed(seed: int, store: OutputStore, kind: str, scenario: str = "stall") 
     finally:
         stop.set()
         poller.join()
-    _count(store, result, a_late)
+    count(store, result, a_late)
     return result
+
+
+def _as_a(result: SeedResult, run: Callable[[], None]) -> None:
+    """Run A's part; how it ended goes to `result.a_stopped` (an error is counted, not raised)."""
+    try:
+        run()
+        result.a_stopped = "finished"
+    except OutputLocked as e:
+        result.a_stopped = "refused: " + str(e)[:80]
+    except (OSError, OutputError) as e:  # e.g. a part it commits deleted under it
+        result.a_stopped = f"failed: {type(e).__name__}: {str(e)[:120]}"
+    finally:
+        local_files._fault_hook = None
 
 
 def _run_stall(rng: random.Random, store: OutputStore, result: SeedResult) -> set[int]:
     """The "stall" scenario; the ids A had not committed when it stalled."""
+    before = rng.randrange(1, 4) * BATCH
+    stall_at = rng.randrange(1, 6)  # the n-th fault point of A's commits after the first `before` rows
     claim_a = _claim(store)
     claim_a.acquire()
+    manifest = Manifest(store, load_manifest(store), guard=claim_a)
     committed_before_stall: set[int] = set()
-    try:
-        manifest = Manifest(store, load_manifest(store), guard=claim_a)
+    events = []
+
+    def stall(point: str) -> None:
+        if point not in FAULT_POINTS or len(events) >= stall_at:
+            return
+        events.append(point)
+        if len(events) < stall_at:
+            return
+        local_files._fault_hook = None  # B's own writes run unhindered
+        _pause_past_lease(claim_a)
+        committed_before_stall.update(manifest.state.ok_ids)
+        claim_b = _claim(store, TTL_B_S)
+        try:
+            claim_b.acquire()
+        except OutputLocked:
+            result.notes.append("B refused while A held the output")
+            return
+        try:
+            _complete(_take_over(store, claim_b), "B")
+        except (OSError, OutputError) as e:  # counted as B's, not raised as if A had failed
+            result.b_failed = f"{type(e).__name__}: {str(e)[:160]}"
+        finally:
+            claim_b.release()
+
+    def run_a() -> None:
         manifest.recover()
         manifest.begin({"soak": 1})
         committer = Committer(manifest, PartWriter(store, SCHEMA), "id", rows_per_part=BATCH)
-        before = rng.randrange(1, 4) * BATCH
         _commit_ids(committer, list(range(before)), "A")
-        stall_at = rng.randrange(1, 6)  # the n-th fault point of A's next commits
-        events = []
-
-        def stall(point: str) -> None:
-            if point not in FAULT_POINTS or len(events) >= stall_at:
-                return
-            events.append(point)
-            if len(events) < stall_at:
-                return
-            local_files._fault_hook = None  # B's own writes run unhindered
-            _pause_past_lease(claim_a)
-            committed_before_stall.update(manifest.state.ok_ids)
-            claim_b = _claim(store, TTL_B_S)
-            try:
-                claim_b.acquire()
-            except OutputLocked:
-                result.notes.append("B refused while A held the output")
-                return
-            try:
-                _complete(_take_over(store, claim_b), "B")
-            finally:
-                claim_b.release()
-
         local_files._fault_hook = stall
-        try:
-            _commit_ids(committer, list(range(before, NUM_ROWS)), "A")
-            manifest.sweep()
-            check_parts_present(store, manifest.state)
-            write_success(store, {"rows": manifest.state.num_committed_rows})
-            result.a_stopped = "finished"
-        except OutputLocked as e:
-            result.a_stopped = "refused: " + str(e)[:60]
-        except (OSError, OutputError) as e:  # e.g. a part it commits deleted under it: counted, not raised
-            result.a_stopped = f"failed: {type(e).__name__}: {str(e)[:120]}"
-        finally:
-            local_files._fault_hook = None
+        _commit_ids(committer, list(range(before, NUM_ROWS)), "A")
+        manifest.sweep()
+        check_parts_present(store, manifest.state)
+        write_success(store, {"rows": manifest.state.num_committed_rows})
+
+    try:
+        _as_a(result, run_a)
     finally:
         claim_a.release()
+    if not committed_before_stall:
+        _retry_after_lapse(store, result)
     return set(range(NUM_ROWS)) - committed_before_stall if committed_before_stall else set()
 
 
 def _run_late_entry(rng: random.Random, store: OutputStore, result: SeedResult) -> set[int]:
     """The "late_entry" scenario; the ids A had not committed ok when it stalled."""
+    before = rng.randrange(2, 5) * BATCH
+    errors = {i for i in range(before) if rng.random() < 0.4} or {0}
+    retry = sorted(errors) + list(range(before, before + BATCH))  # the error rows retried, and new rows
+    at_entry = rng.random() < 0.7  # else at a random write while A stages the retry's parts
+    stall_at = rng.randrange(1, 1 + len(retry) // BATCH + 1)
     claim_a = _claim(store)
     claim_a.acquire()
+    manifest = Manifest(store, load_manifest(store), guard=claim_a)
     b: list[tuple[object, Manifest]] = []
     committed_before_stall: set[int] = set()
-    try:
-        manifest = Manifest(store, load_manifest(store), guard=claim_a)
+
+    def take_over() -> None:
+        local_files._fault_hook = None
+        _pause_past_lease(claim_a)
+        committed_before_stall.update(manifest.state.ok_ids)
+        claim_b = _claim(store, TTL_B_S)
+        try:
+            claim_b.acquire()
+        except OutputLocked:
+            result.notes.append("B refused while A held the output")
+            return
+        b.append((claim_b, _take_over(store, claim_b)))
+
+    real_write_entry = manifest._write_entry
+
+    def write_entry(build: Callable[[int], dict]) -> dict:  # after A's lease check: its entry lands first
+        if b or committed_before_stall:
+            return real_write_entry(build)
+        take_over()
+        entry = real_write_entry(build)
+        result.late_entry_landed = bool(b)
+        return entry
+
+    writes = []
+
+    def stall(point: str) -> None:
+        if point in ("write", "file_write"):
+            writes.append(point)
+            if len(writes) == stall_at:
+                take_over()
+
+    def run_a() -> None:
         manifest.recover()
         manifest.begin({"soak": 1})
         committer = Committer(manifest, PartWriter(store, SCHEMA), "id", rows_per_part=BATCH)
-        before = rng.randrange(2, 5) * BATCH
-        errors = {i for i in range(before) if rng.random() < 0.4} or {0}
         _commit_ids(committer, list(range(before)), "A", errors)
-
-        def take_over() -> None:
-            local_files._fault_hook = None
-            _pause_past_lease(claim_a)
-            committed_before_stall.update(manifest.state.ok_ids)
-            claim_b = _claim(store, TTL_B_S)
-            try:
-                claim_b.acquire()
-            except OutputLocked:
-                result.notes.append("B refused while A held the output")
-                return
-            b.append((claim_b, _take_over(store, claim_b)))
-
-        retry = sorted(errors) + list(range(before, before + BATCH))  # the error rows retried, and new rows
-        if rng.random() < 0.7:  # after A's lease check, right before its entry is written: it lands first
-            real_write_entry = manifest._write_entry
-
-            def write_entry(build: Callable[[int], dict]) -> dict:
-                if b or committed_before_stall:
-                    return real_write_entry(build)
-                take_over()
-                entry = real_write_entry(build)
-                result.late_entry_landed = bool(b)
-                return entry
-
+        if at_entry:
             manifest._write_entry = write_entry
-        else:  # at a random write while A stages the retry's parts
-            stall_at, writes = rng.randrange(1, 1 + len(retry) // BATCH + 1), []
-
-            def stall(point: str) -> None:
-                if point in ("write", "file_write"):
-                    writes.append(point)
-                    if len(writes) == stall_at:
-                        take_over()
-
+        else:
             local_files._fault_hook = stall
-        try:
-            _commit_ids(committer, retry, "A")  # in batches: the first carries the retried rows
-            _complete(manifest, "A")
-            result.a_stopped = "finished"
-        except OutputLocked as e:
-            result.a_stopped = "refused: " + str(e)[:60]
-        except (OSError, OutputError) as e:  # e.g. a part it commits deleted under it: counted, not raised
-            result.a_stopped = f"failed: {type(e).__name__}: {str(e)[:120]}"
-        finally:
-            local_files._fault_hook = None
-            manifest.__dict__.pop("_write_entry", None)
+        _commit_ids(committer, retry, "A")  # in batches: the first carries the retried rows
+        _complete(manifest, "A")
+
+    try:
+        _as_a(result, run_a)
     finally:
+        manifest.__dict__.pop("_write_entry", None)
         claim_a.release()
+    if not b and not committed_before_stall:
+        _retry_after_lapse(store, result)
     for claim_b, manifest_b in b:
         try:
             _complete(manifest_b, "B")
         except (OSError, OutputError) as e:  # a part it commits was deleted under it: counted, not raised
-            result.b_failed = f"{type(e).__name__}: {str(e)[:120]}"
+            result.b_failed = f"{type(e).__name__}: {str(e)[:160]}"
         finally:
             claim_b.release()
     return set(range(NUM_ROWS)) - committed_before_stall if committed_before_stall else set()
+
+
+def _retry_after_lapse(store: OutputStore, result: SeedResult) -> None:
+    """A's lease lapsed before the stall (its renewals starved on a busy machine: a 1 s lease) and
+    it stopped: the scheduler's retry finishes the job. The seed tested no takeover: counted."""
+    if result.a_stopped == "finished":
+        return
+    result.lapsed_before_stall = True
+    claim = _claim(store, TTL_B_S)
+    claim.acquire()
+    try:
+        _complete(_take_over(store, claim), "B")
+    except (OSError, OutputError) as e:
+        result.b_failed = f"{type(e).__name__}: {str(e)[:160]}"
+    finally:
+        claim.release()
 
 
 class IgnoredConditions(ConditionalPut):
@@ -320,32 +313,3 @@ def _run_unfenced(seed: int, store: OutputStore, kind: str) -> SeedResult:
     result.mixed = len(store.list())  # objects left behind
     result.success = store.exists(SUCCESS_FILE)
     return result
-
-
-def _listed_parts(store: OutputStore) -> list[str]:
-    return sorted(name for name in store.list() if PART_NAME_RE.fullmatch(name))
-
-
-def _count(store: OutputStore, result: SeedResult, a_late: set[int]) -> None:
-    """Rows lost / duplicated / mixed / stale, and whether _SUCCESS told the truth."""
-    listed = _listed_parts(store)
-    state = load_manifest(store)
-    committed = set(state.parts)
-    result.mixed = len(set(listed) ^ committed)
-    ids, texts = [], []
-    for name in listed:
-        table = store.read_table(name)
-        ids += table.column("id").to_pylist()
-        texts += table.column("text").to_pylist()
-    seen = set(ids)
-    result.lost = len(set(range(NUM_ROWS)) - seen)
-    result.duplicated = len(ids) - len(seen)
-    # after B took over, any A row of an id A had not committed before its stall is one it committed late
-    b_took_over = any(t.startswith("B:") for t in texts)
-    late = sum(t.startswith("A:") and i in a_late for i, t in zip(ids, texts, strict=True))
-    result.stale = late if b_took_over else 0
-    result.success = store.exists(SUCCESS_FILE)
-    if result.success:
-        vouched = json.loads(store.read_bytes(SUCCESS_FILE)).get("rows")
-        result.success_true = (not result.mixed and not result.lost and not result.duplicated
-                               and vouched == len(ids) == NUM_ROWS)
