@@ -132,7 +132,12 @@ class ObjectStore(OutputStore):
         jobs racing for the lease both win."""
         where = (self.conditional.where, self.base.split("/", 1)[0])
         if where not in _PROBED:
-            _PROBED[where] = self._probe()
+            try:
+                _PROBED[where] = self._probe()
+            except OutputError as e:  # a server that rejects the headers (501), credentials, the network
+                raise OutputError(f"--output {self.url}: cannot check that the store honours conditional writes "
+                                  f"(If-None-Match / If-Match), which fence a job that stalled past its lease: "
+                                  f"{e}") from e
         ignored = _PROBED[where]
         if ignored is None:
             return

@@ -254,3 +254,15 @@ def test_a_store_is_probed_once(s3_out, monkeypatch):
         with Lease(open_store(s3_out), ttl_s=30):
             pass
     assert sum(".fencing-probe-" in key for key in keys) == 4  # once: PUT, its repeat, If-Match current, then stale
+
+
+def test_a_store_that_rejects_conditional_writes_is_refused_saying_why(s3_out, monkeypatch):
+    from batchgen.errors import OutputError
+    from batchgen.io.store.conditional_put import S3ConditionalPut
+
+    def put(self, key, data, **conditions):
+        raise OutputError(f"cannot write s3://{key}: An error occurred (NotImplemented) when calling PutObject")
+
+    monkeypatch.setattr(S3ConditionalPut, "put", put)
+    with pytest.raises(OutputError, match=r"cannot check that the store honours conditional writes .*NotImplemented"):
+        Lease(open_store(s3_out), ttl_s=30).acquire()  # before: the SDK's error alone, about a hidden object
