@@ -72,8 +72,8 @@ class LLMEngine:
             eos_token_ids = find_eos_token_ids(model, tokenizer)
         backend, block_size, cache_dtype, reason = resolve_attention(config, self.device, model.dtype,
                                                                      families.score_rules_used(model))
-        log.info("attention: %s, %d-token KV blocks (%s); model: %s", backend, block_size, reason,
-                 families.describe(model.config))
+        log.debug("attention: %s, %d-token KV blocks (%s); model: %s", backend, block_size, reason,
+                  families.describe(model.config))
         self.block_size = block_size
         self.backend = make_backend(backend)
         # blocks leave the pool's hold once out of the window: one block table where every layer has
@@ -83,12 +83,12 @@ class LLMEngine:
         self.use_cuda_graphs = self._graphs_possible(config)
         spec = self.spec = KVCacheSpec.from_model_config(model.config, cache_dtype, block_size)
         if self.kv_window is not None:
-            log.info("KV: every layer attends a %d-token window; blocks that leave it return to the pool",
-                     self.kv_window)
+            log.debug("KV: every layer attends a %d-token window; blocks that leave it return to the pool",
+                      self.kv_window)
         if self.kv_groups is not None:
-            log.info("KV: %d layer groups of %d layers, windows %s, one block pool; a sliding group's blocks return "
-                     "to it once out of its window", self.kv_groups.num_groups, self.kv_groups.num_tensors,
-                     ["all" if w is None else w for w in self.kv_groups.group_windows])
+            log.debug("KV: %d layer groups of %d layers, windows %s, one block pool; a sliding group's blocks return "
+                      "to it once out of its window", self.kv_groups.num_groups, self.kv_groups.num_tensors,
+                      ["all" if w is None else w for w in self.kv_groups.group_windows])
             spec = self.spec = dataclasses.replace(spec, num_layers=self.kv_groups.num_tensors)
         num_blocks, self.max_tokens_per_seq = plan_kv_blocks(
             model, spec, self.device, config, max_model_len=self.max_model_len, use_cuda_graphs=self.use_cuda_graphs,
@@ -115,7 +115,7 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
         if self.device.type == "cpu" and omp.choice_reason is not None:
-            log.info("CPU: %d compute threads, OpenMP %s", torch.get_num_threads(), omp.choice_reason)
+            log.debug("CPU: %d compute threads, OpenMP %s", torch.get_num_threads(), omp.choice_reason)
         self._seq_ids = itertools.count()
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
         self._prompt_leaders: dict[str, Sequence] = {}  # request id -> its samples' leader (sampling.n > 1)
@@ -127,8 +127,8 @@ class LLMEngine:
         if not config.cuda_graphs or self.device.type != "cuda":
             return False
         if not getattr(self.backend, "supports_cuda_graphs", False):
-            log.info("CUDA graphs: off, the %s attention backend has no graph-safe decode (flash-attn has)",
-                     self.backend.name)
+            log.debug("CUDA graphs: off, the %s attention backend has no graph-safe decode (flash-attn has)",
+                      self.backend.name)
             return False
         return True
 
@@ -242,7 +242,7 @@ class LLMEngine:
             max_num_seqs = min(max_num_seqs, self._max_num_seqs_cap)
         budget = max(self.limits.max_num_batched_tokens, max_num_seqs)
         if (max_num_seqs, budget) != (self.limits.max_num_seqs, self.limits.max_num_batched_tokens):
-            log.info("engine: batch size %d for the rows to come (was %d)", max_num_seqs, self.limits.max_num_seqs)
+            log.debug("engine: batch size %d for the rows to come (was %d)", max_num_seqs, self.limits.max_num_seqs)
         self.limits = dataclasses.replace(self.limits, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
         self.scheduler.max_num_seqs = max_num_seqs
         self.scheduler.max_num_batched_tokens = budget

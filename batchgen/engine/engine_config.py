@@ -119,7 +119,7 @@ def plan_kv_blocks(model: torch.nn.Module, spec: KVCacheSpec, device: torch.devi
         needed = sum(blocks(min(n, max_tokens_per_seq)) for n in config.seq_token_needs)
         needed += int(use_cuda_graphs)  # the graphs' padding block
         if needed < num_blocks:
-            log.info("KV cache sized to the job's need: %d sequences, %d blocks (the budget holds %d)",
-                     len(config.seq_token_needs), needed, num_blocks)
+            log.debug("KV cache sized to the job's need: %d sequences, %d blocks (the budget holds %d)",
+                      len(config.seq_token_needs), needed, num_blocks)
             num_blocks = needed
     return num_blocks, max_tokens_per_seq

@@ -93,8 +93,8 @@ class ThreadGovernor:
         # down at once; up only as far as every check of the last raise_after_s allowed
         target = room if room < self.num_threads else min(t for _, t in self._targets)
         if target != self.num_threads:
-            log.info("engine: %d compute thread%s (other processes keep %.1f cores busy)", target,
-                     "" if target == 1 else "s", other_cores)
+            log.debug("engine: %d compute thread%s (other processes keep %.1f cores busy)", target,
+                      "" if target == 1 else "s", other_cores)
             self._set(target)
             self.num_threads = target
             _remember(target)

@@ -133,7 +133,7 @@ def test_fused_cpu_paths_apply_only_where_the_math_is_llamas(caplog):
 
     if fused.load() is None:
         pytest.skip("no C compiler")
-    with caplog.at_level("INFO", logger="batchgen.engine.kernels.fused"):
+    with caplog.at_level("DEBUG", logger="batchgen.engine.kernels.fused"):
         assert fused.fuse_pointwise(build("gemma3")) == 0
         assert fused.fuse_pointwise(build("mistral")) > 0
         if "mixtral" in SHIPPED:

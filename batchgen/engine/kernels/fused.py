@@ -227,8 +227,8 @@ def fuse_pointwise(model: torch.nn.Module) -> int:
         count += 1
         newly += 1
     if newly or decisions:
-        log.info("fused CPU kernels for %d RMSNorm/MLP modules: %s", newly,
-                 "; ".join(f"{name} {what}" for name, what in sorted(decisions.items())) or "none")
+        log.debug("fused CPU kernels for %d RMSNorm/MLP modules: %s", newly,
+                  "; ".join(f"{name} {what}" for name, what in sorted(decisions.items())) or "none")
     fuse_rope(model, kernels)
     return count
 
@@ -260,7 +260,7 @@ def fuse_rope(model: torch.nn.Module, kernels: PointwiseKernels) -> list[str]:
             sys.modules[name].apply_rotary_pos_emb = _make_rope(kernels, current)
             patched.append(name)
     if patched:
-        log.info("fused CPU rotary embedding in %s", ", ".join(patched))
+        log.debug("fused CPU rotary embedding in %s", ", ".join(patched))
     return patched
 
 

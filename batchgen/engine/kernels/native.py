@@ -30,6 +30,7 @@ import torch
 from batchgen.engine.attention.base import NO_RULES, ScoreRules
 from batchgen.engine.kernels import kernel_cache
 from batchgen.runtime.cache_dir import cache_root
+from batchgen.runtime.stage import slow_stage
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,8 @@ def _build(source_path: Path = SOURCE) -> Path:
             return target
         log.warning("not loading the cached kernel %s: %s; building it again", target, why)
         kernel_cache.remove(target)  # an OSError (another user's file in a sticky dir): no kernel
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+    with slow_stage(f"building the CPU kernels of {source_path.name} in {out_dir} (once per machine)", logger=log,
+                    done_level=logging.DEBUG), tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         obj, lib = Path(tmp) / f"{source_path.stem}.o", Path(tmp) / f"{source_path.stem}.so"
         compile_cmd = [cc, *CFLAGS, "-c", str(source_path), "-o", str(obj)]
         # linked without -ffast-math-like flags: nothing may change the process's FP environment
@@ -201,7 +203,7 @@ def _build(source_path: Path = SOURCE) -> Path:
             if done.returncode:
                 raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {done.stderr.strip()[:500]}")
         kernel_cache.publish(lib, target)
-    log.info("built the CPU kernels of %s: %s", source_path.name, target)
+    log.debug("built the CPU kernels of %s: %s", source_path.name, target)
     return target
 
 

@@ -105,8 +105,8 @@ class KVCache:
             self.layers = [self.layers[j] for j in layer_tensors]
             if self.scales is not None:
                 self.scales = [self.scales[j] for j in layer_tensors]
-        log.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB", num_blocks, spec.block_size,
-                 num_slots, num_blocks * spec.bytes_per_block / 2**20)
+        log.debug("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB", num_blocks, spec.block_size,
+                  num_slots, num_blocks * spec.bytes_per_block / 2**20)
 
     @property
     def num_bytes(self) -> int:

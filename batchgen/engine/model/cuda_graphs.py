@@ -178,8 +178,8 @@ class DecodeGraphs:
             self.runners[size] = graph.replay
         torch.cuda.synchronize(self.device)
         self.stats.capture_seconds = time.perf_counter() - t0
-        log.info("CUDA graphs: %d decode batch sizes (%s) captured in %.1f s", len(self.sizes),
-                 ",".join(map(str, self.sizes)), self.stats.capture_seconds)
+        log.debug("CUDA graphs: %d decode batch sizes (%s) captured in %.1f s", len(self.sizes),
+                  ",".join(map(str, self.sizes)), self.stats.capture_seconds)
 
     def _padded_forward(self, size: int) -> None:
         b = self.buffers

@@ -188,7 +188,7 @@ def group_experts(model: torch.nn.Module, available_bytes: int | None = None) ->
         return 0
     why_not = _why_not_grouped(model, modules, available_bytes)
     if why_not is not None:
-        log.info("MoE experts: transformers' %s kept (%s)", model.config._experts_implementation, why_not)
+        log.debug("MoE experts: transformers' %s kept (%s)", model.config._experts_implementation, why_not)
         return 0
     register()
     dtype = next(model.parameters()).dtype
@@ -213,6 +213,6 @@ def group_experts(model: torch.nn.Module, available_bytes: int | None = None) ->
         grouped += 1
     if grouped:
         model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
-    log.info("MoE experts: %d modules grouped: %s", grouped,
-             "; ".join(f"{name} {what}" for name, what in sorted(decisions.items())))
+    log.debug("MoE experts: %d modules grouped: %s", grouped,
+              "; ".join(f"{name} {what}" for name, what in sorted(decisions.items())))
     return grouped

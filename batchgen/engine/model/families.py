@@ -116,8 +116,8 @@ def kv_groups(model) -> KVGroups | None:
     if groups is None:
         num_sliding = sum(w is not None for w in windows)
         if 0 < num_sliding < len(windows):
-            log.info("KV: %d of %d layers slide, they would need more than %d layer groups of equal size: "
-                     "keeping all KV", num_sliding, len(windows), MAX_KV_GROUPS)
+            log.debug("KV: %d of %d layers slide, they would need more than %d layer groups of equal size: "
+                      "keeping all KV", num_sliding, len(windows), MAX_KV_GROUPS)
         return None
     return groups if _modules_agree(model, windows) else None
 

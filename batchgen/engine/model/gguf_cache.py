@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 
 from batchgen.errors import ModelLoadError
 from batchgen.runtime.cache_dir import cache_root
+from batchgen.runtime.stage import slow_stage
 
 log = logging.getLogger(__name__)
 
@@ -76,24 +77,26 @@ def gguf_cache_dir(gguf: Path, prefix: str) -> Path:
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
     if importlib.util.find_spec("gguf") is None:
         raise ModelLoadError("reading .gguf files needs the gguf package: pip install gguf")
-    log.info("converting %s to safetensors in %s (once; takes a few seconds)", gguf.name, out_dir)
-    kwargs: dict = {"local_files_only": True, "gguf_file": gguf.name}
-    try:  # transformers >= 5 may keep GGUF blocks packed; we want a plain dense model to save
-        from transformers import GgufConfig
-        kwargs["quantization_config"] = GgufConfig(dequantize=True)
-    except (ImportError, TypeError):
-        pass
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True, gguf_file=gguf.name)
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:  # transformers 5 refuses to save a model that still carries one
-        quantizer.remove_quantization_config(model)
-    model.save_pretrained(out_dir)  # float32: Q4_1's d*q+m is exact there, not in bf16/fp16
-    tokenizer.save_pretrained(out_dir)
-    del model
-    reloaded = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
-    if (reloaded.chat_template, reloaded.eos_token_id) != (tokenizer.chat_template, tokenizer.eos_token_id):
-        raise ModelLoadError(f"the tokenizer of {gguf.name} lost its chat template or eos on saving")
+    # out_dir is a temporary name beside its final one: the directory is what a user can look for
+    with slow_stage(f"converting {gguf.name} to safetensors in {out_dir.parent} (once; later runs reuse it)",
+                    logger=log):
+        kwargs: dict = {"local_files_only": True, "gguf_file": gguf.name}
+        try:  # transformers >= 5 may keep GGUF blocks packed; we want a plain dense model to save
+            from transformers import GgufConfig
+            kwargs["quantization_config"] = GgufConfig(dequantize=True)
+        except (ImportError, TypeError):
+            pass
+        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True, gguf_file=gguf.name)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:  # transformers 5 refuses to save a model that still carries one
+            quantizer.remove_quantization_config(model)
+        model.save_pretrained(out_dir)  # float32: Q4_1's d*q+m is exact there, not in bf16/fp16
+        tokenizer.save_pretrained(out_dir)
+        del model
+        reloaded = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
+        if (reloaded.chat_template, reloaded.eos_token_id) != (tokenizer.chat_template, tokenizer.eos_token_id):
+            raise ModelLoadError(f"the tokenizer of {gguf.name} lost its chat template or eos on saving")
 
 
 

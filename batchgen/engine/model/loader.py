@@ -25,6 +25,7 @@ from batchgen.engine.model.gguf_cache import first_line, gguf_dir, hash_dir, has
 from batchgen.engine.model.load_attention import load_attention
 from batchgen.engine.model.model_files import DEFAULT_MODEL, default_gguf_path
 from batchgen.errors import ConfigError, ModelLoadError, UnsupportedModelError
+from batchgen.runtime.stage import slow_stage
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -93,6 +94,14 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def load_model(name_or_path: str | None, *, device: str = "auto", dtype: str = "auto",
                trust_remote_code: bool = False, quantize: str = "none", quantize_backend: str = "auto",
                quantize_embedding: str = "auto") -> LoadedModel:
+    name = DEFAULT_MODEL if name_or_path in (None, DEFAULT_MODEL) else str(name_or_path)
+    with slow_stage(f"loading model {name}", logger=log):
+        return _load_model(name_or_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                           quantize=quantize, quantize_backend=quantize_backend, quantize_embedding=quantize_embedding)
+
+
+def _load_model(name_or_path: str | None, *, device: str, dtype: str, trust_remote_code: bool, quantize: str,
+                quantize_backend: str, quantize_embedding: str) -> LoadedModel:
     # transformers' own loading bars and notices are noise in a batch job's log
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

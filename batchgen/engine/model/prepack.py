@@ -85,8 +85,8 @@ def pack_linear_layers(model: torch.nn.Module, available_bytes: int | None = Non
     if available_bytes is None:
         available_bytes = available_cpu_bytes()  # the same figure the KV cache is then sized from
     if extra > MAX_EXTRA_MEMORY_SHARE * available_bytes:
-        log.info("linear weights: not reordered for small batches (a copy needs %.0f MiB, more than %.0f%% of "
-                 "the %.0f MiB available)", extra / 2**20, 100 * MAX_EXTRA_MEMORY_SHARE, available_bytes / 2**20)
+        log.debug("linear weights: not reordered for small batches (a copy needs %.0f MiB, more than %.0f%% of "
+                  "the %.0f MiB available)", extra / 2**20, 100 * MAX_EXTRA_MEMORY_SHARE, available_bytes / 2**20)
         return 0
     with torch.no_grad():
         for module in layers:
@@ -94,8 +94,8 @@ def pack_linear_layers(model: torch.nn.Module, available_bytes: int | None = Non
             module.forward = types.MethodType(_packed_forward, module)
     if layers:
         rows = "any number of" if _all_rows(layers[0].weight.dtype) else f"<= {SMALL_M_MAX}"
-        log.info("linear weights: %d layers reordered once for calls of %s rows (%.0f MiB)", len(layers),
-                 rows, extra / 2**20)
+        log.debug("linear weights: %d layers reordered once for calls of %s rows (%.0f MiB)", len(layers),
+                  rows, extra / 2**20)
     return len(layers)
 
 

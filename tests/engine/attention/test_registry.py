@@ -102,6 +102,6 @@ def test_default_selection_on_cuda_is_flash_with_its_page_size(monkeypatch):
 
 
 def test_engine_logs_the_backend_and_why(tokenizer, caplog):
-    with caplog.at_level("INFO", logger="batchgen.engine.engine"):
+    with caplog.at_level("DEBUG", logger="batchgen.engine.engine"):
         LLMEngine(make_tiny_model("llama"), tokenizer, EngineConfig(attention_backend="sdpa", num_kv_blocks=8))
     assert "attention: sdpa, 16-token KV blocks (set by --attention-backend)" in caplog.text

@@ -81,7 +81,7 @@ def test_a_class_whose_math_differs_keeps_transformers_forward(caplog):
     model = build(MOE_FAMILIES[0])
     for module in experts.expert_modules(model):
         module._apply_gate = types.MethodType(lambda self, gate_up: gate_up.chunk(2, dim=-1)[1], module)
-    with caplog.at_level("INFO", logger="batchgen.engine.model.experts"):
+    with caplog.at_level("DEBUG", logger="batchgen.engine.model.experts"):
         assert experts.group_experts(model, available_bytes=1 << 40) == 0
     assert model.config._experts_implementation == "grouped_mm"
     assert all(getattr(m, "_batchgen_packed_experts", None) is None for m in experts.expert_modules(model))
@@ -92,7 +92,7 @@ def test_a_class_whose_math_differs_keeps_transformers_forward(caplog):
 
 def test_no_copy_when_the_reordered_weights_do_not_fit(caplog):
     model = build(MOE_FAMILIES[0])
-    with caplog.at_level("INFO", logger="batchgen.engine.model.experts"):
+    with caplog.at_level("DEBUG", logger="batchgen.engine.model.experts"):
         assert experts.group_experts(model, available_bytes=1024) == 0
     assert model.config._experts_implementation == "grouped_mm"
     assert "grouped_mm kept (a reordered copy of the expert weights needs" in caplog.text
@@ -131,7 +131,7 @@ def test_bucketed_row_counts_are_few_and_pad_little():
 def test_float32_keeps_transformers_grouped_mm_by_default(monkeypatch, caplog):
     monkeypatch.setattr(experts, "GROUPED_DTYPES", (torch.bfloat16,))
     model = build(MOE_FAMILIES[0])
-    with caplog.at_level("INFO", logger="batchgen.engine.model.experts"):
+    with caplog.at_level("DEBUG", logger="batchgen.engine.model.experts"):
         assert experts.group_experts(model, available_bytes=1 << 40) == 0
     assert model.config._experts_implementation == "grouped_mm"
     assert "grouped_mm kept (torch.float32: grouped_mm keeps pace there" in caplog.text
@@ -145,7 +145,7 @@ def test_the_engine_selects_it_in_bf16_by_default(monkeypatch, tokenizer, caplog
     model = build(MOE_FAMILIES[0]).to(torch.bfloat16)
     if not prepack.supported(model):
         pytest.skip("no oneDNN bf16 kernels on this CPU")
-    with caplog.at_level("INFO", logger="batchgen.engine.model.experts"):
+    with caplog.at_level("DEBUG", logger="batchgen.engine.model.experts"):
         engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=32, block_size=8), eos_token_ids=[])
     assert model.config._experts_implementation == experts.EXPERTS_IMPLEMENTATION
     assert caplog.text.count("MoE experts:") == 1

@@ -61,3 +61,30 @@ def test_failed_conversion_leaves_no_cache(monkeypatch, tmp_path):
     with pytest.raises(ModelLoadError, match="cannot convert m.gguf: unsupported architecture 'foo'$"):
         gguf_cache.gguf_cache_dir(gguf, "m")
     assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_a_conversion_says_it_runs_while_it_runs(monkeypatch, tmp_path, caplog):
+    """A GGUF conversion takes about a minute for the embedded model: a line when it begins and
+    lines while it lasts (transformers' own bar is off in a job), not 'takes a few seconds'."""
+    import logging
+
+    from batchgen.runtime import stage
+
+    monkeypatch.setattr(stage, "HEARTBEAT_S", 0.02)
+    caplog.set_level(logging.INFO, logger="batchgen")
+    seen = []
+
+    def slow_read(*args, **kwargs):  # the dequantizing read, long enough for two lines
+        for _ in range(500):
+            seen[:] = [r.getMessage() for r in caplog.records]
+            if sum(" s so far" in m for m in seen) >= 2:
+                break
+            stage.threading.Event().wait(0.02)
+        raise ModelLoadError("stop here")
+
+    monkeypatch.setattr(gguf_cache.transformers.AutoModelForCausalLM, "from_pretrained", slow_read)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF fake")
+    with pytest.raises(ModelLoadError, match="stop here"):
+        gguf_cache.convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    assert seen[0] == f"converting m.gguf to safetensors in {tmp_path} (once; later runs reuse it) ..."
+    assert sum(m.startswith("converting m.gguf to safetensors") and m.endswith(" s so far") for m in seen) >= 2

@@ -90,3 +90,26 @@ def test_bar_fills_over_rows_to_100_percent(prefill_heavy, tmp_path, monkeypatch
     prefill = [f for f in frames if f"| 0/{NUM_ROWS} [" in f and "input ? tok/s" not in f]
     assert prefill and "<?," not in prefill[-1], frames
     assert ", ," not in terminal.getvalue()
+
+
+ENGINE_INTERNALS = ("attention: ", "KV cache", "CPU: ", "compute thread", "linear weights", "fused CPU",
+                    "built the CPU kernels", "for the rows to come")
+
+
+def test_start_up_says_what_a_user_needs(tiny_model_dir, tmp_path, caplog):
+    """Before the first progress line, INFO says what loads and how long it took and sums the
+    engine up in one line; its internals are DEBUG lines."""
+    caplog.set_level(logging.DEBUG, logger="batchgen")
+    loaded = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a short prompt"]}), src)
+    run_job(job_config(src, tmp_path / "out", tiny_model_dir, log_every_s=3600), loaded=loaded)
+    info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    start_up = info[:next(i for i, m in enumerate(info) if m.startswith("rows "))]
+    assert start_up[0] == f"loading model {tiny_model_dir} ..."
+    assert any(m.startswith(f"loading model {tiny_model_dir}: done in ") for m in start_up), start_up
+    assert len(start_up) <= 6, start_up
+    assert sum(m.startswith("engine: ") for m in start_up) == 1, start_up
+    assert not [m for m in start_up if m.startswith(ENGINE_INTERNALS)], start_up
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any(m.startswith("attention: ") for m in debug)  # still there for whoever asks (BATCHGEN_LOG_LEVEL)
