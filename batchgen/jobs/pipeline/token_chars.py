@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from typing import Any
 
 # the most characters canonical composition joins into one (e.g. U+1F82 from alpha and three marks)
@@ -31,10 +32,31 @@ _COMPOSITION_CHARS = 4
 _KEEPING_NORMALIZERS = {"NFD": 1, "NFKD": 1, "Lowercase": 1, "Prepend": 1, "ByteLevel": 1,
                         "NFC": _COMPOSITION_CHARS, "NFKC": _COMPOSITION_CHARS}
 _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "UnicodeScripts", "Split"}
+# per tokenizer: reading it walks its whole definition, and a job builds prompts for run, resume and plan
+_BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def max_chars_per_token(tokenizer: Any) -> int | None:
     """The most characters of text one token covers for this (HF) tokenizer; None when unknown."""
+    try:
+        size = len(tokenizer)  # tokens added later: read it again
+    except TypeError:
+        size = None
+    try:
+        cached_size, bound = _BOUNDS[tokenizer]
+        if cached_size == size:
+            return bound
+    except (KeyError, TypeError):  # TypeError: an object that takes no weak reference
+        pass
+    bound = _read_bound(tokenizer)
+    try:
+        _BOUNDS[tokenizer] = (size, bound)
+    except TypeError:
+        pass
+    return bound
+
+
+def _read_bound(tokenizer: Any) -> int | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None

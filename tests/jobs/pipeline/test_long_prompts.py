@@ -109,7 +109,10 @@ def _with(tokenizer, **parts):
 def test_the_bound_is_given_only_where_the_tokenizer_proves_it(merging):
     longest = max(len(t) for t in merging.get_vocab())
     assert max_chars_per_token(merging) == longest
-    assert max_chars_per_token(make_tokenizer()) == len("<|im_start|>")  # its longest token: a special one
+    tiny = make_tokenizer()
+    assert max_chars_per_token(tiny) == len("<|im_start|>")  # its longest token: a special one
+    tiny.add_tokens(["a-very-long-added-token-of-forty-chars!!"])
+    assert max_chars_per_token(tiny) == 40  # read again, not the bound remembered for this tokenizer
     assert max_chars_per_token(_with(merging, normalizer=normalizers.NFKC())) == 4 * longest
     assert max_chars_per_token(_with(merging, normalizer=normalizers.Replace("...", "…"))) == 3 * longest
     for dropping in (dict(normalizer=normalizers.Strip()), dict(normalizer=normalizers.StripAccents()),
