@@ -4,7 +4,8 @@ the same model (engine/model/gguf_cache.py converts a user's .gguf that way).
 
 The gguf package writes the file; the tensor names are the inverse of the map transformers reads
 them with, and each tensor is stored as llama.cpp stores it (Llama's q/k rows permuted for its
-rotary layout, Gemma's norms as 1 + weight), the inverse of transformers' tensor processors.
+rotary layout, Gemma's norms as 1 + weight, MoE experts' gate and up apart), the inverse of
+transformers' tensor processors.
 Float32 throughout: the round trip is exact.
 """
 
@@ -17,7 +18,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 
 # HF model_type -> GGUF architecture, for the families transformers converts and this writer lays out
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-                      "gemma3_text": "gemma3"}
+                      "gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
 TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_BYTE = 1, 3, 6
 
 
@@ -31,12 +32,14 @@ def write_gguf(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path)
         _add_sentencepiece_tokenizer(writer, tokenizer)
     else:
         _add_tokenizer(writer, tokenizer)
-    gguf_names = {hf: g for g, hf in get_gguf_hf_weights_map(model, TensorProcessor(), model_type=arch).items()}
-    embedding = model.get_input_embeddings().weight
-    for hf_name, tensor in model.state_dict().items():
-        if hf_name not in gguf_names and tensor.data_ptr() == embedding.data_ptr():
-            continue  # llama.cpp writes a tied head once, as the embedding
-        writer.add_tensor(gguf_names[hf_name], _as_stored(arch, gguf_names[hf_name], tensor.float().numpy(), config))
+    state = model.state_dict()
+    gguf_names = get_gguf_hf_weights_map(model, TENSOR_PROCESSORS.get(arch, TensorProcessor)(), model_type=arch)
+    embedding = model.get_input_embeddings().weight.data_ptr()
+    # every tensor but a tied head, which llama.cpp writes once, as the embedding
+    assert set(state) - set(gguf_names.values()) <= {n for n, t in state.items() if t.data_ptr() == embedding}
+    for gguf_name, hf_name in gguf_names.items():
+        weights = _as_stored(arch, gguf_name, state[hf_name].float().numpy(), config)
+        writer.add_tensor(gguf_name if gguf_name.endswith((".weight", ".bias")) else f"{gguf_name}.weight", weights)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -63,6 +66,9 @@ def _add_config(writer: gguf.GGUFWriter, arch: str, config) -> None:
         writer.add_value_length(head_dim)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
+    if getattr(config, "num_experts", None):
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
 
 
 def _add_sentencepiece_tokenizer(writer: gguf.GGUFWriter, tokenizer: PreTrainedTokenizerFast) -> None:
@@ -105,6 +111,11 @@ def _as_stored(arch: str, gguf_name: str, weights: np.ndarray, config) -> np.nda
             return _permute(weights, config.num_key_value_heads)
     if processor is not None and processor.__name__ == "Gemma2TensorProcessor" and "norm.weight" in gguf_name:
         return weights + 1
+    if gguf_name.endswith(("ffn_gate_exps", "ffn_up_exps")):  # HF's [experts, gate rows + up rows, hidden]
+        half = weights.shape[1] // 2
+        return weights[:, :half] if gguf_name.endswith("ffn_gate_exps") else weights[:, half:]
+    if "ffn_gate_inp_shexp" in gguf_name:  # the shared expert's gate, [1, hidden] in HF
+        return weights[0]
     return weights
 
 

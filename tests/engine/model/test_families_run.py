@@ -46,14 +46,19 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=4, moe_intermediate_size=32, **MOE)),
     "olmoe": ("OlmoeConfig", dict(num_experts=4, **MOE)),
 }
-# the families transformers converts from GGUF, as their GGUFs hold them: Qwen3's head size is not
-# in its GGUF metadata (transformers takes its default, 128); llama.cpp writes Gemma's tied head once
+# the families transformers converts from GGUF, as their GGUFs hold them: GGUF metadata has no
+# Qwen3 head size nor Qwen-MoE expert sizes (transformers takes its defaults); llama.cpp writes
+# Gemma's tied head once
+_QWEN2_MOE = transformers.Qwen2MoeConfig()
 GGUF_FAMILIES = {
     "llama": {},
     "qwen2": {},
     "qwen3": dict(head_dim=128),
     "gemma2": dict(tie_word_embeddings=True),
     "gemma3": dict(tie_word_embeddings=True),
+    "qwen2_moe": dict(moe_intermediate_size=_QWEN2_MOE.moe_intermediate_size,
+                      shared_expert_intermediate_size=_QWEN2_MOE.shared_expert_intermediate_size),
+    "qwen3_moe": dict(head_dim=128, moe_intermediate_size=transformers.Qwen3MoeConfig().moe_intermediate_size),
 }
 # a prompt of 1 byte, one shorter and one longer than the window, one past twice the window
 TEXTS = ["x", "short prompt", "a prompt longer than the window", "the longest prompt here, past twice the window"]
