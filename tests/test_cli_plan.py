@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchgen.cli import app
+from batchgen.jobs.planning import profile
 from batchgen.jobs.planning.length import LENGTH_MODEL_FILE
 
 SHARD_KEYS = {"mode", "reason", "num_rows", "predicted_output_tokens", "estimated_seconds"}
@@ -30,6 +31,12 @@ def inputs(tmp_path_factory):
     pq.write_table(pa.table({"text": [f"row {i} " + "x" * i for i in range(7)], "n": [5] * 7}), tmp / "a.parquet")
     pq.write_table(pa.table({"text": ["short", None, "a longer prompt " * 3], "n": [1, 1, 20]}), tmp / "b.parquet")
     return tmp
+
+
+@pytest.fixture(autouse=True)
+def profiles(tmp_path, monkeypatch):
+    """A calibrating plan stores its machine profile here, not in the user's cache."""
+    monkeypatch.setattr(profile, "profiles_dir", lambda: tmp_path / "profiles")
 
 
 def plan(runner, model_dir, inputs, *args):
@@ -81,7 +88,7 @@ def test_plan_text_and_forced_mode(runner, tiny_model_dir, inputs):
 
 def test_plan_uses_the_learned_lengths_of_the_output_dir(runner, tiny_model_dir, inputs, tmp_path):
     fresh = json.loads(plan(runner, tiny_model_dir, inputs, "--json", "--calibration-rows", "0").stdout)
-    assert fresh["estimated_seconds"] is None and fresh["learned_rows"] == 0
+    assert fresh["calibration"] is None and fresh["learned_rows"] == 0
     assert {s["reason"].split(":")[0] for s in fresh["shards"]} == {"mixed"}  # the prior alone
     out = tmp_path / "out"
     run = runner.invoke(app, ["run", "--input", str(inputs / "a.parquet"), "--input", str(inputs / "b.parquet"),

@@ -13,7 +13,7 @@ from batchgen.cli.options import NOT_CONFIG, config_overrides
 from batchgen.config.job import KEY_ALIASES, JobConfig, build_config, load_config_file
 from batchgen.errors import ConfigError
 
-NOT_SETTINGS = {"--config", "--help", "--calibration-rows", "--json"}  # what a command does, not the job
+NOT_SETTINGS = {"--config", "--help", "--calibrate", "--calibration-rows", "--json"}  # what a command does, not the job
 
 
 def command_options(name: str):

@@ -23,7 +23,7 @@ from batchgen.config.job import KEY_ALIASES
 # CLI parameter -> JobConfig field, where the names differ: the YAML keys' own table
 RENAMED = KEY_ALIASES
 # parameters of a command that are not job settings
-NOT_CONFIG = {"config", "calibration_rows", "as_json"}
+NOT_CONFIG = {"config", "calibrate", "calibration_rows", "as_json"}
 
 
 def config_overrides(params: dict[str, Any]) -> dict[str, Any]:

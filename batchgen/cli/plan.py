@@ -102,12 +102,17 @@ def plan(
     ray_actors: o.RayActors = None,
     ray_keep_warm: o.RayKeepWarm = None,
     workers: o.Workers = None,
-    calibration_rows: Annotated[int, typer.Option(metavar="N", rich_help_panel="Plan", help=(
-        "Rows of the first shard the calibration run generates a few tokens for (0 = no calibration, no time "
-        "estimate)."))] = 16,
+    calibrate: Annotated[bool, typer.Option("--calibrate", rich_help_panel="Plan", help=(
+        "Measure this machine: a short calibration run generates a few tokens for rows of the first shard and "
+        "stores the step costs for later plans of the same setup. Without it the time comes from the stored "
+        "profile, else the built-in CPU one (rough), and nothing is generated."))] = False,
+    calibration_rows: Annotated[int | None, typer.Option(metavar="N", rich_help_panel="Plan", help=(
+        "Rows the calibration runs on; N > 0 implies --calibrate, 0 turns it off [16]."))] = None,
     as_json: Annotated[bool, typer.Option("--json", rich_help_panel="Plan", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Dry run: shards, prompt and predicted output lengths, mode per shard and why, KV memory, time, output size.
+
+    Loads the model and tokenizes every prompt; generates nothing unless --calibrate.
 
     Takes every `run` option, so a run command pasted here plans that job; those that do not change
     the plan (sampling, commits, metrics, executor) are checked as a run checks them, then ignored."""
@@ -119,7 +124,8 @@ def plan(
 
         job_config = build_config(config, need_output=False, **overrides)
         setup_logging(quiet=True)
-        report = plan_job(job_config, calibration_rows=calibration_rows)
+        report = plan_job(job_config, calibrate=calibrate if calibration_rows is None else calibration_rows > 0,
+                          calibration_rows=calibration_rows or 16)
     if as_json:
         typer.echo(json.dumps(report))
     else:

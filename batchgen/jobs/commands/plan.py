@@ -8,9 +8,13 @@ output lengths, the mode with its reason, the KV memory needed and an estimated 
 bounded like the job's: one window of rows at a time, per-shard aggregates, and bounded samples for
 the job-wide quantiles.
 
-Estimated time comes from a short calibration run (batchgen.jobs.planning.estimate), plus the model's load,
-timed as the plan loads it (the run loads it the same way). Without a sample (no rows, or
---calibration-rows 0) there is no estimate.
+Estimated time comes from a machine profile (batchgen.jobs.planning.profile): what an engine step costs
+here, as overhead + seconds per token, applied to each shard's predicted work, plus the model's
+load, timed as the plan loads it (the run loads it the same way). `calibrate=True` measures the
+profile with a short calibration run (batchgen.jobs.planning.estimate) and stores it; otherwise the
+plan reads the stored one, else scales the built-in CPU one, and generates nothing: it costs the
+model's load and the prompts' tokenization. The engine is sized as the run sizes its first one (a
+small job's KV cache for its rows' needs), so the plan's batch sizes are the run's.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from batchgen.config.choices import Policy
 from batchgen.config.job import JobConfig
-from batchgen.io.manifest.manifest import is_job_dir, load_manifest
+from batchgen.io.manifest.manifest import ManifestState, is_job_dir, load_manifest
 from batchgen.io.store.factory import open_store
 from batchgen.jobs.durability.prompt_check import prompts_unchanged
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts
 from batchgen.jobs.pipeline.empty_input import input_is_empty
-from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job
+from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job, seq_token_needs
 from batchgen.jobs.pipeline.summary import plural
 from batchgen.jobs.planning.output_size import OutputSize, text_bytes_per_token
 from batchgen.jobs.sharding.split import shard_output_dir
@@ -37,7 +41,8 @@ if TYPE_CHECKING:
     from batchgen.engine.model.loader import LoadedModel
 
 
-def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibration_rows: int = 16) -> dict[str, Any]:
+def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate: bool = False,
+             calibration_rows: int = 16) -> dict[str, Any]:
     """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
     check_room_for_prompts(config)  # as a run checks it: from the model's files, before any load
     inputs = open_inputs(config, need_output=False)
@@ -61,7 +66,9 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     keep_torchao_out(config)  # before transformers loads: no torchao for a plan that does not quantize
     from batchgen.engine.model.loader import load_model
     from batchgen.jobs.pipeline.core import build_engine
-    from batchgen.jobs.planning.estimate import Tally, calibrate, kv_bytes, window_seconds, window_work
+    from batchgen.jobs.planning.estimate import Tally, kv_bytes, window_seconds, window_work
+    from batchgen.jobs.planning.estimate import calibrate as run_calibration
+    from batchgen.jobs.planning.profile import Profile, load_profile, store_profile
 
     load_s = None  # a model handed in (tests) was loaded by someone else: no load time measured
     if loaded is None:
@@ -70,7 +77,10 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
                             trust_remote_code=config.trust_remote_code, quantize=config.quantize,
                             quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
         load_s = time.perf_counter() - started
-    engine = build_engine(config, loaded)
+    # the run's first engine: a small job's KV cache sized for its rows (jobs/executors/local.py)
+    needs = seq_token_needs(config, inputs, loaded, resume or ResumeRule(ManifestState(), config.retry_errors,
+                                                                          check_prompts))
+    engine = build_engine(config, loaded, seq_token_needs=needs)
     job = prepare_job(config, inputs, loaded, engine, out_dir=out_dir, state=state)
     planner, block_size = job.planner, engine.block_size
     bytes_per_token = engine.kv_cache.spec.bytes_per_token  # of one pool block (kv/groups.py: one page per tensor pair)
@@ -84,7 +94,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
     sample: list[list[int]] = []
     size = OutputSize([f.name for f in inputs.source.passthrough_fields])
     for plan in planner.plans(job.rows(on_error=lambda row, message: size.add(row.row_id, row.values))):
-        if not sample and calibration_rows > 0:
+        if not sample and calibrate and calibration_rows > 0:
             step = max(1, plan.num_rows // calibration_rows)  # spread over the shard, not its longest rows
             sample = [r.prompt_token_ids for r in plan.rows[::step][:calibration_rows]]
         for r in plan.rows:
@@ -99,14 +109,23 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
         shards.append(entry)
         work.append(window_work(plan, budget))
 
-    calibration = calibrate(engine, sample) if sample else None
-    total_s = (load_s or 0.0) if calibration else None
+    setup = {"model": loaded.name, "revision": loaded.revision, "device": str(loaded.device),
+             "dtype": str(loaded.dtype), "quantization": loaded.quantization, "kv_cache_dtype": config.kv_cache_dtype,
+             "attention": type(engine.backend).__name__}
+    calibration = run_calibration(engine, sample) if sample else None
+    if calibration is not None:
+        store_profile(setup, calibration)
+        profile: Profile | None = Profile(calibration, "calibrated")
+    else:
+        profile = load_profile(setup, device_type=loaded.device.type,
+                               num_weights=sum(p.numel() for p in loaded.model.parameters()))
+    total_s = (load_s or 0.0) if profile is not None and shards else None
     for entry, w in zip(shards, work, strict=True):
-        if calibration is None:
+        if total_s is None:
             entry["estimated_seconds"] = None
             entry["estimates"] = None
             continue
-        estimates = window_seconds(calibration, w, entry["batch_size"], budget)
+        estimates = window_seconds(profile.calibration, w, entry["batch_size"], budget)
         entry["estimates"] = estimates
         entry["estimated_seconds"] = estimates[entry["mode"]]
         total_s += estimates[entry["mode"]]
@@ -130,6 +149,10 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibratio
             "num_rows": calibration.num_rows, "num_steps": calibration.num_steps,
             "step_overhead_ms": round(1000 * calibration.step_overhead_s, 3),
             "ms_per_token": round(1000 * calibration.seconds_per_token, 5)},
+        "profile": None if profile is None else {
+            "source": profile.source, "description": profile.describe(),
+            "step_overhead_ms": round(1000 * profile.calibration.step_overhead_s, 3),
+            "ms_per_token": round(1000 * profile.calibration.seconds_per_token, 5)},
         "model_load_seconds": None if load_s is None else round(load_s, 3),
         "estimated_seconds": None if total_s is None else round(total_s, 3),  # the model's load included
         "output_size": size.describe(p50_tally.total, text_bytes_per_token(loaded.tokenizer, sample)),
@@ -165,13 +188,18 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     if report["shards"]:
         first = report["shards"][0]
         lines.append(f"batch (first shard): {first['batch_size_reason']}")
-    cal = report["calibration"]
-    if cal is None:
-        lines.append("estimated time: none (no calibration run)")
-    else:
+    cal, profile = report["calibration"], report["profile"]
+    if cal is not None:
         lines.append(f"calibration: {cal['num_steps']} steps on {cal['num_rows']} rows: a step costs "
                      f"{cal['step_overhead_ms']} ms + {cal['ms_per_token']} ms per token; estimated time "
                      f"{report['estimated_seconds']:.1f} s{_load_part(report)}")
+    elif profile is None:
+        lines.append("estimated time: none (no machine profile for this device yet: --calibrate measures and "
+                     "stores one)")
+    elif report["estimated_seconds"] is not None:
+        lines.append(f"estimated time {report['estimated_seconds']:.1f} s{_load_part(report)}: a step costs "
+                     f"{profile['step_overhead_ms']} ms + {profile['ms_per_token']} ms per token, from "
+                     f"{profile['description']}")
     lines.append(f"{'shard':>5} {'rows':>7} {'mode':<10} {'est s':>9} {'occupancy':>9}  source (first row): reason")
     for s in report["shards"]:
         est = "-" if s["estimated_seconds"] is None else f"{s['estimated_seconds']:.1f}"
