@@ -3,8 +3,9 @@
 A scheduled job's partition may be empty (a 0-byte file, JSON Lines without a record, a Parquet
 file of 0 rows). That is a normal day, not a mistake: the run loads no model, writes its summary
 and `_SUCCESS`, and exits 0. A job that must never find its input empty says so with
---no-allow-empty-input, and exits 2 instead. One shard of a sharded job may get an empty share of
-a job that has rows; that is never an error, so the flag looks at the whole job's input.
+--no-allow-empty-input, and exits 2 instead. A shard of a sharded job whose share is empty while
+the job has rows is not an empty input: it runs as any shard does, so that its fingerprint names the
+model as its sibling shards' do (finalize compares them).
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ log = logging.getLogger("batchgen")
 
 
 def input_is_empty(config: JobConfig, inputs: JobInputs) -> bool:
-    """Whether this run has no row to read (logged once); raises InputError (exit 2) under
-    --no-allow-empty-input when the job's whole input is empty."""
+    """Whether the job's input holds no rows (logged once): the run then loads no model. Raises
+    InputError (exit 2) under --no-allow-empty-input."""
     if inputs.scan.num_rows:
         return False
     source = inputs.source
-    job_files = [shard for shard, _ in source.job_files] if source.job_files is not None else source.shards
-    files = plural(len(source.shards), "input file")
-    if not config.allow_empty_input and all(holds_no_rows(shard) for shard in job_files):
+    job_files = source.shards
+    if source.job_files is not None:  # a shard of a sharded job: is the whole job's input empty?
+        job_files = [shard for shard, _ in source.job_files]
+        if not all(holds_no_rows(shard) for shard in job_files):
+            return False
+    files = plural(len(job_files), "input file")
+    if not config.allow_empty_input:
         raise InputError(f"the input holds no rows ({files}, every one empty) and --no-allow-empty-input "
                          "is set; drop it to finish an empty input with exit 0 and _SUCCESS")
-    share = " (this shard's share)" if source.job_files is not None else ""
-    log.info("the input%s holds no rows (%s): nothing to generate, no model loaded", share, files)
+    log.info("the input holds no rows (%s): nothing to generate, no model loaded", files)
     return True

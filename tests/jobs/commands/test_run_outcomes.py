@@ -14,6 +14,7 @@ from batchgen.engine.model import loader
 from batchgen.engine.model.context_length import context_tokens_from_files
 from batchgen.errors import ConfigError, ErrorRateExceeded, InputError
 from batchgen.io.manifest.manifest import load_manifest
+from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.plan import plan_job
 from batchgen.jobs.commands.run import SUMMARY_FILE, run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
@@ -106,3 +107,13 @@ def test_an_empty_file_beside_others_adds_no_rows(tiny_model_dir, loaded, tmp_pa
     empty.write_bytes(b"")
     summary = run_job(job([src, empty], tmp_path / "out", tiny_model_dir, allow_empty_input=False), loaded=loaded)
     assert summary.complete and summary.output_rows == 2 and not summary.empty_input
+
+
+def test_a_sharded_job_over_an_empty_input_finalizes_without_a_model(tiny_model_dir, tmp_path, no_model_load):
+    """Every shard of an empty job answers as the whole job would (no model) and finalize takes them; a
+    shard whose share alone is empty runs as any shard (tests/jobs/executors/test_workers.py)."""
+    src = _empty_inputs(tmp_path)["0-row Parquet"]
+    out = tmp_path / "out"
+    for index in range(2):
+        assert run_job(job(src, out, tiny_model_dir, num_shards=2, shard_index=index)).empty_input
+    assert finalize_output(out)["rows"] == 0 and (out / "_SUCCESS").exists()
