@@ -9,14 +9,16 @@ prediction of what is left:
 
 A step's prompt tokens are its batched tokens at prompt positions (StepStats.num_prompt_tokens); its
 output tokens are the tokens it sampled, each the work of one sequence in the batch. Prompt tokens
-found in the prefix cache are done without being computed. The two costs come from a least-squares
-fit of a step's time on the two counts over every step so far, older steps weighing less (a batch
-shrinks at a job's tail, which changes what a token costs). A step's time is the wall time since the
-previous step ended, not the engine's step alone: the job's own work between steps (finished rows,
-commits, admitting requests) is time the rest of the job will spend too. When the steps cannot tell
-the two apart (only prefill so far, or counts in a fixed ratio) or the fit says one kind is free,
-both are priced at the pooled cost: step time over all tokens. Wrong by a constant factor at worst,
-never by hours.
+found in the prefix cache are done without being computed. An output token costs what the
+decode-only steps took per token they sampled; a prompt token, what the steps with prompt tokens
+took per prompt token once their output tokens are paid at that price. Until a decode-only step has
+run (a prefill-heavy job's first minutes), both are priced at the pooled cost, step time over all
+tokens: a fit of step time on both counts would be asked to price a handful of output tokens riding
+along with thousands of prompt tokens, and it turns the steps' noise into output tokens that cost
+twenty times a prompt token. Older steps weigh less (a batch shrinks at a job's tail, which changes
+what a token costs). A step's time is the wall time since the previous step ended, not the engine's
+step alone: the job's own work between steps (finished rows, commits, admitting requests) is time
+the rest of the job will spend too.
 
 The rates shown beside it (tokens/s) are over the last RATE_WINDOW_S seconds of steps.
 """
@@ -33,7 +35,6 @@ from batchgen.engine.metrics import StepStats
 
 RATE_WINDOW_S = 60  # tokens/s are taken over the last minute of steps
 COST_HALF_LIFE_S = 120.0  # a step this long ago weighs half in the cost fit
-COLLINEAR_RATIO = 1e-6  # a fit's determinant below this share of its diagonal's product: no fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +72,9 @@ class WorkMeter:
         self._recent: collections.deque[tuple[float, int, int]] = collections.deque()  # (end, prompt, output)
         self._first_step_start: float | None = None
         self._last_step_end: float | None = None
-        # decayed sums of the fit: [P*P, P*D, D*D, P*t, D*t, P, D, t]
-        self._sums = [0.0] * 8
+        # decayed sums: steps with prompt tokens (seconds, prompt, output), decode-only steps (seconds, output)
+        self._sums = [0.0] * 5
+        self._first_step: tuple[float, int, int] | None = None  # (seconds, prompt, output)
 
     def on_step(self, stats: StepStats) -> None:
         end = self.clock()
@@ -86,9 +88,18 @@ class WorkMeter:
                 decay = 0.5 ** ((end - self._last_step_end) / self.cost_half_life_s)
                 self._sums = [s * decay for s in self._sums]
             self._last_step_end = end
-            p, d = float(prompt), float(output)
-            for i, value in enumerate((p * p, p * d, d * d, p * seconds, d * seconds, p, d, seconds)):
-                self._sums[i] += value
+            if self._first_step is None:
+                self._first_step = (seconds, prompt, output)  # kept apart: see costs()
+                sums = [0.0] * 5
+            else:
+                sums = self._sums
+            if prompt:
+                sums[0] += seconds
+                sums[1] += prompt
+                sums[2] += output
+            else:
+                sums[3] += seconds
+                sums[4] += output
             self.num_prompt_tokens_done += prompt + stats.num_prefix_hit_tokens
             self.num_output_tokens_done += output
             self._recent.append((end, prompt, output))
@@ -96,17 +107,23 @@ class WorkMeter:
     def costs(self) -> tuple[float, float] | None:
         """(seconds per prompt token, seconds per output token); None before any step with tokens."""
         with self._lock:
-            pp, pd, dd, pt, dt, p, d, t = self._sums
-        if p + d <= 0:
-            return None
-        pooled = t / (p + d)
-        det = pp * dd - pd * pd
-        if pp <= 0 or dd <= 0 or det <= COLLINEAR_RATIO * pp * dd:
+            prefill_s, prompt, prefill_output, decode_s, decode_output = self._sums
+            first = self._first_step
+        tokens = prompt + prefill_output + decode_output
+        if tokens <= 0:
+            # an engine's first step carries one-time work (kernels chosen and built, memory first
+            # touched): it prices the work only until a second step has run
+            if first is None or first[1] + first[2] <= 0:
+                return None
+            pooled = first[0] / (first[1] + first[2])
             return pooled, pooled
-        prompt_cost = (pt * dd - dt * pd) / det
-        output_cost = (dt * pp - pt * pd) / det
-        if prompt_cost <= 0 or output_cost <= 0:
-            return pooled, pooled
+        pooled = (prefill_s + decode_s) / tokens
+        output_cost = decode_s / decode_output if decode_output > 0 else pooled
+        if prompt <= 0:
+            return pooled, output_cost
+        prompt_cost = (prefill_s - output_cost * prefill_output) / prompt
+        if prompt_cost <= 0:  # decode-only steps cost more per token than the mixed ones: pool those
+            prompt_cost = prefill_s / (prompt + prefill_output)
         return prompt_cost, output_cost
 
     def rates(self, now: float) -> tuple[float | None, float | None]:

@@ -61,8 +61,10 @@ class _RowsBar(tqdm):
     """tqdm's bar with our remaining time and token rates: tqdm's own remaining is finished rows
     over their rate, which reads hours while the first rows' prompts are prefilled."""
 
-    left = "?"
-    stats = ""
+    def __init__(self, *args, stats: str, **kwargs):
+        self.left = "?"
+        self.stats = stats  # before tqdm's first draw, which its __init__ makes
+        super().__init__(*args, **kwargs)
 
     @property
     def format_dict(self):
@@ -85,7 +87,8 @@ class Progress:
         self._redirect = contextlib.ExitStack()
         if not quiet and terminal_columns(stream):
             self._bar = _RowsBar(total=total_rows, unit="row", dynamic_ncols=True, file=stream,
-                                 bar_format=BAR_FORMAT if total_rows else BAR_FORMAT_NO_TOTAL)
+                                 bar_format=BAR_FORMAT if total_rows else BAR_FORMAT_NO_TOTAL,
+                                 stats=self._stats(WorkEstimate(0, 0, None, None, None)))
             # log records go through tqdm.write: the bar is cleared, the line printed, the bar redrawn
             self._redirect.enter_context(logging_redirect_tqdm(loggers=[logging.getLogger()]))
         self._stop = threading.Event()
