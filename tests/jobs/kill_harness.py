@@ -1,7 +1,7 @@
 """The kill -9 harness: a `batchgen run` subprocess SIGKILLed at random moments, checked, resumed.
 
 A tiny random-weight Llama (tests/tiny.py) and an input of `num_rows` prompts with an id column
-are built in a directory; an uninterrupted greedy run gives the reference output. `kill_cycle`
+(a fifth of them copies of another row's prompt) are built in a directory; an uninterrupted greedy run gives the reference output. `kill_cycle`
 starts the job as `python -m batchgen run ...` with --commit-every 8 and SIGKILLs it after a
 random delay once it holds the output directory's lock (so the kill lands anywhere from model
 loading through streaming and committing), up to `kills` times. After every kill: every part the
@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -66,6 +67,14 @@ def make_fixture(directory: Path, num_rows: int = 240) -> Fixture:
     save_tiny_model_dir(model_dir)
     src = write_random_texts(directory / "in.parquet", num_rows, seed=0, max_chars=40, alphabet="abcdefgh ijklmnop",
                              row_group_size=64)
+    # every fifth row repeats the prompt of a row 3 or 50 before it (--dedup serves it from that row's
+    # run): a kill lands between the commits of a prompt's copies too
+    table = pq.read_table(src)
+    texts = table.column("text").to_pylist()
+    for i in range(4, num_rows, 5):
+        texts[i] = texts[i - 3] if i % 2 else texts[max(i - 50, 0)]
+    pq.write_table(table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts)), src,
+                   row_group_size=64)
     return Fixture(model_dir, src, num_rows)
 
 
