@@ -1,12 +1,12 @@
 """The kill -9 harness: a `batchgen run` subprocess SIGKILLed at random moments, checked, resumed.
 
-A tiny random-weight Llama (tests/tiny.py) and an input of `num_rows` prompts with an id column
-(a fifth of them copies of another row's prompt) are built in a directory; an uninterrupted greedy run gives the reference output. `kill_cycle`
-starts the job as `python -m batchgen run ...` with --commit-every 8 and SIGKILLs it after a
-random delay once it holds the output directory's lock (so the kill lands anywhere from model
-loading through streaming and committing), up to `kills` times. After every kill: every part the
-manifest lists is readable and matches its checksum, no id is visible twice, and no row committed
-before the kill is missing after it ("rows lost").
+A tiny random-weight Llama (tests/tiny.py) and an input of `num_rows` prompts with an id column (a
+fifth of them copies of another row's prompt) are built in a directory; an uninterrupted greedy run
+gives the reference output. `kill_cycle` starts the job as `python -m batchgen run ...` with
+--commit-every 8 and SIGKILLs it after a random delay once it holds the output directory's lock (so
+the kill lands anywhere from model loading through streaming and committing), up to `kills` times.
+After every kill: every part the manifest lists is readable and matches its checksum, no id is
+visible twice, and no row committed before the kill is missing after it ("rows lost").
 
 tests/jobs/test_kill.py runs it for a few seeds; benchmarks/soak_kill.py for 100+.
 """
