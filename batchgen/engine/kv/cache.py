@@ -15,6 +15,7 @@ import torch
 
 from batchgen.engine.attention.paged import ATTN_IMPLEMENTATION
 from batchgen.engine.kv import quant as kv_quant
+from batchgen.engine.model.load_attention import load_attention
 
 log = logging.getLogger(__name__)
 
@@ -117,13 +118,15 @@ def profile_activation_bytes(model, num_tokens: int, num_seqs: int) -> int:
     """Peak activation memory of one full-budget step, so the KV cache leaves room for it.
 
     Runs the model once on `num_tokens` dummy tokens with plain SDPA attention (whose memory is
-    close to ours) and `num_seqs` logits rows, then restores our attention function.
+    close to ours) and `num_seqs` logits rows, then restores our attention function. A class that
+    refuses SDPA (Gemma 2, gpt-oss) runs eager, whose score matrix over-counts: a smaller cache,
+    never an out-of-memory step.
     """
     device = next(model.parameters()).device
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(load_attention(model.config) or "sdpa")
     try:
         with torch.inference_mode():
             ids = torch.zeros((1, num_tokens), dtype=torch.long, device=device)
