@@ -46,7 +46,7 @@ from batchgen.jobs.pipeline.signals import SignalGuard
 def planned_rows(src):
     from batchgen.jobs.planning.length import LengthPredictor
     from batchgen.jobs.planning.planner import Planner, prepare_row
-    from batchgen.jobs.pipeline.prompts import PromptBuilder
+    from batchgen.jobs.prompting.prompts import PromptBuilder
     from batchgen.jobs.pipeline.rows import RowSource
     from tests.tiny import make_tokenizer
 

@@ -11,7 +11,7 @@ import pytest
 from batchgen.config.job import build_config
 from batchgen.errors import ConfigError, FingerprintMismatch
 from batchgen.jobs.commands.run import run_job
-from batchgen.jobs.pipeline.prompts import PromptBuilder, Template
+from batchgen.jobs.prompting.prompts import PromptBuilder, Template
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}: {{ m['content'] }}]{% endfor %}"

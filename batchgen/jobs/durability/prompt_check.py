@@ -25,8 +25,8 @@ from batchgen.config.job import JobConfig
 from batchgen.errors import BatchgenError
 from batchgen.io.manifest.manifest import ManifestState
 from batchgen.jobs.durability.resume import ResumeRule
-from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError
 from batchgen.jobs.planning.planner import prepare_row
+from batchgen.jobs.prompting.prompts import PromptBuilder, RowError
 
 if TYPE_CHECKING:
     from batchgen.jobs.pipeline.prepare import JobInputs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from batchgen.io.inputs.openai_batch import api_error
-from batchgen.jobs.pipeline.prompts import RowError
+from batchgen.jobs.prompting.prompts import RowError
 
 
 class RequestError(RowError):

@@ -40,10 +40,10 @@ from batchgen.config.token_controls import read_logit_bias, read_token_ids
 from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL
 from batchgen.jobs.openai.request_error import RequestError
 from batchgen.jobs.openai.response_format import response_format_constraint
-from batchgen.jobs.pipeline.chat_rows import MESSAGE_ROLES
-from batchgen.jobs.pipeline.prompts import PromptBuilder
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.prompting.chat_rows import MESSAGE_ROLES
+from batchgen.jobs.prompting.prompts import PromptBuilder
 
 URLS = (CHAT_URL, COMPLETIONS_URL)
 MAX_STOP_STRINGS = 4  # the API's limit

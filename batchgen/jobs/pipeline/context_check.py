@@ -1,6 +1,6 @@
 """What the model's context rules out, checked before the model loads (run and plan alike).
 
-A row's prompt gets the model's context minus its max_new_tokens (batchgen.jobs.pipeline.prompts):
+A row's prompt gets the model's context minus its max_new_tokens (batchgen.jobs.prompting.prompts):
 a job-wide --max-new-tokens that fills the whole context leaves no room for any prompt, so every
 row would load the model only to become an error row. The context length comes from the model's
 files (batchgen.engine.model.context_length); where they cannot tell it, the prompt builder's own

@@ -25,8 +25,8 @@ from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.engine.request import Completion, FinishReason
 from batchgen.jobs.openai.request_error import RequestError
 from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.pipeline.template import RowError
 from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.prompting.template import RowError
 
 
 def row_constraint(row: InputRow, config: JobConfig) -> Constraint | None:

@@ -15,7 +15,7 @@ from batchgen.config.choices import MAX_SAMPLES
 from batchgen.config.job import JobConfig, check_penalties
 from batchgen.config.rules import TOP_K_OFF
 from batchgen.config.token_controls import as_params, read_logit_bias, read_token_ids
-from batchgen.jobs.pipeline.prompts import RowError
+from batchgen.jobs.prompting.prompts import RowError
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
                  "min_tokens", "min_p", "logit_bias", "allowed_token_ids", "n")

@@ -30,8 +30,8 @@ from batchgen.io.inputs.cells import invalid_cells, json_cells
 from batchgen.io.inputs.discovery import InputShard, resolve_inputs
 from batchgen.io.inputs.readers import holds_no_rows, iter_batches, read_schema
 from batchgen.io.store.schema import JSON_VALID, LOGPROBS, OUTPUT_FIXED_FIELDS
-from batchgen.jobs.pipeline.chat_rows import is_conversation
-from batchgen.jobs.pipeline.prompts import Template
+from batchgen.jobs.prompting.chat_rows import is_conversation
+from batchgen.jobs.prompting.prompts import Template
 from batchgen.jobs.sharding.split import split_inputs
 
 # the columns of an OpenAI Batch API request file, read without --input-format openai-batch
@@ -47,7 +47,7 @@ class InputRow:
     values: dict[str, Any]  # the columns read (template, max-tokens and passthrough columns)
     error: str | None = None  # a cell did not hold valid text (read with U+FFFD): an error row
     # the prompt column's conversation, where it holds chat messages and no --template is set
-    # (batchgen.jobs.pipeline.chat_rows): the prompt is built from these, not from the template
+    # (batchgen.jobs.prompting.chat_rows): the prompt is built from these, not from the template
     messages: list[dict[str, Any]] | None = None
 
 
@@ -197,8 +197,8 @@ class RowChunk:
         """(error, conversation) of a row whose template column holds no text: a Parquet list,
         struct, map or bytes cell, or a JSON Lines array or object (held as its JSON text,
         batchgen.io.inputs.jsonl), is an error, but for chat messages in the prompt column with no
-        --template, which are the row's conversation (batchgen.jobs.pipeline.chat_rows), in either format.
-        Numbers are text to the template (batchgen.jobs.pipeline.template), in either format."""
+        --template, which are the row's conversation (batchgen.jobs.prompting.chat_rows), in either format.
+        Numbers are text to the template (batchgen.jobs.prompting.template), in either format."""
         template = self.template
         assert template is not None
         messages = None

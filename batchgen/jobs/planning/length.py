@@ -37,8 +37,8 @@ from typing import Any
 from batchgen.errors import OutputError
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import LocalStore, OutputStore
-from batchgen.jobs.pipeline.prompts import parse_count
 from batchgen.jobs.planning.stats import Reservoir, spearman
+from batchgen.jobs.prompting.prompts import parse_count
 
 log = logging.getLogger("batchgen")
 

@@ -49,14 +49,14 @@ from batchgen.config.constraint import Constraint
 from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.engine.scheduler.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.openai.requests import prepare_request_row
-from batchgen.jobs.pipeline.chat_rows import conversation_token_ids
-from batchgen.jobs.pipeline.prompts import PromptBuilder, row_max_new_tokens
 from batchgen.jobs.pipeline.row_constraint import check_compiles, row_constraint
 from batchgen.jobs.pipeline.row_sampling import row_sampling
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor, parse_known_length
 from batchgen.jobs.planning.planned_row import PlannedRow, num_samples, row_settings_key
 from batchgen.jobs.planning.stats import ceil_div, distribution
+from batchgen.jobs.prompting.chat_rows import conversation_token_ids
+from batchgen.jobs.prompting.prompts import PromptBuilder, row_max_new_tokens
 
 
 def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig, *,
@@ -79,7 +79,7 @@ def _prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> Pl
         if config.length_column else None
     sampling = row_sampling(row.values, config.sampling_column)
     constraint = row_constraint(row, config)
-    if row.messages is not None:  # a chat dataset's conversation (batchgen.jobs.pipeline.chat_rows)
+    if row.messages is not None:  # a chat dataset's conversation (batchgen.jobs.prompting.chat_rows)
         ids = conversation_token_ids(row.messages, builder, column=config.prompt_column, system=config.system,
                                      max_new_tokens=max_new)
         return PlannedRow(row, ids, max_new, 0, known, sampling=sampling, constraint=constraint,

@@ -160,7 +160,7 @@ def test_numbers_in_a_prompt_column_are_text_in_either_format(tmp_path):
     (decimals used to be an error row: 'holds a Decimal, not text')."""
     from decimal import Decimal
 
-    from batchgen.jobs.pipeline.template import Template
+    from batchgen.jobs.prompting.template import Template
 
     jsonl = _jsonl(tmp_path / "a.jsonl", [{"text": 12345}, {"text": 7}])
     ints = _parquet(tmp_path / "i.parquet", text=pa.array([12345, 7], pa.int64()))

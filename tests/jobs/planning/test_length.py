@@ -10,7 +10,6 @@ import random
 
 import pytest
 
-from batchgen.jobs.pipeline.prompts import RowError
 from batchgen.jobs.planning import length
 from batchgen.jobs.planning.length import (
     BIN_SAMPLES,
@@ -23,6 +22,7 @@ from batchgen.jobs.planning.length import (
     prompt_bin,
     spearman,
 )
+from batchgen.jobs.prompting.prompts import RowError
 
 MAX_NEW = 256
 KEY = {"model": "m", "template": None}

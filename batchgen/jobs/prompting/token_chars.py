@@ -1,7 +1,7 @@
 """The most characters of input text one token of a tokenizer can stand for, read from its definition.
 
 A prompt whose document has more than that many characters per token it may hold cannot fit, so the
-prompt builder (batchgen.jobs.pipeline.prompts) cuts such a document to a prefix before tokenizing it:
+prompt builder (batchgen.jobs.prompting.prompts) cuts such a document to a prefix before tokenizing it:
 tokenizing a whole 24 MB cell, then again with character offsets, cost gigabytes for a prompt of a
 few hundred tokens. The bound must hold for every text, or a prompt that fits would be cut, so it is
 given only where the tokenizer's definition proves it:

@@ -1,6 +1,6 @@
 """One input row -> prompt token ids for the engine, or a RowError for that row alone.
 
-The row's text comes from its Template (batchgen.jobs.pipeline.template: `{column}` placeholders, never
+The row's text comes from its Template (batchgen.jobs.prompting.template: `{column}` placeholders, never
 str.format or Jinja). The model's own chat template (Jinja, from the tokenizer) only ever receives row text as a message
 content string.
 
@@ -22,9 +22,9 @@ from typing import Any
 from batchgen.config.job import LONG_PROMPT_POLICIES, JobConfig
 from batchgen.config.text_settings import chat_template_text
 from batchgen.errors import ConfigError
-from batchgen.jobs.pipeline.template import RowError, Template
-from batchgen.jobs.pipeline.token_chars import max_chars_per_token
 from batchgen.jobs.planning.stats import ceil_div
+from batchgen.jobs.prompting.template import RowError, Template
+from batchgen.jobs.prompting.token_chars import max_chars_per_token
 
 __all__ = ["BuiltPrompt", "PromptBuilder", "RowError", "Template", "parse_count", "row_max_new_tokens"]
 
@@ -118,7 +118,7 @@ class PromptBuilder:
         """The document's first characters where the whole of it cannot fit, else None.
 
         More than `max_chars_per_token` x (max_prompt_tokens + 1) characters need more tokens than fit
-        (batchgen.jobs.pipeline.token_chars), so such a prompt is cut whatever its tokens. Twice that
+        (batchgen.jobs.prompting.token_chars), so such a prompt is cut whatever its tokens. Twice that
         is kept: a cut to fit keeps at most max_prompt_tokens tokens of the document, far before
         the prefix's end, where the prefix's tokens are the whole document's."""
         if len(text) <= max_prompt_tokens:  # too short to be cut: skip reading the tokenizer's bound

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError
+from batchgen.jobs.prompting.prompts import PromptBuilder, RowError
 
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from batchgen.jobs.pipeline.prompts import PromptBuilder, RowError, Template
-from batchgen.jobs.pipeline.token_chars import max_chars_per_token
+from batchgen.jobs.prompting.prompts import PromptBuilder, RowError, Template
+from batchgen.jobs.prompting.token_chars import max_chars_per_token
 from tests.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, make_tokenizer
 
 CORPUS = ["the cat sat on the mat; der Hund läuft über die Straße. 数据 123456 --- ####   \n\n" * 3,

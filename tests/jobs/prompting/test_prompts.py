@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen.errors import ConfigError
-from batchgen.jobs.pipeline.prompts import BuiltPrompt, PromptBuilder, RowError, Template, row_max_new_tokens
+from batchgen.jobs.prompting.prompts import BuiltPrompt, PromptBuilder, RowError, Template, row_max_new_tokens
 from tests.tiny import make_tokenizer
 
 CHAT_HEAD = "<|im_start|>user\n"

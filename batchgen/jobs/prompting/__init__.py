@@ -1,0 +1,1 @@
+"""Prompt construction: a row's text (template, chat template, special tokens) to the token ids it runs."""
