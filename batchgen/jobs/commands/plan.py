@@ -94,9 +94,10 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
     sample: list[list[int]] = []
     size = OutputSize([f.name for f in inputs.source.passthrough_fields])
     for plan in planner.plans(job.rows(on_error=lambda row, message: size.add(row.row_id, row.values))):
-        if not sample and calibrate and calibration_rows > 0:
-            step = max(1, plan.num_rows // calibration_rows)  # spread over the shard, not its longest rows
-            sample = [r.prompt_token_ids for r in plan.rows[::step][:calibration_rows]]
+        if not sample:  # the calibration's prompts, and the text's bytes per token either way
+            num_sample_rows = calibration_rows if calibrate and calibration_rows > 0 else 16
+            step = max(1, plan.num_rows // num_sample_rows)  # spread over the shard, not its longest rows
+            sample = [r.prompt_token_ids for r in plan.rows[::step][:num_sample_rows]]
         for r in plan.rows:
             # a row with n samples writes n output rows, each with its own text
             size.add(r.row.row_id, r.row.values, copies=r.num_samples)
@@ -112,7 +113,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
     setup = {"model": loaded.name, "revision": loaded.revision, "device": str(loaded.device),
              "dtype": str(loaded.dtype), "quantization": loaded.quantization, "kv_cache_dtype": config.kv_cache_dtype,
              "attention": type(engine.backend).__name__}
-    calibration = run_calibration(engine, sample) if sample else None
+    calibration = run_calibration(engine, sample) if sample and calibrate and calibration_rows > 0 else None
     if calibration is not None:
         store_profile(setup, calibration)
         profile: Profile | None = Profile(calibration, "calibrated")
