@@ -29,9 +29,10 @@ MAX_CACHED_TOKENS = 1 << 20
 
 
 def duplicate_key(request: Request, explicit_seed: bool) -> bytes | None:
-    """The key under which rows give the same output, or None for a row that must run itself."""
+    """The key under which rows give the same output, or None for a row that must run itself. A
+    row continuing its own checkpointed tokens is never offered (JobCore.window_requests)."""
     sampling = request.sampling
-    if sampling.n != 1 or request.continuation is not None:
+    if sampling.n != 1:
         return None
     greedy = sampling.temperature == 0.0
     if not greedy and not explicit_seed:  # its seed derives from its row id: its own draw
