@@ -12,7 +12,7 @@ import pytest
 
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.jobs.commands.run import run_job
-from batchgen.jobs.pipeline.duplicates import DuplicatePrompts, duplicate_key
+from batchgen.jobs.planning.duplicates import DuplicatePrompts, duplicate_key
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 DISTINCT = ["the cat sat on the mat", "a b c d e f g", "hello there, how are you", "one two three four five six"]
