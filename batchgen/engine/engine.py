@@ -33,7 +33,7 @@ from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
 from batchgen.engine.sampling.grammar import GrammarMasks, mask_threads
 from batchgen.engine.sampling.stopping import StopChecker
-from batchgen.engine.scheduler import sizing
+from batchgen.engine.scheduler import samples, sizing
 from batchgen.engine.scheduler.scheduler import Scheduler
 from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
 from batchgen.errors import EngineError
@@ -118,7 +118,7 @@ class LLMEngine:
             log.debug("CPU: %d compute threads, OpenMP %s", torch.get_num_threads(), omp.choice_reason)
         self._seq_ids = itertools.count()
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
-        self._prompt_leaders: dict[str, Sequence] = {}  # request id -> its samples' leader (sampling.n > 1)
+        self._prompt_leaders: dict[str, Sequence] = {}  # request id -> its first sequence still here
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
         self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
 
@@ -211,13 +211,15 @@ class LLMEngine:
             if reason is not None:
                 self._finished_on_admission.append(self._finish(seq, reason))
                 return
-        if request.sampling.n > 1:
-            # the first sample of a request still here leads: the others take its prompt blocks
-            leader = self._prompt_leaders.get(request.request_id)
-            if leader is None or leader.status is SequenceStatus.FINISHED:
-                self._prompt_leaders[request.request_id] = seq
-            else:
-                seq.prompt_leader = leader
+        # the first sample of a request still here leads: the others take its prompt blocks; a first
+        # sample takes its prefix leader's blocks of their common prefix (scheduler/samples.py)
+        leader = self._prompt_leaders.get(request.request_id) if request.sampling.n > 1 else None
+        if leader is None or leader.status is SequenceStatus.FINISHED:
+            self._prompt_leaders[request.request_id] = seq
+            if request.prefix_leader_id is not None and self.block_manager.forks_samples:
+                samples.follow_prefix(seq, self._prompt_leaders.get(request.prefix_leader_id), self.block_size)
+        else:
+            seq.prompt_leader = leader
         self.scheduler.add(seq)
 
     def in_flight(self) -> list[tuple[Request, Continuation]]:

@@ -117,6 +117,9 @@ class Request:
     # k alone (a continued sample, or one a resumed job still lacks), whose draws are those it has
     # within the whole request
     sample_index: int | None = None
+    # an earlier request (still in the engine) whose prompt starts as this one's does: this one starts
+    # from its blocks of the shared prefix, waiting while it computes them (scheduler/samples.py)
+    prefix_leader_id: str | None = None
 
     def __post_init__(self):
         assert self.sample_index is None or 0 <= self.sample_index < self.sampling.n, self.sample_index

@@ -67,6 +67,8 @@ class BlockManager:
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block_id: dict[int, int] = {}
         self.num_prefix_hit_tokens = 0  # counter for metrics
+        # block id -> references held for rows that will start from it (scheduler/samples.py, LeaderPins)
+        self.pinned: dict[int, int] = {}
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -221,6 +223,22 @@ class BlockManager:
             if not cached:
                 self.free_queue.move_to_end(block_id, last=False)
 
+    def pin(self, block_ids: list[int]) -> None:
+        """Hold blocks (and their place in the prefix cache) with no sequence holding them."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+            self.pinned[block_id] = self.pinned.get(block_id, 0) + 1
+
+    def unpin(self, block_ids: list[int]) -> None:
+        for block_id in reversed(block_ids):  # tail first, as a sequence frees them
+            self.pinned[block_id] -= 1
+            if not self.pinned[block_id]:
+                del self.pinned[block_id]
+            self._release(block_id)
+
     def free(self, seq: Sequence) -> None:
         """Return every block of `seq` it still holds (tail first) and reset its cache bookkeeping."""
         self._free(seq)
@@ -236,7 +254,7 @@ class BlockManager:
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self, live_seqs: list[Sequence] | None = None) -> None:
         """Raise AssertionError if the pool's bookkeeping is inconsistent."""
-        owners: dict[int, int] = {}
+        owners: dict[int, int] = dict(self.pinned)
         for seq in live_seqs or []:
             self._check_table(seq, seq, self.sliding_window, owners)
         self._check_pool(owners if live_seqs is not None else None)

@@ -77,6 +77,7 @@ class Scheduler:
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
         self.num_preemptions = 0
         self.num_overruns = 0
+        self.pins = samples.LeaderPins()  # finished leaders' blocks that waiting siblings start from
 
     # ---- queue -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -103,6 +104,7 @@ class Scheduler:
             budget = self._schedule_running(out, budget)
         if self.policy is Policy.CONTINUOUS and out.num_preempted == 0:
             self._admit_waiting(out, budget)
+        self.pins.release_unneeded(self.waiting, self.block_manager)  # the siblings admitted hold their own
         out.num_batched_tokens = sum(s.num_new_tokens for s in out.scheduled)
         assert out.num_batched_tokens <= self.max_num_batched_tokens
         return out
@@ -127,6 +129,8 @@ class Scheduler:
                 continue
             scheduled = True
             while not bm.can_allocate(seq, target):
+                if self.pins.release_all(bm):
+                    continue
                 victim = self.running[-1]
                 if victim is seq:
                     if len(self.running) == 1:
@@ -169,6 +173,8 @@ class Scheduler:
             # would only stop a sequence that fits from ever starting
             watermark = self.watermark_blocks if self.running else 0
             if not bm.can_admit(seq, cached, num_new, watermark_blocks=watermark):
+                if not self.running and self.pins.release_all(bm):
+                    continue  # the same row again, with the pinned blocks back in the pool
                 if not self.running:
                     # nothing runs and it still cannot start: it can never run
                     del self.waiting[i]
@@ -213,6 +219,8 @@ class Scheduler:
             if not fully_reserved:
                 if self.running:
                     break
+                if self.pins.release_all(bm):
+                    continue  # the same row again, with the pinned blocks back in the pool
                 # alone it does not fit either: run it with what there is (it stops at "length")
                 reserve = seq.num_tokens
                 if not bm.can_admit(seq, cached, 0, reserve_tokens=reserve, chunk_tokens=chunk):
@@ -250,6 +258,7 @@ class Scheduler:
     def set_block_manager(self, block_manager: BlockManager) -> None:
         """Swap in a rebuilt (e.g. smaller) KV block pool; nothing may hold blocks of the old one."""
         assert not self.running
+        self.pins.drop()  # held in the old pool
         self.block_manager = block_manager
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
 
@@ -308,6 +317,7 @@ class Scheduler:
             else:
                 self._release_to_waiting(sibling, front=True)
         if seq.status is SequenceStatus.RUNNING:
+            self.pins.hold(seq, self.waiting, self.block_manager)
             self.running.remove(seq)
             self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED

@@ -64,7 +64,10 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     # a sample of a request with sampling.n > 1 other than its first: the sibling whose prompt blocks
     # it shares (scheduler.py, "Samples of one request"); None for a first sample or n == 1
+    # or a row whose prompt starts as this one's does (Request.prefix_leader_id)
     prompt_leader: Sequence | None = None
+    # the prompt tokens it shares with its prompt_leader; None: its whole prompt (a sample)
+    num_leader_tokens: int | None = None
     # > 0 while it holds its leader's prompt blocks before the leader has computed them: it is not
     # scheduled until the leader's num_computed_tokens reaches this
     awaits_leader_tokens: int = 0
