@@ -55,7 +55,7 @@ _PANELS = {
                "--overwrite", "--max-error-rate"),
     "Engine": ("--batch-size", "--max-num-batched-tokens", "--kv-cache-memory", "--kv-cache-dtype", "--compile",
                "--attention-backend", "--block-size", "--cuda-graphs", "--mode", "--window-rows", "--sort-by-length",
-               "--dedup", "--static-min-occupancy"),
+               "--dedup", "--prefix-order", "--static-min-occupancy"),
     "Sharding and executors": ("--workers", "--num-shards", "--shard-index", "--executor", "--ray-actors",
                                "--ray-keep-warm"),
     "Monitoring": ("--quiet", "--metrics", "--metrics-textfile", "--metrics-port", "--metrics-host",
@@ -200,6 +200,9 @@ SortByLength = Annotated[bool | None, _opt("--sort-by-length/--no-sort-by-length
 Dedup = Annotated[bool | None, _opt("--dedup/--no-dedup", help=(
     "Run rows whose prompt and settings decide the same output once (greedy rows, or sampled rows with "
     "the same explicit seed) and write it under each id [on]."))]
+PrefixOrder = Annotated[bool | None, _opt("--prefix-order/--no-prefix-order", help=(
+    "Run rows that share a prompt prefix (a document asked several questions) together, so the prefix "
+    "is computed once and read from the cache by the others [on]."))]
 StaticMinOccupancy = Annotated[float | None, _opt("--static-min-occupancy", metavar="X", help=(
     "auto: static when its batches would keep at least this share of slots busy [1.0]."))]
 Device = Annotated[str | None, _opt("--device", metavar="DEVICE", help="auto | cpu | cuda [auto].")]

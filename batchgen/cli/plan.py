@@ -67,6 +67,7 @@ def plan(
     length_column: o.LengthColumn = None,
     sort_by_length: o.SortByLength = None,
     dedup: o.Dedup = None,
+    prefix_order: o.PrefixOrder = None,
     static_min_occupancy: o.StaticMinOccupancy = None,
     device: o.Device = None,
     dtype: o.Dtype = None,

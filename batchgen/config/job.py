@@ -91,6 +91,7 @@ class JobConfig:
     kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
     enable_prefix_caching: bool = True
     dedup: bool = True  # rows whose prompt and settings decide the same output run once (jobs/planning/duplicates.py)
+    prefix_order: bool = True  # rows sharing a prompt prefix run together (jobs/planning/prefix_groups.py)
     compile: bool = False  # torch.compile the forward (docs/performance.md: where it pays)
     mode: str = AUTO  # a Policy value, or auto: chosen per shard by the length planner (batchgen.jobs.planning.planner)
     window_rows: int = 1024  # planning window: rows sorted by predicted length together (bounds memory)

@@ -90,6 +90,7 @@ SETTINGS: dict[str, Output | Derived | RunOnly] = {
     "kv_cache_memory": RunOnly("sized from free memory; a prompt cut to fit shows in its row's prompt_hash"),
     "enable_prefix_caching": RunOnly("reuses the same prompt blocks"),
     "dedup": RunOnly("a copy gets the tokens its prompt and settings decide, computed once"),
+    "prefix_order": RunOnly("orders rows; a row's shared prompt blocks hold the K/V its own prefill would"),
     "compile": RunOnly("compiles the same forward"),
     "mode": RunOnly(SCHEDULING),
     "window_rows": RunOnly(SCHEDULING),

@@ -271,4 +271,6 @@ class LocalJob:
         s.num_length_predictions = error.num_rows
         s.length_mae = None if error.mae is None else round(error.mae, 3)
         s.num_rows_from_duplicates = core.duplicates.num_rows_served if core.duplicates is not None else 0
+        s.num_shareable_prefix_tokens = core.num_shareable_prefix_tokens
+        s.num_prefix_hit_prompt_tokens = core.num_prefix_hit_prompt_tokens
         s.length_spearman = None if error.spearman is None else round(error.spearman, 4)

@@ -154,6 +154,9 @@ class JobCore:
         self.window_index: int | None = None  # the shard whose rows the engine was fed last
         self.constraint = job_constraint(config)  # --json-schema / --regex / --choices; a row's own wins
         self.duplicates = DuplicatePrompts() if config.dedup else None  # copies of a prompt run once
+        # of the rows sent to the engine: prompt tokens another row holds too, and those the cache gave
+        self.num_shareable_prefix_tokens = 0
+        self.num_prefix_hit_prompt_tokens = 0
 
     def context(self) -> tuple[str | None, int | None]:
         """(engine mode, newest shard fed): what a metrics record of this moment is labelled with."""
@@ -222,6 +225,8 @@ class JobCore:
     def _finished(self, completion: Completion) -> Iterator[tuple[PlannedRow, list[Completion]]]:
         row = self.pending[completion.request_id]
         row.done[completion.sample_index] = completion
+        if completion.sample_index == 0:  # a row's other samples share its prompt whatever the order
+            self.num_prefix_hit_prompt_tokens += completion.num_cached_prompt_tokens
         if len(row.done) == row.request.sampling.n:
             del self.pending[completion.request_id]
             completions = [row.done[i] for i in range(row.request.sampling.n)]
@@ -255,13 +260,16 @@ class JobCore:
                 logprobs=planned.logprobs if planned.logprobs is not None else config.logprobs,
                 constraint=planned.constraint if planned.constraint is not None else self.constraint,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
-                predicted_num_output_tokens=planned.prediction.p90)
+                predicted_num_output_tokens=planned.prediction.p90,
+                prefix_leader_id=planned.prefix_leader.request_id if planned.prefix_leader is not None else None)
+            planned.request_id = key
             row = _PendingRow(planned, request,
                               self.continuations_for(planned) if self.continuations_for is not None else {})
             if self.duplicates is not None and not row.continuations:  # a continued row is its own
                 if not self.duplicates.admit(planned, request, duplicate_key(request, planned.seed is not None)):
                     continue
             self.pending[key] = row
+            self.num_shareable_prefix_tokens += planned.num_shared_prefix_tokens
             yield from row.requests()
 
 

@@ -29,6 +29,10 @@ class JobSummary:
     num_shards_continuous: int = 0
     num_static_fallbacks: int = 0
     num_rows_from_duplicates: int = 0  # rows written from another row's run (--dedup: the same prompt and settings)
+    # prompt tokens of the rows generated that another row holds too (jobs/planning/prefix_groups.py),
+    # and those their first admission found in the prefix cache
+    num_shareable_prefix_tokens: int = 0
+    num_prefix_hit_prompt_tokens: int = 0
     # predicted (p50) vs actual output tokens of the rows generated in this run
     num_length_predictions: int = 0
     length_mae: float | None = None
@@ -81,6 +85,10 @@ class JobSummary:
                 f"{e['num_preemptions']} preemptions, {e['num_prefix_hit_tokens']} prefix-cache hit tokens"
                 + ("" if self.forward_share is None else f"; the model's forward {100 * self.forward_share:.1f}% "
                                                           "of the job's wall time"))
+        if self.num_shareable_prefix_tokens:
+            share = self.num_prefix_hit_prompt_tokens / self.num_shareable_prefix_tokens
+            out.append(f"prefix: {self.num_prefix_hit_prompt_tokens} of {self.num_shareable_prefix_tokens} shareable "
+                       f"prompt tokens came from the prefix cache ({100 * share:.0f}%)")
         if self.num_shards_static or self.num_shards_continuous:
             mae = "n/a" if self.length_mae is None else f"{self.length_mae:.1f}"
             rho = "n/a" if self.length_spearman is None else f"{self.length_spearman:.2f}"

@@ -38,6 +38,14 @@ class PlannedRow:
     settings_key: str | None = None
     # the sequences the engine runs for it: its n samples (num_samples), which share the prompt's blocks
     num_samples: int = 1
+    # prefix groups (planning/prefix_groups.py): prompt tokens of full blocks another row of its look-ahead
+    # holds too; the group it runs with; the row whose blocks it starts from; the look-ahead whose
+    # common prefix it shares (None: none); the engine request id it was given (JobCore)
+    num_shared_prefix_tokens: int = 0
+    prefix_group: int | None = None
+    prefix_leader: PlannedRow | None = None
+    common_prefix_lookahead: int | None = None
+    request_id: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

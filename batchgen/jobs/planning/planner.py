@@ -54,6 +54,7 @@ from batchgen.jobs.pipeline.row_sampling import row_sampling
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor, parse_known_length
 from batchgen.jobs.planning.planned_row import PlannedRow, num_samples, row_settings_key
+from batchgen.jobs.planning.prefix_groups import PrefixGrouper, assign_leaders
 from batchgen.jobs.planning.stats import ceil_div, distribution
 from batchgen.jobs.prompting.chat_rows import conversation_token_ids
 from batchgen.jobs.prompting.prompts import PromptBuilder, row_max_new_tokens
@@ -142,9 +143,17 @@ class Planner:
         self.num_planned_rows = 0
         self.num_predicted_tokens = 0  # sum of p50 over the planned rows' samples
         self.num_planned_prompt_tokens = 0  # once per row: a row's samples share its prompt's prefill
+        # rows sharing a prompt prefix (planning/prefix_groups.py); with --no-prefix-order it only counts them
+        self.grouper = PrefixGrouper(config.window_rows, block_size, reorder=config.prefix_order)
+        self._lookahead_leaders: dict[int, PlannedRow] = {}
+
+    @property
+    def num_shareable_prefix_tokens(self) -> int:
+        """Prompt tokens of the rows planned so far that a perfect prefix cache would not compute."""
+        return self.grouper.num_shareable_tokens
 
     def plans(self, rows: Iterable[PlannedRow]) -> Iterator[WindowPlan]:
-        for window in windows(rows, self.config.window_rows):
+        for window in self.grouper.windows(rows):
             yield self.plan(window)
 
     def plan(self, window: list[PlannedRow]) -> WindowPlan:
@@ -156,6 +165,8 @@ class Planner:
             self.num_planned_prompt_tokens += r.num_prompt_tokens
         self.num_planned_rows += len(window)
         ordered = sort_by_length(window) if config.sort_by_length else list(window)
+        if config.prefix_order:
+            assign_leaders(ordered, self._lookahead_leaders)
         limits = self.batch_limits(window)
         batches = static_batches(ordered, limits.max_num_seqs, self.kv_capacity_tokens, self.block_size)
         occupancy = static_occupancy(ordered, batches)
@@ -191,8 +202,18 @@ def windows(rows: Iterable[PlannedRow], window_rows: int) -> Iterator[list[Plann
 
 
 def sort_by_length(rows: list[PlannedRow]) -> list[PlannedRow]:
-    """Longest predicted output first (then longest p90, then longest prompt); stable otherwise."""
-    return sorted(rows, key=lambda r: (r.prediction.p50, r.prediction.p90, r.num_prompt_tokens), reverse=True)
+    """Longest predicted output first (then longest p90, then longest prompt); stable otherwise. A
+    prefix group (planning/prefix_groups.py) stays together, placed by its longest row, and runs
+    longest first within."""
+    def own(r: PlannedRow) -> tuple[int, int, int]:
+        return r.prediction.p50, r.prediction.p90, r.num_prompt_tokens
+
+    longest: dict[int, tuple[int, int, int]] = {}
+    for r in rows:
+        if r.prefix_group is not None:
+            longest[r.prefix_group] = max(longest.get(r.prefix_group, own(r)), own(r))
+    return sorted(rows, key=lambda r: (own(r), 0, own(r)) if r.prefix_group is None
+                  else (longest[r.prefix_group], r.prefix_group + 1, own(r)), reverse=True)
 
 
 def static_batches(rows: list[PlannedRow], batch_size: int, kv_capacity_tokens: int | None,
