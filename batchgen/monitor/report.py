@@ -112,6 +112,11 @@ def build_job_report(out_dir: Path | OutputStore) -> Report:
         facts.append(("last finished run", f"{s.get('num_rows')} rows in {s.get('wall_seconds', 0):.1f} s, "
                                             f"{s.get('generated_tokens_per_s')} tok/s, mode {s.get('mode')}, "
                                             f"length MAE {s.get('length_mae')} tokens"))
+        if s.get("num_shareable_prefix_tokens") or s.get("num_rows_from_duplicates"):
+            hits, shareable = s.get("num_prefix_hit_prompt_tokens", 0), s.get("num_shareable_prefix_tokens", 0)
+            facts.append(("shared prompts (last run)",
+                          f"{hits:,} of {shareable:,} shareable prefix tokens from the prefix cache; "
+                          f"{s.get('num_rows_from_duplicates', 0)} rows served from a duplicate prompt"))
     if state.last_commit_time:
         facts.append(("last commit", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.last_commit_time))))
     notes = ["Time axes count from the job's first metrics record; dotted lines mark a resumed run. Metrics are "

@@ -66,6 +66,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
     keep_torchao_out(config)  # before transformers loads: no torchao for a plan that does not quantize
     from batchgen.engine.model.loader import load_model
     from batchgen.jobs.pipeline.core import build_engine
+    from batchgen.jobs.planning.duplicates import planned_copy
     from batchgen.jobs.planning.estimate import Tally, kv_bytes, window_seconds, window_work
     from batchgen.jobs.planning.estimate import calibrate as run_calibration
     from batchgen.jobs.planning.profile import Profile, load_profile, store_profile
@@ -108,7 +109,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token, engine.kv_window, budget,
                                      engine.kv_groups)
         shards.append(entry)
-        work.append(window_work(plan, budget))
+        work.append(window_work(plan, budget, lambda r: planned_copy(config, r), config.prefix_order))
 
     setup = {"model": loaded.name, "revision": loaded.revision, "device": str(loaded.device),
              "dtype": str(loaded.dtype), "quantization": loaded.quantization, "kv_cache_dtype": config.kv_cache_dtype,
@@ -143,6 +144,10 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         "prompt_tokens": prompt_tally.describe(), "predicted_output_tokens": p50_tally.total,
         "output_tokens_p50": p50_tally.describe(), "output_tokens_p90": p90_tally.describe(),
         "learned_rows": job.predictor.num_learned_rows,
+        # prompt tokens of the rows to run that another row holds too; rows --dedup would serve
+        "shareable_prefix_tokens": sum(w.shared_tokens for w in work),
+        "prefix_order": config.prefix_order,
+        "rows_from_duplicates": sum(w.num_copies for w in work),
         "kv": {"bytes_per_token": bytes_per_token, "cache_bytes": cache_bytes,
                "cache_tokens": planner.kv_capacity_tokens,
                "needed_bytes_max": max((s["kv_bytes"]["needed"] for s in shards), default=0)},
@@ -181,6 +186,12 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         f"KV cache: {_size(kv['bytes_per_token'])} per token; the engine's cache holds {kv['cache_tokens']} tokens "
         f"({_size(kv['cache_bytes'])}); the most a shard needs at once: {_size(kv['needed_bytes_max'])}",
     ]
+    if report["shareable_prefix_tokens"] or report["rows_from_duplicates"]:
+        how = ("computed once, by the first row of each group (--prefix-order)" if report["prefix_order"]
+               else "read from the prefix cache only where it still holds them (--no-prefix-order)")
+        lines.append(f"shared prompts: {report['shareable_prefix_tokens']} prompt tokens repeat another row's prefix, "
+                     f"{how}; {plural(report['rows_from_duplicates'], 'row')} repeat another's prompt "
+                     "(--dedup serves them); the estimated time counts both")
     size = report["output_size"]
     copied = ", ".join(f"{name} {_size(n)}" for name, n in size["copied_columns"].items()) or "none"
     lines.append(f"output size: ~{_size(size['total_bytes'])} uncompressed: generated text ~"

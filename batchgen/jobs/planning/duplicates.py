@@ -21,6 +21,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from batchgen.config.job import JobConfig
 from batchgen.engine.request import Completion, Request
 from batchgen.jobs.planning.planned_row import PlannedRow
 
@@ -44,6 +45,15 @@ def duplicate_key(request: Request, explicit_seed: bool) -> bytes | None:
     h.update(b"\x00" + (constraint.describe() if constraint is not None else "").encode())
     h.update(b"\x00" + ",".join(map(str, request.prompt_token_ids)).encode())
     return h.digest()
+
+
+def planned_copy(config: JobConfig, planned: PlannedRow) -> bool:
+    """Whether --dedup serves this row from another row's run, as `batchgen plan` can tell it: its
+    prompt and own settings repeat another row's of its look-ahead (planning/prefix_groups.py), and
+    its output is decided by them (one sample, greedy or an explicit seed)."""
+    greedy = (planned.sampling or {}).get("temperature", config.temperature) == 0
+    return (config.dedup and planned.repeats_prompt and planned.num_samples == 1
+            and (greedy or planned.seed is not None))
 
 
 class DuplicatePrompts:

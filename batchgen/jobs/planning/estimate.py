@@ -8,8 +8,9 @@ handful of generated tokens each, then one row alone), fitted as
 
 and applied to each shard's predicted work: continuous runs its prompt tokens in chunks of the step
 budget and its output tokens batch_size at a time; static runs each predicted batch until its
-longest member (p90) finishes. The calibration runs the continuous policy; whatever the static
-policy saves per step beyond that is not in the estimate.
+longest member (p90) finishes. Rows --dedup serves from a copy run nothing, and with --prefix-order
+a row's shared prefix tokens are computed once, by its group's leader. The calibration runs the
+continuous policy; whatever the static policy saves per step beyond that is not in the estimate.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class WindowWork:
     prompt_tokens: int
     output_tokens: int  # sum of p50 over the samples
     static_steps: int  # sum over predicted static batches of prefill chunks + the longest p90
+    shared_tokens: int = 0  # prompt tokens of rows that run that another row computes (prefix groups)
+    num_copies: int = 0  # rows --dedup serves from another row's run (their prompt and output not run)
 
 
 class Tally:
@@ -114,13 +117,23 @@ class Tally:
         return d
 
 
-def window_work(plan: WindowPlan, budget: int) -> WindowWork:
+def window_work(plan: WindowPlan, budget: int, is_copy: Callable[[PlannedRow], bool] = lambda r: False,
+                prefix_order: bool = False) -> WindowWork:
+    """The shard's work. `is_copy`: rows --dedup serves without running them. With `prefix_order`, a
+    row's shared prefix tokens are computed by its group's leader alone (planning/prefix_groups.py);
+    without it the estimate computes every prompt token (what the cache gives by chance is not in it)."""
+    def computed(r: PlannedRow) -> int:
+        return r.num_prompt_tokens - (r.num_shared_prefix_tokens if prefix_order else 0)
+
     static_steps = 0
     for batch in batch_slices(plan.rows, plan.static_batches):
-        static_steps += ceil_div(sum(r.num_prompt_tokens for r in batch), budget)
-        static_steps += max(r.prediction.p90 for r in batch)
-    return WindowWork(plan.num_rows, sum(r.num_samples for r in plan.rows), sum(r.num_prompt_tokens for r in plan.rows),
-                      sum(r.prediction.p50 * r.num_samples for r in plan.rows), static_steps)
+        run = [r for r in batch if not is_copy(r)] or batch[:1]
+        static_steps += ceil_div(sum(computed(r) for r in run), budget)
+        static_steps += max(r.prediction.p90 for r in run)
+    rows = [r for r in plan.rows if not is_copy(r)]
+    return WindowWork(len(rows), sum(r.num_samples for r in rows), sum(computed(r) for r in rows),
+                      sum(r.prediction.p50 * r.num_samples for r in rows), static_steps,
+                      sum(r.num_shared_prefix_tokens for r in rows), plan.num_rows - len(rows))
 
 
 def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token: int,

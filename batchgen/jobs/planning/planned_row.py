@@ -46,6 +46,7 @@ class PlannedRow:
     prefix_leader: PlannedRow | None = None
     common_prefix_lookahead: int | None = None
     request_id: str | None = None
+    repeats_prompt: bool = False  # its prompt and own settings are another row's of its look-ahead
 
     @property
     def num_prompt_tokens(self) -> int:

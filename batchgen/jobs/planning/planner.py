@@ -238,9 +238,11 @@ def static_batches(rows: list[PlannedRow], batch_size: int, kv_capacity_tokens: 
 
 def reserved_tokens(r: PlannedRow, num_output_tokens: int, block_size: int) -> int:
     """KV slots a row's sequences hold at num_output_tokens each, in whole blocks: the first sample
-    its prompt and output; each other sample the prompt's last, partial block (shared are only the
-    full ones, engine/scheduler/samples.py) and its own output."""
-    first = ceil_div(r.num_prompt_tokens + num_output_tokens, block_size)
+    its prompt and output, less the blocks its prefix leader holds (planning/prefix_groups.py);
+    each other sample the prompt's last, partial block (shared are only the full ones,
+    engine/scheduler/samples.py) and its own output."""
+    shared = r.num_shared_prefix_tokens if r.prefix_leader is not None else 0
+    first = ceil_div(r.num_prompt_tokens + num_output_tokens, block_size) - shared // block_size
     partial = r.num_prompt_tokens % block_size
     other = ceil_div(partial + num_output_tokens, block_size)
     return (first + (r.num_samples - 1) * other) * block_size

@@ -25,6 +25,9 @@ group from the leader's blocks, waiting while the leader computes them (engine/s
 rather than each computing the document side by side. Where the look-ahead has a common prefix, the
 first row of its first window leads every row's common part the same way.
 
+A row whose whole prompt and own settings equal another's of the look-ahead is marked
+(`repeats_prompt`): `batchgen plan` counts it among the rows --dedup serves (jobs/planning/duplicates.py).
+
 Shareable tokens: a row's full prompt blocks already in another row of the look-ahead (sorted
 neighbours' shared blocks, its last token excluded as the cache excludes it); their sum is the
 prompt work a perfect cache saves, counted with or without --prefix-order, so that a run's
@@ -95,7 +98,8 @@ class PrefixGrouper:
         lookahead = self.num_lookaheads
         self.num_lookaheads += 1
         hashes = [block_hashes(r.prompt_token_ids, bs) for r in buffer]
-        order = sorted(range(len(buffer)), key=hashes.__getitem__)
+        # then by the rest of the prompt, so that rows with the same whole prompt sit side by side
+        order = sorted(range(len(buffer)), key=lambda i: (hashes[i], buffer[i].prompt_token_ids[len(hashes[i]) * bs:]))
         shared = [0] * len(order)  # blocks each sorted row shares with the row sorted before it
         for p in range(1, len(order)):
             shared[p] = num_common_tokens(hashes[order[p - 1]], hashes[order[p]])
@@ -108,6 +112,9 @@ class PrefixGrouper:
             r.prefix_group = None
             r.prefix_leader = None
             r.common_prefix_lookahead = lookahead if common else None
+            previous = buffer[order[p - 1]] if p else None
+            r.repeats_prompt = (previous is not None and previous.prompt_token_ids == r.prompt_token_ids
+                                and previous.settings_key == r.settings_key)
             if p and shared[p] > common:
                 first = order[p - 1]
                 if group_of[first] < 0:

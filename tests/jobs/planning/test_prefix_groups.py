@@ -107,3 +107,18 @@ def test_the_look_ahead_is_bounded():
     by_tokens = PrefixGrouper(window_rows=2, block_size=BS, reorder=True, max_lookahead_tokens=60)
     list(by_tokens.windows(make_rows([doc(0) + [1], doc(0) + [2], doc(0) + [3]])))
     assert by_tokens.num_lookaheads == 3  # 42-token prompts: one per look-ahead of 60 tokens
+
+
+def test_a_groups_followers_reserve_only_their_own_blocks():
+    """A follower holds its leader's blocks of the document: the planner's static batches and batch
+    size count them once (42-token prompts, 64 new tokens at most: 7 blocks each, a follower's own 5)."""
+    prompts, _ = shuffled_questions(num_docs=2, num_questions=4)
+
+    def static_batches(**overrides) -> list[int]:
+        p = Planner(build_config(None, inputs=["x"], output="o", window_rows=16, **overrides), LengthPredictor({}),
+                    kv_capacity_tokens=25 * BS, block_size=BS)
+        [plan] = list(p.plans(make_rows(prompts)))
+        return plan.static_batches
+
+    assert static_batches() == [4, 4]  # 7 + 3 x 5 = 22 blocks of 25: a document's rows in one batch
+    assert static_batches(prefix_order=False) == [3, 3, 2]  # 3 x 7 = 21 blocks

@@ -1,6 +1,7 @@
 """--prefix-order through run_job on the tiny float32 model: several questions per document, shuffled,
 give the same greedy rows as input order, and every shareable prompt token comes from the prefix
-cache, in both modes, with chunked prefill and windows smaller than a look-ahead; the summary shows it."""
+cache, in both modes, with chunked prefill and windows smaller than a look-ahead; the summary shows
+it (and `batchgen report`), and `batchgen plan` counts it and estimates the time with it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from batchgen.jobs.commands.plan import plan_job, plan_lines
 from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.planning import profile
+from batchgen.monitor.report import build_job_report
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 NUM_DOCS, NUM_QUESTIONS = 5, 3
@@ -53,6 +57,8 @@ def test_grouped_rows_give_the_same_output_and_take_every_shareable_token_from_t
     assert grouped.num_shards_static + grouped.num_shards_continuous == NUM_DOCS  # a window per document
     assert "prefix: 640 of 640 shareable prompt tokens came from the prefix cache (100%)" in grouped.lines()
     assert grouped.to_dict()["num_prefix_hit_prompt_tokens"] == 640
+    facts = dict(build_job_report(tmp_path / "a").facts)  # batchgen report, from _summary.json
+    assert facts["shared prompts (last run)"].startswith("640 of 640 shareable prefix tokens from the prefix cache")
 
 
 def test_in_input_order_rows_admitted_together_compute_their_document_each(src, tmp_path, tiny_model_dir, loaded):
@@ -61,3 +67,23 @@ def test_in_input_order_rows_admitted_together_compute_their_document_each(src, 
     assert plain.num_prefix_hit_prompt_tokens < plain.num_shareable_prefix_tokens
     assert grouped.num_prefix_hit_prompt_tokens == grouped.num_shareable_prefix_tokens
     assert outputs(tmp_path / "a") == outputs(tmp_path / "b")
+
+
+def test_plan_counts_the_shared_prefixes_and_copies_and_estimates_the_time_with_them(
+        src, tmp_path, tiny_model_dir, loaded, monkeypatch):
+    monkeypatch.setattr(profile, "profiles_dir", lambda: tmp_path / "profiles")
+    table = pq.read_table(src)
+    texts = table.column("text").to_pylist()
+    with_copies = tmp_path / "copies.parquet"  # two rows twice more: --dedup serves them
+    pq.write_table(pa.table({"id": list(range(len(texts) + 2)), "text": texts + texts[:2]}), with_copies)
+    plan_job(config(with_copies, tmp_path / "o", tiny_model_dir), loaded=loaded, calibrate=True)  # stores a profile
+    grouped = plan_job(config(with_copies, tmp_path / "o", tiny_model_dir), loaded=loaded)
+    plain = plan_job(config(with_copies, tmp_path / "o", tiny_model_dir, prefix_order=False, dedup=False),
+                     loaded=loaded)
+    assert grouped["shareable_prefix_tokens"] == NUM_DOCS * 2 * 4 * 16  # the copies' own are not run
+    assert grouped["rows_from_duplicates"] == 2 and plain["rows_from_duplicates"] == 0
+    assert plain["shareable_prefix_tokens"] > grouped["shareable_prefix_tokens"]  # the copies run there
+    assert grouped["estimated_seconds"] < plain["estimated_seconds"]
+    assert any(line.startswith(f"shared prompts: {NUM_DOCS * 2 * 4 * 16} prompt tokens repeat another row's prefix, "
+                               "computed once") and "2 rows repeat another's prompt" in line
+               for line in plan_lines(grouped))
