@@ -44,7 +44,7 @@ from batchgen.engine.scheduler.samples import num_common_tokens
 from batchgen.jobs.planning.planned_row import PlannedRow
 
 LOOKAHEAD_WINDOWS = 8  # windows of rows read ahead to find the rows that share a prefix
-MAX_LOOKAHEAD_TOKENS = 1 << 22  # prompt tokens held in the look-ahead at most (its memory bound)
+MAX_LOOKAHEAD_TOKENS = 1 << 21  # prompt tokens held in the look-ahead at most (its memory bound: ~40 bytes each)
 
 
 def lookaheads(rows: Iterable[PlannedRow], max_rows: int, max_tokens: int = MAX_LOOKAHEAD_TOKENS
