@@ -68,6 +68,7 @@ def run(
     length_column: o.LengthColumn = None,
     sort_by_length: o.SortByLength = None,
     dedup: o.Dedup = None,
+    jump_forward: o.JumpForward = None,
     static_min_occupancy: o.StaticMinOccupancy = None,
     device: o.Device = None,
     dtype: o.Dtype = None,
