@@ -55,7 +55,7 @@ _PANELS = {
                "--overwrite", "--max-error-rate"),
     "Engine": ("--batch-size", "--max-num-batched-tokens", "--kv-cache-memory", "--kv-cache-dtype", "--compile",
                "--attention-backend", "--block-size", "--cuda-graphs", "--mode", "--window-rows", "--sort-by-length",
-               "--dedup", "--prefix-order", "--static-min-occupancy"),
+               "--dedup", "--prefix-order", "--jump-forward", "--static-min-occupancy"),
     "Sharding and executors": ("--workers", "--num-shards", "--shard-index", "--executor", "--ray-actors",
                                "--ray-keep-warm"),
     "Monitoring": ("--quiet", "--metrics", "--metrics-textfile", "--metrics-port", "--metrics-host",
@@ -203,6 +203,9 @@ Dedup = Annotated[bool | None, _opt("--dedup/--no-dedup", help=(
 PrefixOrder = Annotated[bool | None, _opt("--prefix-order/--no-prefix-order", help=(
     "Run rows that share a prompt prefix (a document asked several questions) together, so the prefix "
     "is computed once and read from the cache by the others [on]."))]
+JumpForward = Annotated[bool | None, _opt("--jump-forward/--no-jump-forward", help=(
+    "--json-schema/--regex/--choices: run the tokens a grammar forces in the next forward, each kept "
+    "only where it is the model's own pick (greedy rows; the output is the same) [on]."))]
 StaticMinOccupancy = Annotated[float | None, _opt("--static-min-occupancy", metavar="X", help=(
     "auto: static when its batches would keep at least this share of slots busy [1.0]."))]
 Device = Annotated[str | None, _opt("--device", metavar="DEVICE", help="auto | cpu | cuda [auto].")]

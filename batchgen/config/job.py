@@ -90,6 +90,9 @@ class JobConfig:
     cuda_graphs: bool = True  # CUDA: replay captured graphs for decode-only steps (engine/model/cuda_graphs.py)
     kv_cache_memory: str | None = None  # e.g. "2GiB"; None = sized automatically
     enable_prefix_caching: bool = True
+    # structured output: a grammar's forced tokens run as drafts checked against the model's picks
+    # instead of one decode step each (engine/sampling/jump_forward.py); the output is the same
+    jump_forward: bool = True
     dedup: bool = True  # rows whose prompt and settings decide the same output run once (jobs/planning/duplicates.py)
     prefix_order: bool = True  # rows sharing a prompt prefix run together (jobs/planning/prefix_groups.py)
     compile: bool = False  # torch.compile the forward (docs/performance.md: where it pays)

@@ -89,6 +89,7 @@ SETTINGS: dict[str, Output | Derived | RunOnly] = {
     "cuda_graphs": RunOnly("replays the same forward"),
     "kv_cache_memory": RunOnly("sized from free memory; a prompt cut to fit shows in its row's prompt_hash"),
     "enable_prefix_caching": RunOnly("reuses the same prompt blocks"),
+    "jump_forward": RunOnly("a forced token stays only where it is the model's own pick, so the tokens are the same"),
     "dedup": RunOnly("a copy gets the tokens its prompt and settings decide, computed once"),
     "prefix_order": RunOnly("orders rows; a row's shared prompt blocks hold the K/V its own prefill would"),
     "compile": RunOnly("compiles the same forward"),

@@ -112,6 +112,7 @@ class LLMEngine:
         self.stop_checker = StopChecker(tokenizer, eos_token_ids, self.max_model_len)
         self.grammar = self.runner.sampler.grammar = GrammarMasks(
             tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0], num_threads=mask_threads(self.device))
+        self.grammar.jump_forward, self.grammar.max_model_len = config.jump_forward, self.max_model_len
         self.metrics = EngineMetrics()
         self.threads = ThreadGovernor.for_device(self.device) if config.adaptive_threads else None
         if self.device.type == "cpu" and omp.choice_reason is not None:
@@ -230,8 +231,10 @@ class LLMEngine:
         # tokens are all a row's state: its random stream is keyed by its output index
         # (engine/sampling/random_stream.py), and a failed step appended no token to any row; a row
         # with logprobs is left out (its logprobs so far are not kept), so it starts over
-        return [(seq.request, Continuation(tuple(seq.generated_token_ids))) for seq in seqs
-                if seq.num_generated_tokens and seq.request.sampling.logprobs is None]
+        # unconfirmed drafts (engine/sampling/jump_forward.py) are left out: a continuation checks them again
+        return [(seq.request, Continuation(tuple(seq.token_ids[seq.num_prompt_tokens:seq.num_confirmed_tokens])))
+                for seq in seqs if seq.num_confirmed_tokens > seq.num_prompt_tokens
+                and seq.request.sampling.logprobs is None]
 
     def fit_batch_size(self, max_num_seqs: int) -> None:
         """Take the job planner's batch size for the rows to come, when the user left it to auto.
@@ -302,7 +305,9 @@ class LLMEngine:
         num_prompt_tokens = sum(max(0, min(s.seq.num_prompt_tokens, s.seq.num_computed_tokens + s.num_new_tokens)
                                     - s.seq.num_computed_tokens) for s in out.scheduled)  # before update moves them
         if out.scheduled:
-            samplers = self.scheduler.update(out, token_ids)
+            verdicts, drafts = self.runner.verdicts, self.runner.drafts
+            samplers = self.scheduler.update(out, token_ids, verdicts, drafts)
+            self.metrics.num_forced_tokens += sum(num_accepted for num_accepted, _ in verdicts.values())
             for seq in samplers:
                 reason = self._stop_reason(seq)
                 if reason is not None:
@@ -328,6 +333,7 @@ class LLMEngine:
         return self.stop_checker.check(seq)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> Completion:
+        seq.drop_drafts()  # unconfirmed forced tokens are not the row's
         self.scheduler.finish(seq, reason)
         self.runner.release(seq)
         if self._prompt_leaders.get(seq.request.request_id) is seq:

@@ -48,6 +48,9 @@ class EngineConfig:
     prepack_weights: bool = True
     # CPU bf16: Llama-style RMSNorm and SiLU * up run as single fused C calls (engine/kernels/fused.py)
     fuse_pointwise: bool = True
+    # structured output: a grammar's forced tokens run as drafts in the next chunk instead of one decode
+    # step each, the output unchanged (engine/sampling/jump_forward.py)
+    jump_forward: bool = True
 
 
 def resolve_attention(config: EngineConfig, device: torch.device, model_dtype: torch.dtype,

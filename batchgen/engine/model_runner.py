@@ -72,6 +72,10 @@ class ModelRunner:
         self.kv_window: int | None = None  # set by the engine where its block manager drops blocks behind it
         self.kv_groups: KVGroups | None = None  # set by the engine where layer groups have their own blocks
         self.timing = DeviceTiming()
+        # jump-forward (engine/sampling/jump_forward.py), from the latest step: seq id -> (drafts
+        # confirmed, token picked after them), and seq id -> the forced tokens that follow its new token
+        self.verdicts: dict[int, tuple[int, int | None]] = {}
+        self.drafts: dict[int, list[int]] = {}
         # the latest step's model call in seconds: the GPU timeline on CUDA (events), the host's
         # wall clock around the forward on the CPU (input packing and sampling excluded)
         self.last_forward_s = 0.0
@@ -86,12 +90,21 @@ class ModelRunner:
             if self._last_sync_s is not None:  # the GPU had nothing queued since the last sync
                 self.timing.idle_s += time.perf_counter() - self._last_sync_s
             self._events[0].record()
-        logits = self.graphs.run(out) if self.graphs is not None else None
+        rows = _logits_rows(out)  # None unless a row has drafts (engine/sampling/jump_forward.py)
+        logits = self.graphs.run(out) if self.graphs is not None and rows is None else None
         if logits is None:
-            logits = self._run_eager(out)
+            logits = self._run_eager(out, rows)
         if self._events is not None:
             self._events[1].record()
-        tokens = self.sampler.sample(logits, out.samplers)  # the step's one device-to-host copy
+        self.verdicts = {}
+        if rows is None:
+            tokens = self.sampler.sample(logits, out.samplers)  # the step's one device-to-host copy
+        else:
+            tokens, self.verdicts = self.sampler.sample_with_drafts(logits, [(s.seq, m, s.samples) for s, m in rows])
+        grammar = self.sampler.grammar
+        self.drafts = {}
+        if grammar is not None:  # taken: a step whose rows are all free leaves the grammar's accept unrun
+            self.drafts, grammar.drafts = grammar.drafts, {}
         if self._events is not None:  # sampling synchronized: both events have completed
             self._last_sync_s = time.perf_counter()
             self.timing.num_steps += 1
@@ -99,8 +112,9 @@ class ModelRunner:
             self.timing.forward_s += self.last_forward_s
         return tokens
 
-    def _run_eager(self, out: SchedulerOutput) -> torch.Tensor:
-        """The packed forward of any step; returns the samplers' logits [S, vocab_size]."""
+    def _run_eager(self, out: SchedulerOutput, rows: list | None = None) -> torch.Tensor:
+        """The packed forward of any step; returns the samplers' logits [S, vocab_size], or with
+        `rows` (_logits_rows) each row's logits rows in order."""
         bs = self.kv_cache.spec.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -117,7 +131,9 @@ class ModelRunner:
             positions.extend(range(start, context_len))
             slot_mapping.extend(block_table[p // bs] * bs + p % bs for p in range(start, context_len))
             packed.append(PackedSeq(t, n, start, block_table))
-            if s.samples:
+            if s.seq.num_draft_tokens:  # from the position before its first draft (or the chunk's start)
+                logits_idx.extend(range(t + max(start, s.seq.first_logits_position) - start, t + n))
+            elif s.samples:
                 logits_idx.append(t + n - 1)
             t += n
 
@@ -167,6 +183,21 @@ class ModelRunner:
 
     def release(self, seq) -> None:
         self.sampler.release(seq)
+
+
+def _logits_rows(out: SchedulerOutput) -> list | None:
+    """(scheduled seq, its logits rows) of the rows that have any, when some row has drafts: it needs one
+    per position from the one before its first draft to its chunk's end; None in a step without drafts."""
+    if not any(s.seq.num_draft_tokens for s in out.scheduled):
+        return None
+    rows = []
+    for s in out.scheduled:
+        end = s.seq.num_computed_tokens + s.num_new_tokens
+        m = max(0, end - max(s.seq.num_computed_tokens, s.seq.first_logits_position)) if s.seq.num_draft_tokens \
+            else int(s.samples)
+        if m:
+            rows.append((s, m))
+    return rows
 
 
 def _to_device(values: list[int], device: torch.device) -> torch.Tensor:

@@ -113,3 +113,17 @@ def test_sigterm_continuation_keeps_the_constraint(tmp_path, loaded, tiny_model_
     rows = committed_rows(out)
     assert {k: r["generated_text"] for k, r in rows.items()} == {k: r["generated_text"] for k, r in reference.items()}
     assert all(r["json_valid"] is True for r in rows.values())
+
+
+def test_jump_forward_keeps_the_rows_and_counts_forced_tokens(tmp_path, loaded, tiny_model_dir, one_thread):
+    texts = {}
+    for jump_forward in (True, False):
+        out = tmp_path / f"out-{jump_forward}"
+        summary = run_job(tiny_job_config(_input(tmp_path), out, tiny_model_dir, id_column="id", chat=False,
+                                          max_new_tokens=48, json_schema=json.dumps(SCHEMA),
+                                          jump_forward=jump_forward), loaded=loaded)
+        texts[jump_forward] = {k: r["generated_text"] for k, r in committed_rows(out).items()}
+        forced = summary.engine["num_forced_tokens"]
+        assert (forced > 0) == jump_forward
+        assert ("forced tokens (decode steps saved" in "\n".join(summary.lines())) == jump_forward
+    assert texts[True] == texts[False]

@@ -22,6 +22,7 @@ accepted and kept here, so that the engine's stop check never calls a matcher th
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import weakref
@@ -31,7 +32,8 @@ import torch
 
 from batchgen.config.constraint import Constraint, InvalidConstraint
 from batchgen.engine.kernels.token_bitmask import apply_token_bitmask_
-from batchgen.engine.sampling.mask_prefetch import MaskPrefetch
+from batchgen.engine.sampling import jump_forward
+from batchgen.engine.sampling.mask_prefetch import MaskPrefetch, fill_masks
 from batchgen.engine.scheduler.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,9 @@ class GrammarMasks:
         self.num_prefetched_rows = 0  # masks taken from the background fill
         self.num_filled_rows = 0  # masks filled after the forward (rows new to the batch, overlap off)
         self._warned_min_tokens = False  # a grammar ended a row before its min_tokens (logged once)
+        self.jump_forward = False  # engine/sampling/jump_forward.py; the engine sets its config's choice
+        self.drafts: dict[int, list[int]] = {}  # seq id -> forced tokens found by the latest accept()
+        self.max_model_len = 1 << 62  # the engine's: drafts stop short of it
 
     def __bool__(self) -> bool:
         return bool(self._matchers)
@@ -159,33 +164,41 @@ class GrammarMasks:
         """The row's grammar is finished: it accepts and nothing else can follow."""
         return seq.seq_id in self._stopped
 
-    def mask(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Logits with every token a row's grammar forbids at -inf (rows without one untouched)."""
-        # logits: [num_seqs, vocab_size]
+    def mask(self, logits: torch.Tensor, seqs: list[Sequence], positions: list[int] | None = None) -> torch.Tensor:
+        """Logits with every token a row's grammar forbids at -inf (rows without one untouched).
+
+        `positions[i]` (default 1) is how many consecutive logits rows seqs[i] has: a row with drafts
+        (jump_forward.py) has one for its confirmed state and one after each of its first drafts."""
+        # logits: [sum(positions), vocab_size]
         executor = self._executor_()
         prefetched, filled = self._prefetch.take()  # joins the fill that ran beside this forward
-        rows = [(i, s) for i, s in enumerate(seqs) if s.seq_id in self._matchers]
+        positions = positions or [1] * len(seqs)
+        starts = list(itertools.accumulate(positions, initial=0))
+        rows = [(starts[i], m, s) for i, (s, m) in enumerate(zip(seqs, positions, strict=True))
+                if m and s.seq_id in self._matchers]
         if not rows:
             return logits
-        import llguidance.torch as lt
-
-        bitmask = torch.full((len(seqs), self._num_words()), -1, dtype=torch.int32)  # all allowed
+        num_rows = starts[-1]
+        bitmask = torch.full((num_rows, self._num_words()), -1, dtype=torch.int32)  # all allowed
         dst, src, missing = [], [], []
-        for i, seq in rows:
+        for start, m, seq in rows:
+            drafts = seq.token_ids[seq.num_confirmed_tokens:][:m - 1]
             hit = prefetched.get(seq.seq_id)
-            if hit is not None and hit[1] == seq.num_generated_tokens:  # filled for the state it is in
-                dst.append(i)
-                src.append(hit[0])
+            num_confirmed = seq.num_confirmed_tokens - seq.num_prompt_tokens
+            # filled for the state it is in, and for at least the drafts this chunk reached
+            if hit is not None and hit[1] == num_confirmed and hit[2][:m - 1] == drafts:
+                dst.extend(range(start, start + m))
+                src.extend(range(hit[0], hit[0] + m))
             else:
-                missing.append((self._matchers[seq.seq_id], i))
+                missing.append((self._matchers[seq.seq_id], start, drafts))
         if dst:  # index_copy_ with index tensors: list indexing (bitmask[dst] = ...) took tens of ms here
             bitmask.index_copy_(0, torch.tensor(dst), filled.index_select(0, torch.tensor(src)))
         if missing:
-            lt.fill_next_token_bitmask_par(executor, missing, bitmask)
-        self.num_prefetched_rows += len(dst)
+            fill_masks(executor, missing, bitmask)
+        self.num_prefetched_rows += len(rows) - len(missing)
         self.num_filled_rows += len(missing)
+        constrained = [r for start, m, _ in rows for r in range(start, start + m)]
         if logits.device.type == "cpu":  # the C kernel writes -inf over the forbidden tokens of a copy
-            constrained = [i for i, _ in rows]
             masked = logits.clone()
             if apply_token_bitmask_(masked, bitmask.index_select(0, torch.tensor(constrained)), constrained):
                 return masked
@@ -193,31 +206,46 @@ class GrammarMasks:
         device = logits.device
         bitmask = bitmask.to(device, non_blocking=True)
         table = self._addend_table(device, logits.dtype)
-        addend = table[bitmask.view(torch.uint8).long()].reshape(len(seqs), -1)  # [num_seqs, 32 * num_words]
+        addend = table[bitmask.view(torch.uint8).long()].reshape(num_rows, -1)  # [num_rows, 32 * num_words]
         width = logits.shape[1]
         if addend.shape[1] < width:  # logits past the grammar's vocabulary: only unconstrained rows keep them
-            pad = torch.zeros(len(seqs), width - addend.shape[1], dtype=table.dtype)
-            pad.index_fill_(0, torch.tensor([i for i, _ in rows]), float("-inf"))
+            pad = torch.zeros(num_rows, width - addend.shape[1], dtype=table.dtype)
+            pad.index_fill_(0, torch.tensor(constrained), float("-inf"))
             addend = torch.cat([addend, pad.to(device, non_blocking=True)], dim=1)
         return logits + addend[:, :width]
 
-    def accept(self, seqs: list[Sequence], token_ids: list[int]) -> None:
-        """Advance each constrained row's grammar by the token it was given this step, then start
-        filling the next step's masks of the rows that go on (mask_prefetch.py)."""
+    def accept(self, seqs: list[Sequence], token_ids: list[int] | list[list[int]],
+               pending: dict[int, list[int]] | None = None) -> list[int]:
+        """Advance each constrained row's grammar by the tokens it was given this step (one int, or a
+        list: drafts confirmed and the token picked after them), then start filling the next step's
+        masks of the rows that go on (mask_prefetch.py). `pending`: rows whose chunk stopped short
+        of their drafts, by seq id, with the drafts still to check. Jump-forward: the forced tokens
+        of rows that go on are left in `self.drafts`. Returns how many of each row's tokens were
+        consumed (fewer where its grammar finished first)."""
         executor = self._executor_()
         self._prefetch.take()  # mask() joined it already; a caller that skipped mask() must not race it
-        rows = [(seq, matcher, token) for seq, token in zip(seqs, token_ids, strict=True)
+        self.drafts = {}
+        pending = pending or {}
+        lists = [t if isinstance(t, list) else [t] for t in token_ids]
+        consumed = [len(t) for t in lists]
+        rows = [(i, seq, matcher, tokens) for i, (seq, tokens) in enumerate(zip(seqs, lists, strict=True))
                 if (matcher := self._matchers.get(seq.seq_id)) is not None and seq.seq_id not in self._stopped]
         if not rows:
-            return
-        ok = executor.consume_token_par([(matcher, token) for _, matcher, token in rows])
+            return consumed
+        singles = [(matcher, tokens[0]) for _, _, matcher, tokens in rows if len(tokens) == 1]
+        ok = iter(executor.consume_token_par(singles) if singles else [])
         next_rows = []
-        for (seq, matcher, token), fits in zip(rows, ok, strict=True):
+        for i, seq, matcher, tokens in rows:
+            if len(tokens) == 1:
+                fits = next(ok)
+            else:
+                consumed[i] = self._consume_until_stopped(matcher, tokens)
+                fits = not matcher.is_error()
             if not fits:
                 # only a token the mask left open is drawn; this means an empty mask (e.g. min_tokens masked EOS)
-                log.warning("request %s: token %d does not fit its constraint (%s)", seq.request.request_id,
-                            token, matcher.get_error())
-            num_tokens = seq.num_generated_tokens + 1  # the token is appended after sampling
+                log.warning("request %s: token %s does not fit its constraint (%s)", seq.request.request_id,
+                            tokens, matcher.get_error())
+            num_tokens = seq.num_confirmed_tokens - seq.num_prompt_tokens + consumed[i]  # appended after sampling
             if matcher.is_stopped():
                 self._stopped.add(seq.seq_id)
                 if num_tokens < seq.request.sampling.min_tokens and not self._warned_min_tokens:
@@ -226,9 +254,24 @@ class GrammarMasks:
                                 "a finished constraint ends a row whatever min_tokens says (not logged again)",
                                 seq.request.request_id, num_tokens, seq.request.sampling.min_tokens)
             elif num_tokens < seq.request.sampling.max_new_tokens:  # else the row ends this step
-                next_rows.append((seq.seq_id, num_tokens, matcher))
+                drafts = pending.get(seq.seq_id)
+                if drafts is None and self.jump_forward and jump_forward.eligible(seq):
+                    drafts = jump_forward.forced_tokens(matcher, seq, num_tokens, self.max_model_len)
+                    if drafts:
+                        self.drafts[seq.seq_id] = drafts
+                next_rows.append((seq.seq_id, num_tokens, matcher, drafts or []))
         if self.overlap:
             self._prefetch.start(next_rows, self._num_words())
+        return consumed
+
+    @staticmethod
+    def _consume_until_stopped(matcher, tokens: list[int]) -> int:
+        """Consume `tokens` in order, stopping where the grammar finishes (a token picked after a
+        finishing draft is not the row's: step by step the row would have ended there)."""
+        for n, token in enumerate(tokens):
+            if matcher.is_stopped() or not matcher.consume_token(token):
+                return n + (not matcher.is_stopped())  # an error: the token counts, as a single token's would
+        return len(tokens)
 
     def _addend_table(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         if self._table is None or self._table.device != device or self._table.dtype != dtype:

@@ -18,6 +18,7 @@ none of their methods until `take()` has joined it (llguidance objects refuse a 
 
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -29,35 +30,52 @@ class MaskPrefetch:
         self._executor = executor  # llguidance.LLExecutor: its threads fill the masks
         self._worker: ThreadPoolExecutor | None = None  # one thread: at most one fill in flight
         self._future: Future | None = None
-        self._rows: dict[int, tuple[int, int]] = {}  # seq id -> (its row in _bitmask, generated tokens it is for)
+        # seq id -> (its first row in _bitmask, generated tokens it is for, the drafts its next rows are after)
+        self._rows: dict[int, tuple[int, int, list[int]]] = {}
         self._bitmask: torch.Tensor | None = None  # [num_rows, num_words] int32, filled by the worker
         self.background_s = 0.0  # the worker's seconds in fills (off the step's critical path when overlapped)
 
-    def start(self, rows: list[tuple[int, int, object]], num_words: int) -> None:
-        """Fill the masks of `rows` (seq id, generated tokens after this step, matcher) in the background."""
+    def start(self, rows: list[tuple[int, int, object, list[int]]], num_words: int) -> None:
+        """Fill the masks of `rows` (seq id, generated tokens after this step, matcher, drafts) in the
+        background: a row with drafts (jump_forward.py) gets one mask more after each of them."""
         assert self._future is None, "take() the fill in flight first"
         self._rows = {}
         self._bitmask = None
         if not rows:
             return
-        self._rows = {seq_id: (j, num_tokens) for j, (seq_id, num_tokens, _) in enumerate(rows)}
-        self._bitmask = torch.full((len(rows), num_words), -1, dtype=torch.int32)
+        starts = list(itertools.accumulate((1 + len(drafts) for *_, drafts in rows), initial=0))
+        self._rows = {seq_id: (start, num_tokens, drafts)
+                      for start, (seq_id, num_tokens, _, drafts) in zip(starts, rows, strict=False)}
+        self._bitmask = torch.full((starts[-1], num_words), -1, dtype=torch.int32)
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchgen-grammar")
-        self._future = self._worker.submit(self._fill, [(m, j) for j, (_, _, m) in enumerate(rows)], self._bitmask)
+        matchers = [(m, start, drafts) for start, (_, _, m, drafts) in zip(starts, rows, strict=False)]
+        self._future = self._worker.submit(self._fill, matchers, self._bitmask)
 
-    def _fill(self, matchers: list[tuple[object, int]], bitmask: torch.Tensor) -> None:
-        import llguidance.torch as lt
+    def _fill(self, matchers: list[tuple[object, int, list[int]]], bitmask: torch.Tensor) -> None:
 
         t0 = time.perf_counter()
-        lt.fill_next_token_bitmask_par(self._executor, matchers, bitmask)
+        fill_masks(self._executor, matchers, bitmask)
         self.background_s += time.perf_counter() - t0
 
-    def take(self) -> tuple[dict[int, tuple[int, int]], torch.Tensor | None]:
-        """Join the fill in flight (if any): (seq id -> (row, generated tokens), the filled masks)."""
+    def take(self) -> tuple[dict[int, tuple[int, int, list[int]]], torch.Tensor | None]:
+        """Join the fill in flight (if any): (seq id -> (first row, generated tokens, drafts), the filled masks)."""
         if self._future is not None:
             future, self._future = self._future, None
             future.result()  # a fill that raised raises here, on the engine's thread
         rows, bitmask = self._rows, self._bitmask
         self._rows, self._bitmask = {}, None
         return rows, bitmask
+
+
+def fill_masks(executor, matchers: list[tuple[object, int, list[int]]], bitmask: torch.Tensor) -> None:
+    """Each (matcher, row, drafts)'s mask into bitmask[row], and with drafts the mask after each draft
+    into the rows that follow (llguidance's draft fill refuses a row without drafts: two batches)."""
+    import llguidance.torch as lt
+
+    plain = [(m, j) for m, j, drafts in matchers if not drafts]
+    drafting = [row for row in matchers if row[2]]
+    if plain:
+        lt.fill_next_token_bitmask_par(executor, plain, bitmask)
+    if drafting:
+        lt.fill_next_token_bitmask_par_with_draft_tokens(executor, drafting, bitmask)

@@ -17,11 +17,13 @@ logits of the rows that ask for them first; with none asked for, a step skips th
 from __future__ import annotations
 
 import hashlib
+import itertools
 
 import torch
 
 from batchgen.config.choices import MAX_LOGPROBS
 from batchgen.engine.kernels.argmax import argmax_rows
+from batchgen.engine.sampling import jump_forward
 from batchgen.engine.sampling.draw import Drawn, RowControls, draw
 from batchgen.engine.sampling.grammar import GrammarMasks
 from batchgen.engine.sampling.logprobs import greedy_logprobs, sampled_logprobs
@@ -66,6 +68,7 @@ class Sampler:
         self.last_draw: Drawn | None = None  # the latest step's sampling rows (logprobs read it)
         # structured output (engine/sampling/grammar.py); set by the engine, which owns the tokenizer
         self.grammar: GrammarMasks | None = None
+        self.num_refused_drafts = 0  # jump-forward drafts the model's own pick replaced (jump_forward.py)
 
     def add(self, seq: Sequence) -> None:
         """A request entered the engine (called once per sequence)."""
@@ -83,6 +86,43 @@ class Sampler:
         tokens = self._pick(self.grammar.mask(logits, seqs), seqs)
         self.grammar.accept(seqs, tokens)
         return tokens
+
+    def sample_with_drafts(self, logits: torch.Tensor, rows: list[tuple[Sequence, int, bool]]
+                           ) -> tuple[list[int], dict[int, tuple[int, int | None]]]:
+        """A step where some rows have drafts (engine/sampling/jump_forward.py). rows: (sequence, its
+        logits rows, whether it samples) in logits order; a row with drafts has one logits row per
+        position its chunk reached from the one before its first draft. Returns the samplers' tokens
+        (a row with drafts holds -1 there) and each row with drafts' verdict."""
+        seqs = [seq for seq, _, _ in rows]
+        masked = self.grammar.mask(logits, seqs, [m for _, m, _ in rows])
+        starts = list(itertools.accumulate((m for _, m, _ in rows), initial=0))
+        plain = [i for i, (seq, _, _) in enumerate(rows) if not seq.num_draft_tokens]
+        drafting = [i for i, (seq, _, _) in enumerate(rows) if seq.num_draft_tokens]
+        plain_tokens = self._pick(masked[_index([starts[i] for i in plain], masked.device)], [seqs[i] for i in plain])
+        picked = iter(argmax_rows(masked[_index([r for i in drafting for r in range(starts[i], starts[i + 1])],
+                                                masked.device)]))  # eligible rows are greedy, no controls
+        given: dict[int, list[int]] = dict(zip(plain, ([t] for t in plain_tokens), strict=True))
+        verdicts: dict[int, tuple[int, int | None]] = {}
+        pending: dict[int, list[int]] = {}
+        for i in drafting:
+            seq = seqs[i]
+            drafts = seq.token_ids[seq.num_confirmed_tokens:]
+            num_accepted, token = jump_forward.verdict(drafts, [next(picked) for _ in range(rows[i][1])])
+            verdicts[seq.seq_id] = (num_accepted, token)
+            self.num_refused_drafts += token is not None and num_accepted < len(drafts)
+            given[i] = drafts[:num_accepted] + ([] if token is None else [token])
+            if token is None:
+                pending[seq.seq_id] = drafts[num_accepted:]
+        order = sorted(given)
+        consumed = self.grammar.accept([seqs[i] for i in order], [given[i] for i in order], pending)
+        for i, n in zip(order, consumed, strict=True):
+            num_accepted, token = verdicts.get(seqs[i].seq_id, (None, None))
+            if token is not None and n == num_accepted:  # the grammar finished with the drafts
+                verdicts[seqs[i].seq_id] = (num_accepted, None)
+                self.grammar.drafts.pop(seqs[i].seq_id, None)
+        plain_iter = iter(plain_tokens)
+        tokens = [-1 if seq.num_draft_tokens else next(plain_iter) for seq, _, samples in rows if samples]
+        return tokens, verdicts
 
     def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         # logits: [num_seqs, vocab_size], row i belongs to seqs[i]

@@ -281,6 +281,7 @@ class Scheduler:
             self._release_to_waiting(sibling, front=front)
         self.running.remove(seq)
         self.block_manager.free(seq)
+        seq.drop_drafts()  # unconfirmed: a prefix-cache hit on them would skip the logits that check them
         seq.num_computed_tokens = 0
         seq.awaits_leader_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -294,21 +295,37 @@ class Scheduler:
         return [s for s in self.running if s.awaits_leader_tokens and s.prompt_leader is seq]
 
     # ---- after the forward ---------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
-        """Advance computed counts, register full blocks, append sampled tokens.
-
-        `sampled_token_ids` is in the order of `out.samplers`; returns those sequences.
-        """
+    def update(self, out: SchedulerOutput, sampled_token_ids: list[int],
+               verdicts: dict[int, tuple[int, int | None]] | None = None,
+               drafts: dict[int, list[int]] | None = None) -> list[Sequence]:
+        """Advance computed counts, register full blocks, append sampled tokens; returns the
+        sequences that gained tokens. `sampled_token_ids` is in `out.samplers` order. Jump-forward
+        (engine/sampling/jump_forward.py): `verdicts` (seq id -> drafts confirmed, token picked after
+        them) settle the drafts of the rows that have some, in place of their sampled entry;
+        `drafts` (seq id -> forced tokens) follow a row's new token."""
+        verdicts = verdicts or {}
         samplers = out.samplers
         assert len(samplers) == len(sampled_token_ids)
+        grown = []
         for s in out.scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
-            assert s.seq.num_computed_tokens <= s.seq.num_tokens
-            self.block_manager.cache_full_blocks(s.seq)
-            self.block_manager.drop_out_of_window(s.seq)
+            seq = s.seq
+            seq.num_computed_tokens += s.num_new_tokens
+            assert seq.num_computed_tokens <= seq.num_tokens
+            verdict = verdicts.get(seq.seq_id)
+            if verdict is not None:  # before caching blocks: only confirmed tokens stay computed
+                seq.settle_drafts(*verdict)
+                if verdict[0] or verdict[1] is not None:
+                    grown.append(seq)
+            self.block_manager.cache_full_blocks(seq)
+            self.block_manager.drop_out_of_window(seq)
         for seq, token_id in zip(samplers, sampled_token_ids, strict=True):
-            seq.append_token(token_id)
-        return samplers
+            if seq.seq_id not in verdicts:
+                seq.append_token(token_id)
+                grown.append(seq)
+        if drafts:
+            for seq in grown:
+                seq.add_drafts(drafts.get(seq.seq_id, []))
+        return grown
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         for sibling in self._awaiting(seq):  # samples.py: it computed their blocks, unless it never ran

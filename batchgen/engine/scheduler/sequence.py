@@ -71,6 +71,9 @@ class Sequence:
     # > 0 while it holds its leader's prompt blocks before the leader has computed them: it is not
     # scheduled until the leader's num_computed_tokens reaches this
     awaits_leader_tokens: int = 0
+    # jump-forward (engine/sampling/jump_forward.py): the grammar's forced tokens at the tail of
+    # token_ids, run through the next forward but not yet confirmed as the tokens the model picks
+    num_draft_tokens: int = 0
 
     @classmethod
     def from_request(cls, seq_id: int, request: Request) -> Sequence:
@@ -98,6 +101,17 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
+    def num_confirmed_tokens(self) -> int:
+        """Tokens but the unconfirmed drafts: what a checkpoint keeps and a grammar has consumed."""
+        return len(self.token_ids) - self.num_draft_tokens
+
+    @property
+    def first_logits_position(self) -> int:
+        """The first position whose logits this sequence needs: the one before its first draft
+        (each draft is checked against the token the model picks there), else its last token."""
+        return len(self.token_ids) - self.num_draft_tokens - 1
+
+    @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
 
@@ -118,4 +132,33 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         assert self.status is SequenceStatus.RUNNING
         assert self.num_computed_tokens == len(self.token_ids), "sampled before catching up"
+        self.token_ids.append(token_id)
+
+    def add_drafts(self, token_ids: list[int]) -> None:
+        """The grammar's forced tokens after the token just sampled: the next chunk runs them."""
+        if not token_ids:
+            return
+        assert self.num_draft_tokens == 0 and self.num_computed_tokens == len(self.token_ids) - 1
+        self.token_ids.extend(token_ids)
+        self.num_draft_tokens = len(token_ids)
+
+    def drop_drafts(self) -> None:
+        """Forget the unconfirmed drafts (a preempted or finished row): its grammar never consumed them."""
+        del self.token_ids[len(self.token_ids) - self.num_draft_tokens:]
+        self.num_draft_tokens = 0
+        self.num_computed_tokens = min(self.num_computed_tokens, len(self.token_ids))
+
+    def settle_drafts(self, num_accepted: int, token_id: int | None) -> None:
+        """A step's verdict on the drafts its chunk reached: the first `num_accepted` are the model's
+        own picks; `token_id`, if any, is the token picked after them (at the end of the sequence, or
+        in place of the first refused draft, whose tail is then dropped with its K/V)."""
+        assert 0 <= num_accepted <= self.num_draft_tokens
+        self.num_draft_tokens -= num_accepted
+        if token_id is None:
+            assert self.num_computed_tokens <= len(self.token_ids) - self.num_draft_tokens
+            return
+        cut = len(self.token_ids) - self.num_draft_tokens
+        del self.token_ids[cut:]
+        self.num_draft_tokens = 0
+        self.num_computed_tokens = min(self.num_computed_tokens, cut)
         self.token_ids.append(token_id)

@@ -61,6 +61,7 @@ def build_engine(config: JobConfig, loaded: LoadedModel, policy: Policy | None =
         cuda_graphs=config.cuda_graphs,
         kv_cache_bytes=parse_bytes(config.kv_cache_memory) if config.kv_cache_memory else None,
         enable_prefix_caching=config.enable_prefix_caching,
+        jump_forward=config.jump_forward,
         compile=config.compile,
         kv_cache_dtype=config.kv_cache_dtype,
         max_model_len=loaded.max_context_tokens,

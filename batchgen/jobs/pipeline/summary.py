@@ -83,6 +83,8 @@ class JobSummary:
                 f"{e['running_mean']} running on average (max {e['running_max']}), "
                 f"KV blocks used max {e['kv_blocks_used_max']}/{e['kv_blocks_total']}, "
                 f"{e['num_preemptions']} preemptions, {e['num_prefix_hit_tokens']} prefix-cache hit tokens"
+                + (f", {e['num_forced_tokens']} forced tokens (decode steps saved by --jump-forward)"
+                   if e.get("num_forced_tokens") else "")
                 + ("" if self.forward_share is None else f"; the model's forward {100 * self.forward_share:.1f}% "
                                                           "of the job's wall time"))
         if self.num_shareable_prefix_tokens:
