@@ -48,6 +48,8 @@ class EngineConfig:
     prepack_weights: bool = True
     # CPU bf16: Llama-style RMSNorm and SiLU * up run as single fused C calls (engine/kernels/fused.py)
     fuse_pointwise: bool = True
+    # LoRA adapters by name -> PEFT adapter directory (engine/lora/): a Request's `adapter` names one
+    lora_adapters: dict[str, str] | None = None
 
 
 def resolve_attention(config: EngineConfig, device: torch.device, model_dtype: torch.dtype,

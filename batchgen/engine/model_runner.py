@@ -29,6 +29,7 @@ from batchgen.engine.attention.paged import AttentionMetadata
 from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
 from batchgen.engine.kv.groups import KVGroups
+from batchgen.engine.lora.layers import lora_step, step_groups
 from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.scheduler.scheduler import SchedulerOutput
 from batchgen.runtime.cache_dir import cache_root
@@ -107,6 +108,7 @@ class ModelRunner:
         slot_mapping: list[int] = []
         logits_idx: list[int] = []
         packed: list[PackedSeq] = []
+        adapter_spans: list[tuple[str | None, int, int]] = []  # each row's adapter and its tokens
         t = 0
         for s in out.scheduled:
             seq, n = s.seq, s.num_new_tokens
@@ -117,6 +119,7 @@ class ModelRunner:
             positions.extend(range(start, context_len))
             slot_mapping.extend(block_table[p // bs] * bs + p % bs for p in range(start, context_len))
             packed.append(PackedSeq(t, n, start, block_table))
+            adapter_spans.append((seq.request.adapter, t, n))
             if s.samples:
                 logits_idx.append(t + n - 1)
             t += n
@@ -135,7 +138,7 @@ class ModelRunner:
             self._add_group_metadata(meta, out, packed)
         ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
         t0 = time.perf_counter()
-        with forward_context(meta):
+        with forward_context(meta), lora_step(step_groups(adapter_spans, dev)):
             logits = self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
         if self._events is None:  # on CUDA the call only queued work: the events time it
             self.last_forward_s = time.perf_counter() - t0

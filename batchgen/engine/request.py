@@ -117,6 +117,8 @@ class Request:
     # k alone (a continued sample, or one a resumed job still lacks), whose draws are those it has
     # within the whole request
     sample_index: int | None = None
+    # the name of a LoRA adapter the engine loaded (EngineConfig.lora_adapters); None = the base model
+    adapter: str | None = None
 
     def __post_init__(self):
         assert self.sample_index is None or 0 <= self.sample_index < self.sampling.n, self.sample_index
