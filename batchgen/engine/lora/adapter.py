@@ -95,10 +95,20 @@ def read_config(name: str, path: str | Path) -> dict:
         if value not in plain:
             what = "DoRA (use_dora)" if option == "use_dora" else option
             raise _refuse(name, f"{what}={value!r} is not supported (plain LoRA only)")
+    targets = config.get("target_modules")
+    if isinstance(targets, list | tuple):  # a string is a regex: the weights' names are checked below instead
+        for target in targets:
+            _check_target(name, str(target).rsplit(".", 1)[-1], str(target))
     rank = config.get("r")
     if not isinstance(rank, int) or not 1 <= rank <= MAX_RANK:
         raise _refuse(name, f"rank r={rank!r} is not supported (1 to {MAX_RANK})")
     return config
+
+
+def _check_target(name: str, target: str, where: str) -> None:
+    if target not in SUPPORTED_TARGETS:
+        raise _refuse(name, f"target module {target!r} ({where}) is not supported (target_modules may name "
+                            f"{', '.join(sorted(SUPPORTED_TARGETS))})")
 
 
 def read_adapter(name: str, path: str | Path, dtype: torch.dtype = torch.float32) -> LoraAdapter:
@@ -118,10 +128,7 @@ def read_adapter(name: str, path: str | Path, dtype: torch.dtype = torch.float32
         if not sep or part not in ("A.weight", "B.weight"):
             raise _refuse(name, f"weight {key!r} is not a LoRA A/B matrix (embeddings, biases and saved modules are "
                                 "not supported)")
-        target = module.rsplit(".", 1)[-1]
-        if target not in SUPPORTED_TARGETS:
-            raise _refuse(name, f"target module {target!r} ({module}) is not supported (target_modules may name "
-                                f"{', '.join(sorted(SUPPORTED_TARGETS))})")
+        _check_target(name, module.rsplit(".", 1)[-1], module)
         pairs.setdefault(module, {})[part[0]] = tensor
     weights = {}
     for module, pair in pairs.items():
