@@ -38,6 +38,7 @@ class PlannedRow:
     settings_key: str | None = None
     # the sequences the engine runs for it: its n samples (num_samples), which share the prompt's blocks
     num_samples: int = 1
+    adapter: str | None = None  # the --lora adapter it runs with (jobs/pipeline/row_adapter.py); None = base
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -55,7 +56,7 @@ def num_samples(config: JobConfig, planned: PlannedRow) -> int:
 
 
 def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str, Any] | None,
-                     constraint: Constraint | None = None) -> str | None:
+                     constraint: Constraint | None = None, adapter: dict[str, str] | None = None) -> str | None:
     """The row's own settings (--max-new-tokens-column, --sampling-column) where they differ from
     the job's, as canonical JSON; None for a row run on the job's settings alone.
 
@@ -71,4 +72,6 @@ def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str,
         own["sampling"] = changed
     if constraint is not None:  # a per-row schema: an edited schema regenerates the row
         own["constraint"] = constraint.describe()
+    if adapter is not None:  # its name and content hash (row_adapter.adapter_identity): a changed adapter regenerates
+        own["adapter"] = adapter
     return json.dumps(own, sort_keys=True) if own else None
