@@ -111,3 +111,13 @@ def test_an_openai_batch_model_names_its_adapter(tiny_model_dir, loaded, dirs, t
     rows = committed_rows(out, id_column="custom_id")
     assert [rows[f"r{i}"]["adapter"] for i in range(3)] == ["mlp8", None, "all16"]
     assert len({rows[f"r{i}"]["generated_text"] for i in range(3)}) == 3
+
+
+def test_plan_counts_the_adapters_memory(tiny_model_dir, loaded, dirs, tmp_path):
+    from batchgen.jobs.commands.plan import plan_job
+
+    src = write(tmp_path / "in.parquet", ADAPTERS)
+    result = plan_job(config(src, None, tiny_model_dir, dirs, lora_column="adapter"), loaded=loaded)
+    # float32: (r x in + out x r) x 4 bytes per wrapped projection (tests/tiny.py: hidden 64, MLP 128, 2 layers)
+    assert result["lora"]["attn4"] == {"rank": 4, "layers": 4, "bytes": 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4) * 4}
+    assert result["lora"]["all16"]["layers"] == 14 and result["lora"]["mlp8"]["layers"] == 8

@@ -32,9 +32,10 @@ class LoraAdapter:
     # module name in the base model (e.g. "model.layers.0.self_attn.q_proj") -> (A [r, in], B [out, r])
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
-    @property
-    def num_bytes(self) -> int:
-        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.weights.values())
+    # what its wrapped layers hold on the model's device once attached (engine/lora/layers.py); its
+    # `weights` are then dropped, so the adapter is held once
+    device_bytes: int = 0
+    num_layers: int = 0  # projections it changes
 
 
 def read_adapter(name: str, path: str | Path, dtype: torch.dtype = torch.float32) -> LoraAdapter:
@@ -68,4 +69,4 @@ def read_adapter(name: str, path: str | Path, dtype: torch.dtype = torch.float32
     if not weights:
         raise refuse(name, f"{path} holds no LoRA weights")
     return LoraAdapter(name=name, path=str(path), rank=rank, scaling=scaling, content_hash=content_hash(path),
-                       weights=weights)
+                       weights=weights, num_layers=len(weights))

@@ -51,8 +51,8 @@ def lora_step(groups: list[AdapterRows] | None) -> Iterator[None]:
         _local.groups = None
 
 
-def attach(model: torch.nn.Module, adapters: dict[str, LoraAdapter]) -> int:
-    """Wrap every projection some adapter targets; returns the bytes the adapters hold on the
+def attach(model: torch.nn.Module, adapters: dict[str, LoraAdapter]) -> dict[str, int]:
+    """Wrap every projection some adapter targets; returns the bytes each adapter holds on the
     model's device. Checks that each adapter fits the model (its modules exist, its shapes match)
     before changing anything. Calling it again (another engine on the same model) replaces the set."""
     modules = dict(model.named_modules())
@@ -79,7 +79,7 @@ def attach(model: torch.nn.Module, adapters: dict[str, LoraAdapter]) -> int:
             a_t = a.t().contiguous().to(device=device, dtype=dtype)
             b_t = (b.t() * adapter.scaling).contiguous().to(device=device, dtype=dtype)
             per_module.setdefault(module_name, {})[name] = (a_t, b_t)
-    num_bytes = 0
+    num_bytes = dict.fromkeys(adapters, 0)
     for module_name, module in modules.items():
         pairs = per_module.get(module_name)
         if pairs is None:
@@ -89,7 +89,8 @@ def attach(model: torch.nn.Module, adapters: dict[str, LoraAdapter]) -> int:
         if getattr(module, "_batchgen_lora", None) is None:
             module.forward = types.MethodType(_make_forward(module.forward), module)
         module._batchgen_lora = pairs
-        num_bytes += sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in pairs.values())
+        for name, (a, b) in pairs.items():
+            num_bytes[name] += a.numel() * a.element_size() + b.numel() * b.element_size()
     return num_bytes
 
 

@@ -32,8 +32,11 @@ def load(model: torch.nn.Module, config: EngineConfig) -> dict[str, LoraAdapter]
     dtype = next(model.parameters()).dtype
     adapters = {name: read_adapter(name, path, dtype if dtype.is_floating_point else torch.float32)
                 for name, path in dirs.items()}
-    num_bytes = attach(model, adapters)
+    for name, num_bytes in attach(model, adapters).items():
+        adapters[name].device_bytes = num_bytes
     log.info("LoRA: %d adapters (%s), %.1f MiB on %s", len(adapters),
-             ", ".join(f"{a.name} r={a.rank} on {len(a.weights)} layers" for a in adapters.values()),
-             num_bytes / 2**20, next(model.parameters()).device)
+             ", ".join(f"{a.name} r={a.rank} on {a.num_layers} layers" for a in adapters.values()),
+             sum(a.device_bytes for a in adapters.values()) / 2**20, next(model.parameters()).device)
+    for adapter in adapters.values():
+        adapter.weights = {}  # the wrapped layers hold their own copies
     return adapters

@@ -85,6 +85,9 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
     planner, block_size = job.planner, engine.block_size
     bytes_per_token = engine.kv_cache.spec.bytes_per_token  # of one pool block (kv/groups.py: one page per tensor pair)
     cache_bytes = engine.kv_cache.num_bytes
+    # --lora adapters, held on the model's device beside the weights; the KV cache was sized after them
+    lora = {name: {"rank": a.rank, "layers": a.num_layers, "bytes": a.device_bytes}
+            for name, a in engine.lora_adapters.items()}
     budget = engine.limits.max_num_batched_tokens  # the step token budget (set or auto)
 
     rng = random.Random(0)
@@ -143,6 +146,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         "prompt_tokens": prompt_tally.describe(), "predicted_output_tokens": p50_tally.total,
         "output_tokens_p50": p50_tally.describe(), "output_tokens_p90": p90_tally.describe(),
         "learned_rows": job.predictor.num_learned_rows,
+        "lora": lora,
         "kv": {"bytes_per_token": bytes_per_token, "cache_bytes": cache_bytes,
                "cache_tokens": planner.kv_capacity_tokens,
                "needed_bytes_max": max((s["kv_bytes"]["needed"] for s in shards), default=0)},
