@@ -29,7 +29,7 @@ from batchgen.engine.attention.paged import AttentionMetadata
 from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
 from batchgen.engine.kv.groups import KVGroups
-from batchgen.engine.lora.layers import lora_step, step_groups
+from batchgen.engine.lora.layers import adapter_order, lora_step, step_groups
 from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.scheduler.scheduler import SchedulerOutput
 from batchgen.runtime.cache_dir import cache_root
@@ -109,8 +109,10 @@ class ModelRunner:
         logits_idx: list[int] = []
         packed: list[PackedSeq] = []
         adapter_spans: list[tuple[str | None, int, int]] = []  # each row's adapter and its tokens
+        order = adapter_order(out.scheduled)  # None without adapters: the scheduler's order
+        scheduled = out.scheduled if order is None else [out.scheduled[i] for i in order]
         t = 0
-        for s in out.scheduled:
+        for s in scheduled:
             seq, n = s.seq, s.num_new_tokens
             start = seq.num_computed_tokens
             context_len = start + n
@@ -123,6 +125,9 @@ class ModelRunner:
             if s.samples:
                 logits_idx.append(t + n - 1)
             t += n
+        if order is not None:  # the samplers' logits in out.samplers' order, wherever their rows were packed
+            packed_at = dict(zip([i for i in order if out.scheduled[i].samples], logits_idx, strict=True))
+            logits_idx = [packed_at[i] for i, s in enumerate(out.scheduled) if s.samples]
 
         dev = self.device
         meta = AttentionMetadata(
@@ -135,7 +140,7 @@ class ModelRunner:
             kv_window=self.kv_window,
         )
         if self.kv_groups is not None:
-            self._add_group_metadata(meta, out, packed)
+            self._add_group_metadata(meta, scheduled, packed)
         ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
         t0 = time.perf_counter()
         with forward_context(meta), lora_step(step_groups(adapter_spans, dev)):
@@ -144,7 +149,7 @@ class ModelRunner:
             self.last_forward_s = time.perf_counter() - t0
         return logits
 
-    def _add_group_metadata(self, meta: AttentionMetadata, out: SchedulerOutput, packed: list[PackedSeq]) -> None:
+    def _add_group_metadata(self, meta: AttentionMetadata, scheduled: list, packed: list[PackedSeq]) -> None:
         """Each further layer group's slot_mapping and step metadata (kv/hybrid.py): the same
         tokens, in that group's blocks; the first group's are the ones already built."""
         groups, bs = self.kv_groups, meta.block_size
@@ -153,7 +158,7 @@ class ModelRunner:
         for k in range(groups.num_groups - 1):
             slot_mapping: list[int] = []
             group_packed = []
-            for s, p in zip(out.scheduled, packed, strict=True):
+            for s, p in zip(scheduled, packed, strict=True):
                 block_table = s.seq.kv_groups[k].block_table
                 slot_mapping.extend(block_table[i // bs] * bs + i % bs for i in range(p.num_past_tokens, p.context_len))
                 group_packed.append(PackedSeq(p.start, p.num_new_tokens, p.num_past_tokens, block_table))

@@ -118,6 +118,16 @@ def _make_forward(base_forward):
     return forward
 
 
+def adapter_order(scheduled: list) -> list[int] | None:
+    """The order to pack a step's rows in so that each adapter's tokens are one run (a slice in
+    every wrapped layer, no gather or scatter); None when no row has an adapter, so a base-only
+    step packs exactly as without LoRA. Stable: rows of one adapter keep the scheduler's order."""
+    names = [s.seq.request.adapter for s in scheduled]
+    if not any(names):
+        return None
+    return sorted(range(len(names)), key=lambda i: (names[i] is not None, names[i] or ""))
+
+
 def step_groups(spans: list[tuple[str | None, int, int]], device: torch.device) -> list[AdapterRows] | None:
     """The step's adapter groups from each scheduled row's (adapter, first token, token count) in
     packed order; None when no row has an adapter (the wrapped layers then run their base alone)."""
