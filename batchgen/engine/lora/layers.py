@@ -108,11 +108,12 @@ def _make_forward(base_forward):
                 continue
             a_t, b_t = pair
             xs = flat_x[group.rows]
-            delta = (xs.to(a_t.dtype) @ a_t) @ b_t
-            if isinstance(group.rows, slice):
-                flat_out[group.rows] += delta.to(out.dtype)
+            if xs.dtype != a_t.dtype:  # a quantized layer's float32 activations
+                xs = xs.to(a_t.dtype)
+            if isinstance(group.rows, slice) and out.dtype == b_t.dtype:
+                flat_out[group.rows].addmm_(xs @ a_t, b_t)  # the expand and the add in one call
             else:
-                flat_out.index_add_(0, group.rows, delta.to(out.dtype))
+                flat_out.index_add_(0, _indices(group.rows, flat_out.device), ((xs @ a_t) @ b_t).to(out.dtype))
         return out
 
     return forward
@@ -126,6 +127,10 @@ def adapter_order(scheduled: list) -> list[int] | None:
     if not any(names):
         return None
     return sorted(range(len(names)), key=lambda i: (names[i] is not None, names[i] or ""))
+
+
+def _indices(rows: slice | torch.Tensor, device: torch.device) -> torch.Tensor:
+    return rows if isinstance(rows, torch.Tensor) else torch.arange(rows.start, rows.stop, device=device)
 
 
 def step_groups(spans: list[tuple[str | None, int, int]], device: torch.device) -> list[AdapterRows] | None:
