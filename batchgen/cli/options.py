@@ -44,7 +44,7 @@ _PANELS = {
     "Prompt": ("--template", "--system", "--chat", "--chat-template", "--chat-template-kwargs",
                "--parse-special-tokens", "--on-long-prompt", "--max-prompt-tokens"),
     "Model": ("--model", "--trust-remote-code", "--device", "--dtype", "--quantize", "--quantize-backend",
-              "--quantize-embedding"),
+              "--quantize-embedding", "--lora", "--lora-column"),
     "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
                  "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
                  "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--n", "--logprobs",
@@ -87,6 +87,11 @@ Model = Annotated[str | None, _opt("--model", metavar="MODEL", help=(
     "HF model id, local dir or .gguf [the embedded SmolLM2-135M-Instruct]."))]
 TrustRemoteCode = Annotated[bool | None, _opt("--trust-remote-code", help=(
     "Allow the model's own Python code to run [off]."))]
+Lora = Annotated[list[str] | None, _opt("--lora", metavar="NAME=DIR", help=(
+    "A PEFT LoRA adapter to load under NAME; repeatable. Rows choose theirs with --lora-column (an OpenAI "
+    "Batch request by its body's model); one --lora alone applies to every row [none]."))]
+LoraColumn = Annotated[str | None, _opt("--lora-column", metavar="COL", help=(
+    "Column naming each row's --lora adapter; null or empty: the base model."))]
 PromptColumn = Annotated[str | None, _opt("--prompt-column", metavar="COL", help="Column holding the prompt [text].")]
 IdColumn = Annotated[str | None, _opt("--id-column", metavar="COL", help=(
     "Column of unique row ids [derived: file name + row index]."))]

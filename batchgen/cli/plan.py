@@ -24,6 +24,8 @@ def plan(
     config: o.Config = None,
     model: o.Model = None,
     trust_remote_code: o.TrustRemoteCode = None,
+    lora: o.Lora = None,
+    lora_column: o.LoraColumn = None,
     prompt_column: o.PromptColumn = None,
     id_column: o.IdColumn = None,
     template: o.Template = None,

@@ -40,6 +40,9 @@ class JobConfig:
     output_format: str = "parquet"  # parquet | openai-batch (+ Batch API output.jsonl/errors.jsonl) | both
     model: str | None = None  # None = the embedded default model
     trust_remote_code: bool = False
+    # PEFT LoRA adapters by name -> directory (docs/lora.md); the flag: --lora NAME=DIR, repeatable
+    lora: dict[str, str] = field(default_factory=dict)
+    lora_column: str | None = None  # each row's adapter by name; null or empty: the base model
     prompt_column: str = "text"
     id_column: str | None = None  # None = "<file name>:<row index>", stable across runs
     template: str | None = None  # "{column}" placeholders only

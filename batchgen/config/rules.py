@@ -18,6 +18,7 @@ from batchgen.config.choices import (
     canonical_attention_backend,
 )
 from batchgen.config.keys import KEY_ALIASES, NO_FLAG, TOP_K_OFF, label
+from batchgen.config.lora_settings import lora_settings
 from batchgen.config.output_url import check_output_url, job_output_dir, names_batch_file
 from batchgen.config.text_settings import chat_template_settings, constraint_settings
 from batchgen.config.token_controls import read_logit_bias, read_token_ids
@@ -121,6 +122,7 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     _choice("output_format", config.output_format, OUTPUT_FORMATS)
     chat_template_settings(config)
     constraint_settings(config)
+    lora_settings(config)
     _combinations(config)
     if config.input_format == OPENAI_BATCH:
         _openai_batch_settings(config)

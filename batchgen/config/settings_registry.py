@@ -47,6 +47,8 @@ SETTINGS: dict[str, Output | Derived | RunOnly] = {
     "output": RunOnly("where the output goes"),
     "output_format": RunOnly("which files carry the rows; the Parquet schema is the output_schema key"),
     "model": Derived(("model_revision",)),
+    "lora": Derived(("lora",)),
+    "lora_column": Output(None),
     "trust_remote_code": RunOnly("whether a checkpoint's code may run; what it computes is the model's identity"),
     "prompt_column": Output(ALWAYS),
     "id_column": Output(ALWAYS),
@@ -146,6 +148,7 @@ DERIVED_KEYS: dict[str, Any] = {
     # the loaded model's identity (MODEL_KEYS), set only once it is loaded
     "model_revision": None, "dtype": None, "chat": None, "tokenizer": None, "eos_token_ids": None,
     "parse_special_tokens": None,
+    "lora": None,  # {adapter name: content hash}: an adapter changed on disk is another job
 }
 
 

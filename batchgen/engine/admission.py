@@ -3,6 +3,8 @@ request that can never run is refused with the reason, and the rows beside it go
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from batchgen.config.constraint import InvalidConstraint
 from batchgen.engine.request import Request
 from batchgen.engine.sampling.grammar import GrammarMasks
@@ -14,9 +16,13 @@ class RequestRejected(UsageError, ValueError):
     input, not an engine fault: the job loop must not rerun it in static mode."""
 
 
-def check_request(request: Request, max_tokens_per_seq: int, grammar: GrammarMasks) -> None:
+def check_request(request: Request, max_tokens_per_seq: int, grammar: GrammarMasks,
+                  adapters: Collection[str] = ()) -> None:
     """Raises RequestRejected for a request the engine cannot run; compiles its constraint (cached,
     so rows sharing one compile it once)."""
+    if request.adapter is not None and request.adapter not in adapters:
+        loaded = ", ".join(sorted(adapters)) or "none"
+        raise RequestRejected(f"unknown LoRA adapter {request.adapter!r} (loaded: {loaded})")
     num_prompt = len(request.prompt_token_ids)
     if num_prompt == 0:
         raise RequestRejected("empty prompt")

@@ -26,6 +26,7 @@ from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_
 from batchgen.engine.kernels import fused
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.kv.hybrid import make_block_manager
+from batchgen.engine.lora import load as lora
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model import experts, families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
@@ -66,6 +67,9 @@ class LLMEngine:
             experts.group_experts(model)  # MoE experts: one grouped pass on weights reordered the same way
         if config.fuse_pointwise and not config.compile:  # inductor fuses these itself
             fused.fuse_pointwise(model)
+        # after prepacking and fusing: the adapters wrap whatever forward each projection runs by now;
+        # before the KV cache is sized, so their memory is no longer free when it is
+        self.lora_adapters = lora.load(model, config)
         text_config = getattr(model.config, "text_config", None) or model.config
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
         if eos_token_ids is None:
@@ -126,6 +130,9 @@ class LLMEngine:
     # ---- device memory: the cache, the graphs, recovery from OOM ------------------------------------
     def _graphs_possible(self, config: EngineConfig) -> bool:
         if not config.cuda_graphs or self.device.type != "cuda":
+            return False
+        if self.lora_adapters:
+            log.debug("CUDA graphs: off, a replayed decode step cannot group its rows by LoRA adapter")
             return False
         if not getattr(self.backend, "supports_cuda_graphs", False):
             log.debug("CUDA graphs: off, the %s attention backend has no graph-safe decode (flash-attn has)",
@@ -201,7 +208,7 @@ class LLMEngine:
             for sample_index in range(request.sampling.n):
                 self.add_request(dataclasses.replace(request, sample_index=sample_index))
             return
-        check_request(request, self.max_tokens_per_seq, self.grammar)
+        check_request(request, self.max_tokens_per_seq, self.grammar, self.lora_adapters)
         seq = Sequence.from_request(next(self._seq_ids), request)
         self.metrics.num_prompt_tokens += len(request.prompt_token_ids)
         self.runner.add(seq)  # before the checks below: a continued row's grammar replays its tokens

@@ -51,6 +51,8 @@ class EngineConfig:
     # structured output: a grammar's forced tokens run as drafts in the next chunk instead of one decode
     # step each, the output unchanged (engine/sampling/jump_forward.py)
     jump_forward: bool = True
+    # LoRA adapters by name -> PEFT adapter directory (engine/lora/): a Request's `adapter` names one
+    lora_adapters: dict[str, str] | None = None
 
 
 def resolve_attention(config: EngineConfig, device: torch.device, model_dtype: torch.dtype,

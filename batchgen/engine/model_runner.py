@@ -29,6 +29,7 @@ from batchgen.engine.attention.paged import AttentionMetadata
 from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
 from batchgen.engine.kv.groups import KVGroups
+from batchgen.engine.lora.layers import adapter_order, lora_step, step_groups
 from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.scheduler.scheduler import SchedulerOutput
 from batchgen.runtime.cache_dir import cache_root
@@ -119,10 +120,13 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
-        logits_idx: list[int] = []
         packed: list[PackedSeq] = []
+        adapter_spans: list[tuple[str | None, int, int]] = []  # each row's adapter and its tokens
+        order = adapter_order(out.scheduled)  # None without adapters: the scheduler's order
+        scheduled = out.scheduled if order is None else [out.scheduled[i] for i in order]
         t = 0
-        for s in out.scheduled:
+        row_logits: list[list[int]] = [[] for _ in out.scheduled]  # per scheduled row, its logits rows
+        for k, s in zip(range(len(scheduled)) if order is None else order, scheduled, strict=True):
             seq, n = s.seq, s.num_new_tokens
             start = seq.num_computed_tokens
             context_len = start + n
@@ -131,11 +135,14 @@ class ModelRunner:
             positions.extend(range(start, context_len))
             slot_mapping.extend(block_table[p // bs] * bs + p % bs for p in range(start, context_len))
             packed.append(PackedSeq(t, n, start, block_table))
+            adapter_spans.append((seq.request.adapter, t, n))
             if s.seq.num_draft_tokens:  # from the position before its first draft (or the chunk's start)
-                logits_idx.extend(range(t + max(start, s.seq.first_logits_position) - start, t + n))
+                row_logits[k].extend(range(t + max(start, s.seq.first_logits_position) - start, t + n))
             elif s.samples:
-                logits_idx.append(t + n - 1)
+                row_logits[k].append(t + n - 1)
             t += n
+        # the logits in the scheduler's row order, wherever adapter grouping packed the rows
+        logits_idx = [i for rows_of_seq in row_logits for i in rows_of_seq]
 
         dev = self.device
         meta = AttentionMetadata(
@@ -148,16 +155,16 @@ class ModelRunner:
             kv_window=self.kv_window,
         )
         if self.kv_groups is not None:
-            self._add_group_metadata(meta, out, packed)
+            self._add_group_metadata(meta, scheduled, packed)
         ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
         t0 = time.perf_counter()
-        with forward_context(meta):
+        with forward_context(meta), lora_step(step_groups(adapter_spans, dev)):
             logits = self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
         if self._events is None:  # on CUDA the call only queued work: the events time it
             self.last_forward_s = time.perf_counter() - t0
         return logits
 
-    def _add_group_metadata(self, meta: AttentionMetadata, out: SchedulerOutput, packed: list[PackedSeq]) -> None:
+    def _add_group_metadata(self, meta: AttentionMetadata, scheduled: list, packed: list[PackedSeq]) -> None:
         """Each further layer group's slot_mapping and step metadata (kv/hybrid.py): the same
         tokens, in that group's blocks; the first group's are the ones already built."""
         groups, bs = self.kv_groups, meta.block_size
@@ -166,7 +173,7 @@ class ModelRunner:
         for k in range(groups.num_groups - 1):
             slot_mapping: list[int] = []
             group_packed = []
-            for s, p in zip(out.scheduled, packed, strict=True):
+            for s, p in zip(scheduled, packed, strict=True):
                 block_table = s.seq.kv_groups[k].block_table
                 slot_mapping.extend(block_table[i // bs] * bs + i % bs for i in range(p.num_past_tokens, p.context_len))
                 group_packed.append(PackedSeq(p.start, p.num_new_tokens, p.num_past_tokens, block_table))

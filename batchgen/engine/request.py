@@ -120,6 +120,8 @@ class Request:
     # an earlier request (still in the engine) whose prompt starts as this one's does: this one starts
     # from its blocks of the shared prefix, waiting while it computes them (scheduler/samples.py)
     prefix_leader_id: str | None = None
+    # the name of a LoRA adapter the engine loaded (EngineConfig.lora_adapters); None = the base model
+    adapter: str | None = None
 
     def __post_init__(self):
         assert self.sample_index is None or 0 <= self.sample_index < self.sampling.n, self.sample_index

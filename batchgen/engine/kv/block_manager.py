@@ -48,6 +48,14 @@ def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
+def chain_root(seq: Sequence, salt: int | None) -> int | None:
+    """Where a sequence's chain of block hashes starts: a LoRA adapter's K/V differ from the base
+    model's for the same tokens, so each adapter's blocks chain from their own root: a block's hash
+    covers its adapter as it covers the tokens before it."""
+    adapter = seq.request.adapter
+    return salt if adapter is None else hash((salt, "lora adapter", adapter))
+
+
 DROPPED_BLOCK = 0  # the block-table entry of a block dropped out of the window: a real block, read only masked
 
 
@@ -101,7 +109,7 @@ class BlockManager:
     def _cached_chain(self, seq: Sequence, salt: int | None) -> Iterator[tuple[int, int | None]]:
         """(chain hash, the cached block holding it or None) of each full block of `seq` that may
         come from the cache; `salt` starts a layer group's own chain (kv/hybrid.py)."""
-        parent = salt
+        parent = chain_root(seq, salt)
         for i in range((seq.num_tokens - 1) // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
             h = chain_hash(parent, tokens)
@@ -127,7 +135,7 @@ class BlockManager:
         """Give a waiting sequence its cached prefix (or the prompt blocks of the sample it shares
         them with) plus blocks for `num_new_tokens` more."""
         assert not seq.block_table and seq.num_computed_tokens == 0
-        parent: int | None = None
+        parent = chain_root(seq, None)
         for i, block_id in enumerate(cached_block_ids):
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -180,7 +188,7 @@ class BlockManager:
         num_full = seq.num_computed_tokens // self.block_size
         for i in range(blocks.num_hashed_blocks, num_full):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            parent = blocks.block_hashes[i - 1] if i > 0 else salt
+            parent = blocks.block_hashes[i - 1] if i > 0 else chain_root(seq, salt)
             h = chain_hash(parent, tokens)
             block = self.blocks[blocks.block_table[i]]
             assert block.block_hash is None

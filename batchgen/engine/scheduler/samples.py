@@ -95,6 +95,8 @@ def follow_prefix(seq: Sequence, leader: Sequence | None, block_size: int) -> No
     """Start `seq` from its prefix leader's blocks, if that row is still here and they share a full one."""
     if leader is None or leader.status is SequenceStatus.FINISHED:
         return
+    if leader.request.adapter != seq.request.adapter:  # another LoRA adapter's K/V differ for the same tokens
+        return
     num_common = num_common_tokens(leader.token_ids[:leader.num_prompt_tokens], seq.token_ids[:seq.num_prompt_tokens])
     if num_common >= block_size:
         seq.prompt_leader, seq.num_leader_tokens = leader, num_common

@@ -41,10 +41,16 @@ JSON_VALID = "json_valid"
 # only in such jobs, so the outputs of every other job keep their schema.
 JSON_VALID_FIELD = pa.field(JSON_VALID, pa.bool_())
 
+ADAPTER = "adapter"
+# a job with --lora: the adapter that produced the row (null: the base model, and error rows). After
+# the fixed columns, only in such jobs.
+ADAPTER_FIELD = pa.field(ADAPTER, pa.string())
+
 
 def output_schema(id_field: pa.Field, passthrough: list[pa.Field], *, with_prompt_hash: bool = True,
                   with_prompt_truncated: bool = True, with_logprobs: bool = False,
-                  with_json_valid: bool = False, with_sample_index: bool = False) -> pa.Schema:
+                  with_json_valid: bool = False, with_sample_index: bool = False,
+                  with_adapter: bool = False) -> pa.Schema:
     """The id field, then OUTPUT_FIXED_FIELDS, then the passthrough input columns in input order.
 
     `with_prompt_hash=False` / `with_prompt_truncated=False`: the schema of directories begun
@@ -54,7 +60,7 @@ def output_schema(id_field: pa.Field, passthrough: list[pa.Field], *, with_promp
     fixed = [f for f in OUTPUT_FIXED_FIELDS if f.name not in dropped]
     fields = [id_field, *([SAMPLE_INDEX_FIELD] if with_sample_index else []), *fixed,
               *([LOGPROBS_FIELD] if with_logprobs else []), *([JSON_VALID_FIELD] if with_json_valid else []),
-              *passthrough]
+              *([ADAPTER_FIELD] if with_adapter else []), *passthrough]
     names = [f.name for f in fields]
     # The CLI rejects colliding names with a usage error; reaching here with one is a bug.
     assert len(set(names)) == len(names), f"output column names collide: {names}"

@@ -86,6 +86,9 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
     planner, block_size = job.planner, engine.block_size
     bytes_per_token = engine.kv_cache.spec.bytes_per_token  # of one pool block (kv/groups.py: one page per tensor pair)
     cache_bytes = engine.kv_cache.num_bytes
+    # --lora adapters, held on the model's device beside the weights; the KV cache was sized after them
+    lora = {name: {"rank": a.rank, "layers": a.num_layers, "bytes": a.device_bytes}
+            for name, a in engine.lora_adapters.items()}
     budget = engine.limits.max_num_batched_tokens  # the step token budget (set or auto)
 
     rng = random.Random(0)
@@ -148,6 +151,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         "shareable_prefix_tokens": sum(w.shared_tokens for w in work),
         "prefix_order": config.prefix_order,
         "rows_from_duplicates": sum(w.num_copies for w in work),
+        "lora": lora,
         "kv": {"bytes_per_token": bytes_per_token, "cache_bytes": cache_bytes,
                "cache_tokens": planner.kv_capacity_tokens,
                "needed_bytes_max": max((s["kv_bytes"]["needed"] for s in shards), default=0)},

@@ -120,7 +120,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
                                            config.input_format == OPENAI_BATCH and session.writes_logprobs()),
                                        with_json_valid=writes_json_valid(config) and (
                                            config.input_format != OPENAI_BATCH or session.writes_json_valid()),
-                                       with_sample_index=writes_sample_index(config, session))
+                                       with_sample_index=writes_sample_index(config, session),
+                                       with_adapter=bool(config.lora))
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 if empty:

@@ -25,6 +25,7 @@ from batchgen.config.constraint import job_constraint
 from batchgen.config.job import JobConfig
 from batchgen.config.settings_registry import ALWAYS, absent_value, is_declared, output_settings
 from batchgen.config.text_settings import chat_template_text
+from batchgen.engine.lora.files import adapter_hashes
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.jobs.pipeline.rows import RowSource
 
@@ -74,6 +75,8 @@ def job_fingerprint(config: JobConfig, source: RowSource, schema: pa.Schema, *, 
         fingerprint["chat_template"] = hashlib.sha256(text.encode()).hexdigest()[:16]
     if (constraint := job_constraint(config)) is not None:
         fingerprint["constraint"] = constraint.describe()
+    if config.lora:  # each adapter's content, its config checked first: one changed on disk is another job
+        fingerprint["lora"] = adapter_hashes(config.lora)
     if model is not None:
         assert set(model) == {"model", *MODEL_KEYS}, sorted(model)
         fingerprint.update(model)

@@ -23,7 +23,7 @@ from batchgen.engine.request import Completion, Continuation
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import fingerprint_digest
 from batchgen.io.store.partials import PartialRow
-from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
+from batchgen.io.store.schema import ADAPTER, JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer
@@ -79,6 +79,7 @@ class LocalJob:
         self.with_prompt_truncated = PROMPT_TRUNCATED in schema.names
         self.logprobs = LogprobColumn(loaded.tokenizer) if LOGPROBS in schema.names else None
         self.with_json_valid = JSON_VALID in schema.names
+        self.with_adapter = ADAPTER in schema.names
         self.constraint = job_constraint(config)  # a row's own (PlannedRow.constraint) wins
         self.fingerprint = job_fingerprint(config, source, schema, model=model_fingerprint(loaded, self.job.builder))
         self.commits = CommitSchedule(Committer(session.manifest, PartWriter(session.store, schema),
@@ -196,7 +197,7 @@ class LocalJob:
                                              predicted_tokens=prediction.p50, error=False)
             outs.append(self.output_row(planned.row, completion=completion, digest=planned.prompt_hash,
                                         truncated=planned.num_truncated_tokens > 0,
-                                        json_valid=json_valid(constraint, completion)))
+                                        json_valid=json_valid(constraint, completion), adapter=planned.adapter))
         self.emit(planned.row, outs)
 
     def refuse_samples(self, planned: PlannedRow) -> None:
@@ -213,12 +214,12 @@ class LocalJob:
 
     def output_row(self, row: InputRow, *, completion: Completion | None = None, error: str | None = None,
                    digest: str | None = None, truncated: bool | None = None,
-                   json_valid: bool | None = None) -> dict[str, Any]:
+                   json_valid: bool | None = None, adapter: str | None = None) -> dict[str, Any]:
         return output_row(self.id_name, self.passthrough, self.with_prompt_hash, row, completion=completion,
                           error=error, digest=digest, truncated=truncated,
                           with_prompt_truncated=self.with_prompt_truncated, logprobs=self.logprobs,
                           with_json_valid=self.with_json_valid, json_valid=json_valid,
-                          with_sample_index=self.with_sample_index)
+                          with_sample_index=self.with_sample_index, with_adapter=self.with_adapter, adapter=adapter)
 
     def emit(self, row: InputRow, out: dict[str, Any] | list[dict[str, Any]]) -> None:
         """One input row's output: a row, or one per sample (committed together)."""

@@ -18,7 +18,8 @@ Supported: `POST /v1/chat/completions` (body `messages`) and `POST /v1/completio
 
 A field the body does not set takes the job's setting (so `--temperature 1` gives the API's own
 default; batchgen's is greedy). `model` never switches models: the job runs its --model for every
-request and the `model` column records what the request asked for. Anything else (tools,
+request and the `model` column records what the request asked for; a `model` naming one of the
+job's --lora adapters runs that adapter on the job's model (batchgen.jobs.pipeline.row_adapter). Anything else (tools,
 images, ...) is refused for that request alone: an error
 row whose message carries the API's error code (batchgen.io.inputs.openai_batch.api_error). Prompts
 are never cut to fit: as the API does, a request too long for the context is an error
@@ -40,6 +41,7 @@ from batchgen.config.token_controls import read_logit_bias, read_token_ids
 from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL
 from batchgen.jobs.openai.request_error import RequestError
 from batchgen.jobs.openai.response_format import response_format_constraint
+from batchgen.jobs.pipeline.row_adapter import adapter_identity, request_adapter
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.prompting.chat_rows import MESSAGE_ROLES
@@ -70,6 +72,7 @@ class ParsedRequest:
     stop: tuple[str, ...] | None = None
     logprobs: int | None = None  # alternatives per token; None = no logprobs
     constraint: Constraint | None = None  # from response_format; None = free text
+    model: Any = None  # the body's model: a loaded --lora adapter's name selects it
 
 
 def parse_request(values: dict[str, Any]) -> ParsedRequest:
@@ -90,7 +93,7 @@ def parse_request(values: dict[str, Any]) -> ParsedRequest:
         if name in body and not any(type(body[name]) is type(a) and body[name] == a for a in allowed):
             raise RequestError("unsupported_parameter", f"{name}={json.dumps(body[name])} is not supported "
                                f"(only {json.dumps(allowed[0])})", param=name)
-    request = ParsedRequest(url)
+    request = ParsedRequest(url, model=body.get("model"))
     if url == CHAT_URL:
         request.messages = _messages(body.get("messages"))
     else:
@@ -146,9 +149,12 @@ def prepare_request_row(row: InputRow, builder: PromptBuilder, config: JobConfig
         settings["logprobs"] = request.logprobs
     if request.constraint is not None:  # likewise
         settings["constraint"] = request.constraint.describe()
+    adapter = request_adapter(request.model, config)
+    if adapter is not None:  # likewise
+        settings["adapter"] = adapter_identity(adapter, config)
     return PlannedRow(row, ids, max_new, sampling=request.sampling or None, seed=request.seed, stop=request.stop,
                       logprobs=request.logprobs, constraint=request.constraint,
-                      settings_key=json.dumps(settings, sort_keys=True))
+                      settings_key=json.dumps(settings, sort_keys=True), adapter=adapter)
 
 
 def _logprobs(body: dict[str, Any], url: str) -> int | None:

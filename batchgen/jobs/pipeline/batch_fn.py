@@ -30,7 +30,15 @@ from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, output_schema
+from batchgen.io.store.schema import (
+    ADAPTER,
+    JSON_VALID,
+    LOGPROBS,
+    PROMPT_HASH,
+    PROMPT_TRUNCATED,
+    SAMPLE_INDEX,
+    output_schema,
+)
 from batchgen.jobs.durability.fingerprint import model_fingerprint
 from batchgen.jobs.pipeline.batch_columns import (
     BOOKKEEPING,
@@ -60,7 +68,8 @@ def output_row(id_name: str, passthrough: list[str], with_prompt_hash: bool, row
                digest: str | None = None, truncated: bool | None = None,
                with_prompt_truncated: bool = True, logprobs: LogprobColumn | None = None,
                with_json_valid: bool = False, json_valid: bool | None = None,
-               with_sample_index: bool = False) -> dict[str, Any]:
+               with_sample_index: bool = False, with_adapter: bool = False,
+               adapter: str | None = None) -> dict[str, Any]:
     """One output row (batchgen.io.store.schema's columns) of a finished row or an error row: the one
     definition both executors write. Without prompt_hash / prompt_truncated for a directory begun
     before those columns (the writer refuses keys its schema lacks)."""
@@ -82,6 +91,8 @@ def output_row(id_name: str, passthrough: list[str], with_prompt_hash: bool, row
         out[LOGPROBS] = None if completion is None else logprobs.cell(completion)
     if with_json_valid:  # a JSON-constrained job: the schema has the column
         out[JSON_VALID] = json_valid
+    if with_adapter:  # a --lora job: which adapter produced the row (null: the base model, an error row)
+        out[ADAPTER] = adapter if completion is not None else None
     for name in passthrough:
         out[name] = row.values.get(name)
     return out
@@ -120,7 +131,9 @@ class BatchGenerator:
         marks = {"with_prompt_truncated": PROMPT_TRUNCATED in schema.names,
                  "with_sample_index": SAMPLE_INDEX in schema.names}  # one sample per row here: index 0
         marks["with_json_valid"] = JSON_VALID in schema.names  # a JSON-constrained job
-        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, JSON_VALID, "generated_text", "finish_reason",
+        marks["with_adapter"] = ADAPTER in schema.names  # a --lora job
+        fixed = {id_name, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, JSON_VALID, ADAPTER, "generated_text",
+                 "finish_reason",
                  "num_prompt_tokens", "num_generated_tokens", "error"}
         passthrough = [n for n in schema.names if n not in fixed]
         rows = self._input_rows(table)
@@ -151,7 +164,8 @@ class BatchGenerator:
                 outputs[position[id(planned)]] = output_row(id_name, passthrough, with_hash, planned.row,
                                                             completion=completion, digest=planned.prompt_hash,
                                                             truncated=planned.num_truncated_tokens > 0,
-                                                            json_valid=json_valid(constraint, completion), **marks)
+                                                            json_valid=json_valid(constraint, completion),
+                                                            adapter=planned.adapter, **marks)
         kept = [(row, out) for row, out in zip(rows, outputs, strict=True) if out is not None]
         result = pa.Table.from_pylist([out for _, out in kept], schema=schema)
         if SOURCE_PATH in table.column_names:  # the executor's provenance, for its committer
@@ -193,5 +207,6 @@ class BatchGenerator:
         names = config.keep_columns if config.keep_columns is not None else table.column_names
         passthrough = [table.schema.field(n) for n in names
                        if n not in BOOKKEEPING and n != config.id_column and n != id_field.name]
-        self.schema = output_schema(id_field, passthrough, with_json_valid=writes_json_valid(config))
+        self.schema = output_schema(id_field, passthrough, with_json_valid=writes_json_valid(config),
+                                    with_adapter=bool(config.lora))
         return self.schema

@@ -67,6 +67,7 @@ def build_engine(config: JobConfig, loaded: LoadedModel, policy: Policy | None =
         max_model_len=loaded.max_context_tokens,
         num_kv_blocks=num_kv_blocks,
         seq_token_needs=seq_token_needs,
+        lora_adapters=config.lora or None,
     )
     return LLMEngine(loaded.model, loaded.tokenizer, engine_config, eos_token_ids=loaded.eos_token_ids)
 
@@ -261,7 +262,7 @@ class JobCore:
                 logprobs=planned.logprobs if planned.logprobs is not None else config.logprobs,
                 constraint=planned.constraint if planned.constraint is not None else self.constraint,
                 **sampling_settings(config, planned.sampling, planned.max_new_tokens)),
-                predicted_num_output_tokens=planned.prediction.p90,
+                predicted_num_output_tokens=planned.prediction.p90, adapter=planned.adapter,
                 prefix_leader_id=planned.prefix_leader.request_id if planned.prefix_leader is not None else None)
             planned.request_id = key
             row = _PendingRow(planned, request,

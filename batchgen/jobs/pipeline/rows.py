@@ -29,7 +29,7 @@ from batchgen.errors import ConfigError, InputError
 from batchgen.io.inputs.cells import invalid_cells, json_cells
 from batchgen.io.inputs.discovery import InputShard, resolve_inputs
 from batchgen.io.inputs.readers import holds_no_rows, iter_batches, read_schema
-from batchgen.io.store.schema import JSON_VALID, LOGPROBS, OUTPUT_FIXED_FIELDS
+from batchgen.io.store.schema import ADAPTER, JSON_VALID, LOGPROBS, OUTPUT_FIXED_FIELDS
 from batchgen.jobs.prompting.chat_rows import is_conversation
 from batchgen.jobs.prompting.prompts import Template
 from batchgen.jobs.sharding.split import split_inputs
@@ -64,9 +64,7 @@ class RowSource:
         self.id_field = (schema.field(config.id_column) if config.id_column in schema.names
                          else pa.field(config.id_column or DERIVED_ID_COLUMN, pa.string()))
         self.passthrough_fields = _passthrough(config, schema, self.id_field.name)
-        optional = [config.max_new_tokens_column, config.length_column, config.sampling_column, config.id_column,
-                    config.json_schema_column, config.constraint_column]
-        needed = [*template.columns, *[c for c in optional if c], *[f.name for f in self.passthrough_fields]]
+        needed = [*template.columns, *_optional_columns(config), *[f.name for f in self.passthrough_fields]]
         self.read_columns = list(dict.fromkeys(needed))
         self._shard_labels = _shard_labels(shards)
 
@@ -103,9 +101,7 @@ class RowSource:
             schemas.append(schema)
         used = schemas
         if config.keep_columns is not None:  # only the columns the job reads need to agree
-            optional = [config.max_new_tokens_column, config.length_column, config.sampling_column,
-                        config.id_column, config.json_schema_column, config.constraint_column]
-            names = {*template.columns, *[c for c in optional if c], *config.keep_columns}
+            names = {*template.columns, *_optional_columns(config), *config.keep_columns}
             used = [pa.schema([f for f in schema if f.name in names]) for schema in schemas]
         return cls(config, shards, unify_schemas(shards, used), template, schemas)
 
@@ -267,13 +263,21 @@ def _check_columns(config: JobConfig, template: Template, schema: pa.Schema, pat
                          ("--length-column", config.length_column),
                          ("--sampling-column", config.sampling_column),
                          ("--json-schema-column", config.json_schema_column),
-                         ("--constraint-column", config.constraint_column)):
+                         ("--constraint-column", config.constraint_column),
+                         ("--lora-column", config.lora_column)):
         if column is not None and column not in names:
             raise InputError(f"{flag} {column!r} not found; columns: {listed}{_pass(flag, column, names)}", path=path)
     for column in config.keep_columns or []:
         if column not in names:
             raise InputError(f"--keep-columns {column!r} not found; columns: {listed}"
                              f"{_pass('--keep-columns', column, names)}", path=path)
+
+
+def _optional_columns(config: JobConfig) -> list[str]:
+    """The columns a row's own settings come from, where set."""
+    optional = [config.max_new_tokens_column, config.length_column, config.sampling_column, config.id_column,
+                config.json_schema_column, config.constraint_column, config.lora_column]
+    return [c for c in optional if c]
 
 
 def _pass(flag: str, asked: str, names: list[str]) -> str:
@@ -309,11 +313,15 @@ def _passthrough(config: JobConfig, schema: pa.Schema, id_name: str) -> list[pa.
     # only a real --id-column is dropped from the passthrough; an input column that merely shares the
     # derived id's name would be lost silently, so it is reported as a clash below instead
     fields = [schema.field(n) for n in names if n != config.id_column and n in schema.names]  # (empty files: none)
+    if config.lora and config.lora_column == ADAPTER:  # the output column of that name carries its adapters
+        fields = [f for f in fields if f.name != ADAPTER]
     reserved = {f.name for f in OUTPUT_FIXED_FIELDS} | {id_name}
     if config.logprobs is not None:
         reserved.add(LOGPROBS)
     if writes_json_valid(config):
         reserved.add(JSON_VALID)
+    if config.lora:
+        reserved.add(ADAPTER)
     clash = [f.name for f in fields if f.name in reserved]
     if clash:
         raise ConfigError(f"input column(s) {', '.join(map(repr, clash))} would overwrite output columns; "

@@ -44,6 +44,7 @@ def duplicate_key(request: Request, explicit_seed: bool) -> bytes | None:
     h.update(repr(settings).encode())
     h.update(b"\x00" + (constraint.describe() if constraint is not None else "").encode())
     h.update(b"\x00" + ",".join(map(str, request.prompt_token_ids)).encode())
+    h.update(b"\x00" + (request.adapter or "").encode())  # another adapter is another model
     return h.digest()
 
 

@@ -47,6 +47,7 @@ class PlannedRow:
     common_prefix_lookahead: int | None = None
     request_id: str | None = None
     repeats_prompt: bool = False  # its prompt and own settings are another row's of its look-ahead
+    adapter: str | None = None  # the --lora adapter it runs with (jobs/pipeline/row_adapter.py); None = base
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -64,7 +65,7 @@ def num_samples(config: JobConfig, planned: PlannedRow) -> int:
 
 
 def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str, Any] | None,
-                     constraint: Constraint | None = None) -> str | None:
+                     constraint: Constraint | None = None, adapter: dict[str, str] | None = None) -> str | None:
     """The row's own settings (--max-new-tokens-column, --sampling-column) where they differ from
     the job's, as canonical JSON; None for a row run on the job's settings alone.
 
@@ -80,4 +81,6 @@ def row_settings_key(config: JobConfig, max_new_tokens: int, sampling: dict[str,
         own["sampling"] = changed
     if constraint is not None:  # a per-row schema: an edited schema regenerates the row
         own["constraint"] = constraint.describe()
+    if adapter is not None:  # its name and content hash (row_adapter.adapter_identity): a changed adapter regenerates
+        own["adapter"] = adapter
     return json.dumps(own, sort_keys=True) if own else None

@@ -49,6 +49,7 @@ from batchgen.config.constraint import Constraint
 from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.engine.scheduler.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.openai.requests import prepare_request_row
+from batchgen.jobs.pipeline.row_adapter import adapter_identity, row_adapter
 from batchgen.jobs.pipeline.row_constraint import check_compiles, row_constraint
 from batchgen.jobs.pipeline.row_sampling import row_sampling
 from batchgen.jobs.pipeline.rows import InputRow
@@ -80,14 +81,16 @@ def _prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> Pl
         if config.length_column else None
     sampling = row_sampling(row.values, config.sampling_column)
     constraint = row_constraint(row, config)
+    adapter = row_adapter(row, config)
+    key = row_settings_key(config, max_new, sampling, constraint, adapter_identity(adapter, config))
     if row.messages is not None:  # a chat dataset's conversation (batchgen.jobs.prompting.chat_rows)
         ids = conversation_token_ids(row.messages, builder, column=config.prompt_column, system=config.system,
                                      max_new_tokens=max_new)
-        return PlannedRow(row, ids, max_new, 0, known, sampling=sampling, constraint=constraint,
-                          settings_key=row_settings_key(config, max_new, sampling, constraint))
+        return PlannedRow(row, ids, max_new, 0, known, sampling=sampling, constraint=constraint, settings_key=key,
+                          adapter=adapter)
     prompt = builder.build(row.values, max_new)
     return PlannedRow(row, prompt.token_ids, max_new, prompt.num_truncated_tokens, known, sampling=sampling,
-                      constraint=constraint, settings_key=row_settings_key(config, max_new, sampling, constraint))
+                      constraint=constraint, settings_key=key, adapter=adapter)
 
 
 @dataclass(slots=True)
