@@ -25,6 +25,8 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
 from transformers.utils import logging as hf_logging
 
+from batchgen.engine.kernels import fused
+from batchgen.engine.model import experts, prepack
 from batchgen.engine.model.context_length import context_limit
 from batchgen.engine.model.gguf_cache import first_line, hash_dir
 from batchgen.engine.model.loader import LoadedModel, load_model, resolve_device, resolve_dtype
@@ -94,10 +96,20 @@ def check_logit_rule(model: PreTrainedModel, rule: LogitRule, name: str) -> None
             f"--task score cannot compute them")
 
 
+def prepare_cpu_forward(model: PreTrainedModel) -> None:
+    """What LLMEngine does to a model's modules before its first step (each a no-op off the CPU):
+    oneDNN-reordered linear weights, MoE experts in one grouped pass, fused RMSNorm and MLP. A score
+    or classify forward is a prefill, so it runs on the same kernels a generation job's prefill does."""
+    prepack.pack_linear_layers(model)
+    experts.group_experts(model)
+    fused.fuse_pointwise(model)
+
+
 def load_score_model(name: str | None, *, dtype: str = "auto", device: str = "auto",
                      trust_remote_code: bool = False) -> tuple[LoadedModel, LogitRule]:
     """The causal LM of a score job (as a generation job loads it) and its checked logit rule."""
     loaded = load_model(name, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    prepare_cpu_forward(loaded.model)
     rule = logit_rule(loaded.model.config)
     check_logit_rule(loaded.model, rule, loaded.name)
     return loaded, rule
@@ -147,6 +159,7 @@ def load_classify_model(name: str | None, *, dtype: str = "auto", device: str = 
     except Exception as e:
         raise ModelLoadError(f"cannot load model {name!r}: {first_line(e)}") from e
     model = model.to(torch_device).eval()
+    prepare_cpu_forward(model)
     revision = hash_dir(local if is_local else _hub_snapshot_dir(name))
     limit = context_limit(_positions(config), getattr(tokenizer, "model_max_length", None))
     if limit is None:
