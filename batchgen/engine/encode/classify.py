@@ -4,10 +4,12 @@ Where the head of the checkpoint's class is known, the base model runs once over
 the head runs on each row's pooled position, as the class's own forward pools it:
 - BERT: the pooler (dense + tanh) and the classifier on the [CLS] position (the row's first token);
 - RoBERTa, XLM-RoBERTa, CamemBERT: the classification head on the <s> position (the row's first token);
+- ModernBERT: its prediction head and classifier on the first token or the row's mean, as its
+  config's classifier_pooling says;
 - decoders on transformers' GenericForSequenceClassification (Llama, Qwen2/3, Mistral, Gemma 2/3 reward
   models): the `score` linear on the row's rightmost token that is not the pad token (the class's own
   rule, so a row ending in pad-valued tokens, where eos is the pad, reads the same token it does).
-Any other class (DistilBERT, ModernBERT, DeBERTa, remote code, ...) pools or projects its own way: its
+Any other class (DistilBERT, DeBERTa, ELECTRA, remote code, ...) pools or projects its own way: its
 rows run through the whole HF model as one padded batch (`padded_logits`), the model's forward verbatim.
 """
 
@@ -28,6 +30,7 @@ class HeadKind(Enum):
     BERT_POOLER = "bert_pooler"  # base_model.pooler then classifier, on the first token
     FIRST_TOKEN = "first_token"  # classifier (a RobertaClassificationHead) on the first token
     LAST_TOKEN = "last_token"  # score on the rightmost non-pad token
+    MODERNBERT = "modernbert"  # head then classifier, on the first token or the row's mean
     PADDED = "padded"  # the whole HF model on a padded batch
 
 
@@ -40,6 +43,9 @@ def head_kind(model: PreTrainedModel) -> HeadKind:
     if model_type == "bert" and getattr(model.base_model, "pooler", None) is not None \
             and isinstance(getattr(model, "classifier", None), torch.nn.Linear):
         return HeadKind.BERT_POOLER
+    if model_type == "modernbert" and model.config.classifier_pooling in ("cls", "mean") \
+            and hasattr(model, "head") and hasattr(model, "classifier"):
+        return HeadKind.MODERNBERT
     if model_type in _FIRST_TOKEN_HEADS and getattr(model, "classifier", None) is not None:
         return HeadKind.FIRST_TOKEN
     return HeadKind.PADDED
@@ -63,10 +69,26 @@ def classify_hidden(model: PreTrainedModel, hidden: torch.Tensor, input_ids: tor
     if kind is HeadKind.LAST_TOKEN:
         pooled = hidden[_last_non_pad(model, input_ids.to(device), cu_seqlens)]
         return model.score(pooled)
+    if kind is HeadKind.MODERNBERT:
+        if model.config.classifier_pooling == "cls":
+            pooled = hidden[starts]
+        else:
+            pooled = _row_means(hidden, cu_seqlens)
+        return model.classifier(model.head(pooled))
     first = hidden[starts][:, None, :]  # [rows, 1, hidden]: the heads read features[:, 0]
     if kind is HeadKind.BERT_POOLER:
         return model.classifier(model.base_model.pooler(first))
     return model.classifier(first)
+
+
+def _row_means(hidden: torch.Tensor, cu_seqlens: Sequence[int]) -> torch.Tensor:
+    """The mean hidden state of each row of a packed batch, summed in the model's dtype as the
+    padded forward sums its masked rows."""
+    lengths = torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(len(cu_seqlens) - 1)],
+                           device=hidden.device)
+    rows = torch.repeat_interleave(torch.arange(lengths.numel(), device=hidden.device), lengths)
+    sums = torch.zeros((lengths.numel(), hidden.shape[1]), dtype=hidden.dtype, device=hidden.device)
+    return sums.index_add_(0, rows, hidden) / lengths[:, None].to(hidden.dtype)
 
 
 def _last_non_pad(model: PreTrainedModel, input_ids: torch.Tensor, cu_seqlens: Sequence[int]) -> torch.Tensor:

@@ -9,6 +9,7 @@ from transformers import (
     BertConfig,
     DistilBertConfig,
     LlamaConfig,
+    ModernBertConfig,
     RobertaConfig,
 )
 
@@ -33,12 +34,17 @@ MODELS = {
                                                   problem_type="multi_label_classification")),
     "roberta": lambda: _build(RobertaConfig(**{**_ENCODER, "pad_token_id": 1}, id2label=LABELS)),
     "llama-reward": lambda: _build(LlamaConfig(**_common(num_labels=1))),
+    "modernbert-mean": lambda: _build(ModernBertConfig(**{**_ENCODER, "num_attention_heads": 2},
+                                                       classifier_pooling="mean", id2label=LABELS)),
+    "modernbert-cls": lambda: _build(ModernBertConfig(**{**_ENCODER, "num_attention_heads": 2},
+                                                      classifier_pooling="cls", id2label=LABELS)),
     "distilbert": lambda: _build(DistilBertConfig(vocab_size=VOCAB_SIZE, dim=32, hidden_dim=64, n_layers=2,
                                                   n_heads=4, max_position_embeddings=128, pad_token_id=0,
                                                   id2label=LABELS)),
 }
 KINDS = {"bert": HeadKind.BERT_POOLER, "bert-multi-label": HeadKind.BERT_POOLER, "roberta": HeadKind.FIRST_TOKEN,
-         "llama-reward": HeadKind.LAST_TOKEN, "distilbert": HeadKind.PADDED}
+         "llama-reward": HeadKind.LAST_TOKEN, "modernbert-mean": HeadKind.MODERNBERT,
+         "modernbert-cls": HeadKind.MODERNBERT, "distilbert": HeadKind.PADDED}
 
 
 def _rows(lengths, seed=0):
