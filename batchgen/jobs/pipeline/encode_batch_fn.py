@@ -1,6 +1,6 @@
 """The engine-side batch function of embed, score and classify jobs (the Ray executor's actors).
 
-    generate = batch_generator_for(config, schema=schema)   # the task's: this or BatchGenerator
+    generate = batch_generator_for(config, schema=schema)   # the task's (task_setup): this or BatchGenerator
     out = generate(table)                                    # one output row per input row, in input order
 
 The same contract as BatchGenerator (batchgen.jobs.pipeline.batch_fn) around the encode core: rows
@@ -23,7 +23,6 @@ from batchgen.jobs.pipeline.batch_columns import COMMITTED_HASH, PROVENANCE_FIEL
 from batchgen.jobs.pipeline.batch_fn import BatchGenerator
 from batchgen.jobs.pipeline.encode_core import EncodeCore
 from batchgen.jobs.pipeline.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
-from batchgen.jobs.pipeline.task_setup import is_encode_task, load_encode_model_for
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.prompting.prompts import RowError, Template
 
@@ -32,33 +31,15 @@ _FIXED = {PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, "embedding", "logprob", "
           "label", "scores", "num_prompt_tokens", "error"}
 
 
-def batch_generator_for(config: JobConfig, *, schema: pa.Schema | None = None, loaded: Any = None):
-    """The batch function of `config`'s task: EncodeBatchGenerator or BatchGenerator."""
-    if is_encode_task(config):
-        return EncodeBatchGenerator(config, schema=schema, loaded=loaded)
-    return BatchGenerator(config, schema=schema, loaded=loaded)
-
-
-def load_for_task(config: JobConfig) -> Any:
-    """The model an engine of `config`'s task holds: an EncodeModel, or a generation LoadedModel."""
-    if is_encode_task(config):
-        return load_encode_model_for(config)
-    from batchgen.engine.model.loader import load_model
-
-    return load_model(config.model, device=config.device, dtype=config.dtype,
-                      trust_remote_code=config.trust_remote_code, quantize=config.quantize,
-                      quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
-
-
 class EncodeBatchGenerator(BatchGenerator):
     """Input rows -> output rows of an embed / score / classify job through one loaded EncodeModel.
     `schema` is required: an encode job's columns depend on the model (the embedding's size)."""
 
-    def __init__(self, config: JobConfig, *, schema: pa.Schema | None = None, loaded: EncodeModel | None = None):
+    def __init__(self, config: JobConfig, *, schema: pa.Schema | None, loaded: EncodeModel):
         assert schema is not None, "an encode job's executor passes the schema its writer uses"
         self.config = config
         self.task = str(config.task)
-        self.loaded = loaded if loaded is not None else load_encode_model_for(config)
+        self.loaded = loaded
         self.core = EncodeCore(config, self.loaded)
         self.template = Template(config.template, config.prompt_column)
         self.builder = encode_prompt_builder(config, self.loaded.tokenizer, self.template,

@@ -33,6 +33,30 @@ def load_encode_model_for(config: JobConfig) -> EncodeModel:
                              trust_remote_code=config.trust_remote_code)
 
 
+def load_for_task(config: JobConfig) -> Any:
+    """The model an engine of `config`'s task holds: an EncodeModel, or a generation LoadedModel."""
+    if is_encode_task(config):
+        return load_encode_model_for(config)
+    from batchgen.engine.model.loader import load_model
+
+    return load_model(config.model, device=config.device, dtype=config.dtype,
+                      trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                      quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
+
+
+def batch_generator_for(config: JobConfig, *, schema: Any = None, loaded: Any = None) -> Any:
+    """The engine-side batch function of `config`'s task (the Ray executor's actors): EncodeBatchGenerator
+    (batchgen.jobs.pipeline.encode_batch_fn) or BatchGenerator (batchgen.jobs.pipeline.batch_fn)."""
+    if is_encode_task(config):
+        from batchgen.jobs.pipeline.encode_batch_fn import EncodeBatchGenerator
+
+        return EncodeBatchGenerator(config, schema=schema,
+                                    loaded=loaded if loaded is not None else load_encode_model_for(config))
+    from batchgen.jobs.pipeline.batch_fn import BatchGenerator
+
+    return BatchGenerator(config, schema=schema, loaded=loaded)
+
+
 def embed_model_for_schema(config: JobConfig, session: OutputSession, loaded: Any) -> Any:
     """An embed job whose vector size the model's files cannot tell (a hub id not cached): the model
     loads now, before the schema and the fingerprint check, and the job reuses it."""
