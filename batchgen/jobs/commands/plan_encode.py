@@ -23,6 +23,7 @@ from batchgen.errors import ConfigError
 from batchgen.io.manifest.manifest import ManifestState
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.pipeline.embedding_dim import embedding_dim_from_files
+from batchgen.jobs.pipeline.encode_core import encode_inputs, sort_for_encoder
 from batchgen.jobs.pipeline.encode_rows import encode_prompt_builder, prepare_encode_row
 from batchgen.jobs.pipeline.prepare import JobInputs, PreparedJob
 from batchgen.jobs.pipeline.summary import plural
@@ -81,15 +82,13 @@ def plan_encode_job(config: JobConfig, inputs: JobInputs, *, resume: ResumeRule 
     num_truncated = 0
     for window in windows(job.rows(on_error=lambda row, message: size.add(row.row_id, row.values)),
                           config.window_rows):
-        lengths = []
-        for r in window:
-            ids = r.encode_inputs if r.encode_inputs is not None else [r.prompt_token_ids]
-            size.add(r.row.row_id, r.row.values, copies=len(ids))
-            lengths += [len(i) for i in ids]
+        for r in sort_for_encoder(window):  # the order the run hands them to the encoder
+            lengths = [len(ids) for ids in encode_inputs(r)]
+            size.add(r.row.row_id, r.row.values, copies=len(lengths))
             num_truncated += r.num_truncated_tokens > 0
-        for n in lengths:
-            tally.add(n)
-        work.add_window(lengths)
+            for n in lengths:
+                tally.add(n)
+            work.add(lengths)
 
     if config.model in (None, DEFAULT_MODEL):
         num_weights = REFERENCE_NUM_WEIGHTS  # the built-in profile's own model

@@ -1,7 +1,7 @@
 """What `batchgen plan` estimates for --task embed, score and classify: time and output size.
 
 Each row is one forward pass of a length known once it is tokenized, so nothing is predicted: the
-engine packs length-sorted rows into batches of at most the step token budget, and a batch costs
+encoder packs length-sorted rows into batches of at most the step token budget, and a batch costs
 what a generation prefill of as many tokens costs (the same linears over every real token, no
 padding). The time is the machine profile's fit (batchgen.jobs.planning.profile: overhead per
 step + seconds per token) over those batches and tokens. The output is fixed per task: an embed
@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batchgen.config.choices import Task
-from batchgen.engine.scheduler.sizing import MAX_NUM_BATCHED_TOKENS, device_kind
+from batchgen.engine.encode.batching import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA,
+    WINDOW_BUDGETS,
+    plan_batches,
+)
 from batchgen.jobs.planning.estimate import Calibration
 from batchgen.jobs.planning.output_size import OutputSize, cell_bytes
 
@@ -35,29 +40,36 @@ LIST_OFFSET_BYTES = 4  # a list<float32> cell's offset
 
 @dataclass(slots=True)
 class EncodeWork:
-    """The forward passes of a job's rows: how many tokens, in how many packed batches."""
+    """The forward passes of a job's rows: how many tokens, in how many packed batches. The batches
+    are the encoder's own (engine/encode/encoder.py): the requests' stream cut into windows of
+    WINDOW_BUDGETS budgets of tokens, each window's rows packed longest first by plan_batches."""
 
     budget_tokens: int  # the step token budget: a batch packs rows up to this many tokens
     max_rows_per_batch: int | None = None  # --batch-size
     num_rows: int = 0
     num_tokens: int = 0
-    num_batches: int = 0
+    _num_batches_done: int = 0
+    _window: list[int] = field(default_factory=list)
+    _window_tokens: int = 0
 
-    def add_window(self, lengths: list[int]) -> None:
-        """One planning window of rows: the engine sorts them by length and packs them in order, a
-        row never split; a row longer than the budget runs alone."""
-        batch_tokens = batch_rows = 0
-        for n in sorted(lengths):
-            full = batch_rows and (batch_tokens + n > self.budget_tokens or (
-                self.max_rows_per_batch is not None and batch_rows >= self.max_rows_per_batch))
-            if full:
-                self.num_batches += 1
-                batch_tokens = batch_rows = 0
-            batch_tokens += n
-            batch_rows += 1
-        self.num_batches += 1 if batch_rows else 0
+    def add(self, lengths: list[int]) -> None:
+        """Requests' token lengths, in the order the job hands them to the encoder."""
+        for n in lengths:
+            self._window.append(n)
+            self._window_tokens += n
+            if self._window_tokens >= WINDOW_BUDGETS * self.budget_tokens:
+                self._num_batches_done += self._batches(self._window)
+                self._window, self._window_tokens = [], 0
         self.num_rows += len(lengths)
         self.num_tokens += sum(lengths)
+
+    @property
+    def num_batches(self) -> int:
+        return self._num_batches_done + self._batches(self._window)
+
+    def _batches(self, lengths: list[int]) -> int:
+        return len(plan_batches(lengths, max_num_batched_tokens=self.budget_tokens,
+                                max_num_seqs=self.max_rows_per_batch))
 
     def seconds(self, calibration: Calibration) -> float:
         return round(calibration.seconds(self.num_batches, self.num_tokens), 3)
@@ -126,8 +138,10 @@ def num_weights_from_files(model_path: str | Path | None) -> int | None:
 
 
 def budget_tokens(max_num_batched_tokens: int | None, device_type: str) -> int:
-    """The step token budget the encoder packs to: the flag's, else the device's default."""
-    return max_num_batched_tokens or MAX_NUM_BATCHED_TOKENS[device_kind(device_type)]
+    """The step token budget the encoder packs to: the flag's, else the encoder's default for the device."""
+    if max_num_batched_tokens:
+        return max_num_batched_tokens
+    return DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA if device_type == "cuda" else DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU
 
 
 def _json(path: Path) -> Any:

@@ -115,8 +115,10 @@ def test_the_plan_counts_the_tokens_the_run_runs(src, encoder_dir, tmp_path):
     from batchgen.jobs.commands.run import run_job
     from tests.jobs.helpers import committed_rows
 
-    report = plan_job(tiny_job_config(src, None, encoder_dir, task="embed", id_column="id"))
-    run_job(tiny_job_config(src, tmp_path / "out", encoder_dir, task="embed", id_column="id"))
+    settings = dict(task="embed", id_column="id", max_num_batched_tokens=64, window_rows=3)
+    report = plan_job(tiny_job_config(src, None, encoder_dir, **settings))
+    summary = run_job(tiny_job_config(src, tmp_path / "out", encoder_dir, **settings))
     rows = committed_rows(tmp_path / "out").values()
     assert report["prompt_tokens"]["total"] == sum(r["num_prompt_tokens"] for r in rows)
+    assert report["num_batches"] == summary.engine["num_batches"]
     assert report["num_truncated_rows"] == sum(bool(r["prompt_truncated"]) for r in rows)
