@@ -60,7 +60,7 @@ def plan_encode_job(config: JobConfig, inputs: JobInputs, *, resume: ResumeRule 
         tokenizer, max_input_tokens = loaded.tokenizer, loaded.max_input_tokens
     else:
         tokenizer, context_tokens = found
-        max_input_tokens = _max_seq_length(path) or context_tokens
+        max_input_tokens = min(_max_seq_length(path) or context_tokens, context_tokens)
     embedding_dim = labels = None
     if task == Task.EMBED:
         embedding_dim = embedding_dim_from_files(path, config.dimensions)

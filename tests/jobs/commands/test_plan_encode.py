@@ -15,6 +15,7 @@ from batchgen.cli.app import app
 from batchgen.errors import ConfigError
 from batchgen.jobs.commands import plan_encode
 from batchgen.jobs.commands.plan import plan_job, plan_lines
+from batchgen.jobs.pipeline.task_setup import load_encode_model_for
 from batchgen.jobs.planning import profile
 from batchgen.jobs.planning.encode_estimate import COMMON_BYTES_PER_ROW
 from tests.jobs.encode_fixtures import HIDDEN_SIZE, MAX_SEQ_LENGTH, save_tiny_encoder_dir
@@ -82,6 +83,8 @@ def test_score_plan_with_a_continuation_column(src, tiny_model_dir):
     tokenizer = make_tokenizer()
     answer = len(tokenizer(" yes", add_special_tokens=False)["input_ids"])
     assert report["task"] == "score" and report["embedding_dim"] is None
+    assert report["max_input_tokens"] == load_encode_model_for(tiny_job_config(src, None, tiny_model_dir,
+                                                                               task="score")).max_input_tokens
     assert report["prompt_tokens"]["total"] == sum(len(tokenizer(t)["input_ids"]) + answer for t in TEXTS)
     assert report["output_size"]["bytes_per_row"] == 8 + 4 + 8 + COMMON_BYTES_PER_ROW
     assert "its log-likelihood" in "\n".join(plan_lines(report))
@@ -96,6 +99,8 @@ def test_classify_plan_reads_the_labels(src, encoder_dir, tmp_path):
     AutoTokenizer.from_pretrained(encoder_dir).save_pretrained(model_dir)
     report = plan_job(tiny_job_config(src, None, model_dir, task="classify", id_column="id"))
     assert report["num_labels"] == 3
+    assert report["max_input_tokens"] == load_encode_model_for(tiny_job_config(src, None, model_dir,
+                                                                               task="classify")).max_input_tokens
     assert report["output_size"]["bytes_per_row"] == round((3 + 2 + 4) / 3) + 4 + 3 * 4 + COMMON_BYTES_PER_ROW
 
 
@@ -121,4 +126,6 @@ def test_the_plan_counts_the_tokens_the_run_runs(src, encoder_dir, tmp_path):
     rows = committed_rows(tmp_path / "out").values()
     assert report["prompt_tokens"]["total"] == sum(r["num_prompt_tokens"] for r in rows)
     assert report["num_batches"] == summary.engine["num_batches"]
+    assert report["max_input_tokens"] == load_encode_model_for(tiny_job_config(src, None, encoder_dir,
+                                                                               **settings)).max_input_tokens
     assert report["num_truncated_rows"] == sum(bool(r["prompt_truncated"]) for r in rows)
