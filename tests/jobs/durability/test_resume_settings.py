@@ -111,7 +111,8 @@ def job(src, out, models, **setting):
     generating = setting.get("task", "generate") == "generate"  # the other tasks refuse --max-new-tokens
     defaults = dict(id_column="id", max_new_tokens=3) if generating else dict(id_column="id")
     config = tiny_job_config(src, out, models["tiny"], **{**defaults, **setting})
-    return config, models[(config.model, config.dtype)]
+    # embed and score load their own model for the task (an EncodeModel: pooling, normalization, dimensions)
+    return config, models[(config.model, config.dtype)] if generating else None
 
 
 def refused(src, out, models, setting, name):
