@@ -55,6 +55,7 @@ from batchgen.jobs.durability.prompt_check import model_files_unchanged, nothing
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
 from batchgen.jobs.openai.batch_file import check_batch_file_target, clear_batch_file
+from batchgen.jobs.openai.batch_task import resolve_batch_task
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts
 from batchgen.jobs.pipeline.empty_input import input_is_empty
 from batchgen.jobs.pipeline.prepare import open_inputs
@@ -95,6 +96,7 @@ def writes_sample_index(config: JobConfig, session: OutputSession) -> bool:
 def run_job(config: JobConfig, *, loaded: LoadedModel | EncodeModel | None = None) -> RunSummary:
     """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes.
     `loaded`: the model already loaded (an EncodeModel for --task embed, score or classify)."""
+    resolve_batch_task(config)  # a Batch file of /v1/embeddings requests runs as --task embed
     if not is_encode_task(config):  # embed, score and classify keep no room for output tokens
         check_room_for_prompts(config)  # from the model's files: no input read, no model loaded
     inputs = open_inputs(config)
