@@ -30,6 +30,7 @@ from batchgen.io.manifest.manifest import ManifestState, is_job_dir, load_manife
 from batchgen.io.store.factory import open_store
 from batchgen.jobs.durability.prompt_check import prompts_unchanged
 from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.openai.batch_task import resolve_batch_task
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts
 from batchgen.jobs.pipeline.empty_input import input_is_empty
 from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job, seq_token_needs
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate: bool = False,
              calibration_rows: int = 16) -> dict[str, Any]:
     """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
+    resolve_batch_task(config)  # a Batch file of /v1/embeddings requests is planned as --task embed
     if Task(config.task) == Task.GENERATE:  # the other tasks keep no room for output
         check_room_for_prompts(config)  # as a run checks it: from the model's files, before any load
     inputs = open_inputs(config, need_output=False)
