@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Qwen3Config
 
 from batchgen.engine.encode import score as score_mod
 from batchgen.engine.encode.heads import LogitRule, check_logit_rule, decoder_of, logit_rule
+from batchgen.engine.encode.varlen import pack_for, packed_forward
 from batchgen.errors import UnsupportedModelError
 from tests.tiny import VOCAB_SIZE, _common, make_tiny_model
 
@@ -46,12 +47,12 @@ def _reference(model, row, score_from):
 
 @torch.no_grad()
 def _score(model, rows, score_from):
-    hidden = torch.cat([decoder_of(model)(input_ids=torch.tensor([r])).last_hidden_state[0] for r in rows])
-    cu = [0]
-    for r in rows:
-        cu.append(cu[-1] + len(r))
-    ids = torch.tensor([t for r in rows for t in r])
-    return score_mod.score_hidden(model.get_output_embeddings(), logit_rule(model.config), hidden, ids, cu, score_from)
+    """The rows as one packed batch through the decoder, then the LM head on the scored positions."""
+    decoder = decoder_of(model)
+    batch = pack_for(decoder, rows)
+    hidden = packed_forward(decoder, batch, causal=True)
+    return score_mod.score_hidden(model.get_output_embeddings(), logit_rule(model.config), hidden,
+                                  batch.input_ids, batch.cu_seqlens, score_from)
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
@@ -61,9 +62,10 @@ def test_score_equals_forward_log_softmax(arch, monkeypatch):
     monkeypatch.setattr(score_mod, "CHUNK_LOGIT_ELEMENTS", 7 * VOCAB_SIZE)
     rows = _rows([1, 2, 5, 17, 40, 9])
     score_from = [None, 1, 3, 10, 50, 9]
+    # the reference first: a packed forward leaves the model on the packed attention function
+    want = [_reference(model, row, start) for row, start in zip(rows, score_from, strict=True)]
     got = _score(model, rows, score_from)
-    for row, start, (logprob, num) in zip(rows, score_from, got, strict=True):
-        want_logprob, want_num = _reference(model, row, start)
+    for (want_logprob, want_num), (logprob, num) in zip(want, got, strict=True):
         assert num == want_num
         assert logprob == pytest.approx(want_logprob, rel=1e-4, abs=1e-6)
     assert [n for _, n in got] == [0, 1, 2, 7, 0, 0]
