@@ -130,9 +130,10 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | EncodeModel | None = Non
                 schema = output_schema(source.id_field, source.passthrough_fields,
                                        with_prompt_hash=session.writes_prompt_hash(),
                                        with_prompt_truncated=session.writes_prompt_truncated(),
-                                       with_logprobs=config.logprobs is not None or (
-                                           config.input_format == OPENAI_BATCH and session.writes_logprobs()),
-                                       with_json_valid=writes_json_valid(config) and (
+                                       # generated tokens' columns: an embed Batch job (/v1/embeddings) has none
+                                       with_logprobs=not is_encode_task(config) and (config.logprobs is not None or (
+                                           config.input_format == OPENAI_BATCH and session.writes_logprobs())),
+                                       with_json_valid=not is_encode_task(config) and writes_json_valid(config) and (
                                            config.input_format != OPENAI_BATCH or session.writes_json_valid()),
                                        with_sample_index=writes_sample_index(config, session),
                                        **task_schema_args(config, session, loaded))
