@@ -1,7 +1,8 @@
 """One OpenAI Batch API request (a row of batchgen.io.inputs.openai_batch) -> a planned row, or an error row.
 
 Supported: `POST /v1/chat/completions` (body `messages`) and `POST /v1/completions` (body
-`prompt`), with the body fields that decide generation, each per request:
+`prompt`), with the body fields that decide generation, each per request (an embed job's
+`POST /v1/embeddings` requests: batchgen.jobs.openai.embeddings):
 
     max_completion_tokens / max_tokens   the row's max_new_tokens (absent: the job's --max-new-tokens)
     temperature [0, 2], top_p (0, 1], presence_penalty / frequency_penalty [-2, 2]
