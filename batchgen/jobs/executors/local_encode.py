@@ -67,7 +67,7 @@ class EncodeJob:
                                       guard, config)
         self.id_name = source.id_field.name
         self.passthrough = [f.name for f in source.passthrough_fields]
-        self.summary = RunSummary(output_dir=str(session.out_dir), model=model.name, mode=self.task)
+        self.summary = RunSummary(output_dir=str(session.out_dir), model=model.name, mode=self.task, task=self.task)
         self.progress: Progress | None = None
         self.monitor: JobMonitor | None = None
 
@@ -135,7 +135,6 @@ class EncodeJob:
 
     def _fill_summary(self, wall_seconds: float) -> None:
         s, counts, job = self.summary, self.commits.committer.counts, self.job
-        s.task = self.task
         s.num_commits = counts.num_commits
         s.num_parts_written = counts.num_parts_written
         s.num_rows_replaced = counts.num_rows_replaced

@@ -88,7 +88,6 @@ class EncodeCore:
     def summary(self) -> dict:
         """The encoder's counters for the job summary: batches, tokens run vs needed (padding waste)."""
         e = self.encoder
-        run, needed = getattr(e, "num_forward_tokens", 0), getattr(e, "num_needed_tokens", 0)
-        return {"num_batches": getattr(e, "num_batches", 0), "num_forward_tokens": run, "num_needed_tokens": needed,
-                "padding_waste": round(run / needed, 4) if needed else None,
-                "forward_seconds": round(getattr(e, "forward_seconds", 0.0), 4)}
+        return {"num_batches": e.num_batches, "num_forward_tokens": e.num_forward_tokens,
+                "num_needed_tokens": e.num_needed_tokens, "num_attention_tokens": e.num_attention_tokens,
+                "padding_waste": round(e.padding_waste, 4), "forward_seconds": round(e.forward_seconds, 4)}
