@@ -9,6 +9,7 @@ close in length, so that layout wastes little).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -103,11 +104,10 @@ def pack(rows: Sequence[Sequence[int]], *, rule: PositionRule = PositionRule(),
     cu_seqlens = [0]
     for length in lengths:
         cu_seqlens.append(cu_seqlens[-1] + length)
-    flat = [token for row in rows for token in row]
-    input_ids = torch.tensor(flat, dtype=torch.long)
+    input_ids = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.long)
     starts = torch.repeat_interleave(torch.tensor(cu_seqlens[:-1]), torch.tensor(lengths))
     if rule.padding_idx is None:
-        position_ids = torch.arange(len(flat)) - starts
+        position_ids = torch.arange(cu_seqlens[-1]) - starts
     else:  # as create_position_ids_from_input_ids, per sequence
         keep = input_ids.ne(rule.padding_idx).long()
         counted = keep.cumsum(0)
