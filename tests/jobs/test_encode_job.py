@@ -10,6 +10,7 @@ import torch
 
 from batchgen.errors import FingerprintMismatch
 from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.commands.status import job_status
 from tests.jobs.encode_fixtures import MAX_SEQ_LENGTH, reference_embeddings, save_tiny_encoder_dir
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.tiny import make_tokenizer, save_tiny_model_dir
@@ -52,7 +53,11 @@ def test_embed_job_equals_sentence_transformers(tmp_path, encoder_dir):
     assert summary.num_rows_truncated == 1 and summary.num_generated_tokens == 0
     assert summary.num_prompt_tokens == sum(rows[i]["num_prompt_tokens"] for i in ok)
     assert any(line.startswith("tokens:") and "prompt tok/s" in line for line in summary.lines())
+    assert summary.engine["num_batches"] >= 3 and summary.engine["num_needed_tokens"] == summary.num_prompt_tokens
     assert (tmp_path / "out" / "_SUCCESS").is_file()
+    live = job_status(tmp_path / "out")["live"]  # the metrics: one step record per encoder batch
+    assert live["rows_finished"] == 10 and live["engine_steps"] == summary.engine["num_batches"]
+    assert live["input_tokens_per_s_last_minute"] > 0 and live["tokens_generated"] == 0
 
 
 def test_embed_long_rows_are_error_rows_with_on_long_prompt_error(tmp_path, encoder_dir):
@@ -151,7 +156,7 @@ def test_classify_job_equals_the_models_logits(tmp_path, encoder_dir):
 def test_sharded_embed_job_finalizes_and_status_and_report_read_it(tmp_path, encoder_dir):
     from batchgen.jobs.commands.finalize import finalize_output
     from batchgen.jobs.commands.report import render_report
-    from batchgen.jobs.commands.status import job_status, status_lines
+    from batchgen.jobs.commands.status import status_lines
 
     src = write_texts(tmp_path / "in.parquet", TEXTS)
     out = tmp_path / "out"
@@ -163,6 +168,7 @@ def test_sharded_embed_job_finalizes_and_status_and_report_read_it(tmp_path, enc
     shard = out / "shard-0-of-2"
     lines = status_lines(job_status(shard))
     assert any("complete" in line for line in lines), lines
+    assert any("task embed" in line and "max_new_tokens" not in line for line in lines), lines
     render_report(shard, dest=tmp_path / "report.html")
     assert (tmp_path / "report.html").stat().st_size > 0
     ids = [i for s in range(2) for i in committed_rows(out / f"shard-{s}-of-2")]

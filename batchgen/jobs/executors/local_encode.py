@@ -39,6 +39,7 @@ from batchgen.jobs.pipeline.signals import SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import windows
+from batchgen.monitor.eta import PredictedWork, WorkMeter
 from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")
@@ -70,19 +71,25 @@ class EncodeJob:
         self.summary = RunSummary(output_dir=str(session.out_dir), model=model.name, mode=self.task, task=self.task)
         self.progress: Progress | None = None
         self.monitor: JobMonitor | None = None
+        self.num_rows_to_do = 0
+        self.meter = WorkMeter(self.predicted_work)  # prompt tokens done and left: the ETA
+        self.core.listeners.append(self.meter.on_step)
 
     def run(self, scan: InputScan) -> RunSummary:
         state = self.session.state
         config, metrics_at = self.config, self.session.out_dir
         if not isinstance(self.session.store, LocalStore):  # _metrics/ files: local directories only
             config, metrics_at = dataclasses.replace(config, metrics=False, overwrite=False), Path(".")
-        num_rows_to_do = max(scan.num_rows - self.job.resume.num_rows_done, 0)
+        self.num_rows_to_do = max(scan.num_rows - self.job.resume.num_rows_done, 0)
         self.monitor = JobMonitor.open(
-            config, metrics_at, context=lambda: (self.task, self.core.num_windows), meter=None,
+            config, metrics_at, context=lambda: (self.task, self.core.num_windows), meter=self.meter,
             input_rows=scan.num_rows, output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
             last_commit_s=state.last_commit_time)
         self.commits.monitor = self.monitor
-        self.progress = Progress(num_rows_to_do, quiet=self.config.quiet, log_every_s=self.config.log_every_s)
+        if self.monitor is not None:
+            self.core.listeners.append(self.monitor.recorder.on_step)
+        self.progress = Progress(self.num_rows_to_do, quiet=self.config.quiet, log_every_s=self.config.log_every_s,
+                                 meter=self.meter)
         started = time.monotonic()
         try:
             rows = windows(self.job.rows(on_error=self.failed), self.config.window_rows)
@@ -132,6 +139,17 @@ class EncodeJob:
         self.summary.num_prompt_tokens += sum(o["num_prompt_tokens"] or 0 for o in outs[1:])
         self.progress.update(error=is_error)
         self.commits.add(outs if len(outs) > 1 else outs[0], row.shard.path, row.row_index)
+
+    def predicted_work(self) -> PredictedWork | None:
+        """This run's prompt tokens (None before a row is planned): the rows not planned yet count as the
+        planned rows' mean; there is no output to predict."""
+        core = self.core
+        if not core.num_planned_rows:
+            return None
+        if self.progress is not None and self.progress.done:
+            return PredictedWork(0, 0)
+        unplanned = max(0, self.num_rows_to_do - core.num_planned_rows - self.summary.num_rows_error)
+        return PredictedWork(round(core.num_planned_prompt_tokens * (1 + unplanned / core.num_planned_rows)), 0)
 
     def _fill_summary(self, wall_seconds: float) -> None:
         s, counts, job = self.summary, self.commits.committer.counts, self.job

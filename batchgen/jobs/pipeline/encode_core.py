@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from batchgen.config.job import JobConfig
 from batchgen.engine.encode.encoder import Encoder, EncodeRequest, EncodeResult
 from batchgen.engine.encode.load import EncodeModel
+from batchgen.engine.metrics import StepStats
 from batchgen.jobs.planning.planned_row import PlannedRow
 
 log = logging.getLogger("batchgen")
@@ -52,11 +53,17 @@ class EncodeCore:
         self.between_batches = between_batches
         self.num_windows = 0
         self.num_requests = 0
+        self.num_planned_rows = 0
+        self.num_planned_prompt_tokens = 0  # of every input handed to the encoder so far
+        # called once per encoder batch with its work as an engine step's (the ETA meter, the metrics)
+        self.listeners: list[Callable[[StepStats], None]] = []
+        self._seen = (0, 0, 0, 0.0)  # the encoder's (batches, rows, tokens, forward seconds) already reported
         self._pending: dict[str, tuple[PlannedRow, int]] = {}  # request id -> (row, input index)
         self._results: dict[int, list[EncodeResult | None]] = {}  # id(row) -> its inputs' results so far
 
     def generate(self, windows: Iterable[list[PlannedRow]]) -> Iterator[tuple[PlannedRow, list[EncodeResult]]]:
         for result in self.encoder.run(self._requests(windows)):
+            self._report_batch()
             planned, index = self._pending.pop(result.request_id)
             results = self._results[id(planned)]
             results[index] = result
@@ -71,6 +78,8 @@ class EncodeCore:
             for planned in sort_for_encoder(window):
                 planned.window_index = self.num_windows
                 inputs = encode_inputs(planned)
+                self.num_planned_rows += 1
+                self.num_planned_prompt_tokens += sum(len(ids) for ids in inputs)
                 self._results[id(planned)] = [None] * len(inputs)
                 for index, ids in enumerate(inputs):
                     request_id = str(self.num_requests)
@@ -79,6 +88,20 @@ class EncodeCore:
                     yield EncodeRequest(request_id, tuple(ids), score_from=planned.score_from,
                                         dimensions=planned.dimensions)
             self.num_windows += 1
+
+    def _report_batch(self) -> None:
+        """A new batch ran (its first result is here): its rows, tokens and seconds to the listeners."""
+        e = self.encoder
+        now = (e.num_batches, e.num_rows, e.num_needed_tokens, e.forward_seconds)
+        if now[0] == self._seen[0]:
+            return
+        rows, tokens, seconds = now[1] - self._seen[1], now[2] - self._seen[2], now[3] - self._seen[3]
+        self._seen = now
+        step = StepStats(step_seconds=seconds, num_running=rows, num_waiting=0, num_batched_tokens=tokens,
+                         num_sampled_tokens=0, num_kv_blocks_used=0, num_kv_blocks_free=0, num_preempted=0,
+                         forward_seconds=seconds, num_prompt_tokens=tokens)
+        for listener in self.listeners:
+            listener(step)
 
     @property
     def num_in_flight(self) -> int:
