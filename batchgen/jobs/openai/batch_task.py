@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from batchgen.config.choices import Task
 from batchgen.config.job import OPENAI_BATCH, JobConfig
+from batchgen.config.task_rules import task_settings
 from batchgen.errors import ConfigError, InputError
 from batchgen.io.inputs.discovery import filesystem, resolve_inputs
 from batchgen.io.inputs.openai_batch import EMBEDDINGS, EMBEDDINGS_URL, check_first_request, request_kind
@@ -50,6 +51,10 @@ def resolve_batch_task(config: JobConfig) -> None:
     if kind == EMBEDDINGS:
         if task == Task.GENERATE:  # the default: the requests say what to run
             config.task = Task.EMBED.value
+            try:  # validation refuses generation's flags too; here the message can say why the task is embed
+                task_settings(config)
+            except ConfigError as e:
+                raise ConfigError(f"{path} holds {EMBEDDINGS_URL} requests, which run as --task embed: {e}") from None
         elif task != Task.EMBED:
             raise ConfigError(f"--task {task.value}: {path} holds {EMBEDDINGS_URL} requests, which run as "
                               "--task embed; drop --task")

@@ -46,10 +46,9 @@ def test_embeddings_lines_make_an_embed_job_that_keeps_the_body(tmp_path):
 
 def test_a_generation_flag_with_embeddings_lines_is_refused(tmp_path):
     config = job(write(tmp_path / "e.jsonl", [embed_line("a", "x")]), max_new_tokens=5)
-    resolve_batch_task(config)
-    with pytest.raises(ConfigError, match=r"--max-new-tokens \(YAML max_new_tokens\) is a generation setting, "
-                                          r"and --task embed"):
-        config.validate(need_output=True)
+    with pytest.raises(ConfigError, match=r"e\.jsonl holds /v1/embeddings requests, which run as --task embed: "
+                                          r"--max-new-tokens \(YAML max_new_tokens\) is a generation setting"):
+        resolve_batch_task(config)
 
 
 def test_a_task_that_disagrees_or_files_of_both_kinds_are_refused(tmp_path):
