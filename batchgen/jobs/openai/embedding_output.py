@@ -61,8 +61,8 @@ def request_options(body: str | None) -> tuple[int | None, str]:
 
 def cut(vector: np.ndarray, dimensions: int) -> np.ndarray:
     if dimensions > vector.shape[0]:
-        raise RequestRefused("invalid_value", "dimensions", f"dimensions {dimensions} exceeds the model's "
-                                    f"embedding size of {vector.shape[0]}")
+        raise RequestRefused("invalid_value", "dimensions", f"dimensions {dimensions} exceeds the job's embedding "
+                             f"size of {vector.shape[0]} (the model's, or --dimensions)")
     norm = float(np.linalg.norm(vector.astype(np.float64)))
     short = vector[:dimensions]
     if abs(norm - 1.0) < _UNIT_TOLERANCE:

@@ -59,7 +59,8 @@ def test_too_many_dimensions_and_error_rows_are_400_lines():
     line = output_line(rows([unit(1, 2)], {"input": "a", "dimensions": 3}), CONTEXT)
     assert line["response"]["status_code"] == 400
     assert line["response"]["body"]["error"] == {
-        "message": "dimensions 3 exceeds the model's embedding size of 2", "type": "invalid_request_error",
+        "message": "dimensions 3 exceeds the job's embedding size of 2 (the model's, or --dimensions)",
+        "type": "invalid_request_error",
         "param": "dimensions", "code": "invalid_value"}
     line = output_line(rows([None], {"input": ""}, error="invalid_value [input]: input is an empty string"), CONTEXT)
     assert line["response"]["status_code"] == 400
