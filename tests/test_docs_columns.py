@@ -41,3 +41,15 @@ def test_documented_output_columns_are_the_written_ones(page, text):
     written = written_columns()
     assert documented == written, (page, "undocumented:", sorted(written - documented),
                                    "documented but never written:", sorted(documented - written))
+
+
+def test_each_task_columns_are_documented():
+    """docs/output-and-resume.md's `--task` table names every column embed, score and classify write
+    in place of generate's."""
+    text = OUTPUT_DOC.read_text(encoding="utf-8")
+    section = text[text.index("### Embeddings, scores and classes"):text.index("### Several samples per row")]
+    generate = set(output_schema(pa.field("id", pa.string()), []).names)
+    for task in ("embed", "score", "classify"):
+        own = set(output_schema(pa.field("id", pa.string()), [], task=task, embedding_dim=4).names) - generate
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{task}` |"))
+        assert own and own == set(re.findall(r"`([a-z_]+)` [a-z]", row)), (task, own, row)

@@ -44,7 +44,8 @@ _PANELS = {
     "Prompt": ("--template", "--system", "--chat", "--chat-template", "--chat-template-kwargs",
                "--parse-special-tokens", "--on-long-prompt", "--max-prompt-tokens"),
     "Model": ("--model", "--trust-remote-code", "--device", "--dtype", "--quantize", "--quantize-backend",
-              "--quantize-embedding", "--lora", "--lora-column"),
+              "--quantize-embedding", "--lora", "--lora-column", "--task", "--pooling", "--normalize", "--dimensions",
+              "--score-column"),
     "Sampling": ("--max-new-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
                  "--presence-penalty", "--frequency-penalty", "--min-tokens", "--seed", "--stop", "--stop-token-ids",
                  "--include-stop-str-in-output", "--skip-special-tokens", "--ignore-eos", "--n", "--logprobs",
@@ -92,6 +93,22 @@ Lora = Annotated[list[str] | None, _opt("--lora", metavar="NAME=DIR", help=(
     "Batch request by its body's model); one --lora alone applies to every row [none]."))]
 LoraColumn = Annotated[str | None, _opt("--lora-column", metavar="COL", help=(
     "Column naming each row's --lora adapter; null or empty: the base model."))]
+Task = Annotated[str | None, _opt("--task", metavar="TASK", help=(
+    "generate | embed | score | classify [generate]: embed writes an `embedding` per row, score its "
+    "log-likelihood (logprob, num_scored_tokens, perplexity), classify a sequence-classification model's label "
+    "and scores; these three run one forward pass per row and refuse generation's flags."))]
+Pooling = Annotated[str | None, _opt("--pooling", metavar="MODE", help=(
+    "--task embed: mean | cls | last [the model's: its sentence-transformers config, else mean for encoders, "
+    "last for decoders]."))]
+Normalize = Annotated[bool | None, _opt("--normalize/--no-normalize", help=(
+    "--task embed: L2-normalize each embedding [the model's: on when its sentence-transformers modules "
+    "normalize]."))]
+Dimensions = Annotated[int | None, _opt("--dimensions", metavar="N", help=(
+    "--task embed: keep the first N dimensions of each embedding (Matryoshka, OpenAI's `dimensions`), "
+    "normalized after the cut when normalizing [all]."))]
+ScoreColumn = Annotated[str | None, _opt("--score-column", metavar="COL", help=(
+    "--task score: score this column's text as a continuation of the prompt (its tokens alone count) "
+    "[off: every token of the prompt after the first]."))]
 PromptColumn = Annotated[str | None, _opt("--prompt-column", metavar="COL", help="Column holding the prompt [text].")]
 IdColumn = Annotated[str | None, _opt("--id-column", metavar="COL", help=(
     "Column of unique row ids [derived: file name + row index]."))]

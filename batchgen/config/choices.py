@@ -19,6 +19,34 @@ class Policy(str, Enum):
         return self.value
 
 
+class Task(str, Enum):
+    """`--task`: what a job computes per row. Only generate decodes; the others are one forward pass
+    per row (engine/encode/), so generation's sampling and decoding settings mean nothing for them."""
+
+    GENERATE = "generate"
+    EMBED = "embed"  # a pooled (and normalized / cut) vector per row
+    SCORE = "score"  # the row's (or a continuation's) total log-likelihood under a causal LM
+    CLASSIFY = "classify"  # a sequence-classification head's label and scores
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Pooling(str, Enum):
+    """`--pooling`: how an embed job turns a row's token states into one vector (sentence-transformers' modes)."""
+
+    MEAN = "mean"  # the average over the row's tokens
+    CLS = "cls"  # the first token's state
+    LAST = "last"  # the last token's state (decoders used as embedders)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TASKS = tuple(t.value for t in Task)
+POOLINGS = tuple(p.value for p in Pooling)
+
+
 class AttentionBackendName(str, Enum):
     """`--attention-backend`: auto picks per device (engine/attention/registry.py says how)."""
 

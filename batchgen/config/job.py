@@ -43,6 +43,13 @@ class JobConfig:
     # PEFT LoRA adapters by name -> directory (docs/lora.md); the flag: --lora NAME=DIR, repeatable
     lora: dict[str, str] = field(default_factory=dict)
     lora_column: str | None = None  # each row's adapter by name; null or empty: the base model
+    # what a row's output is (config/choices.py Task): generate decodes; embed, score and classify run one
+    # forward pass per row (engine/encode/) and refuse generation's settings (config/task_rules.py)
+    task: str = "generate"
+    pooling: str | None = None  # embed: a Pooling value; None = the model's (its sentence-transformers config)
+    normalize: bool | None = None  # embed: L2-normalize the vector; None = the model's (a Normalize module)
+    dimensions: int | None = None  # embed: keep the first N dimensions (Matryoshka, OpenAI's `dimensions`)
+    score_column: str | None = None  # score: the log-likelihood of this column's text after the prompt
     prompt_column: str = "text"
     id_column: str | None = None  # None = "<file name>:<row index>", stable across runs
     template: str | None = None  # "{column}" placeholders only

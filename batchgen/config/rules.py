@@ -20,6 +20,7 @@ from batchgen.config.choices import (
 from batchgen.config.keys import KEY_ALIASES, NO_FLAG, TOP_K_OFF, label
 from batchgen.config.lora_settings import lora_settings
 from batchgen.config.output_url import check_output_url, job_output_dir, names_batch_file
+from batchgen.config.task_rules import task_settings
 from batchgen.config.text_settings import chat_template_settings, constraint_settings
 from batchgen.config.token_controls import read_logit_bias, read_token_ids
 from batchgen.errors import ConfigError
@@ -176,6 +177,7 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
         raise ConfigError(f"{label('metrics_port')} must be a port number 0-65535 (0 = any free port), "
                           f"got {config.metrics_port!r}")
+    task_settings(config)  # last: the settings above are in their normal form, so "given" means off its default
 
 
 def _combinations(config: JobConfig) -> None:

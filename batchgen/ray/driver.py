@@ -83,7 +83,8 @@ class RayJob:
         self.id_name = source.id_field.name
         self.commits = CommitSchedule(Committer(session.manifest, PartWriter(session.out_dir, schema), self.id_name,
                                                 rows_per_part=config.rows_per_part), guard, config)
-        self.summary = RunSummary(output_dir=str(session.out_dir), model=config.model or "default", mode=config.mode)
+        self.summary = RunSummary(output_dir=str(session.out_dir), model=config.model or "default", mode=config.mode,
+                                  task=str(config.task))
         self.summary.executor = "ray"
         self.fingerprint: dict[str, Any] | None = None  # the full one, from the first output batch
         self.model_json: str | None = None
@@ -245,9 +246,10 @@ class RayJob:
         s.num_rows_changed += row_id in self.ok_before
         if self.monitor is not None:
             self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=out["num_prompt_tokens"] or 0,
-                                         num_generated_tokens=out["num_generated_tokens"] or 0,
+                                         num_generated_tokens=out.get("num_generated_tokens") or 0,
                                          predicted_tokens=None, error=is_error)
-        self.progress.update(num_generated_tokens=out["num_generated_tokens"] or 0, error=is_error)
+        # embed / score / classify rows generate no tokens (and have no such column)
+        self.progress.update(num_generated_tokens=out.get("num_generated_tokens") or 0, error=is_error)
         if PROMPT_HASH not in self.schema.names:
             out.pop(PROMPT_HASH, None)
         self.commits.add(out, path, index)

@@ -38,8 +38,10 @@ from batchgen.ray.block_refs import BlockSlices, fetch
 from batchgen.ray.stages import MODEL_FINGERPRINT  # the actor pool's column, so the driver reads both alike
 
 NAMESPACE = "batchgen"
+# the task and an embed model's pooling / normalization / cut are load settings too: an embed engine
+# holds an EncodeModel built with them (batchgen.engine.encode.load), not a generation engine's model
 LOAD_SETTINGS = ("model", "device", "dtype", "trust_remote_code", "quantize", "quantize_backend",
-                 "quantize_embedding")
+                 "quantize_embedding", "task", "pooling", "normalize", "dimensions")
 JOBS_KEPT = 4  # BatchGenerators an engine keeps: jobs sharing it at once do not rebuild theirs per batch
 
 
@@ -103,12 +105,9 @@ class EngineActor:
 
     def __init__(self, config: JobConfig, keep_warm_s: float | None):
         logging.getLogger("batchgen").setLevel(logging.WARNING)  # the driver logs the job
-        from batchgen.engine.model.loader import load_model
+        from batchgen.jobs.pipeline.task_setup import load_for_task
 
-        self.loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                                 trust_remote_code=config.trust_remote_code, quantize=config.quantize,
-                                 quantize_backend=config.quantize_backend,
-                                 quantize_embedding=config.quantize_embedding)
+        self.loaded = load_for_task(config)  # a generation model, or an EncodeModel for embed / score / classify
         self.jobs: dict[str, tuple[Any, str]] = {}  # token -> (BatchGenerator, its model fingerprint JSON)
         self.lock = threading.Lock()
         self.last_used = time.monotonic()
@@ -135,11 +134,11 @@ class EngineActor:
 
     def _job(self, job: JobSpec) -> tuple[Any, str]:
         if job.token not in self.jobs:
-            from batchgen.jobs.pipeline.batch_fn import BatchGenerator
+            from batchgen.jobs.pipeline.task_setup import batch_generator_for
 
             while len(self.jobs) >= JOBS_KEPT:  # the oldest job's (dicts keep insertion order)
                 self.jobs.pop(next(iter(self.jobs)))
-            generator = BatchGenerator(job.config, schema=job.schema, loaded=self.loaded)
+            generator = batch_generator_for(job.config, schema=job.schema, loaded=self.loaded)
             self.jobs[job.token] = (generator, json.dumps(generator.model_fingerprint, sort_keys=True))
         return self.jobs[job.token]
 

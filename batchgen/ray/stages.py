@@ -127,10 +127,10 @@ class GenerateActor:
     def __init__(self, config: JobConfig, schema: pa.Schema):
         import logging
 
-        from batchgen.jobs.pipeline.batch_fn import BatchGenerator
+        from batchgen.jobs.pipeline.task_setup import batch_generator_for
 
         logging.getLogger("batchgen").setLevel(logging.WARNING)  # the driver logs the job
-        self.generate = BatchGenerator(config, schema=schema)
+        self.generate = batch_generator_for(config, schema=schema)  # the task's (generate, embed, ...)
         self.fingerprint = json.dumps(self.generate.model_fingerprint, sort_keys=True)
 
     def __call__(self, table: pa.Table) -> pa.Table:

@@ -44,6 +44,7 @@ class Fixture:
     src: Path
     num_rows: int
     input: Path | None = None  # what --input names: `src`, or a directory holding it (inputs that change)
+    task: str = "generate"  # embed / score / classify: no output tokens (tests/jobs/test_encode_kill.py)
 
 
 @dataclass(slots=True)
@@ -79,9 +80,11 @@ def make_fixture(directory: Path, num_rows: int = 240) -> Fixture:
 
 
 def job_args(fixture: Fixture, out: Path) -> list[str]:
+    task = ["--max-new-tokens", str(MAX_NEW_TOKENS), "--kv-cache-memory", "16MiB"] if fixture.task == "generate" \
+        else ["--task", fixture.task]
     return ["--input", str(fixture.input or fixture.src), "--output", str(out), "--model", str(fixture.model_dir),
-            "--id-column", "id", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", str(MAX_NEW_TOKENS),
-            "--kv-cache-memory", "16MiB", "--batch-size", "16", "--commit-every", str(COMMIT_EVERY), "--quiet"]
+            "--id-column", "id", "--device", "cpu", "--dtype", "float32", *task, "--batch-size", "16",
+            "--commit-every", str(COMMIT_EVERY), "--quiet"]
 
 
 def start_job(fixture: Fixture, out: Path) -> subprocess.Popen:

@@ -65,7 +65,7 @@ REQUESTS = [
     completion("t1", "Once upon a time", max_tokens=4),
     chat("c3", "Tell me more", temperature=1.0, seed=5),
     completion("t2", "1 2 3"),
-    {"custom_id": "e-url", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x", "model": "m"}},
+    {"custom_id": "e-url", "method": "POST", "url": "/v1/moderations", "body": {"input": "x", "model": "m"}},
     chat("e-tools", "x", tools=[{"type": "function", "function": {"name": "f"}}]),
     completion("e-long", "word " * 200),
 ]

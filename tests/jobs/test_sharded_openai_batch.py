@@ -17,7 +17,7 @@ from tests.jobs.test_openai_batch_job import chat, completion, read_lines, write
 
 FILES = {
     "a.jsonl": [chat("a1", "Hello there", max_tokens=3), completion("a2", "Once upon a time")],
-    "b.jsonl": [chat("b1", "Tell me more"), {"custom_id": "b-url", "method": "POST", "url": "/v1/embeddings",
+    "b.jsonl": [chat("b1", "Tell me more"), {"custom_id": "b-url", "method": "POST", "url": "/v1/moderations",
                                              "body": {"input": "x", "model": "m"}}],
     "c.jsonl": [completion("c1", "1 2 3", max_tokens=2)],
 }

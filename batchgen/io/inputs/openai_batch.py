@@ -11,6 +11,10 @@ holds, so every shard of a job has the same columns and types:
     method, url, model (the body's "model", recorded, never used to pick a model)
     body       the body as JSON text, parsed per row by batchgen.jobs.openai.requests
 
+A file holds either embeddings requests (/v1/embeddings) or generation requests (/v1/chat/completions,
+/v1/completions): the first request of the other kind is an InputError naming its row and url, as
+the two need different models and output shapes (KindCheck).
+
 What the API would answer with an error for one request is not an InputError: such lines are
 still rows, and become error rows in the API's shape. An unknown field in the request line, or a
 lone surrogate escape in method or url, is listed here as an invalid cell (batchgen.io.inputs.cells),
@@ -35,6 +39,10 @@ from batchgen.io.inputs.jsonl import _records  # the JSON Lines decoder, with it
 ID_COLUMN = "custom_id"
 CHAT_URL = "/v1/chat/completions"  # the endpoints batchgen answers (batchgen.jobs.openai.requests)
 COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
+# a job either generates (chat and text completions) or embeds: one file, or one job's files, never mixes them
+EMBEDDINGS, GENERATION = "embeddings", "generation"
+_KIND_OF_URL = {CHAT_URL: GENERATION, COMPLETIONS_URL: GENERATION, EMBEDDINGS_URL: EMBEDDINGS}
 REQUEST_FIELDS = ("custom_id", "method", "url", "body")  # a request line's fields, as the API defines them
 OPENAI_BATCH_SCHEMA = pa.schema([
     pa.field(ID_COLUMN, pa.string()),
@@ -99,14 +107,45 @@ def request_row(record: dict[str, Any], path: str, row: int) -> tuple[dict[str, 
     return out, invalid
 
 
+def request_kind(url: Any) -> str | None:
+    """EMBEDDINGS or GENERATION for a url batchgen answers; None for any other (an error row of its own)."""
+    return _KIND_OF_URL.get(url) if isinstance(url, str) else None
+
+
+class KindCheck:
+    """Refuses (InputError, exit 2) a file's first request whose kind differs from the file's first
+    one: an embeddings request and a generation request need different models and output shapes, so
+    one job cannot answer both. Rows of a url batchgen does not answer are left to their own error rows."""
+
+    def __init__(self) -> None:
+        self.first: tuple[str, int, str] | None = None  # (kind, row, url)
+
+    def see(self, url: Any, path: str, row: int, custom_id: str) -> None:
+        kind = request_kind(url)
+        if kind is None:
+            return
+        if self.first is None:
+            self.first = (kind, row, url)
+            return
+        first_kind, first_row, first_url = self.first
+        if kind != first_kind:
+            raise InputError(f"request {custom_id!r} is a {url} request, but the file's first request (row "
+                             f"{first_row}) is a {first_url} one: embeddings and completions cannot share a "
+                             "job; put them in separate files and run each as its own job",
+                             path=path, row=row, column="url")
+
+
 def openai_batch_batches(fs: pafs.FileSystem, fs_path: str, display: str, columns: list[str] | None,
                          batch_size: int) -> Iterator[pa.RecordBatch]:
-    """The shard's requests as batches of OPENAI_BATCH_SCHEMA (only `columns`, if given)."""
+    """The shard's requests as batches of OPENAI_BATCH_SCHEMA (only `columns`, if given). A file that
+    mixes embeddings and generation requests raises InputError at the first request of the other kind."""
     schema = OPENAI_BATCH_SCHEMA if columns is None else pa.schema([OPENAI_BATCH_SCHEMA.field(c) for c in columns])
     rows: list[dict[str, Any]] = []
     cells: list[list] = []
+    kinds = KindCheck()
     for row, record in _records(fs, fs_path, display):
         values, invalid = request_row(record, display, row)
+        kinds.see(values["url"], display, row, values[ID_COLUMN])
         cells.extend([len(rows), "request", message] for message in invalid)
         rows.append(values)
         if len(rows) == batch_size:
@@ -116,16 +155,18 @@ def openai_batch_batches(fs: pafs.FileSystem, fs_path: str, display: str, column
         yield _batch(rows, schema, cells)
 
 
-def check_first_request(fs: pafs.FileSystem, fs_path: str, display: str) -> None:
-    """Read the first request (a malformed first line fails here, naming the file); a file without
-    requests holds no rows, as an empty JSON Lines file does."""
+def check_first_request(fs: pafs.FileSystem, fs_path: str, display: str) -> tuple[int, str | None] | None:
+    """Read the first request (a malformed first line fails here, naming the file): (its row, its url);
+    None for a file without requests, which holds no rows, as an empty JSON Lines file does."""
     records = _records(fs, fs_path, display)
     try:
         first = next(records, None)
     finally:
         records.close()
-    if first is not None:
-        request_row(first[1], display, first[0])
+    if first is None:
+        return None
+    values, _ = request_row(first[1], display, first[0])
+    return first[0], values["url"]
 
 
 def _batch(rows: list[dict[str, Any]], schema: pa.Schema, cells: list[list]) -> pa.RecordBatch:

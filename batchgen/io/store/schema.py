@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from batchgen.config.choices import Task
+
 PROMPT_HASH = "prompt_hash"
 PROMPT_TRUNCATED = "prompt_truncated"
 # Fixed output columns, after the id column and before the passthrough input columns.
@@ -21,6 +23,20 @@ OUTPUT_FIXED_FIELDS: tuple[pa.Field, ...] = (
     pa.field(PROMPT_TRUNCATED, pa.bool_()),
 )
 FINISH_REASONS = ("stop", "length", "error")
+GENERATED_FIELDS = ("generated_text", "finish_reason", "num_generated_tokens")  # generate's own columns
+
+EMBEDDING = "embedding"
+# --task score and classify: their own columns, in place of generate's; embed's (a vector of the
+# model's size, so known only once its files are read) is embedding_field's
+SCORE_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("logprob", pa.float64()),  # the sum of the scored tokens' log-probabilities (natural log)
+    pa.field("num_scored_tokens", pa.int32()),
+    pa.field("perplexity", pa.float64()),  # exp(-logprob / num_scored_tokens); null when nothing was scored
+)
+CLASSIFY_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("label", pa.string()),  # the model's id2label of the argmax; null for a regression head
+    pa.field("scores", pa.list_(pa.float32())),  # softmax over the labels, or the raw value(s) of a regression head
+)
 
 LOGPROBS = "logprobs"
 _TOKEN_LOGPROB = [pa.field("token", pa.string()), pa.field("token_id", pa.int32()), pa.field("logprob", pa.float32())]
@@ -47,17 +63,41 @@ ADAPTER = "adapter"
 ADAPTER_FIELD = pa.field(ADAPTER, pa.string())
 
 
+def embedding_field(embedding_dim: int) -> pa.Field:
+    """--task embed's vector column: fixed-size, so readers (Arrow, Polars, vector stores) get a dense
+    [rows, dim] array without per-row offsets; null for error rows."""
+    assert isinstance(embedding_dim, int) and embedding_dim >= 1, embedding_dim
+    return pa.field(EMBEDDING, pa.list_(pa.field("item", pa.float32()), embedding_dim))
+
+
+def task_fixed_fields(task: Task | str, embedding_dim: int | None = None) -> list[pa.Field]:
+    """The fixed columns of a task's output: generate's OUTPUT_FIXED_FIELDS; for the one-forward tasks
+    their own columns, then what every row has (num_prompt_tokens, error, prompt_hash, prompt_truncated)."""
+    task = Task(task)
+    if task == Task.GENERATE:
+        return list(OUTPUT_FIXED_FIELDS)
+    own = {Task.SCORE: SCORE_FIELDS, Task.CLASSIFY: CLASSIFY_FIELDS}.get(task)
+    if own is None:
+        assert embedding_dim is not None, "an embed job's schema needs the model's embedding size"
+        own = (embedding_field(embedding_dim),)
+    return [*own, *(f for f in OUTPUT_FIXED_FIELDS if f.name not in GENERATED_FIELDS)]
+
+
 def output_schema(id_field: pa.Field, passthrough: list[pa.Field], *, with_prompt_hash: bool = True,
                   with_prompt_truncated: bool = True, with_logprobs: bool = False,
                   with_json_valid: bool = False, with_sample_index: bool = False,
-                  with_adapter: bool = False) -> pa.Schema:
-    """The id field, then OUTPUT_FIXED_FIELDS, then the passthrough input columns in input order.
+                  with_adapter: bool = False, task: Task | str = Task.GENERATE,
+                  embedding_dim: int | None = None) -> pa.Schema:
+    """The id field, then the task's fixed fields (task_fixed_fields), then the passthrough input
+    columns in input order. `embedding_dim`: an embed job's vector size (after --dimensions).
 
     `with_prompt_hash=False` / `with_prompt_truncated=False`: the schema of directories begun
     before that column, which keep it so that their parts stay one table."""
+    # logprobs and json_valid describe generated tokens: the config refuses them with the other tasks
+    assert Task(task) == Task.GENERATE or not (with_logprobs or with_json_valid), task
     dropped = {name for name, keep in ((PROMPT_HASH, with_prompt_hash), (PROMPT_TRUNCATED, with_prompt_truncated))
                if not keep}
-    fixed = [f for f in OUTPUT_FIXED_FIELDS if f.name not in dropped]
+    fixed = [f for f in task_fixed_fields(task, embedding_dim) if f.name not in dropped]
     fields = [id_field, *([SAMPLE_INDEX_FIELD] if with_sample_index else []), *fixed,
               *([LOGPROBS_FIELD] if with_logprobs else []), *([JSON_VALID_FIELD] if with_json_valid else []),
               *([ADAPTER_FIELD] if with_adapter else []), *passthrough]

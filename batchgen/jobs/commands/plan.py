@@ -24,17 +24,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchgen.config.choices import Policy
+from batchgen.config.choices import Policy, Task
 from batchgen.config.job import JobConfig
 from batchgen.io.manifest.manifest import ManifestState, is_job_dir, load_manifest
 from batchgen.io.store.factory import open_store
 from batchgen.jobs.durability.prompt_check import prompts_unchanged
 from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.openai.batch_task import resolve_batch_task
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts
 from batchgen.jobs.pipeline.empty_input import input_is_empty
 from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job, seq_token_needs
 from batchgen.jobs.pipeline.summary import plural
-from batchgen.jobs.planning.output_size import OutputSize, text_bytes_per_token
+from batchgen.jobs.planning.output_size import OutputSize, size_text, text_bytes_per_token
 from batchgen.jobs.sharding.split import shard_output_dir
 
 if TYPE_CHECKING:
@@ -44,7 +45,9 @@ if TYPE_CHECKING:
 def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate: bool = False,
              calibration_rows: int = 16) -> dict[str, Any]:
     """The plan as JSON-ready data; raises BatchgenError subclasses for user mistakes."""
-    check_room_for_prompts(config)  # as a run checks it: from the model's files, before any load
+    resolve_batch_task(config)  # a Batch file of /v1/embeddings requests is planned as --task embed
+    if Task(config.task) == Task.GENERATE:  # the other tasks keep no room for output
+        check_room_for_prompts(config)  # as a run checks it: from the model's files, before any load
     inputs = open_inputs(config, need_output=False)
     if input_is_empty(config, inputs):  # a run would load no model and finish at once
         return {"empty_input": True, "inputs": inputs.scan.to_json(), "num_rows": 0, "shards": []}
@@ -60,6 +63,10 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
     if resume is not None and (resume.nothing_to_do(inputs) or prompts_unchanged(config, inputs, resume)):
         return {"nothing_to_do": True, "output": str(out_dir), "num_rows": 0, "num_rows_done": state.num_committed_rows,
                 "num_error_rows_done": len(state.error_ids), "shards": []}
+    if Task(config.task) != Task.GENERATE:  # one forward pass per row: nothing to predict, no KV cache
+        from batchgen.jobs.commands.plan_encode import plan_encode_job
+
+        return plan_encode_job(config, inputs, resume=resume, calibrate=calibrate)
     # torch and transformers load here, once every check has passed
     from batchgen.engine.model.hf_imports import keep_torchao_out
 
@@ -177,6 +184,10 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     if report.get("nothing_to_do"):
         return [f"nothing to do: all {report['num_rows_done']} rows are committed in {report['output']} "
                 f"({plural(report['num_error_rows_done'], 'error row')}); a run there would load no model"]
+    if report.get("task", Task.GENERATE.value) != Task.GENERATE.value:
+        from batchgen.jobs.commands.plan_encode import plan_encode_lines
+
+        return plan_encode_lines(report)
     p, o50, o90, kv = report["prompt_tokens"], report["output_tokens_p50"], report["output_tokens_p90"], report["kv"]
     done = f"; {report['num_rows_done']} committed before, not planned" if report["num_rows_done"] else ""
     lines = [
@@ -187,8 +198,8 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         f"predicted output tokens per row: p50 mean {o50['mean']} (p50 {o50['p50']}, p90 {o50['p90']}, max "
         f"{o50['max']}); p90 mean {o90['mean']}; total {report['predicted_output_tokens']}; learned from "
         f"{report['learned_rows']} earlier rows",
-        f"KV cache: {_size(kv['bytes_per_token'])} per token; the engine's cache holds {kv['cache_tokens']} tokens "
-        f"({_size(kv['cache_bytes'])}); the most a shard needs at once: {_size(kv['needed_bytes_max'])}",
+        f"KV cache: {size_text(kv['bytes_per_token'])} per token; the engine's cache holds {kv['cache_tokens']} tokens "
+        f"({size_text(kv['cache_bytes'])}); the most a shard needs at once: {size_text(kv['needed_bytes_max'])}",
     ]
     if report["shareable_prefix_tokens"] or report["rows_from_duplicates"]:
         how = ("computed once, by the first row of each group (--prefix-order)" if report["prefix_order"]
@@ -197,10 +208,10 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
                      f"{how}; {plural(report['rows_from_duplicates'], 'row')} repeat another's prompt "
                      "(--dedup serves them); the estimated time counts both")
     size = report["output_size"]
-    copied = ", ".join(f"{name} {_size(n)}" for name, n in size["copied_columns"].items()) or "none"
-    lines.append(f"output size: ~{_size(size['total_bytes'])} uncompressed: generated text ~"
-                 f"{_size(size['generated_text_bytes'])} ({size['bytes_per_token']} bytes per token), copied input "
-                 f"columns ~{_size(size['copied_columns_bytes'])} ({copied}; --keep-columns chooses them)")
+    copied = ", ".join(f"{name} {size_text(n)}" for name, n in size["copied_columns"].items()) or "none"
+    lines.append(f"output size: ~{size_text(size['total_bytes'])} uncompressed: generated text ~"
+                 f"{size_text(size['generated_text_bytes'])} ({size['bytes_per_token']} bytes per token), copied input "
+                 f"columns ~{size_text(size['copied_columns_bytes'])} ({copied}; --keep-columns chooses them)")
     if report["shards"]:
         first = report["shards"][0]
         lines.append(f"batch (first shard): {first['batch_size_reason']}")
@@ -227,11 +238,3 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
 def _load_part(report: dict[str, Any]) -> str:
     load_s = report.get("model_load_seconds")
     return "" if load_s is None else f" (model load {load_s:.1f} s, measured here, + generation)"
-
-
-def _size(num_bytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if num_bytes < 1024 or unit == "GiB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1024
-    return f"{num_bytes} B"

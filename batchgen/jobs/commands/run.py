@@ -55,16 +55,24 @@ from batchgen.jobs.durability.prompt_check import model_files_unchanged, nothing
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
 from batchgen.jobs.openai.batch_file import check_batch_file_target, clear_batch_file
+from batchgen.jobs.openai.batch_task import resolve_batch_task
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts
 from batchgen.jobs.pipeline.empty_input import input_is_empty
 from batchgen.jobs.pipeline.prepare import open_inputs
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary, plural
+from batchgen.jobs.pipeline.task_setup import (
+    embed_model_for_schema,
+    is_encode_task,
+    load_encode_model_for,
+    task_schema_args,
+)
 from batchgen.jobs.sharding.sharded import check_job_output
 from batchgen.jobs.sharding.split import shard_output_dir
 
 if TYPE_CHECKING:
+    from batchgen.engine.encode.load import EncodeModel
     from batchgen.engine.model.loader import LoadedModel
 
 log = logging.getLogger("batchgen")
@@ -85,9 +93,12 @@ def writes_sample_index(config: JobConfig, session: OutputSession) -> bool:
     return config.n > 1 or (per_row and session.writes_sample_index())
 
 
-def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSummary:
-    """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes."""
-    check_room_for_prompts(config)  # from the model's files: no input read, no model loaded
+def run_job(config: JobConfig, *, loaded: LoadedModel | EncodeModel | None = None) -> RunSummary:
+    """Run (or resume) one job to completion; raises BatchgenError subclasses for user mistakes.
+    `loaded`: the model already loaded (an EncodeModel for --task embed, score or classify)."""
+    resolve_batch_task(config)  # a Batch file of /v1/embeddings requests runs as --task embed
+    if not is_encode_task(config):  # embed, score and classify keep no room for output tokens
+        check_room_for_prompts(config)  # from the model's files: no input read, no model loaded
     inputs = open_inputs(config)
     empty = input_is_empty(config, inputs)  # an empty partition: exit 0 without a model (or 2, if refused)
     source, scan = inputs.source, inputs.scan
@@ -106,6 +117,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
         keep_torchao_out(config)  # no torchao import (and its warnings) for a job that does not use it
         import batchgen.engine.model.loader  # noqa: F401
         import batchgen.jobs.executors.local  # noqa: F401
+        if is_encode_task(config):
+            import batchgen.jobs.executors.local_encode  # noqa: F401
     summary: RunSummary | None = None
     stage = "opening the output directory"  # what an interrupt stopped, for its message
     with SignalGuard(config.stop_grace_s or None) as guard:
@@ -113,15 +126,17 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
             try:
                 with guard.critical():
                     session.open()
+                loaded = embed_model_for_schema(config, session, loaded)  # if the files cannot tell its size
                 schema = output_schema(source.id_field, source.passthrough_fields,
                                        with_prompt_hash=session.writes_prompt_hash(),
                                        with_prompt_truncated=session.writes_prompt_truncated(),
-                                       with_logprobs=config.logprobs is not None or (
-                                           config.input_format == OPENAI_BATCH and session.writes_logprobs()),
-                                       with_json_valid=writes_json_valid(config) and (
+                                       # generated tokens' columns: an embed Batch job (/v1/embeddings) has none
+                                       with_logprobs=not is_encode_task(config) and (config.logprobs is not None or (
+                                           config.input_format == OPENAI_BATCH and session.writes_logprobs())),
+                                       with_json_valid=not is_encode_task(config) and writes_json_valid(config) and (
                                            config.input_format != OPENAI_BATCH or session.writes_json_valid()),
                                        with_sample_index=writes_sample_index(config, session),
-                                       with_adapter=bool(config.lora))
+                                       with_adapter=bool(config.lora), **task_schema_args(config, session, loaded))
                 session.check_fingerprint(job_fingerprint(config, source, schema))  # before a model is loaded
                 session.check_inputs(scan, id_column=config.id_column)
                 if empty:
@@ -169,18 +184,25 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | None = None) -> RunSumma
     return summary
 
 
-def _local_job(config: JobConfig, inputs, loaded: LoadedModel | None, session: OutputSession, guard: SignalGuard,
-               schema):
+def _local_job(config: JobConfig, inputs, loaded: LoadedModel | EncodeModel | None, session: OutputSession,
+               guard: SignalGuard, schema):
     """Load the model (unless given), build the local executor and begin the job."""
     # torch and transformers load here, once every check has passed (seconds on their own)
     from batchgen.engine.model.loader import load_model
     from batchgen.jobs.executors.local import LocalJob
 
-    if loaded is None:
-        loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                            trust_remote_code=config.trust_remote_code, quantize=config.quantize,
-                            quantize_backend=config.quantize_backend, quantize_embedding=config.quantize_embedding)
-    job = LocalJob(config, inputs, loaded, session, guard, schema)
+    if is_encode_task(config):  # embed, score, classify: the encode engine (batchgen.engine.encode)
+        from batchgen.jobs.executors.local_encode import EncodeJob
+
+        job = EncodeJob(config, inputs, loaded if loaded is not None else load_encode_model_for(config), session,
+                        guard, schema)
+    else:
+        if loaded is None:
+            loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                                trust_remote_code=config.trust_remote_code, quantize=config.quantize,
+                                quantize_backend=config.quantize_backend,
+                                quantize_embedding=config.quantize_embedding)
+        job = LocalJob(config, inputs, loaded, session, guard, schema)
     # --id-column rows are settled by their prompt hash, known once the prompt is built: the first
     # row found changed (or an error row) takes the _SUCCESS down, before it is generated
     job.job.on_change = lambda: _clear_success(config, session)

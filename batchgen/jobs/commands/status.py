@@ -138,9 +138,11 @@ def status_lines(status: dict[str, Any]) -> list[str]:
                      "kept in the output; filter them by id, or pass --overwrite to start over")
     fingerprint = status["fingerprint"]
     if fingerprint is not None:
+        task = fingerprint.get("task", "generate")  # embed / score / classify generate nothing: no output settings
+        settings = (f"max_new_tokens {fingerprint.get('max_new_tokens')}, temperature {fingerprint.get('temperature')}"
+                    if task == "generate" else f"task {task}")
         lines.append(f"fingerprint: {fingerprint['digest']} (model {fingerprint.get('model')} revision "
-                     f"{fingerprint.get('model_revision')}, max_new_tokens {fingerprint.get('max_new_tokens')}, "
-                     f"temperature {fingerprint.get('temperature')}, "
+                     f"{fingerprint.get('model_revision')}, {settings}, "
                      f"output format {fingerprint.get('output_format', 0)})")
     if status.get("partial_rows"):
         lines.append(f"in flight when stopped: {status['partial_rows']} rows with {status['partial_tokens']} tokens "

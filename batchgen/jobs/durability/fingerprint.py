@@ -102,6 +102,16 @@ def model_fingerprint(loaded, builder) -> dict[str, Any]:
             "parse_special_tokens": builder.parse_special_tokens}
 
 
+def encode_model_fingerprint(model, builder) -> dict[str, Any]:
+    """The MODEL_KEYS (plus "model") of an embed / score / classify job's EncodeModel: its files' content
+    identity is the revision (pooling and normalization read from those files are covered by it), and
+    it stops on no EOS."""
+    return {"model": model.name, "model_revision": model.files_identity,
+            "dtype": str(model.dtype).removeprefix("torch."), "chat": builder.chat,
+            "tokenizer": tokenizer_digest(model.tokenizer), "eos_token_ids": [],
+            "parse_special_tokens": builder.parse_special_tokens}
+
+
 def tokenizer_digest(tokenizer) -> str:
     """sha256[:16] over what the tokenizer does to text: its serialized pipeline (vocabulary,
     merges, normalizer, added and special tokens) and its chat template.

@@ -25,6 +25,8 @@ from batchgen.config.job import JobConfig
 from batchgen.errors import BatchgenError
 from batchgen.io.manifest.manifest import ManifestState
 from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.pipeline.encode_rows import encode_prompt_builder, prepare_encode_row
+from batchgen.jobs.pipeline.task_setup import is_encode_task
 from batchgen.jobs.planning.planner import prepare_row
 from batchgen.jobs.prompting.prompts import PromptBuilder, RowError
 
@@ -62,7 +64,7 @@ def prompts_unchanged(config: JobConfig, inputs: JobInputs, resume: ResumeRule) 
             if builder is None:
                 return False
         try:
-            if prepare_row(row, builder, config).prompt_hash != committed_hash:
+            if _prepare(row, builder, config).prompt_hash != committed_hash:
                 return False
         except RowError:  # it would become an error row now
             return False
@@ -79,6 +81,13 @@ def _builder(config: JobConfig, inputs: JobInputs) -> PromptBuilder | None:
         return None
     tokenizer, max_context_tokens = found
     try:
+        if is_encode_task(config):  # cut at the model's context: its encoder never reads more
+            return encode_prompt_builder(config, tokenizer, inputs.source.template, max_context_tokens)
         return PromptBuilder.for_job(config, tokenizer, inputs.source.template, max_context_tokens)
     except BatchgenError:
         return None
+
+
+def _prepare(row, builder: PromptBuilder, config: JobConfig):
+    """The row as the run prepares it: an encoder's input for embed / score / classify."""
+    return prepare_encode_row(row, builder, config) if is_encode_task(config) else prepare_row(row, builder, config)

@@ -15,6 +15,8 @@ A `.jsonl` --output gets every line in that one file instead (batchgen.jobs.open
 An error row is answered as the API answers a request it rejects: status_code 400 and a body
 {"error": {"message", "type": "invalid_request_error", "param", "code"}} (the code kept in
 the row's message, batchgen.io.inputs.openai_batch.split_api_error), top-level "error" null.
+An embed job's requests (/v1/embeddings) are answered with a `list` of embeddings instead
+(batchgen.jobs.openai.embedding_output).
 
 Exactly once. The Parquet parts and the manifest stay the commit point; these files are derived
 from them, whole, once the job has every row: by the run that completes it, by a rerun of a
@@ -53,10 +55,11 @@ from batchgen.io.inputs.openai_batch import CHAT_URL, ID_COLUMN, split_api_error
 from batchgen.io.manifest.manifest import SUCCESS_FILE, ManifestState, clear_success, fingerprint_digest
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point, fsync_dir
-from batchgen.io.store.schema import SAMPLE_INDEX
+from batchgen.io.store.schema import EMBEDDING, SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
 from batchgen.jobs.openai.batch_file import batch_file_present, batch_file_target, clear_batch_file, write_batch_file
+from batchgen.jobs.openai.embedding_output import BODY_COLUMN, RequestRefused, embeddings_body
 from batchgen.jobs.openai.temp_files import open_held, sweep_dead_temps
 
 log = logging.getLogger("batchgen")
@@ -65,6 +68,8 @@ OUTPUT_FILE, ERRORS_FILE = BATCH_FILES
 SUCCESS_KEY = "openai_batch"  # in _SUCCESS: where the files are, and the commit sequence number they hold
 _COLUMNS = [ID_COLUMN, "url", "generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens",
             "error"]
+# an embed job's (/v1/embeddings requests, batchgen.jobs.openai.embedding_output): no generated text
+_EMBED_COLUMNS = [ID_COLUMN, "url", EMBEDDING, "num_prompt_tokens", "error"]
 _LOGPROBS = "logprobs"  # batchgen.io.store.schema.LOGPROBS: absent in directories begun before it
 _READ_BATCH_ROWS = 4096
 
@@ -208,8 +213,9 @@ def batch_files_written(out: str | Path | OutputStore, state: ManifestState, dir
 
 def _line(rows: list[dict[str, Any]], context: dict[str, Any]) -> tuple[bool, bytes]:
     """(is an error row, its line in UTF-8)."""
-    text = json.dumps(output_line(rows, context), ensure_ascii=False) + "\n"
-    return rows[0]["finish_reason"] == "error", text.encode("utf-8")
+    line = output_line(rows, context)
+    text = json.dumps(line, ensure_ascii=False) + "\n"
+    return line["response"]["status_code"] != 200, text.encode("utf-8")
 
 
 def _requests(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
@@ -234,14 +240,15 @@ def output_line(rows: dict[str, Any] | list[dict[str, Any]], context: dict[str, 
     custom_id = row[ID_COLUMN]
     key = hashlib.blake2b(f"{context['digest']}\x00{custom_id}".encode(), digest_size=16).hexdigest()
     request_id = f"req_{key}"
-    if row["finish_reason"] == "error":
-        code, param, message = split_api_error(row["error"] or "")
-        body: dict[str, Any] = {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                          "code": code}}
-        status = 400
-    else:
-        body = completion_body(rows, key, context)
+    embed = EMBEDDING in row  # an embed job's row: an error row has no embedding
+    try:
+        if row["error"] is not None if embed else row["finish_reason"] == "error":
+            raise RequestRefused(*split_api_error(row["error"] or ""))
+        body: dict[str, Any] = embeddings_body(rows, context) if embed else completion_body(rows, key, context)
         status = 200
+    except RequestRefused as e:  # an error row, or a request its embeddings cannot answer
+        body = {"error": {"message": e.message, "type": "invalid_request_error", "param": e.param, "code": e.code}}
+        status = 400
     return {"id": f"batch_req_{key}", "custom_id": custom_id,
             "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
 
@@ -293,6 +300,7 @@ def _committed_rows(store: OutputStore, state: ManifestState) -> Iterator[dict[s
         with store.open_input(name) as file:
             parquet = pq.ParquetFile(file)
             names = parquet.schema_arrow.names
-            columns = [*_COLUMNS, *(c for c in (_LOGPROBS, SAMPLE_INDEX) if c in names)]
+            own = [*_EMBED_COLUMNS, BODY_COLUMN] if EMBEDDING in names else [*_COLUMNS, _LOGPROBS]
+            columns = [*own[:-1], *(c for c in (own[-1], SAMPLE_INDEX) if c in names)]
             for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=columns):
                 yield from batch.to_pylist()

@@ -1,7 +1,8 @@
 """One OpenAI Batch API request (a row of batchgen.io.inputs.openai_batch) -> a planned row, or an error row.
 
 Supported: `POST /v1/chat/completions` (body `messages`) and `POST /v1/completions` (body
-`prompt`), with the body fields that decide generation, each per request:
+`prompt`), with the body fields that decide generation, each per request (an embed job's
+`POST /v1/embeddings` requests: batchgen.jobs.openai.embeddings):
 
     max_completion_tokens / max_tokens   the row's max_new_tokens (absent: the job's --max-new-tokens)
     temperature [0, 2], top_p (0, 1], presence_penalty / frequency_penalty [-2, 2]
@@ -29,8 +30,6 @@ are never cut to fit: as the API does, a request too long for the context is an 
 from __future__ import annotations
 
 import json
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +38,10 @@ from batchgen.config.constraint import Constraint
 from batchgen.config.job import JobConfig
 from batchgen.config.token_controls import read_logit_bias, read_token_ids
 from batchgen.io.inputs.openai_batch import CHAT_URL, COMPLETIONS_URL
+from batchgen.jobs.openai.body_fields import check_text as _check_text
+from batchgen.jobs.openai.body_fields import number as _number
+from batchgen.jobs.openai.body_fields import request_body as _body
+from batchgen.jobs.openai.embeddings import prepare_embeddings_row
 from batchgen.jobs.openai.request_error import RequestError
 from batchgen.jobs.openai.response_format import response_format_constraint
 from batchgen.jobs.pipeline.row_adapter import adapter_identity, request_adapter
@@ -121,7 +124,10 @@ def parse_request(values: dict[str, Any]) -> ParsedRequest:
 
 
 def prepare_request_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:
-    """A Batch API request row -> prompt ids and per-row settings; RowError (coded) for an error row."""
+    """A Batch API request row -> prompt ids and per-row settings; RowError (coded) for an error row.
+    An embed job's rows are /v1/embeddings requests (batchgen.jobs.openai.embeddings)."""
+    if config.task == "embed":
+        return prepare_embeddings_row(row, builder, config)
     request = parse_request(row.values)
     max_new = request.max_new_tokens or config.max_new_tokens
     if request.messages is not None:
@@ -175,16 +181,6 @@ def _logprobs(body: dict[str, Any], url: str) -> int | None:
     return _number(body, "logprobs", integer=True, low=0, high=MAX_LOGPROBS)
 
 
-def _body(text: Any) -> dict[str, Any]:
-    if text is None:
-        raise RequestError("invalid_request", "the request has no body", param="body")
-    body = json.loads(text)  # written by the reader as JSON text of what the line held
-    if not isinstance(body, dict):
-        raise RequestError("invalid_request", f"body must be an object, got a JSON {type(body).__name__}",
-                           param="body")
-    return body
-
-
 def _messages(messages: Any) -> list[dict[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("invalid_request", "messages must be a non-empty array", param="messages")
@@ -233,14 +229,6 @@ def _prompt(prompt: Any) -> str:
     return prompt
 
 
-def _check_text(text: str, where: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:  # a lone surrogate escape: the tokenizer would fail or mangle it
-        raise RequestError("invalid_prompt", f"{where} holds text that is not valid Unicode (at character {e.start})",
-                           param=where) from None
-
-
 def _stop(stop: Any) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else stop
     if (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)
@@ -278,21 +266,3 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
             if controls:
                 out[name] = controls
     return out
-
-
-def _number(body: dict[str, Any], name: str, *, integer: bool = False, low: float | None = None,
-            high: float | None = None) -> Any:
-    value = body[name]
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, kind):
-        if integer and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise RequestError("invalid_value", f"{name} must be {'an integer' if integer else 'a number'}, "
-                               f"got {json.dumps(value)[:40]}", param=name)
-    if not math.isfinite(value):
-        raise RequestError("invalid_value", f"{name} must be a finite number, got {value}", param=name)
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
-        raise RequestError("invalid_value", f"{name} must be in {bounds}, got {value}", param=name)
-    return value

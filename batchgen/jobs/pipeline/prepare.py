@@ -62,8 +62,8 @@ class PreparedJob:
     config: JobConfig
     source: RowSource
     builder: PromptBuilder
-    predictor: LengthPredictor
-    planner: Planner
+    predictor: LengthPredictor | None  # None for embed / score / classify: no output to predict or plan
+    planner: Planner | None
     resume: ResumeRule
     num_rows_skipped: int = 0  # committed by an earlier run (or an error row kept: --no-retry-errors)
     num_rows_retried: int = 0  # error rows of an earlier run read to be generated again
@@ -73,6 +73,8 @@ class PreparedJob:
     on_change: Callable[[], None] | None = None
     # the engine's grammar cache (GrammarMasks.compiled): a row's own constraint compiles when prepared
     compile_constraint: Callable[[Constraint], Any] | None = None
+    # a row -> its PlannedRow (RowError for an error row); None: a generation row (planner.prepare_row)
+    prepare: Callable[[InputRow], PlannedRow] | None = None
 
     def rows(self, on_error: Callable[[InputRow, str], None]) -> Iterator[PlannedRow]:
         """The rows to generate, prompts built; settled rows skipped, error rows handed to on_error."""
@@ -83,7 +85,8 @@ class PreparedJob:
             try:
                 if row.error is not None:
                     raise RowError(row.error)
-                planned = prepare_row(row, self.builder, self.config, compile_constraint=self.compile_constraint)
+                planned = self.prepare(row) if self.prepare is not None else prepare_row(
+                    row, self.builder, self.config, compile_constraint=self.compile_constraint)
             except RowError as e:
                 self.num_rows_changed += check  # its prompt no longer builds: an error row replaces it
                 self.num_error_rows += 1

@@ -15,6 +15,7 @@ class JobSummary:
     output_dir: str
     model: str
     mode: str
+    task: str = "generate"  # embed / score / classify: one forward pass per row, no generated tokens
     num_rows: int = 0
     num_rows_ok: int = 0
     num_rows_error: int = 0
@@ -44,6 +45,10 @@ class JobSummary:
         return self.num_generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
     @property
+    def prompt_tokens_per_s(self) -> float:
+        return self.num_prompt_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
     def forward_share(self) -> float | None:
         """The model calls' share of the job's wall time: what is left is host work on the critical
         path (scheduling, input packing, sampling, detokenization, writes, commits)."""
@@ -52,17 +57,19 @@ class JobSummary:
 
     def count_row(self, out: dict) -> bool:
         """Count one finished output row (batch_fn.output_row's columns); True for an error row."""
-        is_error = out["finish_reason"] == "error"
+        # an embed / score / classify row has no finish_reason: its error column says it failed
+        is_error = out["finish_reason"] == "error" if "finish_reason" in out else out["error"] is not None
         self.num_rows += 1
         self.num_rows_error += int(is_error)
         self.num_rows_ok += int(not is_error)
         self.num_prompt_tokens += out["num_prompt_tokens"] or 0
-        self.num_generated_tokens += out["num_generated_tokens"] or 0
+        self.num_generated_tokens += out.get("num_generated_tokens") or 0
         return is_error
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["generated_tokens_per_s"] = round(self.generated_tokens_per_s, 2)
+        d["prompt_tokens_per_s"] = round(self.prompt_tokens_per_s, 2)
         share = self.forward_share
         d["forward_share"] = None if share is None else round(share, 4)
         return d
@@ -77,6 +84,13 @@ class JobSummary:
             f"tokens: {self.num_prompt_tokens} prompt, {self.num_generated_tokens} generated, "
             f"{self.generated_tokens_per_s:.1f} generated tok/s ({self.model}, {self.mode})",
         ]
+        if self.task != "generate":  # one forward pass per row: the prompt tokens are the work
+            rows_per_s = self.num_rows / self.wall_seconds if self.wall_seconds else 0.0
+            out[1] = (f"tokens: {self.num_prompt_tokens} prompt, {self.prompt_tokens_per_s:.1f} prompt tok/s, "
+                      f"{rows_per_s:.1f} rows/s ({self.model}, {self.task})")
+            if e.get("num_batches"):
+                waste = "n/a" if e.get("padding_waste") is None else f"{e['padding_waste']:.3f}"
+                out.insert(2, f"encoder: {e['num_batches']} batches, tokens run / needed {waste}")
         if e.get("num_steps"):
             out.append(
                 f"engine: {e['num_steps']} steps, step p50 {e['step_ms_p50']} ms / p99 {e['step_ms_p99']} ms, "

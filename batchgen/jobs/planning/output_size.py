@@ -58,3 +58,12 @@ def text_bytes_per_token(tokenizer, samples: list[list[int]]) -> float:
     if not num_tokens:
         return 4.0
     return sum(len(tokenizer.decode(s, skip_special_tokens=True).encode()) for s in samples) / num_tokens
+
+
+def size_text(num_bytes: float) -> str:
+    """A byte count for people: 512 B, 1.5 KiB, 2.0 MiB, 3.1 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024 or unit == "GiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes} B"

@@ -16,6 +16,8 @@ from batchgen.jobs.durability.resume import prompt_hash
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPrediction
 
+INPUTS_END = 0xFFFFFFFF  # ends each of a row's encode_inputs in its prompt hash (uint32: never a token id)
+
 
 @dataclass(slots=True)
 class PlannedRow:
@@ -48,6 +50,12 @@ class PlannedRow:
     request_id: str | None = None
     repeats_prompt: bool = False  # its prompt and own settings are another row's of its look-ahead
     adapter: str | None = None  # the --lora adapter it runs with (jobs/pipeline/row_adapter.py); None = base
+    # embed / score / classify (batchgen.jobs.pipeline.encode_core): an OpenAI embeddings line's several
+    # inputs, each its own token ids and output row (None: the one input, prompt_token_ids); the row's own
+    # Matryoshka cut (None: the job's); the first token whose logprob a score counts (None: every one after the first)
+    encode_inputs: list[list[int]] | None = None
+    dimensions: int | None = None
+    score_from: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -55,7 +63,10 @@ class PlannedRow:
 
     @property
     def prompt_hash(self) -> str:
-        return prompt_hash(self.prompt_token_ids, self.settings_key)
+        if self.encode_inputs is None:
+            return prompt_hash(self.prompt_token_ids, self.settings_key)
+        # every input, each ended by an id no tokenizer has: ["ab", "c"] and ["a", "bc"] differ
+        return prompt_hash([t for ids in self.encode_inputs for t in (*ids, INPUTS_END)], self.settings_key)
 
 
 

@@ -11,6 +11,7 @@ import pytest
 from openai.types.chat import ChatCompletionSystemMessageParam, ChatCompletionUserMessageParam
 from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming as ChatParams
 from openai.types.completion_create_params import CompletionCreateParamsNonStreaming as TextParams
+from openai.types.embedding_create_params import EmbeddingCreateParams
 
 from batchgen.errors import InputError
 from batchgen.io.inputs.cells import invalid_cells
@@ -150,3 +151,21 @@ def test_api_error_round_trip():
                            "leaves room for 56")[0] == "context_length_exceeded"
     assert split_api_error("prompt column 'body' is empty") == ("invalid_prompt", None,
                                                                "prompt column 'body' is empty")
+
+
+def embeddings_request(custom_id: str, text) -> dict:
+    params = EmbeddingCreateParams(model="text-embedding-3-small", input=text)
+    pydantic.TypeAdapter(EmbeddingCreateParams).validate_python(params)
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings", "body": params}
+
+
+def test_embeddings_requests_are_rows_but_never_beside_completions(tmp_path):
+    path = tmp_path / "requests.jsonl"
+    write_requests(path, [embeddings_request("e1", "a"), {"custom_id": "odd", "method": "POST", "url": "/v1/x",
+                                                          "body": {}}, embeddings_request("e2", ["b", "c"])])
+    assert [(r["custom_id"], r["url"]) for r in read_rows(path)] == [
+        ("e1", "/v1/embeddings"), ("odd", "/v1/x"), ("e2", "/v1/embeddings")]  # another url: its own error row
+    write_requests(path, [embeddings_request("e1", "a"), embeddings_request("e2", "b"), text_request("t1", "x")])
+    with pytest.raises(InputError, match=r"requests\.jsonl, row 2, column 'url': request 't1' is a /v1/completions "
+                                         r"request, but the file's first request \(row 0\) is a /v1/embeddings one"):
+        read_rows(path)

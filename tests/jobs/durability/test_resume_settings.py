@@ -25,6 +25,11 @@ SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}},
 # without an example here fails test_every_deciding_setting_has_an_example: add one, and this file
 # checks that a resume which drops or adds it is refused.
 EXAMPLES = {
+    "task": dict(task="score"),
+    "pooling": dict(task="embed", pooling="mean"),
+    "normalize": dict(task="embed", normalize=False),
+    "dimensions": dict(task="embed", dimensions=8),
+    "score_column": dict(task="score", score_column="other"),
     "input_format": dict(input_format="parquet"),
     "model": dict(model="OTHER_MODEL"),
     "prompt_column": dict(prompt_column="other"),
@@ -103,8 +108,11 @@ def models(tiny_model_dir, eos_model_dir, loaded, loaded_eos):
 def job(src, out, models, **setting):
     if setting.get("model") == "OTHER_MODEL":
         setting["model"] = models["other"]
-    config = tiny_job_config(src, out, models["tiny"], **{**dict(id_column="id", max_new_tokens=3), **setting})
-    return config, models[(config.model, config.dtype)]
+    generating = setting.get("task", "generate") == "generate"  # the other tasks refuse --max-new-tokens
+    defaults = dict(id_column="id", max_new_tokens=3) if generating else dict(id_column="id")
+    config = tiny_job_config(src, out, models["tiny"], **{**defaults, **setting})
+    # embed and score load their own model for the task (an EncodeModel: pooling, normalization, dimensions)
+    return config, models[(config.model, config.dtype)] if generating else None
 
 
 def refused(src, out, models, setting, name):

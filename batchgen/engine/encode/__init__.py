@@ -1,0 +1,1 @@
+"""The encode tasks (embed, score, classify): packed forwards of whole rows, no KV cache, no decode loop."""
