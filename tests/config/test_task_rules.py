@@ -24,8 +24,11 @@ GENERATION_ONLY = {
     "skip_special_tokens": False, "logprobs": 2, "n": 2, "sampling_column": "s", "json_schema": '{"type": "object"}',
     "regex": "[ab]+", "choices": ["a", "b"], "json_schema_column": "schema", "constraint_column": "c", "seed": 7,
     "stop": ["x"], "ignore_eos": True, "quantize": "int8", "quantize_backend": "quanto",
-    "quantize_embedding": "int8", "kv_cache_dtype": "int8",
+    "quantize_embedding": "int8", "kv_cache_dtype": "int8", "lora": {"a": "adapter_dir"}, "lora_column": "adapter",
 }
+
+# the settings a setting is only valid beside (--lora-column names rows' --lora adapters)
+WITH = {"lora_column": {"lora": GENERATION_ONLY["lora"]}}
 
 
 def test_the_generation_only_settings_are_these():
@@ -36,10 +39,12 @@ def test_the_generation_only_settings_are_these():
 @pytest.mark.parametrize("task", ["embed", "score", "classify"])
 @pytest.mark.parametrize("name", sorted(GENERATION_ONLY))
 def test_a_generation_setting_with_another_task_is_refused_naming_it(task, name):
-    with pytest.raises(ConfigError, match=f"--{name.replace('_', '-')} .*generation setting.*--task {task}") as e:
-        build_config(None, **REQUIRED, task=task, **{name: GENERATION_ONLY[name]})
+    given = {name: GENERATION_ONLY[name], **WITH.get(name, {})}
+    named = "|".join(n.replace("_", "-") for n in given)  # the first generation setting found is named
+    with pytest.raises(ConfigError, match=f"--({named}) .*generation setting.*--task {task}") as e:
+        build_config(None, **REQUIRED, task=task, **given)
     assert e.value.exit_code == 2
-    build_config(None, **REQUIRED, **{name: GENERATION_ONLY[name]})  # generate takes it
+    build_config(None, **REQUIRED, **given)  # generate takes it
 
 
 @pytest.mark.parametrize("task", [t.value for t in Task])

@@ -17,6 +17,8 @@ from batchgen.engine.model.loader import load_model
 from batchgen.errors import FingerprintMismatch
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
+from tests.lora_adapters import make_adapter
+from tests.tiny import make_tiny_model
 
 NUM_ROWS = 5
 SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
@@ -74,6 +76,8 @@ EXAMPLES = {
     "num_shards": dict(num_shards=2, shard_index=0),
     "on_long_prompt": dict(on_long_prompt="error"),
     "max_prompt_tokens": dict(max_prompt_tokens=64),
+    "lora": dict(lora="ADAPTER"),
+    "lora_column": dict(lora="ADAPTER", lora_column="lora_name"),
 }
 # Checked on the fingerprints alone (tests/config/test_settings_registry.py, test_fingerprint.py):
 # a sharded job writes each shard into a directory of its own (shard-I-of-N/), so a run with and one
@@ -93,21 +97,28 @@ def src(tmp_path_factory):
         "id": list(range(NUM_ROWS)), "id2": [f"r{i}" for i in range(NUM_ROWS)], "text": texts,
         "other": [t.upper() for t in texts], "budget": [2] * NUM_ROWS,
         "sampling": pa.array([None] * NUM_ROWS, pa.string()), "schema": pa.array([None] * NUM_ROWS, pa.string()),
-        "constraint": pa.array([None] * NUM_ROWS, pa.string())}), path)
+        "constraint": pa.array([None] * NUM_ROWS, pa.string()),
+        "lora_name": pa.array(["a", None] * (NUM_ROWS // 2) + ["a"] * (NUM_ROWS % 2), pa.string())}), path)
     return path
 
 
 @pytest.fixture(scope="module")
-def models(tiny_model_dir, eos_model_dir, loaded, loaded_eos):
-    """(model dir, loaded) by the setting's model and dtype: the tiny Llama, another with other weights, bf16."""
+def models(tiny_model_dir, eos_model_dir, loaded, loaded_eos, tmp_path_factory):
+    """(model dir, loaded) by the setting's model and dtype: the tiny Llama, another with other weights, bf16;
+    and a LoRA adapter of the tiny Llama."""
     bf16 = load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16")
+    adapter = make_adapter(make_tiny_model("llama"), tmp_path_factory.mktemp("lora") / "a", seed=1, r=4,
+                           lora_alpha=8, target_modules=["q_proj", "v_proj"])
     return {(str(tiny_model_dir), "float32"): loaded, (str(eos_model_dir), "float32"): loaded_eos,
-            (str(tiny_model_dir), "bfloat16"): bf16, "other": str(eos_model_dir), "tiny": str(tiny_model_dir)}
+            (str(tiny_model_dir), "bfloat16"): bf16, "other": str(eos_model_dir), "tiny": str(tiny_model_dir),
+            "adapter": str(adapter)}
 
 
 def job(src, out, models, **setting):
     if setting.get("model") == "OTHER_MODEL":
         setting["model"] = models["other"]
+    if setting.get("lora") == "ADAPTER":
+        setting["lora"] = {"a": models["adapter"]}
     generating = setting.get("task", "generate") == "generate"  # the other tasks refuse --max-new-tokens
     defaults = dict(id_column="id", max_new_tokens=3) if generating else dict(id_column="id")
     config = tiny_job_config(src, out, models["tiny"], **{**defaults, **setting})
