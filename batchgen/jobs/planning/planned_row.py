@@ -40,7 +40,7 @@ class PlannedRow:
     settings_key: str | None = None
     # the sequences the engine runs for it: its n samples (num_samples), which share the prompt's blocks
     num_samples: int = 1
-    # embed / score / classify (batchgen.jobs.pipeline.encode_core): an OpenAI embeddings line's several
+    # embed / score / classify (batchgen.jobs.encoding.encode_core): an OpenAI embeddings line's several
     # inputs, each its own token ids and output row (None: the one input, prompt_token_ids); the row's own
     # Matryoshka cut (None: the job's); the first token whose logprob a score counts (None: every one after the first)
     encode_inputs: list[list[int]] | None = None
