@@ -105,7 +105,7 @@ class EngineActor:
 
     def __init__(self, config: JobConfig, keep_warm_s: float | None):
         logging.getLogger("batchgen").setLevel(logging.WARNING)  # the driver logs the job
-        from batchgen.jobs.pipeline.task_setup import load_for_task
+        from batchgen.jobs.encoding.task_setup import load_for_task
 
         self.loaded = load_for_task(config)  # a generation model, or an EncodeModel for embed / score / classify
         self.jobs: dict[str, tuple[Any, str]] = {}  # token -> (BatchGenerator, its model fingerprint JSON)
@@ -134,7 +134,7 @@ class EngineActor:
 
     def _job(self, job: JobSpec) -> tuple[Any, str]:
         if job.token not in self.jobs:
-            from batchgen.jobs.pipeline.task_setup import batch_generator_for
+            from batchgen.jobs.encoding.task_setup import batch_generator_for
 
             while len(self.jobs) >= JOBS_KEPT:  # the oldest job's (dicts keep insertion order)
                 self.jobs.pop(next(iter(self.jobs)))

@@ -127,7 +127,7 @@ class GenerateActor:
     def __init__(self, config: JobConfig, schema: pa.Schema):
         import logging
 
-        from batchgen.jobs.pipeline.task_setup import batch_generator_for
+        from batchgen.jobs.encoding.task_setup import batch_generator_for
 
         logging.getLogger("batchgen").setLevel(logging.WARNING)  # the driver logs the job
         self.generate = batch_generator_for(config, schema=schema)  # the task's (generate, embed, ...)

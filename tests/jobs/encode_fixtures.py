@@ -13,6 +13,7 @@ import string
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
 MAX_SEQ_LENGTH = 48
@@ -29,9 +30,16 @@ def save_tiny_encoder_dir(path: Path, *, seed: int = 0, pooling: str = "mean", n
     modules.json, sentence_bert_config.json, 1_Pooling/ (and 2_Normalize/ when `normalize`)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    vocab_file = path / "vocab.txt"
-    vocab_file.write_text("\n".join(_vocab()) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True, model_max_length=512)
+    vocab = {token: i for i, token in enumerate(_vocab())}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    tokenizer = BertTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                                  cls_token="[CLS]", mask_token="[MASK]", model_max_length=512)
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(_vocab()), hidden_size=HIDDEN_SIZE, num_hidden_layers=2,

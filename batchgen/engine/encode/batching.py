@@ -23,8 +23,9 @@ WINDOW_BUDGETS = 16
 
 def plan_batches(lengths: Sequence[int], *, max_num_batched_tokens: int,
                  max_num_seqs: int | None = None) -> list[np.ndarray]:
-    """Indices into `lengths`, one array per batch, longest rows first. A batch holds at most
-    `max_num_batched_tokens` tokens and `max_num_seqs` rows; a row longer than the budget runs alone."""
+    """Indices into `lengths`, one array per batch, longest rows first. A batch's rows times its longest
+    row stay within `max_num_batched_tokens` (the attention's [rows, longest] layout, and so its real
+    tokens, fit the budget) and its rows within `max_num_seqs`; a row longer than the budget runs alone."""
     assert max_num_batched_tokens >= 1 and (max_num_seqs is None or max_num_seqs >= 1)
     if not len(lengths):
         return []
@@ -32,14 +33,13 @@ def plan_batches(lengths: Sequence[int], *, max_num_batched_tokens: int,
     order = np.argsort(-sizes, kind="stable")
     batches: list[np.ndarray] = []
     start = 0
-    total = 0
+    longest = 0
     for position, index in enumerate(order):
-        size = int(sizes[index])
-        full = position > start and (total + size > max_num_batched_tokens
-                                     or (max_num_seqs is not None and position - start >= max_num_seqs))
-        if full:
+        rows = position - start + 1
+        if position == start:
+            longest = int(sizes[index])  # the batch's first row is its longest
+        elif rows * longest > max_num_batched_tokens or (max_num_seqs is not None and rows > max_num_seqs):
             batches.append(order[start:position])
-            start, total = position, 0
-        total += size
+            start, longest = position, int(sizes[index])
     batches.append(order[start:])
     return batches

@@ -22,12 +22,12 @@ from batchgen.config.job import JobConfig
 from batchgen.errors import ConfigError
 from batchgen.io.manifest.manifest import ManifestState
 from batchgen.jobs.durability.resume import ResumeRule
-from batchgen.jobs.pipeline.embedding_dim import embedding_dim_from_files
-from batchgen.jobs.pipeline.encode_core import encode_inputs, sort_for_encoder
-from batchgen.jobs.pipeline.encode_rows import encode_prompt_builder, prepare_encode_row
+from batchgen.jobs.encoding.embedding_dim import embedding_dim_from_files
+from batchgen.jobs.encoding.encode_core import encode_inputs, sort_for_encoder
+from batchgen.jobs.encoding.encode_rows import encode_prompt_builder, prepare_encode_row
+from batchgen.jobs.encoding.task_setup import load_encode_model_for
 from batchgen.jobs.pipeline.prepare import JobInputs, PreparedJob
 from batchgen.jobs.pipeline.summary import plural
-from batchgen.jobs.pipeline.task_setup import load_encode_model_for
 from batchgen.jobs.planning.encode_estimate import (
     EncodeWork,
     budget_tokens,

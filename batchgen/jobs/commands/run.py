@@ -54,6 +54,12 @@ from batchgen.jobs.durability.fingerprint import job_fingerprint
 from batchgen.jobs.durability.prompt_check import model_files_unchanged, nothing_to_do
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
+from batchgen.jobs.encoding.task_setup import (
+    embed_model_for_schema,
+    is_encode_task,
+    load_encode_model_for,
+    task_schema_args,
+)
 from batchgen.jobs.openai.batch_file import check_batch_file_target, clear_batch_file
 from batchgen.jobs.openai.batch_task import resolve_batch_task
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts
@@ -62,12 +68,6 @@ from batchgen.jobs.pipeline.prepare import open_inputs
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary, plural
-from batchgen.jobs.pipeline.task_setup import (
-    embed_model_for_schema,
-    is_encode_task,
-    load_encode_model_for,
-    task_schema_args,
-)
 from batchgen.jobs.sharding.sharded import check_job_output
 from batchgen.jobs.sharding.split import shard_output_dir
 

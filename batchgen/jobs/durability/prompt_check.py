@@ -25,8 +25,8 @@ from batchgen.config.job import JobConfig
 from batchgen.errors import BatchgenError
 from batchgen.io.manifest.manifest import ManifestState
 from batchgen.jobs.durability.resume import ResumeRule
-from batchgen.jobs.pipeline.encode_rows import encode_prompt_builder, prepare_encode_row
-from batchgen.jobs.pipeline.task_setup import is_encode_task
+from batchgen.jobs.encoding.encode_rows import encode_prompt_builder, prepare_encode_row
+from batchgen.jobs.encoding.task_setup import is_encode_task
 from batchgen.jobs.planning.planner import prepare_row
 from batchgen.jobs.prompting.prompts import PromptBuilder, RowError
 

@@ -29,8 +29,8 @@ from batchgen.jobs.durability.commit_schedule import CommitSchedule
 from batchgen.jobs.durability.fingerprint import encode_model_fingerprint, job_fingerprint
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import OutputSession
-from batchgen.jobs.pipeline.encode_core import EncodeCore
-from batchgen.jobs.pipeline.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
+from batchgen.jobs.encoding.encode_core import EncodeCore
+from batchgen.jobs.encoding.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
 from batchgen.jobs.pipeline.prepare import JobInputs, PreparedJob
 from batchgen.jobs.pipeline.progress import Progress
 from batchgen.jobs.pipeline.rows import InputRow

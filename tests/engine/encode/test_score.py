@@ -8,11 +8,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, Qwen3Config
 
+from batchgen.config.choices import Task
 from batchgen.engine.encode import score as score_mod
+from batchgen.engine.encode.encoder import Encoder, EncodeRequest, encode_all
 from batchgen.engine.encode.heads import LogitRule, check_logit_rule, decoder_of, logit_rule
+from batchgen.engine.encode.load import load_encode_model
 from batchgen.engine.encode.varlen import pack_for, packed_forward
 from batchgen.errors import UnsupportedModelError
-from tests.tiny import VOCAB_SIZE, _common, make_tiny_model
+from tests.tiny import VOCAB_SIZE, _common, make_tiny_model, save_tiny_model_dir
 
 
 def _qwen3():
@@ -96,3 +99,21 @@ def test_a_model_whose_logits_the_split_misses_is_refused():
     model = MODELS["gemma2"]()
     with pytest.raises(UnsupportedModelError, match="score cannot compute them"):
         check_logit_rule(model, LogitRule(), "tiny-gemma2")
+
+
+def test_encoder_scores_a_saved_model_whatever_its_batches(tmp_path):
+    """--task score end to end in the engine: load_encode_model, then the Encoder under token budgets
+    that cut the same rows into other batches, equal to each row's own transformers forward."""
+    model_dir = save_tiny_model_dir(tmp_path / "llama")
+    reference = make_tiny_model("llama")  # the weights save_tiny_model_dir saved
+    rows = _rows([12, 3, 40, 1, 25, 7], seed=2)
+    score_from = [None, 2, 30, None, 1, 7]
+    want = [_reference(reference, row, start) for row, start in zip(rows, score_from, strict=True)]
+    model = load_encode_model(model_dir, Task.SCORE, dtype="float32", device="cpu")
+    requests = [EncodeRequest(str(i), tuple(r), score_from=s) for i, (r, s) in enumerate(zip(rows, score_from,
+                                                                                             strict=True))]
+    for budget in (16, 48, 4096):
+        results = encode_all(Encoder(model, max_num_batched_tokens=budget), requests)
+        for (want_logprob, want_num), row, result in zip(want, rows, results, strict=True):
+            assert result.num_prompt_tokens == len(row) and result.num_scored_tokens == want_num
+            assert result.logprob == pytest.approx(want_logprob, rel=1e-4, abs=1e-6)

@@ -15,14 +15,14 @@ from batchgen.cli.app import app
 from batchgen.errors import ConfigError
 from batchgen.jobs.commands import plan_encode
 from batchgen.jobs.commands.plan import plan_job, plan_lines
-from batchgen.jobs.pipeline.task_setup import load_encode_model_for
+from batchgen.jobs.encoding.task_setup import load_encode_model_for
 from batchgen.jobs.planning import profile
 from batchgen.jobs.planning.encode_estimate import COMMON_BYTES_PER_ROW
 from tests.jobs.encode_fixtures import HIDDEN_SIZE, MAX_SEQ_LENGTH, save_tiny_encoder_dir
 from tests.jobs.helpers import tiny_job_config
 from tests.tiny import make_tokenizer
 
-TEXTS = ["a short one", "hello world " * 3, "xy " * 60, "mid length text here", "b " * 80]
+TEXTS = ["a short one", "hello world", "xy " * 60, "mid length text here", "b " * 80]
 
 
 @pytest.fixture(scope="module")

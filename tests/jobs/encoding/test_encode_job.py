@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +18,7 @@ from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.tiny import make_tokenizer, save_tiny_model_dir
 
 TEXTS = ["the cat sat on the mat", "a", "hello, world!", "ab " * 100, "", None, "embedding rows by length",
-         "short", "a somewhat longer sentence with more words in it than the others", "42"]
+         "short", "a longer sentence than most", "42"]
 
 
 def write_texts(path, texts):
@@ -67,6 +69,19 @@ def test_embed_long_rows_are_error_rows_with_on_long_prompt_error(tmp_path, enco
     by_error = sorted(rows, key=lambda r: r["error"] is not None)
     assert by_error[0]["error"] is None and by_error[0]["embedding"] is not None
     assert f"leaves room for {MAX_SEQ_LENGTH}" in by_error[1]["error"]
+
+
+def test_embed_max_prompt_tokens_cuts_and_chat_messages_are_error_rows(tmp_path, encoder_dir):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": 0, "text": "one two three four five six seven eight"}) + "\n"
+                   + json.dumps({"id": 1, "text": [{"role": "user", "content": "hi"}]}) + "\n")
+    run_job(tiny_job_config(src, tmp_path / "out", encoder_dir, task="embed", id_column="id", max_prompt_tokens=10))
+    rows = committed_rows(tmp_path / "out")
+    assert rows[0]["num_prompt_tokens"] == 10 and rows[0]["prompt_truncated"] is True
+    want = reference_embeddings(encoder_dir, ["one two th"])[0]  # [CLS] o ##n ##e t ##w ##o t ##h [SEP]
+    got = np.asarray(rows[0]["embedding"])
+    assert float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)) >= 0.9999
+    assert "holds chat messages; a embed job reads text" in rows[1]["error"] and rows[1]["embedding"] is None
 
 
 def test_embed_rerun_skips_committed_rows_and_refuses_another_pooling(tmp_path, encoder_dir):

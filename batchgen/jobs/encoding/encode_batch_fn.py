@@ -4,7 +4,7 @@
     out = generate(table)                                    # one output row per input row, in input order
 
 The same contract as BatchGenerator (batchgen.jobs.pipeline.batch_fn) around the encode core: rows
-are prepared as the local executor prepares them (batchgen.jobs.pipeline.encode_rows), a row whose
+are prepared as the local executor prepares them (batchgen.jobs.encoding.encode_rows), a row whose
 text cannot be read becomes an error row, a row whose COMMITTED_HASH equals its prompt hash is
 settled and left out, and each row's output is what `batchgen run` writes for it locally.
 """
@@ -19,10 +19,10 @@ from batchgen.config.job import JobConfig
 from batchgen.engine.encode.load import EncodeModel
 from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.jobs.durability.fingerprint import encode_model_fingerprint
+from batchgen.jobs.encoding.encode_core import EncodeCore
+from batchgen.jobs.encoding.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
 from batchgen.jobs.pipeline.batch_columns import COMMITTED_HASH, PROVENANCE_FIELDS, SOURCE_PATH
 from batchgen.jobs.pipeline.batch_fn import BatchGenerator
-from batchgen.jobs.pipeline.encode_core import EncodeCore
-from batchgen.jobs.pipeline.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.prompting.prompts import RowError, Template
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from batchgen.config.choices import Task
 from batchgen.config.job import JobConfig
 from batchgen.jobs.durability.session import OutputSession
-from batchgen.jobs.pipeline.embedding_dim import embedding_dim_from_files
+from batchgen.jobs.encoding.embedding_dim import embedding_dim_from_files
 
 if TYPE_CHECKING:
     from batchgen.engine.encode.load import EncodeModel
@@ -46,9 +46,9 @@ def load_for_task(config: JobConfig) -> Any:
 
 def batch_generator_for(config: JobConfig, *, schema: Any = None, loaded: Any = None) -> Any:
     """The engine-side batch function of `config`'s task (the Ray executor's actors): EncodeBatchGenerator
-    (batchgen.jobs.pipeline.encode_batch_fn) or BatchGenerator (batchgen.jobs.pipeline.batch_fn)."""
+    (batchgen.jobs.encoding.encode_batch_fn) or BatchGenerator (batchgen.jobs.pipeline.batch_fn)."""
     if is_encode_task(config):
-        from batchgen.jobs.pipeline.encode_batch_fn import EncodeBatchGenerator
+        from batchgen.jobs.encoding.encode_batch_fn import EncodeBatchGenerator
 
         return EncodeBatchGenerator(config, schema=schema,
                                     loaded=loaded if loaded is not None else load_encode_model_for(config))
