@@ -5,13 +5,16 @@ job's fingerprint and of its rows' prompt hashes. In-process, tiny random Llama,
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.errors import ConfigError, FingerprintMismatch
+from batchgen.errors import ConfigError, FingerprintMismatch, JobInterrupted
+from batchgen.io.manifest.manifest import load_manifest
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.lora_adapters import make_adapter, make_adapters
@@ -121,3 +124,39 @@ def test_plan_counts_the_adapters_memory(tiny_model_dir, loaded, dirs, tmp_path)
     # float32: (r x in + out x r) x 4 bytes per wrapped projection (tests/tiny.py: hidden 64, MLP 128, 2 layers)
     assert result["lora"]["attn4"] == {"rank": 4, "layers": 4, "bytes": 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4) * 4}
     assert result["lora"]["all16"]["layers"] == 14 and result["lora"]["mlp8"]["layers"] == 8
+
+
+@pytest.fixture
+def harmless_late_signal():
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_rows_stopped_mid_generation_continue_on_their_adapter(tiny_model_dir, loaded, dirs, tmp_path, one_thread,
+                                                               harmless_late_signal):
+    from batchgen.engine.engine import LLMEngine
+
+    src = write(tmp_path / "in.parquet", ADAPTERS)
+    cfg = dict(lora_column="adapter", max_new_tokens=30, commit_every_rows=1000, stop_grace_s=0, batch_size=3)
+    whole = tmp_path / "whole"
+    run_job(config(src, whole, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    out = tmp_path / "out"
+    real_step, steps = LLMEngine.step, []
+
+    def step(self):
+        steps.append(1)
+        if len(steps) == 12:  # rows of several adapters are in flight
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    LLMEngine.step = step
+    try:
+        with pytest.raises(JobInterrupted):
+            run_job(config(src, out, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    finally:
+        LLMEngine.step = real_step
+    assert load_manifest(out).partials["num_rows"] >= 2
+    summary = run_job(config(src, out, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    assert summary.num_rows_continued >= 2
+    assert committed_rows(out) == committed_rows(whole)
