@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -160,3 +162,28 @@ def test_rows_stopped_mid_generation_continue_on_their_adapter(tiny_model_dir, l
     summary = run_job(config(src, out, tiny_model_dir, dirs, **cfg), loaded=loaded)
     assert summary.num_rows_continued >= 2
     assert committed_rows(out) == committed_rows(whole)
+
+
+def test_kill_9_after_a_commit_then_resume_is_exactly_once(tiny_model_dir, loaded, dirs, tmp_path):
+    from tests.jobs.kill_harness import JOB_ENV, reaped, sigkill, wait_until_a_part
+
+    adapters = [ADAPTERS[i % len(ADAPTERS)] for i in range(24)]
+    src = write(tmp_path / "in.parquet", adapters)
+    cfg = dict(lora_column="adapter", max_new_tokens=24, commit_every_rows=4, batch_size=4)
+    whole = tmp_path / "whole"
+    run_job(config(src, whole, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    out = tmp_path / "out"
+    lora = [arg for name, path in dirs.items() for arg in ("--lora", f"{name}={path}")]
+    argv = [sys.executable, "-m", "batchgen", "run", "--input", str(src), "--output", str(out), "--model",
+            str(tiny_model_dir), "--id-column", "id", "--device", "cpu", "--dtype", "float32", "--kv-cache-memory",
+            "16MiB", "--max-new-tokens", "24", "--ignore-eos", "--batch-size", "4", "--commit-every", "4", "--quiet",
+            *lora, "--lora-column", "adapter"]
+    with reaped(subprocess.Popen(argv, env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)) as proc:
+        assert wait_until_a_part(proc, out), proc.stderr.read().decode()[-2000:]
+        assert sigkill(proc)
+    committed = load_manifest(out).num_committed_rows
+    assert 0 < committed < len(adapters)
+    summary = run_job(config(src, out, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    assert summary.num_rows_skipped == committed
+    assert committed_rows(out) == committed_rows(whole)  # every id once, each on its own adapter
