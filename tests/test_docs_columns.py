@@ -30,7 +30,7 @@ def documented_columns(text: str) -> set[str]:
 def written_columns() -> set[str]:
     """Every column batchgen itself may write: the output schema with each optional column on."""
     schema = output_schema(pa.field("id", pa.string()), [], with_prompt_hash=True, with_prompt_truncated=True,
-                           with_logprobs=True, with_json_valid=True, with_sample_index=True)
+                           with_logprobs=True, with_json_valid=True, with_sample_index=True, with_adapter=True)
     return set(schema.names) - {"id"}
 
 

@@ -67,8 +67,7 @@ class LLMEngine:
             experts.group_experts(model)  # MoE experts: one grouped pass on weights reordered the same way
         if config.fuse_pointwise and not config.compile:  # inductor fuses these itself
             fused.fuse_pointwise(model)
-        # after prepacking and fusing: the adapters wrap whatever forward each projection runs by now;
-        # before the KV cache is sized, so their memory is no longer free when it is
+        # after prepack and fusing (wrapping each projection's forward as it is now), before KV sizing
         self.lora_adapters = lora.load(model, config)
         text_config = getattr(model.config, "text_config", None) or model.config
         self.max_model_len = config.max_model_len or text_config.max_position_embeddings
@@ -129,10 +128,7 @@ class LLMEngine:
 
     # ---- device memory: the cache, the graphs, recovery from OOM ------------------------------------
     def _graphs_possible(self, config: EngineConfig) -> bool:
-        if not config.cuda_graphs or self.device.type != "cuda":
-            return False
-        if self.lora_adapters:
-            log.debug("CUDA graphs: off, a replayed decode step cannot group its rows by LoRA adapter")
+        if not config.cuda_graphs or self.device.type != "cuda" or self.lora_adapters:  # engine/lora/load.py: why
             return False
         if not getattr(self.backend, "supports_cuda_graphs", False):
             log.debug("CUDA graphs: off, the %s attention backend has no graph-safe decode (flash-attn has)",

@@ -89,3 +89,22 @@ def test_int8_projections_add_the_update_to_their_own_output(model, tmp_path):
         expected[0, rows] += (x[0, rows] @ a.T @ b.T) * adapter.scaling
         assert torch.allclose(y, expected, atol=1e-5), name
         assert torch.equal(y[0, [0, 2]], base[name][0, [0, 2]]), "rows without the adapter keep the base output"
+
+
+def test_a_forward_replaced_after_attaching_is_wrapped_again(model, tmp_path):
+    """Another engine's setup may replace a projection's forward (prepack does, for a layer it did
+    not pack before): attaching again wraps the new forward instead of trusting the old mark."""
+    import types
+
+    target = copy.deepcopy(model)
+    path = make_adapter(model, tmp_path / "ad", seed=1, r=4, target_modules=["q_proj"])
+    adapter = read_adapter("ad", path)
+    q = target.model.layers[0].self_attn.q_proj
+    x = torch.randn(1, 3, 64)
+    a, b = adapter.weights["model.layers.0.self_attn.q_proj"]
+    expected = torch.nn.functional.linear(x, q.weight) + (x @ a.T @ b.T) * adapter.scaling
+    attach(target, {"ad": adapter})
+    q.forward = types.MethodType(lambda self, x: torch.nn.functional.linear(x, self.weight), q)
+    attach(target, {"ad": adapter})
+    with torch.inference_mode(), lora_step([AdapterRows("ad", slice(0, 3))]):
+        assert torch.allclose(q(x), expected, atol=1e-5)

@@ -5,13 +5,18 @@ job's fingerprint and of its rows' prompt hashes. In-process, tiny random Llama,
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.errors import ConfigError, FingerprintMismatch
+from batchgen.errors import ConfigError, FingerprintMismatch, JobInterrupted
+from batchgen.io.manifest.manifest import load_manifest
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.lora_adapters import make_adapter, make_adapters
@@ -121,3 +126,64 @@ def test_plan_counts_the_adapters_memory(tiny_model_dir, loaded, dirs, tmp_path)
     # float32: (r x in + out x r) x 4 bytes per wrapped projection (tests/tiny.py: hidden 64, MLP 128, 2 layers)
     assert result["lora"]["attn4"] == {"rank": 4, "layers": 4, "bytes": 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4) * 4}
     assert result["lora"]["all16"]["layers"] == 14 and result["lora"]["mlp8"]["layers"] == 8
+
+
+@pytest.fixture
+def harmless_late_signal():
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_rows_stopped_mid_generation_continue_on_their_adapter(tiny_model_dir, loaded, dirs, tmp_path, one_thread,
+                                                               harmless_late_signal):
+    from batchgen.engine.engine import LLMEngine
+
+    src = write(tmp_path / "in.parquet", ADAPTERS)
+    cfg = dict(lora_column="adapter", max_new_tokens=30, commit_every_rows=1000, stop_grace_s=0, batch_size=3)
+    whole = tmp_path / "whole"
+    run_job(config(src, whole, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    out = tmp_path / "out"
+    real_step, steps = LLMEngine.step, []
+
+    def step(self):
+        steps.append(1)
+        if len(steps) == 12:  # rows of several adapters are in flight
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    LLMEngine.step = step
+    try:
+        with pytest.raises(JobInterrupted):
+            run_job(config(src, out, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    finally:
+        LLMEngine.step = real_step
+    assert load_manifest(out).partials["num_rows"] >= 2
+    summary = run_job(config(src, out, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    assert summary.num_rows_continued >= 2
+    assert committed_rows(out) == committed_rows(whole)
+
+
+def test_kill_9_after_a_commit_then_resume_is_exactly_once(tiny_model_dir, loaded, dirs, tmp_path):
+    from tests.jobs.kill_harness import JOB_ENV, reaped, sigkill, wait_until_a_part
+
+    adapters = [ADAPTERS[i % len(ADAPTERS)] for i in range(24)]
+    src = write(tmp_path / "in.parquet", adapters)
+    cfg = dict(lora_column="adapter", max_new_tokens=24, commit_every_rows=4, batch_size=4)
+    whole = tmp_path / "whole"
+    run_job(config(src, whole, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    out = tmp_path / "out"
+    lora = [arg for name, path in dirs.items() for arg in ("--lora", f"{name}={path}")]
+    argv = [sys.executable, "-m", "batchgen", "run", "--input", str(src), "--output", str(out), "--model",
+            str(tiny_model_dir), "--id-column", "id", "--device", "cpu", "--dtype", "float32", "--kv-cache-memory",
+            "16MiB", "--max-new-tokens", "24", "--ignore-eos", "--batch-size", "4", "--commit-every", "4", "--quiet",
+            *lora, "--lora-column", "adapter"]
+    with reaped(subprocess.Popen(argv, env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)) as proc:
+        assert wait_until_a_part(proc, out), proc.stderr.read().decode()[-2000:]
+        assert sigkill(proc)
+    committed = load_manifest(out).num_committed_rows
+    assert 0 < committed < len(adapters)
+    summary = run_job(config(src, out, tiny_model_dir, dirs, **cfg), loaded=loaded)
+    assert summary.num_rows_skipped == committed
+    assert committed_rows(out) == committed_rows(whole)  # every id once, each on its own adapter

@@ -86,8 +86,11 @@ def attach(model: torch.nn.Module, adapters: dict[str, LoraAdapter]) -> dict[str
             if getattr(module, "_batchgen_lora", None) is not None:
                 module._batchgen_lora = {}  # an earlier engine's adapters
             continue
-        if getattr(module, "_batchgen_lora", None) is None:
+        # wrapped once; again where another engine's setup (prepack) has replaced the forward since
+        if module.__dict__.get("forward") is not getattr(module, "_batchgen_lora_forward", None) \
+                or "forward" not in module.__dict__:
             module.forward = types.MethodType(_make_forward(module.forward), module)
+            module._batchgen_lora_forward = module.forward
         module._batchgen_lora = pairs
         for name, (a, b) in pairs.items():
             num_bytes[name] += a.numel() * a.element_size() + b.numel() * b.element_size()

@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 def load(model: torch.nn.Module, config: EngineConfig) -> dict[str, LoraAdapter]:
     """The adapters of `config.lora_adapters`, wrapped into `model`'s projections ({} when none).
 
-    With adapters, the compiled forward is refused: each step's grouping by adapter is Python the
-    graph would either bake in or break on."""
+    With adapters, the compiled forward is refused, and the engine captures no CUDA graphs: each
+    step's grouping by adapter is Python that a graph would bake in (or break on)."""
     dirs = config.lora_adapters or {}
     if not dirs:
         if any(getattr(m, "_batchgen_lora", None) for m in model.modules()):
@@ -34,7 +34,7 @@ def load(model: torch.nn.Module, config: EngineConfig) -> dict[str, LoraAdapter]
                 for name, path in dirs.items()}
     for name, num_bytes in attach(model, adapters).items():
         adapters[name].device_bytes = num_bytes
-    log.info("LoRA: %d adapters (%s), %.1f MiB on %s", len(adapters),
+    log.info("LoRA: %d adapters (%s), %.1f MiB on %s; CUDA graphs off", len(adapters),
              ", ".join(f"{a.name} r={a.rank} on {a.num_layers} layers" for a in adapters.values()),
              sum(a.device_bytes for a in adapters.values()) / 2**20, next(model.parameters()).device)
     for adapter in adapters.values():
