@@ -10,8 +10,8 @@ process with default flags (the default model) and --jump-forward (the default) 
 --no-jump-forward; the four processes of a round run one after another, rounds interleaved. Per
 process: valid rows (json_valid for the schema job, a listed label for the choices job) per second
 of the whole process, the summary's forward share (the model's forward over the job's wall time),
-decode steps per generated token (row steps that produced tokens, the engine's num_sampled_tokens,
-over the generated tokens: below 1 where forced tokens ran as drafts) and the forced tokens.
+decode steps per generated token (the engine's num_row_steps: each step's rows that gained tokens,
+over the generated tokens; below 1 where forced tokens ran as drafts) and the forced tokens.
 Prints each process, then medians per job and flag.
 """
 
@@ -69,7 +69,7 @@ def run(src: Path, out: Path, job: str, extra: list[str]) -> dict:
     generated = summary["num_generated_tokens"]
     return {"wall_s": wall_s, "rows": len(rows), "valid": valid, "valid_rows_per_s": valid / wall_s,
             "forward_share": summary.get("forward_share"), "generated": generated,
-            "steps_per_token": engine["num_sampled_tokens"] / generated if generated else None,
+            "steps_per_token": engine["num_row_steps"] / generated if generated else None,
             "forced": engine.get("num_forced_tokens", 0), "engine_steps": engine["num_steps"]}
 
 
