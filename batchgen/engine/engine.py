@@ -305,12 +305,18 @@ class LLMEngine:
                                       "the KV cache and the batch; set a smaller --kv-cache-memory") from e
                 self._recover_from_oom(e)
         samplers: list[Sequence] = []
+        num_new_tokens = 0
         num_prompt_tokens = sum(max(0, min(s.seq.num_prompt_tokens, s.seq.num_computed_tokens + s.num_new_tokens)
                                     - s.seq.num_computed_tokens) for s in out.scheduled)  # before update moves them
         if out.scheduled:
             verdicts, drafts = self.runner.verdicts, self.runner.drafts
             samplers = self.scheduler.update(out, token_ids, verdicts, drafts)
-            self.metrics.num_forced_tokens += sum(num_accepted for num_accepted, _ in verdicts.values())
+            num_forced = sum(num_accepted for num_accepted, _ in verdicts.values())
+            self.metrics.num_forced_tokens += num_forced
+            self.metrics.num_row_steps += len(samplers)
+            # the tokens the step added: a row's confirmed drafts count, its refused ones do not
+            num_new_tokens = num_forced + sum(1 for s in samplers if s.seq_id not in verdicts) + sum(
+                token is not None for _, token in verdicts.values())
             for seq in samplers:
                 reason = self._stop_reason(seq)
                 if reason is not None:
@@ -323,7 +329,7 @@ class LLMEngine:
         self.metrics.record(StepStats(
             step_seconds=time.perf_counter() - t0, num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting, num_batched_tokens=out.num_batched_tokens,
-            num_sampled_tokens=len(samplers), num_kv_blocks_used=bm.num_used_blocks,
+            num_sampled_tokens=num_new_tokens, num_kv_blocks_used=bm.num_used_blocks,
             num_kv_blocks_free=bm.num_free_blocks, num_preempted=out.num_preempted,
             num_overruns=out.num_overruns, num_prefix_hit_tokens=num_prefix_hit_tokens,
             forward_seconds=self.runner.last_forward_s if out.scheduled else 0.0, num_prompt_tokens=num_prompt_tokens))

@@ -114,10 +114,12 @@ class EngineMetrics:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
     num_requests_finished: int = 0
-    num_sampled_tokens: int = 0  # every step's, so in flight too (num_generated_tokens counts finished requests)
+    # every step's new tokens, so in flight too (num_generated_tokens counts finished requests)
+    num_sampled_tokens: int = 0
     # jump-forward (engine/sampling/jump_forward.py): tokens the grammar forced and the model's picks
     # confirmed, each a decode step its row did not take
     num_forced_tokens: int = 0
+    num_row_steps: int = 0  # steps x rows that gained tokens in them: what generating cost in decode steps
     # called with every StepStats after it is counted; they must be cheap (they run between two steps)
     listeners: list[Callable[[StepStats], None]] = field(default_factory=list)
 
@@ -156,7 +158,8 @@ class EngineMetrics:
             out.kv_blocks_used_max = max(out.kv_blocks_used_max, m.kv_blocks_used_max)
             out.kv_blocks_total = m.kv_blocks_total or out.kv_blocks_total
             for name in ("num_preemptions", "num_overruns", "num_prefix_hit_tokens", "num_prompt_tokens",
-                         "num_generated_tokens", "num_requests_finished", "num_sampled_tokens", "num_forced_tokens"):
+                         "num_generated_tokens", "num_requests_finished", "num_sampled_tokens", "num_forced_tokens",
+                         "num_row_steps"):
                 setattr(out, name, getattr(out, name) + getattr(m, name))
         return out
 
@@ -187,5 +190,6 @@ class EngineMetrics:
             "num_requests_finished": self.num_requests_finished,
             "num_sampled_tokens": self.num_sampled_tokens,
             "num_forced_tokens": self.num_forced_tokens,
+            "num_row_steps": self.num_row_steps,
             "generated_tokens_per_s": round(self.num_generated_tokens / total, 2) if total else None,
         }

@@ -63,6 +63,9 @@ def test_on_and_off_give_the_same_greedy_tokens(model, merging_tokenizer, one_th
     on = engine(model, merging_tokenizer, **settings)
     assert _tokens(run(on, reqs)) == _tokens(reference)
     assert off.metrics.num_forced_tokens == 0 and on.metrics.num_forced_tokens > 0
+    # the per-step token counts (progress, ETA, metrics files) still add up to every generated token
+    assert on.metrics.num_sampled_tokens == off.metrics.num_sampled_tokens == on.metrics.num_generated_tokens
+    assert on.metrics.num_row_steps < off.metrics.num_row_steps == off.metrics.num_generated_tokens
     if "max_num_batched_tokens" not in settings:  # one decode step fewer per confirmed draft, roughly
         assert on.metrics.num_steps < off.metrics.num_steps
     if "num_kv_blocks" in settings:
