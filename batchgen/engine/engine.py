@@ -32,6 +32,7 @@ from batchgen.engine.model import experts, families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
+from batchgen.engine.sampling import jump_forward
 from batchgen.engine.sampling.grammar import GrammarMasks, mask_threads
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler import samples, sizing
@@ -234,10 +235,8 @@ class LLMEngine:
         # tokens are all a row's state: its random stream is keyed by its output index
         # (engine/sampling/random_stream.py), and a failed step appended no token to any row; a row
         # with logprobs is left out (its logprobs so far are not kept), so it starts over
-        # unconfirmed drafts (engine/sampling/jump_forward.py) are left out: a continuation checks them again
-        return [(seq.request, Continuation(tuple(seq.token_ids[seq.num_prompt_tokens:seq.num_confirmed_tokens])))
-                for seq in seqs if seq.num_confirmed_tokens > seq.num_prompt_tokens
-                and seq.request.sampling.logprobs is None]
+        return [(seq.request, Continuation(tuple(seq.confirmed_output_ids))) for seq in seqs
+                if seq.confirmed_output_ids and seq.request.sampling.logprobs is None]
 
     def fit_batch_size(self, max_num_seqs: int) -> None:
         """Take the job planner's batch size for the rows to come, when the user left it to auto.
@@ -311,12 +310,7 @@ class LLMEngine:
         if out.scheduled:
             verdicts, drafts = self.runner.verdicts, self.runner.drafts
             samplers = self.scheduler.update(out, token_ids, verdicts, drafts)
-            num_forced = sum(num_accepted for num_accepted, _ in verdicts.values())
-            self.metrics.num_forced_tokens += num_forced
-            self.metrics.num_row_steps += len(samplers)
-            # the tokens the step added: a row's confirmed drafts count, its refused ones do not
-            num_new_tokens = num_forced + sum(1 for s in samplers if s.seq_id not in verdicts) + sum(
-                token is not None for _, token in verdicts.values())
+            num_new_tokens = jump_forward.count_step(self.metrics, samplers, verdicts)
             for seq in samplers:
                 reason = self._stop_reason(seq)
                 if reason is not None:

@@ -18,6 +18,7 @@ jump: for them the token a position picks depends on nothing but its logits and 
 
 from __future__ import annotations
 
+from batchgen.engine.metrics import EngineMetrics
 from batchgen.engine.scheduler.sequence import Sequence
 
 
@@ -44,3 +45,13 @@ def verdict(drafts: list[int], picks: list[int]) -> tuple[int, int | None]:
         if r == len(drafts) or pick != drafts[r]:
             return r, pick
     return len(picks), None
+
+
+def count_step(metrics: EngineMetrics, grown: list[Sequence], verdicts: dict[int, tuple[int, int | None]]) -> int:
+    """Count a step whose rows that gained tokens are `grown` into `metrics` (forced tokens, row
+    steps); returns the tokens it added: a row's confirmed drafts count, its refused ones do not."""
+    num_forced = sum(num_accepted for num_accepted, _ in verdicts.values())
+    metrics.num_forced_tokens += num_forced
+    metrics.num_row_steps += len(grown)
+    return num_forced + sum(1 for seq in grown if seq.seq_id not in verdicts) + sum(
+        token is not None for _, token in verdicts.values())

@@ -106,6 +106,12 @@ class Sequence:
         return len(self.token_ids) - self.num_draft_tokens
 
     @property
+    def confirmed_output_ids(self) -> list[int]:
+        """Generated tokens but unconfirmed drafts: what a checkpoint keeps (a continuation checks
+        the drafts again)."""
+        return self.token_ids[self.num_prompt_tokens:self.num_confirmed_tokens]
+
+    @property
     def first_logits_position(self) -> int:
         """The first position whose logits this sequence needs: the one before its first draft
         (each draft is checked against the token the model picks there), else its last token."""
