@@ -42,7 +42,7 @@ def test_the_request_stream_is_cut_into_the_encoders_windows():
     work.add([6] * (WINDOW_BUDGETS * 10 // 6 + 1))  # fills the first window exactly past its budget
     work.add([4])  # starts the next window: alone
     assert work.num_batches == WINDOW_BUDGETS * 10 // 6 + 2
-    together = EncodeWork(budget_tokens=10)
+    together = EncodeWork(budget_tokens=12)  # a batch's rows x its longest row fit the budget: 2 x 6
     together.add([6, 4])
     assert together.num_batches == 1
 
