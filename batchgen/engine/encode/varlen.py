@@ -124,6 +124,13 @@ def _padded_attention(packed: PackedAttention, query: torch.Tensor, key: torch.T
         return x[0].transpose(0, 1)[index].transpose(1, 2)
 
     q, k, v = padded(query), padded(key), padded(value)
+    if packed.causal and window is None and not softcap:
+        # rows are right-padded, so every key a real query may see is a real token of its own row:
+        # causality alone isolates the rows, and without a mask SDPA takes its fused kernel (and reads
+        # grouped K/V heads in place); the padded queries' outputs are dropped below
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                               enable_gqa=k.shape[1] != q.shape[1])
+        return out.transpose(1, 2)[valid][None]
     mask = packed.padded_mask(window)
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
