@@ -75,6 +75,7 @@ def plan(
     sort_by_length: o.SortByLength = None,
     dedup: o.Dedup = None,
     prefix_order: o.PrefixOrder = None,
+    jump_forward: o.JumpForward = None,
     static_min_occupancy: o.StaticMinOccupancy = None,
     device: o.Device = None,
     dtype: o.Dtype = None,
