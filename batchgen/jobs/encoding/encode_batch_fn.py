@@ -21,8 +21,8 @@ from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.jobs.durability.fingerprint import encode_model_fingerprint
 from batchgen.jobs.encoding.encode_core import EncodeCore
 from batchgen.jobs.encoding.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
-from batchgen.jobs.pipeline.batch_columns import COMMITTED_HASH, PROVENANCE_FIELDS, SOURCE_PATH
-from batchgen.jobs.pipeline.batch_fn import BatchGenerator
+from batchgen.jobs.pipeline.batch_columns import COMMITTED_HASH
+from batchgen.jobs.pipeline.batch_fn import BatchGenerator, output_table
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.prompting.prompts import RowError, Template
 
@@ -79,9 +79,4 @@ class EncodeBatchGenerator(BatchGenerator):
                 outputs[position[id(planned)]] = encode_output_row(
                     self.task, id_name, passthrough, names, planned.row, result=results[0], sample_index=0,
                     digest=planned.prompt_hash, truncated=planned.num_truncated_tokens > 0)
-        kept = [(row, out) for row, out in zip(rows, outputs, strict=True) if out is not None]
-        result = pa.Table.from_pylist([out for _, out in kept], schema=schema)
-        if SOURCE_PATH in table.column_names:  # the executor's provenance, for its committer
-            result = result.append_column(PROVENANCE_FIELDS[0], pa.array([r.shard.path for r, _ in kept], pa.string()))
-            result = result.append_column(PROVENANCE_FIELDS[1], pa.array([r.row_index for r, _ in kept], pa.int64()))
-        return result
+        return output_table(table, rows, outputs, schema)

@@ -166,12 +166,7 @@ class BatchGenerator:
                                                             truncated=planned.num_truncated_tokens > 0,
                                                             json_valid=json_valid(constraint, completion),
                                                             adapter=planned.adapter, **marks)
-        kept = [(row, out) for row, out in zip(rows, outputs, strict=True) if out is not None]
-        result = pa.Table.from_pylist([out for _, out in kept], schema=schema)
-        if SOURCE_PATH in table.column_names:  # the executor's provenance, for its committer
-            result = result.append_column(PROVENANCE_FIELDS[0], pa.array([r.shard.path for r, _ in kept], pa.string()))
-            result = result.append_column(PROVENANCE_FIELDS[1], pa.array([r.row_index for r, _ in kept], pa.int64()))
-        return result
+        return output_table(table, rows, outputs, schema)
 
     def _input_rows(self, table: pa.Table) -> list[InputRow]:
         names = table.column_names
@@ -210,3 +205,15 @@ class BatchGenerator:
         self.schema = output_schema(id_field, passthrough, with_json_valid=writes_json_valid(config),
                                     with_adapter=bool(config.lora))
         return self.schema
+
+
+def output_table(table: pa.Table, rows: list[InputRow], outputs: list[dict[str, Any] | None],
+                 schema: pa.Schema) -> pa.Table:
+    """The output rows of a batch (None: a row with no output here), with the executor's provenance
+    columns where its table carried them, for its committer."""
+    kept = [(row, out) for row, out in zip(rows, outputs, strict=True) if out is not None]
+    result = pa.Table.from_pylist([out for _, out in kept], schema=schema)
+    if SOURCE_PATH in table.column_names:
+        result = result.append_column(PROVENANCE_FIELDS[0], pa.array([r.shard.path for r, _ in kept], pa.string()))
+        result = result.append_column(PROVENANCE_FIELDS[1], pa.array([r.row_index for r, _ in kept], pa.int64()))
+    return result
