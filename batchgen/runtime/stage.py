@@ -47,12 +47,14 @@ class slow_stage:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._stop.set()
-        with _active_lock:
-            _active.remove(self)
         if self._ticker is not None:
             self._ticker.join()
         if exc_type is None:
             self.logger.log(self.done_level, "%s: done in %.1f s", self.what, self.elapsed_s)
+        # Leave the stack only after the last line: until then an enclosing stage must stay quiet, so
+        # the log never shows the outer stage ticking before the inner one says it is done.
+        with _active_lock:
+            _active.remove(self)
 
     def _tick(self) -> None:
         while not self._stop.wait(self.every_s):
