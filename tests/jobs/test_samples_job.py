@@ -212,8 +212,13 @@ def test_kill_9_then_resume_writes_every_sample_exactly_once(tmp_path, kill_setu
                 kill_harness.sigkill(proc)
             proc.wait()
         state = load_manifest(out)
-        committed = sample_rows(out)
-        assert len(committed) == 3 * len(state.ok_ids)  # whole rows only
+        committed = sample_rows(out) if any(out.glob("part-*.parquet")) else {}
+        # A kill between an entry and its renames leaves a committed part under its temp name until
+        # recovery publishes it (roll forward): the visible rows are the published parts' rows, each
+        # with all its samples.
+        published = {i for r in state.parts.values() if (out / r.name).exists() for i in r.ids}
+        assert published <= state.ok_ids
+        assert sorted(committed) == sorted((i, s) for i in published for s in range(3))  # whole rows only
         assert all(committed[key] == reference[key] for key in committed)
         num_partial += 0 < len(state.ok_ids) < KILL_ROWS
         run_job(config_for(out), loaded=model)
