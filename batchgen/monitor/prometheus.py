@@ -29,6 +29,14 @@ COUNTERS = {
     "batchgen_engine_busy_seconds": ("engine_seconds", "Seconds spent inside engine steps."),
     "batchgen_preemptions": ("num_preemptions", "Sequences preempted for lack of KV blocks (recomputed later)."),
     "batchgen_prefix_cache_hit_tokens": ("num_prefix_hit_tokens", "Prompt tokens found in the prefix cache."),
+    "batchgen_shareable_prefix_tokens": ("num_shareable_prefix_tokens",
+                                         "Prompt tokens of the rows run that another row's prompt prefix holds "
+                                         "too (full blocks): what a perfect prefix cache saves."),
+    "batchgen_prefix_hit_prompt_tokens": ("num_prefix_hit_prompt_tokens",
+                                          "Prompt tokens of the rows run that their first admission found in the "
+                                          "prefix cache (the summary's figure, against the shareable tokens)."),
+    "batchgen_rows_from_duplicates": ("num_rows_from_duplicates",
+                                      "Rows written from another row's run: the same prompt and settings (--dedup)."),
     "batchgen_rows_finished": ("num_rows", "Rows finished, error rows included (a retried row counts again)."),
     "batchgen_rows_failed": ("num_rows_error", "Rows finished as error rows."),
     "batchgen_commits": ("num_commits", "Commits of finished rows to the output directory."),

@@ -102,7 +102,9 @@ class MetricsRecorder:
             self._last_step = stats
 
     def on_row(self, *, shard: int | None, mode: str | None, num_prompt_tokens: int, num_generated_tokens: int,
-               predicted_tokens: int | None, error: bool) -> None:
+               predicted_tokens: int | None, error: bool, num_shareable_prefix_tokens: int = 0,
+               num_prefix_hit_prompt_tokens: int = 0, from_duplicate: bool = False) -> None:
+        """A row finished; the last three as batchgen.jobs.planning.duplicates.reuse_counts gives them."""
         now = int(time.time())
         with self._lock:
             if self._rows_time_s != now:
@@ -112,7 +114,9 @@ class MetricsRecorder:
             if acc is None:
                 acc = self._rows[(shard, mode)] = RowsSecond(now, shard, mode)
             acc.add(num_prompt_tokens=num_prompt_tokens, num_generated_tokens=num_generated_tokens,
-                    predicted_tokens=predicted_tokens, error=error, rng=self._rng)
+                    predicted_tokens=predicted_tokens, error=error, rng=self._rng,
+                    num_shareable_prefix_tokens=num_shareable_prefix_tokens,
+                    num_prefix_hit_prompt_tokens=num_prefix_hit_prompt_tokens, from_duplicate=from_duplicate)
             u = self._uncommitted
             u[0] += 1
             u[1] += int(error)

@@ -4,7 +4,8 @@
   and sampled tokens, KV blocks, preemptions, prefix-cache hits, a sparse step-time histogram),
   with the engine's mode and the newest shard it was fed, and the job's ETA at that second.
 - rows: rows finished in that second, per (shard, mode), with up to SAMPLE_ROWS (predicted,
-  actual) output lengths drawn uniformly from them (the report's scatter plot).
+  actual) output lengths drawn uniformly from them (the report's scatter plot), and what they took
+  from other rows: shareable prefix tokens, prefix-hit prompt tokens, rows served from a duplicate.
 - commits: the commits of that second (rows, errors, tokens, time spent committing, rows in the
   output directory after them).
 
@@ -41,6 +42,11 @@ ROWS_SCHEMA = pa.schema([
     ("num_rows", pa.int32()), ("num_rows_error", pa.int32()), ("num_prompt_tokens", pa.int64()),
     ("num_generated_tokens", pa.int64()),
     ("sample_predicted_tokens", pa.list_(pa.int32())), ("sample_actual_tokens", pa.list_(pa.int32())),
+    # of those rows: prompt tokens of full blocks another row of their look-ahead holds too, the prompt
+    # tokens their first admission found in the prefix cache, and the rows --dedup wrote from another
+    # row's run (absent: null, in older files)
+    ("num_shareable_prefix_tokens", pa.int64()), ("num_prefix_hit_prompt_tokens", pa.int64()),
+    ("num_rows_from_duplicates", pa.int32()),
 ])
 
 COMMITS_SCHEMA = pa.schema([
@@ -114,7 +120,8 @@ class RowsSecond:
     """Rows of one (second, shard, mode) that finished; a uniform sample of their lengths."""
 
     __slots__ = ("time_s", "shard", "mode", "num_rows", "num_rows_error", "num_prompt_tokens",
-                 "num_generated_tokens", "samples")
+                 "num_generated_tokens", "num_shareable_prefix_tokens", "num_prefix_hit_prompt_tokens",
+                 "num_rows_from_duplicates", "samples")
 
     def __init__(self, time_s: int, shard: int | None, mode: str | None):
         self.time_s = time_s
@@ -124,14 +131,21 @@ class RowsSecond:
         self.num_rows_error = 0
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+        self.num_shareable_prefix_tokens = 0
+        self.num_prefix_hit_prompt_tokens = 0
+        self.num_rows_from_duplicates = 0
         self.samples: list[tuple[int, int]] = []
 
     def add(self, *, num_prompt_tokens: int, num_generated_tokens: int, predicted_tokens: int | None,
-            error: bool, rng: random.Random) -> None:
+            error: bool, rng: random.Random, num_shareable_prefix_tokens: int = 0,
+            num_prefix_hit_prompt_tokens: int = 0, from_duplicate: bool = False) -> None:
         self.num_rows += 1
         self.num_rows_error += int(error)
         self.num_prompt_tokens += num_prompt_tokens
         self.num_generated_tokens += num_generated_tokens
+        self.num_shareable_prefix_tokens += num_shareable_prefix_tokens
+        self.num_prefix_hit_prompt_tokens += num_prefix_hit_prompt_tokens
+        self.num_rows_from_duplicates += int(from_duplicate)
         if error or predicted_tokens is None:
             return
         pair = (predicted_tokens, num_generated_tokens)

@@ -26,6 +26,9 @@ SOURCES = {
     "num_prefix_hit_tokens": ("steps", "num_prefix_hit_tokens"),
     "num_rows": ("rows", "num_rows"),
     "num_rows_error": ("rows", "num_rows_error"),
+    "num_shareable_prefix_tokens": ("rows", "num_shareable_prefix_tokens"),
+    "num_prefix_hit_prompt_tokens": ("rows", "num_prefix_hit_prompt_tokens"),
+    "num_rows_from_duplicates": ("rows", "num_rows_from_duplicates"),
     "num_commits": ("commits", "num_commits"),
 }
 
@@ -39,6 +42,10 @@ class Totals:
     num_prefix_hit_tokens: int = 0
     num_rows: int = 0  # rows finished (retried error rows count again)
     num_rows_error: int = 0
+    # of the rows finished (monitor/records.py): what they shared with other rows; 0 in older files
+    num_shareable_prefix_tokens: int = 0
+    num_prefix_hit_prompt_tokens: int = 0
+    num_rows_from_duplicates: int = 0
     num_commits: int = 0
 
     @classmethod

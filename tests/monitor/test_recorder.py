@@ -120,3 +120,50 @@ def test_monitor_modules_import_no_torch():
             "print(sorted(m for m in sys.modules if m == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_rows_records_and_counters_carry_what_rows_took_from_other_rows(tmp_path, clock):
+    """Shareable prefix tokens, prefix-hit prompt tokens and rows served from a duplicate: summed per
+    second in the rows records, and counters (Prometheus) over every run, older files counting 0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from batchgen.monitor.prometheus import PrometheusExport
+    from batchgen.monitor.records import ROWS_SCHEMA
+
+    directory = metrics_dir(tmp_path)
+    directory.mkdir()
+    old = pa.schema([f for f in ROWS_SCHEMA if f.name not in ("num_shareable_prefix_tokens",
+                                                             "num_prefix_hit_prompt_tokens",
+                                                             "num_rows_from_duplicates")])
+    pq.write_table(pa.Table.from_pylist([{"run_id": "r0", "time_s": 999_000, "shard": 0, "mode": "static",
+                                          "num_rows": 3, "num_rows_error": 0, "num_prompt_tokens": 30,
+                                          "num_generated_tokens": 9, "sample_predicted_tokens": [],
+                                          "sample_actual_tokens": []}], schema=old),
+                   directory / "rows-00000001-00000001.parquet")  # written before these columns existed
+    rec = make(tmp_path)
+    assert rec.snapshot().totals.num_rows == 3 and rec.snapshot().totals.num_shareable_prefix_tokens == 0
+    rec.on_row(shard=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
+               error=False)  # a group's leader
+    for _ in range(3):  # its followers
+        rec.on_row(shard=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
+                   error=False, num_shareable_prefix_tokens=64, num_prefix_hit_prompt_tokens=48)
+    rec.on_row(shard=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
+               error=False, from_duplicate=True)
+    rec.close()
+    rows = read_kind(directory, "rows")
+    assert rows["num_shareable_prefix_tokens"].to_pylist() == [None, 192]
+    assert rows["num_prefix_hit_prompt_tokens"].to_pylist() == [None, 144]
+    assert rows["num_rows_from_duplicates"].to_pylist() == [None, 1]
+    totals = make(tmp_path, run_id="r2").snapshot().totals  # a resume's counters start from the files
+    assert (totals.num_rows, totals.num_shareable_prefix_tokens, totals.num_prefix_hit_prompt_tokens,
+            totals.num_rows_from_duplicates) == (8, 192, 144, 1)
+    export = PrometheusExport(rec, textfile=None, port=None, host="127.0.0.1")
+    values = {s.name: s.value for family in text_string_to_metric_families(generate_latest(export.registry).decode())
+              for s in family.samples}
+    assert values["batchgen_shareable_prefix_tokens_total"] == 192
+    assert values["batchgen_prefix_hit_prompt_tokens_total"] == 144
+    assert values["batchgen_rows_from_duplicates_total"] == 1
+    assert values["batchgen_rows_finished_total"] == 8

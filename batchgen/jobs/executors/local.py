@@ -42,6 +42,7 @@ from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
+from batchgen.jobs.planning.duplicates import reuse_counts
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.monitor.eta import PredictedWork, WorkMeter
 from batchgen.monitor.job import JobMonitor
@@ -187,6 +188,7 @@ class LocalJob:
         outs = []
         self.finished_output_tokens[0] += prediction.p50 * len(completions)
         self.finished_output_tokens[1] += sum(c.num_generated_tokens for c in completions)
+        shared, hits = reuse_counts(planned, completions[0])  # the row's, with its first sample
         for completion in completions:
             self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
             if self.monitor is not None:
@@ -194,7 +196,10 @@ class LocalJob:
                 self.monitor.recorder.on_row(shard=planned.window_index, mode=None if policy is None else policy.value,
                                              num_prompt_tokens=completion.num_prompt_tokens,
                                              num_generated_tokens=completion.num_generated_tokens,
-                                             predicted_tokens=prediction.p50, error=False)
+                                             predicted_tokens=prediction.p50, error=False,
+                                             num_shareable_prefix_tokens=shared, num_prefix_hit_prompt_tokens=hits,
+                                             from_duplicate=planned.served_from_duplicate)
+                shared = hits = 0
             outs.append(self.output_row(planned.row, completion=completion, digest=planned.prompt_hash,
                                         truncated=planned.num_truncated_tokens > 0,
                                         json_valid=json_valid(constraint, completion), adapter=planned.adapter))

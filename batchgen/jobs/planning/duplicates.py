@@ -57,6 +57,15 @@ def planned_copy(config: JobConfig, planned: PlannedRow) -> bool:
             and (greedy or planned.seed is not None))
 
 
+def reuse_counts(planned: PlannedRow, first: Completion) -> tuple[int, int]:
+    """(shareable prefix tokens, prefix-hit prompt tokens) a finished row adds to the job's figures,
+    `first` its first sample's completion: as JobCore counts the rows it sends to the engine, so a
+    copy served from another row's run adds neither (it computed nothing and read no cache)."""
+    if planned.served_from_duplicate:
+        return 0, 0
+    return planned.num_shared_prefix_tokens, first.num_cached_prompt_tokens
+
+
 class DuplicatePrompts:
     """Which running row each copy waits on, and the finished leaders' completions."""
 
@@ -79,17 +88,21 @@ class DuplicatePrompts:
         if cached is not None:
             self.finished.move_to_end(key)
             self.ready.append((planned, self._copies_of(cached, request.request_id)))
-            self.num_rows_served += 1
+            self._serve(planned)
             return False
         leader = self.leaders.get(key)
         if leader is not None:
             self.copies[leader].append(planned)
-            self.num_rows_served += 1
+            self._serve(planned)
             return False
         self.leaders[key] = request.request_id
         self.keys[request.request_id] = key
         self.copies[request.request_id] = []
         return True
+
+    def _serve(self, planned: PlannedRow) -> None:
+        planned.served_from_duplicate = True
+        self.num_rows_served += 1
 
     def served(self, request_id: str, completions: list[Completion]) -> Iterator[tuple[PlannedRow, list[Completion]]]:
         """The copies waiting on a leader that finished with `completions`; caches them for later copies."""

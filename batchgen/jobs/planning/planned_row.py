@@ -49,6 +49,7 @@ class PlannedRow:
     common_prefix_lookahead: int | None = None
     request_id: str | None = None
     repeats_prompt: bool = False  # its prompt and own settings are another row's of its look-ahead
+    served_from_duplicate: bool = False  # --dedup wrote it from another row's run (JobCore): it ran nothing
     adapter: str | None = None  # the --lora adapter it runs with (jobs/planning/row_adapter.py); None = base
     # embed / score / classify (batchgen.jobs.encoding.encode_core): an OpenAI embeddings line's several
     # inputs, each its own token ids and output row (None: the one input, prompt_token_ids); the row's own

@@ -1,7 +1,8 @@
 """--prefix-order through run_job on the tiny float32 model: several questions per document, shuffled,
 give the same greedy rows as input order, and every shareable prompt token comes from the prefix
 cache, in both modes, with chunked prefill and windows smaller than a look-ahead; the summary shows
-it (and `batchgen report`), and `batchgen plan` counts it and estimates the time with it."""
+it (and `batchgen report`), as do the metrics files and Prometheus, and `batchgen plan` counts it
+and estimates the time with it."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from batchgen.jobs.commands.plan import plan_job, plan_lines
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.planning import profile
 from batchgen.monitor.report import build_job_report
+from batchgen.monitor.store import metrics_dir
+from batchgen.monitor.totals import Totals
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 NUM_DOCS, NUM_QUESTIONS = 5, 3
@@ -87,3 +91,21 @@ def test_plan_counts_the_shared_prefixes_and_copies_and_estimates_the_time_with_
     assert any(line.startswith(f"shared prompts: {NUM_DOCS * 2 * 4 * 16} prompt tokens repeat another row's prefix, "
                                "computed once") and "2 rows repeat another's prompt" in line
                for line in plan_lines(grouped))
+
+
+def test_metrics_files_and_prometheus_count_the_shared_prefixes_and_copies_as_the_summary(
+        src, tmp_path, tiny_model_dir, loaded):
+    texts = pq.read_table(src).column("text").to_pylist()
+    with_copies = tmp_path / "copies.parquet"  # two rows twice more: --dedup serves them
+    pq.write_table(pa.table({"id": list(range(len(texts) + 2)), "text": texts + texts[:2]}), with_copies)
+    prom = tmp_path / "job.prom"
+    summary = run_job(config(with_copies, tmp_path / "o", tiny_model_dir, metrics_textfile=str(prom)), loaded=loaded)
+    figures = (summary.num_shareable_prefix_tokens, summary.num_prefix_hit_prompt_tokens,
+               summary.num_rows_from_duplicates)
+    assert figures == (NUM_DOCS * 2 * 4 * 16, NUM_DOCS * 2 * 4 * 16, 2)
+    totals = Totals.from_dir(metrics_dir(tmp_path / "o"))  # the per-second rows records, summed
+    assert (totals.num_shareable_prefix_tokens, totals.num_prefix_hit_prompt_tokens,
+            totals.num_rows_from_duplicates) == figures
+    values = {s.name: s.value for family in text_string_to_metric_families(prom.read_text()) for s in family.samples}
+    assert (values["batchgen_shareable_prefix_tokens_total"], values["batchgen_prefix_hit_prompt_tokens_total"],
+            values["batchgen_rows_from_duplicates_total"]) == figures
