@@ -51,7 +51,7 @@ from batchgen.jobs.durability.commit_schedule import CommitSchedule
 from batchgen.jobs.durability.fingerprint import job_fingerprint
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import OutputSession
-from batchgen.jobs.pipeline.batch_columns import SOURCE_PATH, SOURCE_ROW
+from batchgen.jobs.pipeline.batch_columns import REUSE_FIELDS, SOURCE_PATH, SOURCE_ROW
 from batchgen.jobs.pipeline.prepare import JobInputs
 from batchgen.jobs.pipeline.progress import Progress
 from batchgen.jobs.pipeline.rows import unify_schemas
@@ -216,8 +216,12 @@ class RayJob:
         paths = batch.column(SOURCE_PATH).to_pylist()
         indexes = batch.column(SOURCE_ROW).to_pylist()
         rows = batch.select(self.schema.names).to_pylist()
-        for out, path, index in zip(rows, paths, indexes, strict=True):
-            self._emit(out, path, index)
+        # what each row took from other rows (a generating task's batches carry it; an encoding task's do not)
+        names = [f.name for f in REUSE_FIELDS]
+        reuse = (zip(*(batch.column(n).to_pylist() for n in names), strict=True)
+                 if set(names) <= set(batch.column_names) else [(0, 0, False)] * batch.num_rows)
+        for out, path, index, counts in zip(rows, paths, indexes, reuse, strict=True):
+            self._emit(out, path, index, counts)
 
     def _check_model(self, model_json: str) -> None:
         if self.model_json is None:
@@ -238,16 +242,21 @@ class RayJob:
                                       f"{[first[k] for k in differ]} against {[other.get(k) for k in differ]}), "
                                       "so rows would depend on the node that ran them; pin --dtype and --device")
 
-    def _emit(self, out: dict[str, Any], path: str, index: int) -> None:
+    def _emit(self, out: dict[str, Any], path: str, index: int, reuse: tuple[int, int, bool]) -> None:
         s = self.summary
         is_error = s.count_row(out)
         row_id = out[self.id_name]
         s.num_rows_retried += row_id in self.errors_before
         s.num_rows_changed += row_id in self.ok_before
+        shared, hits, from_duplicate = reuse
+        s.num_shareable_prefix_tokens += shared
+        s.num_prefix_hit_prompt_tokens += hits
+        s.num_rows_from_duplicates += from_duplicate
         if self.monitor is not None:
             self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=out["num_prompt_tokens"] or 0,
                                          num_generated_tokens=out.get("num_generated_tokens") or 0,
-                                         predicted_tokens=None, error=is_error)
+                                         predicted_tokens=None, error=is_error, num_shareable_prefix_tokens=shared,
+                                         num_prefix_hit_prompt_tokens=hits, from_duplicate=from_duplicate)
         # embed / score / classify rows generate no tokens (and have no such column)
         self.progress.update(num_generated_tokens=out.get("num_generated_tokens") or 0, error=is_error)
         if PROMPT_HASH not in self.schema.names:

@@ -8,6 +8,7 @@ end themselves."""
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import pyarrow as pa
@@ -18,6 +19,8 @@ from typer.testing import CliRunner
 import batchgen.ray
 from batchgen.cli import app
 from batchgen.jobs.commands.run import run_job
+from batchgen.monitor.store import metrics_dir
+from batchgen.monitor.totals import Totals
 from batchgen.ray.engines import NAMESPACE
 from batchgen.ray.stages import GenerateActor
 from tests.jobs.helpers import committed_rows, tiny_job_config
@@ -114,6 +117,33 @@ def test_id_column_resume_regenerates_only_changed_prompts(ray_cluster, tiny_mod
     after = committed_rows(out, "doc")
     assert after[5]["prompt_hash"] != before[5]["prompt_hash"]
     assert {i: r for i, r in after.items() if i != 5} == {i: r for i, r in before.items() if i != 5}
+
+
+def test_summary_and_metrics_count_shared_prefixes_and_copies_as_the_local_executor(
+        ray_cluster, tiny_model_dir, loaded, tmp_path):
+    """Four documents' four questions each, one actor batch per document (windows of 4 rows), then
+    the first document's rows again: the batches' leaders prefill each document once, the copies are
+    served from the first batch's run; the driver's summary, `_summary.json` and metrics records
+    count it as the local executor's do."""
+    rng = random.Random(5)
+    docs = ["".join(rng.choice("abcdefghij klmnop") for _ in range(70)) for _ in range(4)]
+    texts = [f"{d}\nQ{q}: what about {q * 7}?" for d in docs for q in range(4)]
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": texts + texts[:4]}), src)
+    settings = dict(window_rows=4, metrics=True)
+    local = run_job(config(src, tmp_path / "local", tiny_model_dir, **settings), loaded=loaded)
+    summary = batchgen.ray.run(config(src, tmp_path / "ray", tiny_model_dir, **settings), num_actors=1)
+    figures = (summary.num_shareable_prefix_tokens, summary.num_prefix_hit_prompt_tokens,
+               summary.num_rows_from_duplicates)
+    assert figures == (local.num_shareable_prefix_tokens, local.num_prefix_hit_prompt_tokens,
+                       local.num_rows_from_duplicates) == (4 * 3 * 4 * 16, 4 * 3 * 4 * 16, 4)
+    written = json.loads((tmp_path / "ray" / "_summary.json").read_text())
+    assert (written["num_shareable_prefix_tokens"], written["num_prefix_hit_prompt_tokens"],
+            written["num_rows_from_duplicates"]) == figures
+    totals = Totals.from_dir(metrics_dir(tmp_path / "ray"))
+    assert (totals.num_shareable_prefix_tokens, totals.num_prefix_hit_prompt_tokens,
+            totals.num_rows_from_duplicates) == figures
+    assert committed_rows(tmp_path / "ray", "row_id") == committed_rows(tmp_path / "local", "row_id")
 
 
 def warm_engines(ray) -> dict[str, int]:

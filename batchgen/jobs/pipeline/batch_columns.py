@@ -12,3 +12,11 @@ INVALID = "__batchgen_invalid"  # a reader's message for a cell that is not vali
 COMMITTED_HASH = "__batchgen_committed_hash"  # --id-column resumes: the committed row's prompt hash
 PROVENANCE_FIELDS = (pa.field(SOURCE_PATH, pa.string()), pa.field(SOURCE_ROW, pa.int64()))
 BOOKKEEPING = frozenset({ROW_ID, SOURCE_PATH, SOURCE_ROW, INVALID, COMMITTED_HASH})
+# what each generated output row took from other rows (batchgen.jobs.planning.duplicates.reuse_counts),
+# appended with the provenance columns so that the driver's summary and metrics count them as the
+# local executor's do: shareable prefix tokens, prefix-hit prompt tokens, served from a duplicate
+SHAREABLE_PREFIX = "__batchgen_shareable_prefix_tokens"
+PREFIX_HIT = "__batchgen_prefix_hit_prompt_tokens"
+FROM_DUPLICATE = "__batchgen_from_duplicate"
+REUSE_FIELDS = (pa.field(SHAREABLE_PREFIX, pa.int64()), pa.field(PREFIX_HIT, pa.int64()),
+                pa.field(FROM_DUPLICATE, pa.bool_()))

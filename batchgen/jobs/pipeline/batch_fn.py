@@ -45,6 +45,7 @@ from batchgen.jobs.pipeline.batch_columns import (
     COMMITTED_HASH,
     INVALID,
     PROVENANCE_FIELDS,
+    REUSE_FIELDS,
     ROW_ID,
     SOURCE_PATH,
     SOURCE_ROW,
@@ -54,6 +55,7 @@ from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import check_job_constraint, prompt_side
 from batchgen.jobs.pipeline.row_constraint import json_valid
 from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, InputRow
+from batchgen.jobs.planning.duplicates import reuse_counts
 from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import prepare_row
 from batchgen.jobs.prompting.prompts import RowError, Template
@@ -139,6 +141,7 @@ class BatchGenerator:
         rows = self._input_rows(table)
         committed = table.column(COMMITTED_HASH).to_pylist() if COMMITTED_HASH in table.column_names else None
         outputs: list[dict[str, Any] | None] = [None] * len(rows)
+        reuse: list[tuple[int, int, bool]] = [(0, 0, False)] * len(rows)  # per row: reuse_counts, a copy
         planned_rows: list[PlannedRow] = []
         position: dict[int, int] = {}  # id(PlannedRow) -> its row's position in the table
         for i, row in enumerate(rows):
@@ -161,12 +164,13 @@ class BatchGenerator:
             for planned, [completion] in self.core.generate(self.planner.plans(iter(planned_rows))):
                 self.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, planned.prediction)
                 constraint = planned.constraint if planned.constraint is not None else self.core.constraint
-                outputs[position[id(planned)]] = output_row(id_name, passthrough, with_hash, planned.row,
-                                                            completion=completion, digest=planned.prompt_hash,
-                                                            truncated=planned.num_truncated_tokens > 0,
-                                                            json_valid=json_valid(constraint, completion),
-                                                            adapter=planned.adapter, **marks)
-        return output_table(table, rows, outputs, schema)
+                at = position[id(planned)]
+                outputs[at] = output_row(id_name, passthrough, with_hash, planned.row, completion=completion,
+                                         digest=planned.prompt_hash, truncated=planned.num_truncated_tokens > 0,
+                                         json_valid=json_valid(constraint, completion), adapter=planned.adapter,
+                                         **marks)
+                reuse[at] = (*reuse_counts(planned, completion), planned.served_from_duplicate)
+        return output_table(table, rows, outputs, schema, reuse)
 
     def _input_rows(self, table: pa.Table) -> list[InputRow]:
         names = table.column_names
@@ -208,12 +212,16 @@ class BatchGenerator:
 
 
 def output_table(table: pa.Table, rows: list[InputRow], outputs: list[dict[str, Any] | None],
-                 schema: pa.Schema) -> pa.Table:
+                 schema: pa.Schema, reuse: list[tuple[int, int, bool]] | None = None) -> pa.Table:
     """The output rows of a batch (None: a row with no output here), with the executor's provenance
-    columns where its table carried them, for its committer."""
-    kept = [(row, out) for row, out in zip(rows, outputs, strict=True) if out is not None]
-    result = pa.Table.from_pylist([out for _, out in kept], schema=schema)
+    columns where its table carried them, for its committer, and then each row's `reuse` (a
+    generating task's REUSE_FIELDS), for its summary and metrics."""
+    assert len(outputs) == len(rows) and (reuse is None or len(reuse) == len(rows))
+    kept = [i for i, out in enumerate(outputs) if out is not None]
+    result = pa.Table.from_pylist([outputs[i] for i in kept], schema=schema)
     if SOURCE_PATH in table.column_names:
-        result = result.append_column(PROVENANCE_FIELDS[0], pa.array([r.shard.path for r, _ in kept], pa.string()))
-        result = result.append_column(PROVENANCE_FIELDS[1], pa.array([r.row_index for r, _ in kept], pa.int64()))
+        result = result.append_column(PROVENANCE_FIELDS[0], pa.array([rows[i].shard.path for i in kept], pa.string()))
+        result = result.append_column(PROVENANCE_FIELDS[1], pa.array([rows[i].row_index for i in kept], pa.int64()))
+        for k, f in enumerate(REUSE_FIELDS if reuse is not None else ()):
+            result = result.append_column(f, pa.array([reuse[i][k] for i in kept], f.type))
     return result
