@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_check.sh            # ~6-8 min: install, pytest -m gpu, the measurements, one table
 #   QUICK=1 bash benchmarks/gpu_check.sh    # smaller workloads (smoke run)
 #
+# A GPU machine with no registry but torch/transformers installed: benchmarks/gpu_check_offline.sh.
+#
 # Exit status: 0 all good; 1 a gpu test failed or greedy output differs from HF generate (fp32 gate);
 # 2 the environment (no GPU, no CUDA torch).
 #

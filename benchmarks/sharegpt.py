@@ -121,8 +121,10 @@ def tokenizer_key(tokenizer, name: str | None = None) -> str:
 
 
 def build_workload(tokenizer, n: int, seed: int = 0, max_prompt_len: int = 512, max_output_len: int = 512,
-                   tokenizer_name: str | None = None, cache_dir: Path | None = RESULTS_DIR) -> Workload:
-    """The workload of `n` requests, read from the cache when this exact one was built before."""
+                   tokenizer_name: str | None = None, cache_dir: Path | None = RESULTS_DIR,
+                   pairs: list[tuple[str, str]] | None = None) -> Workload:
+    """The workload of `n` requests, read from the cache when this exact one was built before.
+    `pairs`: load_pairs()'s result, when a caller builds several workloads from one parse."""
     cache_file = None
     if cache_dir is not None:
         key = tokenizer_key(tokenizer, tokenizer_name)
@@ -130,7 +132,7 @@ def build_workload(tokenizer, n: int, seed: int = 0, max_prompt_len: int = 512, 
         if cache_file.is_file():
             data = json.loads(cache_file.read_text())
             return [(list(p), int(o)) for p, o in data["requests"]]
-    workload = sample(load_pairs(), tokenizer, n, seed, max_prompt_len, max_output_len)
+    workload = sample(load_pairs() if pairs is None else pairs, tokenizer, n, seed, max_prompt_len, max_output_len)
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(".tmp")

@@ -14,10 +14,12 @@ import random
 
 import pytest
 import torch
+import transformers
+from transformers import AutoModelForCausalLM
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Request, SamplingParams
-from tests.tiny import make_tiny_model
+from tests.tiny import _common, make_tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -115,9 +117,7 @@ def test_fp8_kv_on_cuda_is_refused_naming_what_it_needs(tokenizer):
 
 
 def _windowed_mistral(seed: int):
-    from transformers import AutoModelForCausalLM, MistralConfig
-
-    from tests.tiny import _common
+    from transformers import MistralConfig
 
     torch.manual_seed(seed)
     config = MistralConfig(**_common(sliding_window=32, head_dim=64, hidden_size=256, num_attention_heads=4))
@@ -142,3 +142,28 @@ def test_flash_sliding_window_graph_decode_matches_eager(tokenizer):
     graphed, with_graphs = _engine_tokens(model, tokenizer, config, prompts, max_new)
     _, eager = _engine_tokens(model, tokenizer, dataclasses.replace(config, cuda_graphs=False), prompts, max_new)
     assert graphed.use_cuda_graphs and with_graphs == eager
+
+
+# local/global layers (KV in layer groups) and MoE blocks (transformers' own experts on CUDA), as
+# tests/engine/test_families_generate.py builds them on the CPU; the reference attention each accepts
+FAMILIES = {
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=16, sliding_window=12, query_pre_attn_scalar=20,
+                                        layer_types=["sliding_attention", "full_attention"]), "eager"),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=4, moe_intermediate_size=32,
+                                         num_experts_per_tok=2), "sdpa"),
+    "mixtral": ("MixtralConfig", dict(sliding_window=12, num_local_experts=4, num_experts_per_tok=2), "sdpa"),
+}
+
+
+@pytest.mark.parametrize("family", [f for f, (cls, _, _) in FAMILIES.items() if hasattr(transformers, cls)])
+def test_float32_local_global_and_moe_greedy_equals_generate_on_cuda(family, tokenizer):
+    cls, kwargs, attn = FAMILIES[family]
+    torch.manual_seed(5)
+    config = getattr(transformers, cls)(**_common(**kwargs))
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32).eval().cuda()
+    prompts, max_new = _workload(5, n=12)
+    refs = _generate_refs(model, prompts, max_new)
+    engine, got = _engine_tokens(model, tokenizer, EngineConfig(attention_backend="sdpa", kv_cache_bytes=64 * 2**20,
+                                                                max_num_batched_tokens=128), prompts, max_new)
+    assert (engine.kv_groups is not None) == (family == "gemma3")
+    assert got == refs
