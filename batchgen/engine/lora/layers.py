@@ -2,10 +2,17 @@
 
 A step packs the tokens of many rows, each with its own adapter (or none). A wrapped projection
 runs its base forward (plain, prepacked or quantized: whatever the layer ran before) once over
-all tokens, then, for each adapter present in the step, the low-rank update on that adapter's
-tokens only: shrink (x @ A^T, to the rank) then expand (@ B^T, scaled). That is punica's SGMV
-shape, one pair of small matmuls per adapter and layer, grouped by adapter; the base weights are
-never merged per row, so rows of different adapters share every base matmul.
+all tokens, then the adapters' low-rank updates: shrink (x @ A^T, to the rank) then expand
+(@ B^T, scaled) and add. The base weights are never merged per row, so rows of different adapters
+share every base matmul.
+
+Each projection holds its adapters stacked along the rank (one A of [sum of ranks, in], one B^T of
+[sum of ranks, out]). A decode step's rows are a few tokens per adapter, where a matmul's cost is
+its call, not its arithmetic: there every adapter of the step runs in one shrink over the stack,
+a mask that keeps each token's own adapter's columns (zero for the others and for base rows),
+and one expand-and-add (the punica BGMV idea, as two dense calls). A step of many adapter tokens
+(prefill chunks) runs each adapter's pair on its own slice instead (punica's SGMV shape), where
+the stack's extra arithmetic would cost more than the calls it saves.
 
 The step's grouping (which tokens belong to which adapter) is set by the model runner around the
 forward, on this thread (`lora_step`), as the attention metadata is: Hugging Face's modules call
@@ -18,11 +25,17 @@ import contextlib
 import threading
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from batchgen.engine.lora.adapter import AdapterError, LoraAdapter
+
+# a step with at most this many adapter tokens applies all its adapters in one masked pass over
+# the stack; above it each adapter runs on its own slice (benchmarks/lora_mix.py's decode steps are
+# below it, a prefill chunk above it)
+STACKED_MAX_TOKENS = 256
 
 _local = threading.local()
 
@@ -36,19 +49,56 @@ class AdapterRows:
     rows: slice | torch.Tensor
 
 
-def current_step() -> list[AdapterRows] | None:
-    return getattr(_local, "groups", None)
+@dataclass(slots=True)
+class LayerAdapters:
+    """The adapters of one projection, stacked along the rank: rows `ranks[name]` of `a` are that
+    adapter's A, the same rows of `b` its B^T times its scaling."""
+
+    a: torch.Tensor  # [sum of ranks, in]
+    b: torch.Tensor  # [sum of ranks, out]
+    ranks: dict[str, slice]
+    key: tuple  # which adapters at which rows: layers with the same key share a step's mask
+
+
+@dataclass(slots=True)
+class LoraStep:
+    """A step's adapter groups, and the masks its stacked passes use (built once per step for each
+    set of adapters a layer holds)."""
+
+    groups: list[AdapterRows]
+    stacked: bool  # all groups are slices and few tokens: one masked pass per layer
+    masks: dict[tuple, tuple[slice, torch.Tensor]] = field(default_factory=dict)
+
+    def mask(self, layer: LayerAdapters, present: list[AdapterRows]) -> tuple[slice, torch.Tensor]:
+        """The tokens from the first to the last of `present`'s, and which of the stack's columns
+        each of them keeps: 1 for its own adapter's, 0 for the rest (base rows and rows of adapters
+        this layer lacks keep none)."""
+        cached = self.masks.get(layer.key)
+        if cached is None:
+            first, last = min(g.rows.start for g in present), max(g.rows.stop for g in present)
+            mask = torch.zeros(last - first, layer.a.shape[0], dtype=layer.a.dtype, device=layer.a.device)
+            for g in present:
+                mask[g.rows.start - first:g.rows.stop - first, layer.ranks[g.name]] = 1
+            cached = self.masks[layer.key] = (slice(first, last), mask)
+        return cached
+
+
+def current_step() -> LoraStep | None:
+    return getattr(_local, "step", None)
 
 
 @contextlib.contextmanager
 def lora_step(groups: list[AdapterRows] | None) -> Iterator[None]:
     """Make the step's adapter groups visible to the wrapped layers for one forward on this thread."""
     assert current_step() is None, "LoRA steps do not nest"
-    _local.groups = groups
+    if groups:
+        slices = all(isinstance(g.rows, slice) for g in groups)
+        tokens = sum(g.rows.stop - g.rows.start if isinstance(g.rows, slice) else len(g.rows) for g in groups)
+        _local.step = LoraStep(groups, stacked=slices and len(groups) > 1 and tokens <= STACKED_MAX_TOKENS)
     try:
         yield
     finally:
-        _local.groups = None
+        _local.step = None
 
 
 def attach(model: torch.nn.Module, adapters: dict[str, LoraAdapter]) -> dict[str, int]:
@@ -75,51 +125,75 @@ def attach(model: torch.nn.Module, adapters: dict[str, LoraAdapter]) -> dict[str
                 raise AdapterError(f"--lora {name}: {module_name} is {in_features} -> {out_features} in the model, "
                                    f"the adapter's is {a.shape[1]} -> {b.shape[0]} (an adapter for another base "
                                    "model?)")
-            # stored transposed and scaled: x @ a_t @ b_t is the update, with no transposes per step
-            a_t = a.t().contiguous().to(device=device, dtype=dtype)
-            b_t = (b.t() * adapter.scaling).contiguous().to(device=device, dtype=dtype)
-            per_module.setdefault(module_name, {})[name] = (a_t, b_t)
+            # B stored transposed and scaled: the expand is one addmm with no transpose per step
+            per_module.setdefault(module_name, {})[name] = (a, b.t() * adapter.scaling)
     num_bytes = dict.fromkeys(adapters, 0)
     for module_name, module in modules.items():
         pairs = per_module.get(module_name)
         if pairs is None:
             if getattr(module, "_batchgen_lora", None) is not None:
-                module._batchgen_lora = {}  # an earlier engine's adapters
+                module._batchgen_lora = None  # an earlier engine's adapters
             continue
         # wrapped once; again where another engine's setup (prepack) has replaced the forward since
         if module.__dict__.get("forward") is not getattr(module, "_batchgen_lora_forward", None) \
                 or "forward" not in module.__dict__:
             module.forward = types.MethodType(_make_forward(module.forward), module)
             module._batchgen_lora_forward = module.forward
-        module._batchgen_lora = pairs
+        module._batchgen_lora = _stack(pairs, device, dtype)
         for name, (a, b) in pairs.items():
-            num_bytes[name] += a.numel() * a.element_size() + b.numel() * b.element_size()
+            num_bytes[name] += (a.numel() + b.numel()) * dtype.itemsize
     return num_bytes
+
+
+def _stack(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+           dtype: torch.dtype) -> LayerAdapters:
+    ranks, start = {}, 0
+    for name, (a, _) in pairs.items():
+        ranks[name] = slice(start, start + a.shape[0])
+        start += a.shape[0]
+    a = torch.cat([a for a, _ in pairs.values()]).to(device=device, dtype=dtype).contiguous()
+    b = torch.cat([b for _, b in pairs.values()]).to(device=device, dtype=dtype).contiguous()
+    return LayerAdapters(a, b, ranks, key=tuple((name, r.start, r.stop) for name, r in ranks.items()))
 
 
 def _make_forward(base_forward):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = base_forward(x)
-        groups = current_step()
-        if not groups or not self._batchgen_lora:
+        step, layer = current_step(), self._batchgen_lora
+        if step is None or layer is None:
+            return out
+        present = [g for g in step.groups if g.name in layer.ranks]  # adapters that change this layer
+        if not present:
             return out
         flat_x = x.reshape(-1, x.shape[-1])
         flat_out = out.view(-1, out.shape[-1])
-        for group in groups:
-            pair = self._batchgen_lora.get(group.name)
-            if pair is None:  # this adapter leaves this layer alone
-                continue
-            a_t, b_t = pair
-            xs = flat_x[group.rows]
-            if xs.dtype != a_t.dtype:  # a quantized layer's float32 activations
-                xs = xs.to(a_t.dtype)
-            if isinstance(group.rows, slice) and out.dtype == b_t.dtype:
-                flat_out[group.rows].addmm_(xs @ a_t, b_t)  # the expand and the add in one call
-            else:
-                flat_out.index_add_(0, _indices(group.rows, flat_out.device), ((xs @ a_t) @ b_t).to(out.dtype))
+        if step.stacked and len(present) > 1:
+            span, mask = step.mask(layer, present)
+            _add_update(flat_x, flat_out, span, layer.a, layer.b, mask)
+        else:
+            for group in present:
+                ranks = layer.ranks[group.name]
+                _add_update(flat_x, flat_out, group.rows, layer.a[ranks], layer.b[ranks], None)
         return out
 
     return forward
+
+
+def _add_update(flat_x: torch.Tensor, flat_out: torch.Tensor, rows: slice | torch.Tensor, a: torch.Tensor,
+                b: torch.Tensor, mask: torch.Tensor | None) -> None:
+    """flat_out[rows] += ((x[rows] @ A^T) * mask) @ B^T: one shrink, the mask, one expand-and-add."""
+    xs = flat_x[rows]
+    if xs.dtype != a.dtype:  # a quantized layer's float32 activations
+        xs = xs.to(a.dtype)
+    h = F.linear(xs, a)
+    if mask is not None:
+        h.mul_(mask)
+    if isinstance(rows, slice) and flat_out.dtype == b.dtype:
+        flat_out[rows].addmm_(h, b)  # the expand and the add in one call
+    elif isinstance(rows, slice):
+        flat_out[rows] += (h @ b).to(flat_out.dtype)
+    else:
+        flat_out.index_add_(0, rows, (h @ b).to(flat_out.dtype))
 
 
 def adapter_order(scheduled: list) -> list[int] | None:
@@ -130,10 +204,6 @@ def adapter_order(scheduled: list) -> list[int] | None:
     if not any(names):
         return None
     return sorted(range(len(names)), key=lambda i: (names[i] is not None, names[i] or ""))
-
-
-def _indices(rows: slice | torch.Tensor, device: torch.device) -> torch.Tensor:
-    return rows if isinstance(rows, torch.Tensor) else torch.arange(rows.start, rows.stop, device=device)
 
 
 def step_groups(spans: list[tuple[str | None, int, int]], device: torch.device) -> list[AdapterRows] | None:
