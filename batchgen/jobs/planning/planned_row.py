@@ -46,6 +46,7 @@ class PlannedRow:
     num_shared_prefix_tokens: int = 0
     prefix_group: int | None = None
     prefix_leader: PlannedRow | None = None
+    num_leader_prefix_tokens: int = 0  # of its prompt, the leader's blocks it starts from (assign_leaders)
     common_prefix_lookahead: int | None = None
     request_id: str | None = None
     repeats_prompt: bool = False  # its prompt and own settings are another row's of its look-ahead

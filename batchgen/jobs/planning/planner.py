@@ -169,7 +169,7 @@ class Planner:
         self.num_planned_rows += len(window)
         ordered = sort_by_length(window) if config.sort_by_length else list(window)
         if config.prefix_order:
-            assign_leaders(ordered, self._lookahead_leaders)
+            assign_leaders(ordered, self._lookahead_leaders, self.block_size)
         limits = self.batch_limits(window)
         batches = static_batches(ordered, limits.max_num_seqs, self.kv_capacity_tokens, self.block_size)
         occupancy = static_occupancy(ordered, batches)
@@ -244,7 +244,7 @@ def reserved_tokens(r: PlannedRow, num_output_tokens: int, block_size: int) -> i
     its prompt and output, less the blocks its prefix leader holds (planning/prefix_groups.py);
     each other sample the prompt's last, partial block (shared are only the full ones,
     engine/scheduler/samples.py) and its own output."""
-    shared = r.num_shared_prefix_tokens if r.prefix_leader is not None else 0
+    shared = r.num_leader_prefix_tokens if r.prefix_leader is not None else 0
     first = ceil_div(r.num_prompt_tokens + num_output_tokens, block_size) - shared // block_size
     partial = r.num_prompt_tokens % block_size
     other = ceil_div(partial + num_output_tokens, block_size)

@@ -164,21 +164,32 @@ def _runs(ordered: list[PlannedRow]) -> Iterator[list[PlannedRow]]:
         yield run
 
 
-def assign_leaders(rows: list[PlannedRow], lookahead_leaders: dict[int, PlannedRow]) -> None:
+def assign_leaders(rows: list[PlannedRow], lookahead_leaders: dict[int, PlannedRow], block_size: int) -> None:
     """Rows of a window in run order: each group's first row leads the group; the first row of a
     look-ahead with a common prefix leads every other row of it there (module docstring).
-    `lookahead_leaders` keeps that row across the look-ahead's windows."""
+    `lookahead_leaders` keeps that row across the look-ahead's windows. Each follower's
+    `num_leader_prefix_tokens` is what it starts from: the leader's full blocks of their common
+    prefix (the engine's rule, engine/scheduler/samples.py), which is what the planner's KV
+    reservations leave out; the shareable tokens, counted between sorted neighbours, can sit on
+    another row of the group than the one that runs first."""
     group_leaders: dict[int, PlannedRow] = {}
     if rows and rows[0].common_prefix_lookahead not in lookahead_leaders:
         lookahead_leaders.clear()  # a window holds rows of one look-ahead: the ones before are done
     for r in rows:
         r.prefix_leader = None
+        r.num_leader_prefix_tokens = 0
+        leader = None
         if r.prefix_group is not None:
             leader = group_leaders.setdefault(r.prefix_group, r)
-            if leader is not r:
-                r.prefix_leader = leader
-                continue
-        if r.common_prefix_lookahead is not None:
+        if (leader is None or leader is r) and r.common_prefix_lookahead is not None:
             leader = lookahead_leaders.setdefault(r.common_prefix_lookahead, r)
-            if leader is not r:
-                r.prefix_leader = leader
+        if leader is not None and leader is not r:
+            r.prefix_leader = leader
+            r.num_leader_prefix_tokens = leader_prefix_tokens(leader, r, block_size)
+
+
+def leader_prefix_tokens(leader: PlannedRow, r: PlannedRow, block_size: int) -> int:
+    """Prompt tokens of the full blocks `r` takes from `leader`: their common prefix, short of
+    either's last prompt token (always computed), in whole blocks."""
+    num_common = num_common_tokens(leader.prompt_token_ids, r.prompt_token_ids)
+    return min(num_common, leader.num_prompt_tokens - 1, r.num_prompt_tokens - 1) // block_size * block_size

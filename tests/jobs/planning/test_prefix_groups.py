@@ -122,3 +122,20 @@ def test_a_groups_followers_reserve_only_their_own_blocks():
 
     assert static_batches() == [4, 4]  # 7 + 3 x 5 = 22 blocks of 25: a document's rows in one batch
     assert static_batches(prefix_order=False) == [3, 3, 2]  # 3 x 7 = 21 blocks
+
+
+def test_every_follower_reserves_only_its_own_blocks_whichever_row_holds_the_shareable_count():
+    """The shareable tokens sit on each sorted row after the first, and a document's row sorted first
+    need not run first (the longest prompt leads): that row, a follower, still starts from the
+    leader's blocks. 40-token document, 64 new tokens at most: the short-question row 7 blocks, the
+    others 8; the followers hold 2 of them in the leader's, so the four need 8 + 5 + 6 + 6 = 25."""
+    document = doc(0)
+    prompts = [document + [950]] + [document + [951 + q] * 10 for q in range(3)]
+    p = Planner(build_config(None, inputs=["x"], output="o", window_rows=16), LengthPredictor({}),
+                kv_capacity_tokens=25 * BS, block_size=BS)
+    [plan] = list(p.plans(make_rows(prompts)))
+    leader, *followers = plan.rows
+    assert leader.row.row_id != 0 and leader.prefix_leader is None
+    assert any(f.row.row_id == 0 and f.num_shared_prefix_tokens == 0 for f in followers)  # sorted first
+    assert all(f.prefix_leader is leader and f.num_leader_prefix_tokens == 2 * BS for f in followers)
+    assert plan.static_batches == [4]
