@@ -96,7 +96,7 @@ class LLMEngine:
             spec = self.spec = dataclasses.replace(spec, num_layers=self.kv_groups.num_tensors)
         num_blocks, self.max_tokens_per_seq = plan_kv_blocks(
             model, spec, self.device, config, max_model_len=self.max_model_len, use_cuda_graphs=self.use_cuda_graphs,
-            kv_groups=self.kv_groups)
+            kv_groups=self.kv_groups, adapter_bytes=sum(a.device_bytes for a in self.lora_adapters.values()))
         if num_blocks < 2:
             self.use_cuda_graphs = False  # no block to spare for the padding rows
         self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile,

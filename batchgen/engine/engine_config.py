@@ -88,12 +88,15 @@ def chunk_tokens(config: EngineConfig, device: torch.device) -> int:
 
 
 def plan_kv_blocks(model: torch.nn.Module, spec: KVCacheSpec, device: torch.device, config: EngineConfig, *,
-                   max_model_len: int, use_cuda_graphs: bool, kv_groups: KVGroups | None = None) -> tuple[int, int]:
+                   max_model_len: int, use_cuda_graphs: bool, kv_groups: KVGroups | None = None,
+                   adapter_bytes: int = 0) -> tuple[int, int]:
     """(KV blocks to allocate, the longest sequence in tokens the budget allows).
 
     The blocks come from `config` (an exact count, a byte budget, or the free memory), then shrink
     to the job's need when `config.seq_token_needs` says it is less. With `kv_groups` a block holds
-    one page of each of their tensors, and a sequence holds blocks in every group (kv/groups.py)."""
+    one page of each of their tensors, and a sequence holds blocks in every group (kv/groups.py).
+    A byte budget also holds the LoRA adapters' `adapter_bytes` (loaded before the cache is sized,
+    so the free-memory budget has already lost them)."""
     block_size = spec.block_size
     num_blocks = config.num_kv_blocks
     if num_blocks is None:
@@ -103,10 +106,17 @@ def plan_kv_blocks(model: torch.nn.Module, spec: KVCacheSpec, device: torch.devi
             max_seqs, max_tokens = sizing.upper_limits(device.type)
             peak = profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
                                             config.max_num_seqs or max_seqs)
+        budget = config.kv_cache_bytes
+        if budget is not None and adapter_bytes:
+            if adapter_bytes >= budget:
+                raise ConfigError(f"KV cache: the budget of {budget} bytes is taken by the LoRA adapters' "
+                                  f"{adapter_bytes} bytes; raise --kv-cache-memory or load fewer adapters")
+            budget -= adapter_bytes
         try:
-            num_blocks = plan_num_blocks(spec, device, config.kv_cache_bytes, peak)
+            num_blocks = plan_num_blocks(spec, device, budget, peak)
         except ValueError as e:
-            raise ConfigError(f"KV cache: {e}") from None
+            after = f" (what the LoRA adapters' {adapter_bytes} bytes leave)" if budget != config.kv_cache_bytes else ""
+            raise ConfigError(f"KV cache: {e}{after}") from None
     # the longest sequence the budget allows: prompts are cut to it, and it does not change when
     # the cache is sized to a job's need below (it is part of a job's fingerprint)
     chunk = chunk_tokens(config, device)

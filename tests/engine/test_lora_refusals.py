@@ -108,3 +108,26 @@ def test_a_forward_replaced_after_attaching_is_wrapped_again(model, tmp_path):
     attach(target, {"ad": adapter})
     with torch.inference_mode(), lora_step([AdapterRows("ad", slice(0, 3))]):
         assert torch.allclose(q(x), expected, atol=1e-5)
+
+
+def test_an_explicit_kv_cache_budget_holds_the_adapters(model, tokenizer, tmp_path):
+    """--kv-cache-memory is the memory the cache and the adapters share: the cache gets what the
+    adapters leave, and a budget they fill alone is refused naming them."""
+    path = make_adapter(model, tmp_path / "ad", seed=1, r=16, lora_alpha=16,
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+    def engine(budget_bytes: int, lora: dict | None) -> LLMEngine:
+        return LLMEngine(copy.deepcopy(model), tokenizer, EngineConfig(kv_cache_bytes=budget_bytes, lora_adapters=lora),
+                         eos_token_ids=[2])
+
+    plain = engine(1 << 20, None)
+    block_bytes = plain.spec.bytes_per_block
+    assert plain.block_manager.num_blocks == (1 << 20) // block_bytes
+    with_adapter = engine(1 << 20, {"ad": str(path)})
+    adapter_bytes = with_adapter.lora_adapters["ad"].device_bytes
+    in_out = (64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128)  # q, k and v, o, the MLP's three
+    assert adapter_bytes == 2 * 16 * in_out * 4  # 2 layers of r x (in + out) float32 values
+    assert with_adapter.block_manager.num_blocks == ((1 << 20) - adapter_bytes) // block_bytes
+    with pytest.raises(ConfigError, match=f"KV cache: the budget of {adapter_bytes} bytes is taken by the LoRA "
+                                          f"adapters' {adapter_bytes} bytes"):
+        engine(adapter_bytes, {"ad": str(path)})
