@@ -187,3 +187,28 @@ def test_kill_9_after_a_commit_then_resume_is_exactly_once(tiny_model_dir, loade
     summary = run_job(config(src, out, tiny_model_dir, dirs, **cfg), loaded=loaded)
     assert summary.num_rows_skipped == committed
     assert committed_rows(out) == committed_rows(whole)  # every id once, each on its own adapter
+
+
+def test_sharded_runs_give_each_row_once_on_its_adapter(tiny_model_dir, loaded, dirs, tmp_path):
+    from batchgen.jobs.commands.finalize import finalize_output
+
+    adapters = [ADAPTERS[i % len(ADAPTERS)] for i in range(14)]
+    src = write(tmp_path / "in.parquet", adapters)
+    whole = tmp_path / "whole"
+    run_job(config(src, whole, tiny_model_dir, dirs, lora_column="adapter"), loaded=loaded)
+    out = tmp_path / "out"
+    for index in range(3):
+        run_job(config(src, out, tiny_model_dir, dirs, lora_column="adapter", num_shards=3, shard_index=index),
+                loaded=loaded)
+    finalize_output(out)
+    rows = {}
+    for index in range(3):
+        shard = committed_rows(out / f"shard-{index}-of-3")
+        assert shard and not set(shard) & set(rows), "a row in two shards"
+        rows |= shard
+    expected = committed_rows(whole)
+    assert sorted(rows) == list(range(len(adapters)))
+    for i, adapter in enumerate(adapters):
+        assert rows[i]["adapter"] == (adapter or None)
+        for column in ("generated_text", "prompt_hash"):
+            assert rows[i][column] == expected[i][column], (i, adapter, column)
