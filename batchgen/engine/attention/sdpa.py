@@ -18,11 +18,15 @@ import torch.nn.functional as F
 
 from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, NO_RULES, LayerKV, PackedSeq, ScoreRules, cdiv
 from batchgen.engine.attention.explicit import explicit_attention
+from batchgen.engine.attention.fresh_prefill import FreshBatch, build_fresh_batch, fresh_forward
 from batchgen.engine.kv import quant as kv_quant
 
 # decode sequences are grouped by context length so that padding to a group's longest context
 # wastes little; a new group starts when the longest would exceed this multiple of the shortest
 DECODE_GROUP_MAX_RATIO = 2.0
+# On a GPU one group: each group costs a few launches per layer from Python, which the padding it
+# saves does not repay, and every new group shape makes cuDNN's attention build another plan.
+ACCELERATOR_DECODE_GROUP_MAX_RATIO = float("inf")
 
 
 @dataclass(slots=True)
@@ -82,6 +86,9 @@ class PrefillSeq:
 class SdpaMetadata:
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
+    # prompts with no cached past, in one padded call where a layer's scores are plain (fresh_prefill.py)
+    fresh: FreshBatch | None = None
+    prefills_with_past: list[PrefillSeq] = field(default_factory=list)
 
 
 def build_prefills(seqs: list[PackedSeq], block_size: int, device: torch.device) -> list[PrefillSeq]:
@@ -144,13 +151,16 @@ class SdpaBackend:
 
     def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> SdpaMetadata:
         decode = sorted((s for s in seqs if s.num_new_tokens == 1), key=lambda s: s.context_len)
+        max_ratio = DECODE_GROUP_MAX_RATIO if device.type == "cpu" else ACCELERATOR_DECODE_GROUP_MAX_RATIO
         groups: list[list[PackedSeq]] = []
         for s in decode:
-            if not groups or s.context_len > DECODE_GROUP_MAX_RATIO * groups[-1][0].context_len:
+            if not groups or s.context_len > max_ratio * groups[-1][0].context_len:
                 groups.append([])
             groups[-1].append(s)
-        return SdpaMetadata([_decode_group(g, block_size, device) for g in groups],
-                            build_prefills(seqs, block_size, device))
+        prefills = build_prefills(seqs, block_size, device)
+        fresh = build_fresh_batch(seqs, device)
+        with_past = prefills if fresh is None else [p for p in prefills if p.start not in fresh.starts]
+        return SdpaMetadata([_decode_group(g, block_size, device) for g in groups], prefills, fresh, with_past)
 
     score_rules = frozenset({"sliding_window", "softcap", "sinks"})
 
@@ -178,7 +188,12 @@ class SdpaBackend:
             else:
                 od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale)
             out.index_copy_(0, group.token_idx, od.reshape(batch, num_heads, head_dim))
-        prefill_forward(q, k, v, layer, metadata.prefills, scale, out, rules)
+        plain = rules.sliding_window is None and rules.softcap is None and rules.sinks is None
+        if metadata.fresh is not None and plain and layer.k_scale is None:
+            fresh_forward(q, k, v, metadata.fresh, scale, out)
+            prefill_forward(q, k, v, layer, metadata.prefills_with_past, scale, out, rules)
+        else:
+            prefill_forward(q, k, v, layer, metadata.prefills, scale, out, rules)
         return out
 
 
