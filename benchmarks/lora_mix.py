@@ -102,8 +102,8 @@ def run_vllm(rows: Path, dirs: dict[str, str], max_new_tokens: int) -> tuple[flo
     if not lines:
         raise SystemExit(f"vLLM-CPU failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     record = json.loads(lines[-1])
-    if "error" in record:
-        raise SystemExit(f"vLLM-CPU refused the LoRA job: {record['error']}\n{record['traceback']}")
+    if "error" in record:  # vLLM's engine core died in one run under heavy load: the round goes on without it
+        print(f"vLLM-CPU failed: {record['error']}\n{proc.stderr[-3000:]}", flush=True)
     return wall_s, record
 
 
@@ -139,6 +139,8 @@ def main() -> None:
             load = os.getloadavg()[0]
             if name == "vllm":
                 wall_s, record = run_vllm(peer_rows, dirs, args.max_new_tokens)
+                if "error" in record:
+                    continue
                 tokens, inner_s, errors = record["generated_tokens"], record["generate_s"], 0
             else:
                 wall_s, summary = run(src, work / f"out-{r}-{name}", flags[name], args.max_new_tokens)
