@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 import batchgen.ray
 from batchgen.cli import app
 from batchgen.jobs.commands.run import run_job
-from batchgen.ray.engines import NAMESPACE
-from batchgen.ray.stages import GenerateActor
+from batchgen.jobs.executors.ray.engines import NAMESPACE
+from batchgen.jobs.executors.ray.stages import GenerateActor
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 MAX_NEW = 8
