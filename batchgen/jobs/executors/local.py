@@ -20,7 +20,7 @@ from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import fingerprint_digest
-from batchgen.io.store.partials import PartialRow
+from batchgen.io.manifest.partials import PartialRow
 from batchgen.io.store.schema import ADAPTER, JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer

@@ -23,7 +23,7 @@ import pytest
 from batchgen.config.job import build_config
 from batchgen.errors import JobInterrupted
 from batchgen.io.manifest.manifest import load_manifest
-from batchgen.io.store.partials import read_partials
+from batchgen.io.manifest.partials import read_partials
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status
 from tests.jobs.helpers import write_random_texts
