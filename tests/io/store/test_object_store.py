@@ -22,7 +22,7 @@ from batchgen.io.store.object_store import ObjectStore
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 
-pytestmark = pytest.mark.usefixtures("quick_lease_settle")
+pytestmark = [pytest.mark.soak, pytest.mark.usefixtures("quick_lease_settle")]
 
 SCHEMA = pa.schema([("id", pa.int64()), ("error", pa.string())])
 
