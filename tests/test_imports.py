@@ -30,7 +30,7 @@ FORBIDDEN = {  # package -> packages none of its modules may import (at module l
 }
 TORCH_FREE = ("batchgen.engine.scheduler.scheduler", "batchgen.engine.kv.block_manager",
               "batchgen.engine.kv.hybrid", "batchgen.engine.kv.groups",
-              "batchgen.engine.scheduler.sequence", "batchgen.config.job", "batchgen.config.rules")
+              "batchgen.engine.sequence", "batchgen.config.job", "batchgen.config.rules")
 # what a command imports before its checks pass: a user's mistake must not wait seconds for torch
 CHECKS_TORCH_FREE = ("batchgen.cli", "batchgen.config.job", "batchgen.jobs.commands.run",
                      "batchgen.jobs.commands.plan", "batchgen.jobs.commands.status")
@@ -132,8 +132,6 @@ FOLDER_LOOPS_LEFT = {
     ("batchgen.engine.kernels.native_prefill", "batchgen.engine.attention.base"),
     ("batchgen.engine.kv.cache", "batchgen.engine.attention.paged"),
     ("batchgen.engine.kv.cache", "batchgen.engine.model.load_attention"),
-    ("batchgen.engine.kv.block_manager", "batchgen.engine.scheduler.sequence"),
-    ("batchgen.engine.kv.hybrid", "batchgen.engine.scheduler.sequence"),
     ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.encoding.encode_rows"),
     ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.encoding.task_setup"),
     ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.planning.planner"),

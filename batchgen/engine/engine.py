@@ -37,7 +37,7 @@ from batchgen.engine.sampling.grammar import GrammarMasks, mask_threads
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler import samples, sizing
 from batchgen.engine.scheduler.scheduler import Scheduler
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.sequence import Sequence, SequenceStatus
 from batchgen.errors import EngineError
 from batchgen.runtime import omp
 from batchgen.runtime.threads import ThreadGovernor

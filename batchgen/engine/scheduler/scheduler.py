@@ -33,7 +33,7 @@ from batchgen.config.choices import Policy
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.request import FinishReason
 from batchgen.engine.scheduler import samples
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.scheduler.scheduler import Scheduler
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from batchgen.errors import UnsupportedModelError
 from tests.tiny import VOCAB_SIZE, make_tiny_model
 
