@@ -124,7 +124,6 @@ class LLMEngine:
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
         self._prompt_leaders: dict[str, Sequence] = {}  # request id -> its first sequence still here
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
-        self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
 
     # ---- device memory: the cache, the graphs, recovery from OOM ------------------------------------
     def _graphs_possible(self, config: EngineConfig) -> bool:
@@ -182,7 +181,7 @@ class LLMEngine:
             self._capture_graphs()
         except torch.cuda.OutOfMemoryError:  # the runner keeps no graphs of a capture that failed
             log.warning("CUDA graphs: off, capturing them again ran out of memory")
-        self.num_oom_retries += 1
+        self.metrics.num_oom_retries += 1
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:

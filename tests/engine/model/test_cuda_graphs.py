@@ -128,7 +128,7 @@ def test_oom_during_a_step_shrinks_the_cache_and_loses_no_row(tokenizer, monkeyp
 
     monkeypatch.setattr(engine.runner, "_forward", forward)
     check_completions(case, list(engine.generate(case.requests())), tokenizer)
-    assert engine.num_oom_retries == 2
+    assert engine.metrics.num_oom_retries == 2 and engine.metrics.summary()["num_oom_retries"] == 2
     assert engine.kv_cache.num_blocks == int(int(100 * 0.9) * 0.9)
     assert engine.limits.max_num_seqs <= 4 and engine.scheduler.max_num_seqs == engine.limits.max_num_seqs
     bm = engine.block_manager
