@@ -130,8 +130,6 @@ def test_no_import_cycles():
 FOLDER_LOOPS_LEFT = {
     ("batchgen.engine.kernels.native", "batchgen.engine.attention.base"),
     ("batchgen.engine.kernels.native_prefill", "batchgen.engine.attention.base"),
-    ("batchgen.engine.kv.cache", "batchgen.engine.attention.paged"),
-    ("batchgen.engine.kv.cache", "batchgen.engine.model.load_attention"),
     ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.encoding.encode_rows"),
     ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.encoding.task_setup"),
     ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.planning.planner"),

@@ -22,11 +22,12 @@ from batchgen.config.choices import Policy
 from batchgen.engine.admission import check_request
 from batchgen.engine.attention import paged as attention
 from batchgen.engine.attention.registry import make_backend
-from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
+from batchgen.engine.engine_config import EngineConfig, resolve_attention
 from batchgen.engine.kernels import fused
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.kv.hybrid import make_block_manager
 from batchgen.engine.lora import load as lora
+from batchgen.engine.memory import plan_kv_blocks
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model import experts, families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
