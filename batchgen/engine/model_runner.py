@@ -31,7 +31,7 @@ from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.kv.groups import KVGroups
 from batchgen.engine.lora.layers import adapter_order, lora_step, step_groups
 from batchgen.engine.sampling.sampler import Sampler
-from batchgen.engine.scheduler.scheduler import SchedulerOutput
+from batchgen.engine.scheduler.output import SchedulerOutput
 from batchgen.runtime.cache_dir import cache_root
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from batchgen.engine.attention import flash
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.model.cuda_graphs import DecodeBuffers, capture_sizes, is_decode_only, padded_size
 from batchgen.engine.request import Request, SamplingParams
-from batchgen.engine.scheduler.scheduler import ScheduledSeq, SchedulerOutput
+from batchgen.engine.scheduler.output import ScheduledSeq, SchedulerOutput
 from batchgen.engine.sequence import Sequence, SequenceStatus
 from tests.engine.attention.test_registry import fake_flash_attn_varlen_func
 from tests.engine.test_engine_equivalence import build_case, check_completions
