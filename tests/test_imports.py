@@ -130,9 +130,6 @@ def test_no_import_cycles():
 FOLDER_LOOPS_LEFT = {
     ("batchgen.engine.kernels.native", "batchgen.engine.attention.base"),
     ("batchgen.engine.kernels.native_prefill", "batchgen.engine.attention.base"),
-    ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.encoding.encode_rows"),
-    ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.encoding.task_setup"),
-    ("batchgen.jobs.durability.prompt_check", "batchgen.jobs.planning.planner"),
     ("batchgen.jobs.durability.commit_schedule", "batchgen.jobs.pipeline.signals"),
     ("batchgen.jobs.durability.fingerprint", "batchgen.jobs.pipeline.rows"),
     ("batchgen.jobs.durability.session", "batchgen.jobs.pipeline.scan"),

@@ -50,8 +50,8 @@ from batchgen.io.manifest.manifest import (
 )
 from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import json_bytes
+from batchgen.jobs.commands.prompt_check import model_files_unchanged, nothing_to_do
 from batchgen.jobs.durability.fingerprint import job_fingerprint
-from batchgen.jobs.durability.prompt_check import model_files_unchanged, nothing_to_do
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
 from batchgen.jobs.encoding.task_setup import embed_model_for_schema, is_encode_task, task_schema_args
