@@ -140,7 +140,6 @@ FOLDER_LOOPS_LEFT = {
     ("batchgen.jobs.planning.planner", "batchgen.jobs.pipeline.row_sampling"),
     ("batchgen.jobs.planning.planner", "batchgen.jobs.pipeline.rows"),
     ("batchgen.jobs.planning.row_adapter", "batchgen.jobs.pipeline.rows"),
-    ("batchgen.jobs.prompting.prompts", "batchgen.jobs.planning.stats"),
     ("batchgen.jobs.executors.workers", "batchgen.jobs.commands.finalize"),
 }
 
