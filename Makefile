@@ -7,7 +7,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
 AIRFLOW_VENV ?= .ci/airflow-venv
 
-.PHONY: install airflow-venv demo test test-all lint bench bench-quick clean
+.PHONY: install airflow-venv demo test test-all test-quick lint bench bench-quick clean
 
 $(VENV)/.installed: pyproject.toml .ci/constraints.txt
 	python3 -m venv $(VENV)
@@ -42,6 +42,13 @@ demo: install
 
 test: install airflow-venv
 	$(PY) -m pytest -q
+
+# the whole suite, as `make test` (and CI) runs it
+test-all: test
+
+# while working: the suite without the soaks (kills, signals, faults, S3) and the embedded model's tests
+test-quick: install
+	$(PY) -m pytest -q -m "not soak and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

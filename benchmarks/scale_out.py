@@ -21,7 +21,7 @@ The job: a tiny random Llama (tests/tiny.py), --rows prompts of 20-80 characters
   so its actors import and load the model in it).
 - `ray-kept`: `ray-warm` with `ray_keep_warm_s` (60 s, `--ray-keep-warm 60`) for both jobs: the
   timed job finds the kept-warm engines of the 8-row one, model loaded, and they fetch the input
-  blocks Ray Data read by reference (batchgen.ray.engines, batchgen.ray.block_refs).
+  blocks Ray Data read by reference (batchgen.jobs.executors.ray.engines, batchgen.jobs.executors.ray.block_refs).
 
 `--baseline-tree DIR` also runs every mode but local with DIR's batchgen (run from DIR, DIR first
 on PYTHONPATH; another git worktree, or `git archive COMMIT | tar -x -C DIR`), named

@@ -1,7 +1,7 @@
 """Every option `run` and `plan` share, declared once, and how their values become JobConfig overrides.
 
-Adding a job option is two local changes: an alias here (its flag, metavar and help) and a
-parameter of that type in the command (cli/run.py, cli/plan.py). A parameter whose name is a
+Adding a job option is two local changes: an alias here (its flag, metavar and help) and its
+line in cli/job_flags.py's JOB_FLAGS, which gives it to both commands. A parameter whose name is a
 JobConfig field is passed through by `config_overrides`; RENAMED (batchgen.config.job.KEY_ALIASES, the
 YAML keys' table) maps the few that differ.
 

@@ -150,9 +150,9 @@ class JobConfig:
     metrics_textfile: str | None = None  # node-exporter textfile path
     metrics_port: int | None = None  # Prometheus scrape endpoint; 0 = any free port
     metrics_host: str = "127.0.0.1"  # localhost unless asked: the endpoint has no authentication
-    executor: str = "local"  # local: this process; ray: a Ray Data actor pool (batchgen.ray), RAY_ADDRESS's cluster
+    executor: str = "local"  # local: this process; ray: a Ray Data actor pool on RAY_ADDRESS's cluster (executors/ray/)
     ray_actors: int | None = None  # ray: actors (models loaded); None = one per GPU, else one per node
-    ray_keep_warm_s: float = 0.0  # ray: > 0: kept-warm engines (batchgen.ray.engines) instead of the actor pool
+    ray_keep_warm_s: float = 0.0  # ray: > 0: kept-warm engines (jobs/executors/ray/engines.py), not the actor pool
     # CPU: the job as this many shard processes, then finalize (jobs/executors/workers.py); None = 1
     workers: int | None = None
 

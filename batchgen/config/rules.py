@@ -5,8 +5,10 @@ input cannot do yet). batchgen.config.job holds the record itself and how it is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from batchgen.config.choices import (
@@ -55,72 +57,97 @@ FP8_KV_REFUSAL = ("--kv-cache-dtype fp8 is not available: batchgen has no fp8 at
                   "(every device)")
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """One setting's own values: those `ok` passes (None too where `unset_ok`); an error says
+    "LABEL must be WORDS, got VALUE" (choices: "...; got")."""
+
+    ok: Callable[[Any], bool]
+    words: str
+    unset_ok: bool = False
+    then: str = ","
+
+    def check(self, name: str, value: Any) -> None:
+        if not (value is None and self.unset_ok) and not self.ok(value):
+            raise ConfigError(f"{label(name)} must be {self.words}{self.then} got {value!r}")
+
+
+def _one_of(choices: tuple[str, ...]) -> Allowed:
+    return Allowed(lambda value: value in choices, f"one of {', '.join(choices)}", then=";")
+
+
+POSITIVE = Allowed(lambda value: _integer(value) and value >= 1, "a positive integer")
+POSITIVE_OR_UNSET = dataclasses.replace(POSITIVE, unset_ok=True)
+SECONDS_OR_OFF = Allowed(lambda value: _number(value) and not value < 0, "a number of seconds >= 0 (0 = off)",
+                         unset_ok=True)
+TRUE_OR_FALSE = Allowed(lambda value: isinstance(value, bool), "true or false")
+# max_rows, max_error_rate, temperature, top_p, top_k: check_types has refused a YAML value of the wrong type.
+# A rule written `not value < 0` lets a NaN (YAML .nan) through; one written `0 <= value` refuses it
+VALUES: dict[str, Allowed] = {  # setting -> its own values, in the order they are checked
+    "max_new_tokens": POSITIVE, "batch_size": POSITIVE_OR_UNSET, "max_num_batched_tokens": POSITIVE_OR_UNSET,
+    "block_size": POSITIVE_OR_UNSET, "rows_per_part": POSITIVE, "read_batch_size": POSITIVE, "window_rows": POSITIVE,
+    "static_min_occupancy": Allowed(lambda value: _number(value) and 0.0 <= value <= 1.0, "a number in [0, 1]"),
+    "commit_every_rows": POSITIVE_OR_UNSET, "commit_every_s": SECONDS_OR_OFF, "stop_grace_s": SECONDS_OR_OFF,
+    "checkpoint_in_flight_every_s": SECONDS_OR_OFF,
+    "max_rows": Allowed(lambda value: not value < 0, ">= 0", unset_ok=True),
+    "max_prompt_tokens": POSITIVE_OR_UNSET,
+    "max_error_rate": Allowed(lambda value: 0.0 <= value <= 1.0, "in [0, 1]", unset_ok=True),
+    "temperature": Allowed(lambda value: not value < 0, ">= 0"),
+    "top_p": Allowed(lambda value: 0.0 < value <= 1.0, "in (0, 1]"),
+    "top_k": Allowed(lambda value: not value < 1, ">= 1, or -1 / 0 for no limit", unset_ok=True, then=";"),
+    "mode": _one_of(MODES), "device": _one_of(DEVICES), "dtype": _one_of(DTYPES), "quantize": _one_of(QUANTIZE),
+    "quantize_backend": _one_of(QUANTIZE_BACKENDS), "quantize_embedding": _one_of(QUANTIZE_EMBEDDING),
+    "kv_cache_dtype": _one_of(KV_CACHE_DTYPES),
+    "attention_backend": _one_of((*ATTENTION_BACKENDS, *ATTENTION_BACKEND_ALIASES)),
+    "cuda_graphs": TRUE_OR_FALSE, "on_long_prompt": _one_of(LONG_PROMPT_POLICIES),
+    "input_format": _one_of(INPUT_FORMATS), "output_format": _one_of(OUTPUT_FORMATS),
+    "executor": _one_of(EXECUTORS), "workers": POSITIVE_OR_UNSET, "ray_actors": POSITIVE_OR_UNSET,
+    "ray_keep_warm_s": Allowed(lambda value: _number(value) and not value < 0, "a number of seconds >= 0"),
+    "n": Allowed(lambda value: _integer(value) and 1 <= value <= MAX_SAMPLES,
+                 f"an integer in [1, {MAX_SAMPLES}] (samples per row)"),
+    "logprobs": Allowed(lambda value: _integer(value) and 0 <= value <= MAX_LOGPROBS,
+                        f"an integer in [0, {MAX_LOGPROBS}] (the alternatives listed per token; unset = off)",
+                        unset_ok=True),
+    "min_p": Allowed(lambda value: _number(value) and 0.0 <= value <= 1.0, "a number in [0, 1] (0 = off)"),
+    "include_stop_str_in_output": TRUE_OR_FALSE, "skip_special_tokens": TRUE_OR_FALSE,
+    "metrics_every_s": Allowed(lambda value: _number(value) and not value <= 0, "a number of seconds > 0"),
+    "metrics_port": Allowed(lambda value: _integer(value) and 0 <= value <= 65535,
+                            "a port number 0-65535 (0 = any free port)", unset_ok=True),
+}
+
+
 def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
     """Raise ConfigError naming the first invalid setting of `config`; fill in what the settings
-    imply ("auto" limits to None, a Batch API input's id, prompt and kept columns)."""
+    imply ("auto" limits to None, a Batch API input's id, prompt and kept columns).
+
+    Each setting's own values first (VALUES), then what takes several settings together."""
     if not config.inputs:
         raise ConfigError("no input given: pass --input PATH (a file, directory or glob)")
     if need_output and not config.output:
         raise ConfigError("no output directory given: pass --output DIR")
     if config.output:
         check_output_url(str(config.output))
-    _positive("max_new_tokens", config.max_new_tokens)
     for name in ("batch_size", "max_num_batched_tokens", "block_size"):
         if getattr(config, name) == "auto":  # a config file's spelling of the default
             setattr(config, name, None)
-        if getattr(config, name) is not None:
-            _positive(name, getattr(config, name))
-    _positive("rows_per_part", config.rows_per_part)
-    _positive("read_batch_size", config.read_batch_size)
-    _positive("window_rows", config.window_rows)
-    if (isinstance(config.static_min_occupancy, bool) or not isinstance(config.static_min_occupancy, (int, float))
-            or not 0.0 <= config.static_min_occupancy <= 1.0):
-        raise ConfigError(f"{label('static_min_occupancy')} must be a number in [0, 1], "
-                          f"got {config.static_min_occupancy!r}")
-    if config.commit_every_rows is not None:
-        _positive("commit_every_rows", config.commit_every_rows)
-    if config.commit_every_s is not None and (isinstance(config.commit_every_s, bool)
-                                            or not isinstance(config.commit_every_s, (int, float))
-                                            or config.commit_every_s < 0):
-        raise ConfigError(f"{label('commit_every_s')} must be a number of seconds >= 0 (0 = off), "
-                          f"got {config.commit_every_s!r}")
-    for name in ("stop_grace_s", "checkpoint_in_flight_every_s"):
-        value = getattr(config, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise ConfigError(f"{label(name)} must be a number of seconds >= 0 (0 = off), got {value!r}")
-    check_shard_flags(config.num_shards, config.shard_index)
-    if config.max_rows is not None and config.max_rows < 0:
-        raise ConfigError(f"{label('max_rows')} must be >= 0, got {config.max_rows}")
-    if config.max_prompt_tokens is not None:
-        _positive("max_prompt_tokens", config.max_prompt_tokens)
-    if config.max_error_rate is not None and not 0.0 <= config.max_error_rate <= 1.0:
-        raise ConfigError(f"{label('max_error_rate')} must be in [0, 1], got {config.max_error_rate}")
-    if config.temperature < 0:
-        raise ConfigError(f"{label('temperature')} must be >= 0, got {config.temperature}")
-    if not 0.0 < config.top_p <= 1.0:
-        raise ConfigError(f"{label('top_p')} must be in (0, 1], got {config.top_p}")
     if config.top_k in TOP_K_OFF and not isinstance(config.top_k, bool):
         config.top_k = None  # vLLM's -1 (and 0) mean no limit
-    if config.top_k is not None and config.top_k < 1:
-        raise ConfigError(f"{label('top_k')} must be >= 1, or -1 / 0 for no limit; got {config.top_k}")
-    check_penalties(config.repetition_penalty, config.presence_penalty, config.frequency_penalty, config.min_tokens,
-                    ConfigError, label)
-    _choice("mode", config.mode, MODES)
-    _choice("device", config.device, DEVICES)
-    _choice("dtype", config.dtype, DTYPES)
-    _choice("quantize", config.quantize, QUANTIZE)
-    _choice("quantize_backend", config.quantize_backend, QUANTIZE_BACKENDS)
-    _choice("quantize_embedding", config.quantize_embedding, QUANTIZE_EMBEDDING)
     if config.kv_cache_dtype == "fp8":
         raise ConfigError(FP8_KV_REFUSAL)
-    _choice("kv_cache_dtype", config.kv_cache_dtype, KV_CACHE_DTYPES)
-    _choice("attention_backend", config.attention_backend, (*ATTENTION_BACKENDS, *ATTENTION_BACKEND_ALIASES))
+    for name, allowed in VALUES.items():
+        allowed.check(name, getattr(config, name))
     config.attention_backend = canonical_attention_backend(config.attention_backend)
-    if not isinstance(config.cuda_graphs, bool):
-        raise ConfigError(f"{label('cuda_graphs')} must be true or false, got {config.cuda_graphs!r}")
-    _choice("on_long_prompt", config.on_long_prompt, LONG_PROMPT_POLICIES)
-    _choice("input_format", config.input_format, INPUT_FORMATS)
-    _choice("output_format", config.output_format, OUTPUT_FORMATS)
+    check_shard_flags(config.num_shards, config.shard_index)
+    check_penalties(config.repetition_penalty, config.presence_penalty, config.frequency_penalty, config.min_tokens,
+                    ConfigError, label)
     chat_template_settings(config)
     constraint_settings(config)
     lora_settings(config)
@@ -136,23 +163,6 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
                               f"{config.output_format} writes a directory of Parquet parts: pass --output-format "
                               f"{OPENAI_BATCH} for the OpenAI Batch output file, or name a directory")
         config.output = job_output_dir(config.output)
-    _choice("executor", config.executor, EXECUTORS)
-    if config.workers is not None:
-        _positive("workers", config.workers)
-    if config.ray_actors is not None:
-        _positive("ray_actors", config.ray_actors)
-    if (isinstance(config.ray_keep_warm_s, bool) or not isinstance(config.ray_keep_warm_s, (int, float))
-            or config.ray_keep_warm_s < 0):
-        raise ConfigError(f"{label('ray_keep_warm_s')} must be a number of seconds >= 0, "
-                          f"got {config.ray_keep_warm_s!r}")
-    if isinstance(config.n, bool) or not isinstance(config.n, int) or not 1 <= config.n <= MAX_SAMPLES:
-        raise ConfigError(f"{label('n')} must be an integer in [1, {MAX_SAMPLES}] (samples per row), got {config.n!r}")
-    if config.logprobs is not None and (isinstance(config.logprobs, bool) or not isinstance(config.logprobs, int)
-                                        or not 0 <= config.logprobs <= MAX_LOGPROBS):
-        raise ConfigError(f"{label('logprobs')} must be an integer in [0, {MAX_LOGPROBS}] (the alternatives listed "
-                          f"per token; unset = off), got {config.logprobs!r}")
-    if isinstance(config.min_p, bool) or not isinstance(config.min_p, (int, float)) or not 0.0 <= config.min_p <= 1.0:
-        raise ConfigError(f"{label('min_p')} must be a number in [0, 1] (0 = off), got {config.min_p!r}")
     if not isinstance(config.stop_token_ids, list) or any(
             isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in config.stop_token_ids):
         raise ConfigError(f"{label('stop_token_ids')} must be token ids (integers >= 0), got {config.stop_token_ids!r}")
@@ -163,20 +173,10 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
             raise ConfigError(f"{label('logit_bias')}: not valid JSON: {e}") from None
     config.logit_bias = read_logit_bias(config.logit_bias, ConfigError, label("logit_bias"))
     config.allowed_token_ids = read_token_ids(config.allowed_token_ids, ConfigError, label("allowed_token_ids"))
-    for name in ("include_stop_str_in_output", "skip_special_tokens"):
-        if not isinstance(getattr(config, name), bool):
-            raise ConfigError(f"{label(name)} must be true or false, got {getattr(config, name)!r}")
     if any(s == "" for s in config.stop):
         raise ConfigError(f"{label('stop')}: a stop string must not be empty")
     if config.kv_cache_memory is not None:
         parse_bytes(config.kv_cache_memory)
-    if (isinstance(config.metrics_every_s, bool) or not isinstance(config.metrics_every_s, (int, float))
-            or config.metrics_every_s <= 0):
-        raise ConfigError(f"{label('metrics_every_s')} must be a number of seconds > 0, got {config.metrics_every_s!r}")
-    if config.metrics_port is not None and (isinstance(config.metrics_port, bool) or not isinstance(
-            config.metrics_port, int) or not 0 <= config.metrics_port <= 65535):
-        raise ConfigError(f"{label('metrics_port')} must be a port number 0-65535 (0 = any free port), "
-                          f"got {config.metrics_port!r}")
     task_settings(config)  # last: the settings above are in their normal form, so "given" means off its default
 
 
@@ -270,16 +270,6 @@ def check_types(config: JobConfig) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
             what = "an integer" if kind is int else "a number"
             raise ConfigError(f"{label(name)} must be {what} or unset, got {value!r}")
-
-
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{label(name)} must be a positive integer, got {value!r}")
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{label(name)} must be one of {', '.join(allowed)}; got {value!r}")
 
 
 def check_shard_flags(num_shards: int | None, shard_index: int | None) -> None:

@@ -22,11 +22,12 @@ from batchgen.config.choices import Policy
 from batchgen.engine.admission import check_request
 from batchgen.engine.attention import paged as attention
 from batchgen.engine.attention.registry import make_backend
-from batchgen.engine.engine_config import EngineConfig, plan_kv_blocks, resolve_attention
+from batchgen.engine.engine_config import EngineConfig, resolve_attention
 from batchgen.engine.kernels import fused
 from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.kv.hybrid import make_block_manager
 from batchgen.engine.lora import load as lora
+from batchgen.engine.memory import plan_kv_blocks
 from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model import experts, families, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
@@ -37,7 +38,7 @@ from batchgen.engine.sampling.grammar import GrammarMasks, mask_threads
 from batchgen.engine.sampling.stopping import StopChecker
 from batchgen.engine.scheduler import samples, sizing
 from batchgen.engine.scheduler.scheduler import Scheduler
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.sequence import Sequence, SequenceStatus
 from batchgen.errors import EngineError
 from batchgen.runtime import omp
 from batchgen.runtime.threads import ThreadGovernor
@@ -100,8 +101,7 @@ class LLMEngine:
         if num_blocks < 2:
             self.use_cuda_graphs = False  # no block to spare for the padding rows
         self.runner = ModelRunner(model, None, self.device, self.backend, compile=config.compile,
-                                  eos_token_ids=eos_token_ids)
-        self.runner.kv_window, self.runner.kv_groups = self.kv_window, self.kv_groups
+                                  eos_token_ids=eos_token_ids, kv_window=self.kv_window, kv_groups=self.kv_groups)
         self._allocate_cache(num_blocks)
         self.limits = sizing.resolve_limits(
             device_type=self.device.type, kv_capacity_tokens=self.kv_capacity_tokens,
@@ -125,7 +125,6 @@ class LLMEngine:
         self._finished_on_admission: list[Completion] = []  # continued rows whose tokens already end them
         self._prompt_leaders: dict[str, Sequence] = {}  # request id -> its first sequence still here
         self._max_num_seqs_cap: int | None = None  # set after an OOM: auto batch sizes stay below it
-        self.num_oom_retries = 0  # TODO(metrics.py owner): report in EngineMetrics.summary
 
     # ---- device memory: the cache, the graphs, recovery from OOM ------------------------------------
     def _graphs_possible(self, config: EngineConfig) -> bool:
@@ -140,16 +139,14 @@ class LLMEngine:
     def _allocate_cache(self, num_blocks: int) -> None:
         """The KV cache and its block pool. With CUDA graphs the last block is kept out of the pool:
         the graphs' padding rows write their K/V there."""
-        self.runner.graphs = None  # the graphs hold the old cache's addresses
-        self.runner.kv_cache = self.kv_cache = None  # free the old cache before allocating the new one
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        groups = self.kv_groups
-        self.kv_cache = KVCache(self.spec, num_blocks, self.device, None if groups is None else groups.layer_tensor)
-        self.runner.kv_cache = self.kv_cache
+        self.runner.allocate_cache(self.spec, num_blocks)
         usable = num_blocks - 1 if self.use_cuda_graphs else num_blocks
         self.block_manager = make_block_manager(usable, self.block_size, self.config.enable_prefix_caching,
-                                                self.kv_window, groups)
+                                                self.kv_window, self.kv_groups)
+
+    @property
+    def kv_cache(self) -> KVCache:
+        return self.runner.kv_cache
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -159,18 +156,9 @@ class LLMEngine:
         return self.block_manager.num_blocks * self.block_size // num_groups
 
     def _capture_graphs(self) -> None:
-        if not self.use_cuda_graphs:
-            return
-        from batchgen.engine.model.cuda_graphs import DecodeGraphs
-
-        graphs = DecodeGraphs(
-            self.model, self.runner.forward_fn, self.kv_cache, self.backend, max_num_seqs=self.limits.max_num_seqs,
-            max_blocks_per_seq=-(-self.max_tokens_per_seq // self.block_size),
-            dummy_block=self.kv_cache.num_blocks - 1,
-            vocab_size=self.model.get_output_embeddings().weight.shape[0], device=self.device, kv_groups=self.kv_groups)
-        with torch.inference_mode():
-            graphs.capture()
-        self.runner.graphs = graphs
+        if self.use_cuda_graphs:
+            self.runner.capture_graphs(max_num_seqs=self.limits.max_num_seqs,
+                                       max_blocks_per_seq=-(-self.max_tokens_per_seq // self.block_size))
 
     def _recover_from_oom(self, error: BaseException) -> None:
         """Free device memory and let the step run again: every running row goes back to the queue
@@ -192,10 +180,9 @@ class LLMEngine:
         self.scheduler.set_block_manager(self.block_manager)
         try:
             self._capture_graphs()
-        except torch.cuda.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:  # the runner keeps no graphs of a capture that failed
             log.warning("CUDA graphs: off, capturing them again ran out of memory")
-            self.runner.graphs = None
-        self.num_oom_retries += 1
+        self.metrics.num_oom_retries += 1
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:

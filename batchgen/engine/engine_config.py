@@ -1,9 +1,8 @@
 """EngineConfig, and what it resolves to on a given model and device before the engine is built:
-the attention backend, the KV block size and dtype, and how many KV blocks the cache holds."""
+the attention backend, the KV block size and dtype (how many KV blocks the cache holds: memory.py)."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -13,12 +12,8 @@ from batchgen.engine.attention.base import SCORE_RULE_FEATURES
 from batchgen.engine.attention.registry import BACKENDS, SET_BY_FLAG, select_backend
 from batchgen.engine.attention.sdpa import SdpaBackend
 from batchgen.engine.kv import quant as kv_quant
-from batchgen.engine.kv.cache import KVCacheSpec, plan_num_blocks, profile_activation_bytes
-from batchgen.engine.kv.groups import KVGroups
 from batchgen.engine.scheduler import sizing
 from batchgen.errors import ConfigError, UnsupportedModelError
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -85,56 +80,3 @@ def resolve_attention(config: EngineConfig, device: torch.device, model_dtype: t
 def chunk_tokens(config: EngineConfig, device: torch.device) -> int:
     """The most tokens one step computes of a sequence: the step budget, set or the largest auto allows."""
     return config.max_num_batched_tokens or sizing.upper_limits(device.type)[1]
-
-
-def plan_kv_blocks(model: torch.nn.Module, spec: KVCacheSpec, device: torch.device, config: EngineConfig, *,
-                   max_model_len: int, use_cuda_graphs: bool, kv_groups: KVGroups | None = None,
-                   adapter_bytes: int = 0) -> tuple[int, int]:
-    """(KV blocks to allocate, the longest sequence in tokens the budget allows).
-
-    The blocks come from `config` (an exact count, a byte budget, or the free memory), then shrink
-    to the job's need when `config.seq_token_needs` says it is less. With `kv_groups` a block holds
-    one page of each of their tensors, and a sequence holds blocks in every group (kv/groups.py).
-    A byte budget also holds the LoRA adapters' `adapter_bytes` (loaded before the cache is sized,
-    so the free-memory budget has already lost them)."""
-    block_size = spec.block_size
-    num_blocks = config.num_kv_blocks
-    if num_blocks is None:
-        peak = 0
-        if device.type == "cuda" and config.kv_cache_bytes is None:
-            # auto limits are chosen after the cache is sized: profile the largest they can be
-            max_seqs, max_tokens = sizing.upper_limits(device.type)
-            peak = profile_activation_bytes(model, config.max_num_batched_tokens or max_tokens,
-                                            config.max_num_seqs or max_seqs)
-        budget = config.kv_cache_bytes
-        if budget is not None and adapter_bytes:
-            if adapter_bytes >= budget:
-                raise ConfigError(f"KV cache: the budget of {budget} bytes is taken by the LoRA adapters' "
-                                  f"{adapter_bytes} bytes; raise --kv-cache-memory or load fewer adapters")
-            budget -= adapter_bytes
-        try:
-            num_blocks = plan_num_blocks(spec, device, budget, peak)
-        except ValueError as e:
-            after = f" (what the LoRA adapters' {adapter_bytes} bytes leave)" if budget != config.kv_cache_bytes else ""
-            raise ConfigError(f"KV cache: {e}{after}") from None
-    # the longest sequence the budget allows: prompts are cut to it, and it does not change when
-    # the cache is sized to a job's need below (it is part of a job's fingerprint)
-    chunk = chunk_tokens(config, device)
-    if kv_groups is None:
-        max_tokens_per_seq = min(max_model_len, num_blocks * block_size)
-    else:
-        max_tokens_per_seq = min(max_model_len, kv_groups.max_tokens(num_blocks, chunk, block_size))
-
-    def blocks(num_tokens: int) -> int:
-        if kv_groups is None:
-            return -(-num_tokens // block_size)
-        return kv_groups.blocks_held(num_tokens, chunk, block_size)
-
-    if config.num_kv_blocks is None and config.seq_token_needs:
-        needed = sum(blocks(min(n, max_tokens_per_seq)) for n in config.seq_token_needs)
-        needed += int(use_cuda_graphs)  # the graphs' padding block
-        if needed < num_blocks:
-            log.debug("KV cache sized to the job's need: %d sequences, %d blocks (the budget holds %d)",
-                      len(config.seq_token_needs), needed, num_blocks)
-            num_blocks = needed
-    return num_blocks, max_tokens_per_seq

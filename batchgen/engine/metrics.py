@@ -120,6 +120,7 @@ class EngineMetrics:
     # confirmed, each a decode step its row did not take
     num_forced_tokens: int = 0
     num_row_steps: int = 0  # steps x rows that gained tokens in them: what generating cost in decode steps
+    num_oom_retries: int = 0  # steps run again after a device OOM, on a smaller cache and batch
     # called with every StepStats after it is counted; they must be cheap (they run between two steps)
     listeners: list[Callable[[StepStats], None]] = field(default_factory=list)
 
@@ -159,7 +160,7 @@ class EngineMetrics:
             out.kv_blocks_total = m.kv_blocks_total or out.kv_blocks_total
             for name in ("num_preemptions", "num_overruns", "num_prefix_hit_tokens", "num_prompt_tokens",
                          "num_generated_tokens", "num_requests_finished", "num_sampled_tokens", "num_forced_tokens",
-                         "num_row_steps"):
+                         "num_row_steps", "num_oom_retries"):
                 setattr(out, name, getattr(out, name) + getattr(m, name))
         return out
 
@@ -191,5 +192,6 @@ class EngineMetrics:
             "num_sampled_tokens": self.num_sampled_tokens,
             "num_forced_tokens": self.num_forced_tokens,
             "num_row_steps": self.num_row_steps,
+            "num_oom_retries": self.num_oom_retries,
             "generated_tokens_per_s": round(self.num_generated_tokens / total, 2) if total else None,
         }

@@ -27,11 +27,11 @@ import torch
 from batchgen.engine.attention.base import AttentionBackend, PackedSeq
 from batchgen.engine.attention.paged import AttentionMetadata
 from batchgen.engine.forward_context import forward_context
-from batchgen.engine.kv.cache import KVCache
+from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.kv.groups import KVGroups
 from batchgen.engine.lora.layers import adapter_order, lora_step, step_groups
 from batchgen.engine.sampling.sampler import Sampler
-from batchgen.engine.scheduler.scheduler import SchedulerOutput
+from batchgen.engine.scheduler.output import SchedulerOutput
 from batchgen.runtime.cache_dir import cache_root
 
 if TYPE_CHECKING:
@@ -62,16 +62,17 @@ class DeviceTiming:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache | None, device: torch.device,
-                 backend: AttentionBackend, compile: bool = False, eos_token_ids: list[int] | None = None):
+                 backend: AttentionBackend, compile: bool = False, eos_token_ids: list[int] | None = None, *,
+                 kv_window: int | None = None, kv_groups: KVGroups | None = None):
         self.model = model
         self._forward = compile_forward(model) if compile else _forward
-        self.kv_cache = kv_cache  # the engine's; replaced when it rebuilds the cache
+        self.kv_cache = kv_cache  # replaced by allocate_cache
         self.device = device
         self.backend = backend
         self.sampler = Sampler(eos_token_ids)  # EOS ids: what min_tokens masks
-        self.graphs: DecodeGraphs | None = None  # set by the engine once captured
-        self.kv_window: int | None = None  # set by the engine where its block manager drops blocks behind it
-        self.kv_groups: KVGroups | None = None  # set by the engine where layer groups have their own blocks
+        self.graphs: DecodeGraphs | None = None  # once capture_graphs has run on this cache
+        self.kv_window = kv_window  # where the engine's block manager drops blocks behind it
+        self.kv_groups = kv_groups  # where layer groups have their own blocks
         self.timing = DeviceTiming()
         # jump-forward (engine/sampling/jump_forward.py), from the latest step: seq id -> (drafts
         # confirmed, token picked after them), and seq id -> the forced tokens that follow its new token
@@ -83,6 +84,30 @@ class ModelRunner:
         self._last_sync_s: float | None = None  # host time the previous step's tokens came back
         self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                         if device.type == "cuda" else None)
+
+    def allocate_cache(self, spec: KVCacheSpec, num_blocks: int) -> KVCache:
+        """A KV cache of `num_blocks` in place of the old one, which is freed first with the graphs
+        that hold its addresses."""
+        self.graphs = None
+        self.kv_cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        groups = self.kv_groups
+        self.kv_cache = KVCache(spec, num_blocks, self.device, None if groups is None else groups.layer_tensor)
+        return self.kv_cache
+
+    def capture_graphs(self, *, max_num_seqs: int, max_blocks_per_seq: int) -> None:
+        """CUDA graphs of decode-only steps of up to `max_num_seqs` rows over this cache; their padding
+        rows write to its last block, which the engine keeps out of its block pool."""
+        from batchgen.engine.model.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(
+            self.model, self.forward_fn, self.kv_cache, self.backend, max_num_seqs=max_num_seqs,
+            max_blocks_per_seq=max_blocks_per_seq, dummy_block=self.kv_cache.num_blocks - 1,
+            vocab_size=self.model.get_output_embeddings().weight.shape[0], device=self.device, kv_groups=self.kv_groups)
+        with torch.inference_mode():
+            graphs.capture()
+        self.graphs = graphs
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int]:

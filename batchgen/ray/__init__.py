@@ -7,10 +7,11 @@
 
 `run` is `batchgen run --executor ray`: the same checks, the same output directory and exactly-once
 commits (on this process, the driver), the same resume. Ray Data reads the inputs and an actor pool
-generates (batchgen.ray.driver describes the pipeline; batchgen.ray.cluster the actors). It uses the
-Ray this process already initialised, else the cluster RAY_ADDRESS names, else a local one.
+generates (the executor is batchgen.jobs.executors.ray: its driver module describes the pipeline, its
+cluster module the actors). It uses the Ray this process already initialised, else the cluster
+RAY_ADDRESS names, else a local one.
 With `ray_keep_warm_s` (`--ray-keep-warm`) kept-warm engine actors generate instead of the pool, and
-later jobs with the same model reuse them (batchgen.ray.engines).
+later jobs with the same model reuse them (batchgen.jobs.executors.ray.engines).
 Needs `pip install 'batchgen[ray]'`; importing this package does not import Ray.
 """
 

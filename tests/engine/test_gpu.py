@@ -102,7 +102,7 @@ def test_oom_recovery_on_cuda(tokenizer, monkeypatch):
     requests = [Request(str(i), p, SamplingParams(max_new_tokens=n, ignore_eos=True))
                 for i, (p, n) in enumerate(zip(prompts, max_new, strict=True))]
     got = {c.request_id: c.token_ids for c in engine.generate(requests)}
-    assert [got[str(i)] for i in range(len(prompts))] == refs and engine.num_oom_retries == 1
+    assert [got[str(i)] for i in range(len(prompts))] == refs and engine.metrics.num_oom_retries == 1
 
 
 def test_fp8_kv_on_cuda_is_refused_naming_what_it_needs(tokenizer):

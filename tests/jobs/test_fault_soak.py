@@ -12,7 +12,7 @@ from batchgen.io.store.store import LocalStore
 from tests.jobs.fault_harness import run_seed
 from tests.jobs.finalize_race import finalize_race
 
-pytestmark = pytest.mark.usefixtures("quick_lease_settle")
+pytestmark = [pytest.mark.soak, pytest.mark.usefixtures("quick_lease_settle")]
 
 
 @pytest.mark.parametrize("scenario", ["stall", "late_entry"])

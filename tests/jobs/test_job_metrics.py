@@ -142,6 +142,7 @@ def scrape(port: int) -> dict[str, float] | None:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
+@pytest.mark.soak
 def test_port_scraped_during_a_run_then_sigterm_keeps_consistent_metrics(fixture, tmp_path):
     out, port = tmp_path / "out", free_port()
     # a small batch keeps the job running well past its first commit, on a fast machine too
@@ -177,6 +178,7 @@ def test_port_scraped_during_a_run_then_sigterm_keeps_consistent_metrics(fixture
     assert rows_finished == state.num_committed_rows  # finished rows were committed before the exit
 
 
+@pytest.mark.soak
 def test_sigkill_leaves_readable_metrics_and_the_resume_continues_them(fixture, tmp_path, one_thread):
     out, prom = tmp_path / "out", tmp_path / "job.prom"
     # long rows, so the job still runs after its first commits while the report of it is drawn

@@ -1,4 +1,4 @@
-"""JobSummary.count_row: the per-row counts both executors keep (batchgen.jobs.executors.local, batchgen.ray.driver)."""
+"""JobSummary.count_row: the per-row counts both executors keep (executors/local.py, executors/ray/driver.py)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from batchgen.config.job import build_config
 from batchgen.engine.model.loader import load_model
 from batchgen.io.manifest.manifest import load_manifest
@@ -23,6 +25,8 @@ from tests.jobs.kill_harness import (
     make_fixture,
     timed_reference,
 )
+
+pytestmark = pytest.mark.soak  # kills, signals, fault injection or a local S3 server
 
 NUM_SEEDS = 20
 NUM_ROWS = 240

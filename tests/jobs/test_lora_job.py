@@ -164,6 +164,7 @@ def test_rows_stopped_mid_generation_continue_on_their_adapter(tiny_model_dir, l
     assert committed_rows(out) == committed_rows(whole)
 
 
+@pytest.mark.soak
 def test_kill_9_after_a_commit_then_resume_is_exactly_once(tiny_model_dir, loaded, dirs, tmp_path):
     from tests.jobs.kill_harness import JOB_ENV, reaped, sigkill, wait_until_a_part
 

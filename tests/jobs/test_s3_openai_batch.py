@@ -26,6 +26,8 @@ from tests.jobs.test_openai_batch_job import REQUESTS, BatchRequestOutput, chat,
 from tests.jobs.test_sharded_openai_batch import FILES, without_created
 from tests.s3_server import kill_once_committed
 
+pytestmark = pytest.mark.soak  # kills, signals, fault injection or a local S3 server
+
 FILE_NAMES = ("output.jsonl", "errors.jsonl")
 KILL_REQUESTS = [chat(f"k{i}", f"request number {i} says {'ab' * (i % 5)}", max_tokens=6) if i % 3 else
                  completion(f"k{i}", f"prompt {i}", max_tokens=5) for i in range(40)]

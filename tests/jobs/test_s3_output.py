@@ -28,7 +28,7 @@ from tests.s3_server import committed_by_id, committed_table, kill_once_committe
 
 NUM_ROWS = 48
 COMMON = dict(id_column="id", max_new_tokens=6, batch_size=8, commit_every_rows=8)
-pytestmark = pytest.mark.usefixtures("quick_lease_settle")
+pytestmark = [pytest.mark.soak, pytest.mark.usefixtures("quick_lease_settle")]
 
 
 @pytest.fixture(scope="module")

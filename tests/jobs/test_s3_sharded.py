@@ -29,7 +29,7 @@ from tests.s3_server import committed_by_id, kill_once_committed, tiny_run_args
 
 NUM_ROWS = 24
 COMMON = dict(id_column="id", max_new_tokens=4, batch_size=4, commit_every_rows=4)
-pytestmark = pytest.mark.usefixtures("quick_lease_settle")
+pytestmark = [pytest.mark.soak, pytest.mark.usefixtures("quick_lease_settle")]
 
 
 @pytest.fixture(scope="module")

@@ -145,6 +145,7 @@ def interrupted_run(cfg, loaded, delay_s: float) -> bool:
 
 
 @pytest.mark.usefixtures("harmless_late_signal")
+@pytest.mark.soak
 def test_sigterm_then_resume_writes_every_sample_exactly_once(reference, reference_s, src, tiny_model_dir, loaded,
                                                               tmp_path, one_thread):
     expected = sample_rows(reference)
@@ -194,6 +195,7 @@ def kill_setup(tmp_path_factory):
     return fixture, sample_rows(reference_out), config_for, model, args, time.monotonic() - started
 
 
+@pytest.mark.soak
 def test_kill_9_then_resume_writes_every_sample_exactly_once(tmp_path, kill_setup, one_thread):
     """A `python -m batchgen run --n 3` subprocess SIGKILLed after its first commit, then resumed:
     only whole rows are committed before the kill, every (id, sample) once after the resume."""

@@ -83,6 +83,7 @@ def test_report_cli_writes_into_the_output_directory(finished_job):
     assert ds.dataset(str(finished_job), format="parquet").count_rows() == 160
 
 
+@pytest.mark.soak
 def test_report_of_a_job_killed_mid_run(fixture, tmp_path):
     out = tmp_path / "out"
     # a small batch keeps the job running well past its first commit, on a fast machine too

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from batchgen.ray.block_refs import BlockSlices, fetch, iter_block_slices, references_available
-from batchgen.ray.driver import _split_blocks
+from batchgen.jobs.executors.ray.block_refs import BlockSlices, fetch, iter_block_slices, references_available
+from batchgen.jobs.executors.ray.driver import _split_blocks
 
 ROWS, BATCH_ROWS = 100, 8
 
@@ -18,7 +18,7 @@ def test_references_to_split_blocks_fetch_every_row_once(ray_cluster):
 
     def read_all(batch: dict):  # defined here so that Ray pickles it by value
         for _ in batch["file"]:
-            for start in range(0, ROWS, 25):  # as batchgen.ray.stages.read_file yields a file's read batches
+            for start in range(0, ROWS, 25):  # as executors/ray/stages.py read_file yields a file's read batches
                 ids = list(range(start, start + 25))
                 yield pa.table({"i": ids, "text": [f"row {i}" for i in ids]})
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from batchgen.ray.dispatch import EnginePool
+from batchgen.jobs.executors.ray.dispatch import EnginePool
 from tests.jobs.helpers import tiny_job_config
 
 ROWS, BATCH_ROWS = 96, 8

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 import batchgen.ray
 from batchgen.cli import app
 from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.executors.ray.engines import NAMESPACE
+from batchgen.jobs.executors.ray.stages import GenerateActor
 from batchgen.monitor.store import metrics_dir
 from batchgen.monitor.totals import Totals
-from batchgen.ray.engines import NAMESPACE
-from batchgen.ray.stages import GenerateActor
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 MAX_NEW = 8

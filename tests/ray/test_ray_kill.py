@@ -33,6 +33,8 @@ from tests.jobs.kill_harness import (
 )
 from tests.jobs.test_kill import resume_config
 
+pytestmark = pytest.mark.soak  # kills, signals, fault injection or a local S3 server
+
 NUM_ROWS = 160
 TIMEOUT_S = 480.0  # Ray's start and two actors' imports, on a busy 2-core machine
 

@@ -64,6 +64,7 @@ def test_openai_batch_requests_and_files(ray_cluster, tiny_model_dir, loaded, tm
         assert {k: without_created(v) for k, v in ray.items()} == {k: without_created(v) for k, v in local.items()}
 
 
+@pytest.mark.soak
 def test_s3_output_then_a_resume(ray_cluster, src, tiny_model_dir, loaded, local_rows, s3_out):
     run_job(config(src, s3_out, tiny_model_dir, max_rows=10), loaded=loaded)  # a first run got this far
     summary = batchgen.ray.run(config(src, s3_out, tiny_model_dir), num_actors=2)

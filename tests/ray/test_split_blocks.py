@@ -9,7 +9,7 @@ import time
 
 import pyarrow as pa
 
-from batchgen.ray.driver import _split_blocks
+from batchgen.jobs.executors.ray.driver import _split_blocks
 
 ROWS, BATCH_ROWS = 96, 8
 
@@ -19,7 +19,7 @@ def test_one_file_is_spread_over_both_actors_in_batches(ray_cluster):
     # defined here so that Ray pickles them by value: its workers cannot import a test module
     def read_all(batch: dict) -> pa.Table:
         for _ in batch["file"]:
-            for start in range(0, ROWS, BATCH_ROWS):  # slices, as batchgen.ray.stages.read_file yields them
+            for start in range(0, ROWS, BATCH_ROWS):  # slices, as executors/ray/stages.py read_file yields them
                 yield pa.table({"i": list(range(start, start + BATCH_ROWS))})
 
     class WhichActor:

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from batchgen.engine.scheduler.sequence import GroupBlocks, Sequence
+from batchgen.engine.sequence import GroupBlocks, Sequence
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""KV cache tensors and their sizing from a memory budget.
+"""KV cache tensors (their sizing from a memory budget: engine/memory.py).
 
 Layout per layer: K and V each `[num_blocks * block_size, num_kv_heads, head_dim]`, so a token's
 slot is `block_id * block_size + offset` and one `index_copy_` writes a whole step. An int8 cache
@@ -8,23 +8,13 @@ slot is `block_id * block_size + offset` and one `index_copy_` writes a whole st
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine.attention.paged import ATTN_IMPLEMENTATION
 from batchgen.engine.kv import quant as kv_quant
-from batchgen.engine.model.load_attention import load_attention
 
 log = logging.getLogger(__name__)
-
-# the CPU default when no budget is given: a fraction of the memory the OS reports available,
-# capped so a shared machine keeps room for the model, the activations and the reader
-CPU_KV_FRACTION = 0.25
-CPU_KV_CAP_BYTES = 2 * 2**30
-CUDA_MEMORY_UTILIZATION = 0.90
-
 
 @dataclass(frozen=True, slots=True)
 class KVCacheSpec:
@@ -51,34 +41,6 @@ class KVCacheSpec:
     @property
     def bytes_per_block(self) -> int:
         return self.bytes_per_token * self.block_size
-
-
-def available_cpu_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-def plan_num_blocks(spec: KVCacheSpec, device: torch.device, budget_bytes: int | None,
-                    activation_peak_bytes: int = 0) -> int:
-    """How many blocks fit: an explicit budget, else a share of free memory on the device."""
-    if budget_bytes is None:
-        if device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(device)
-            used = total - free
-            budget_bytes = int(total * CUDA_MEMORY_UTILIZATION) - used - activation_peak_bytes
-        else:
-            budget_bytes = min(int(available_cpu_bytes() * CPU_KV_FRACTION), CPU_KV_CAP_BYTES)
-    num_blocks = budget_bytes // spec.bytes_per_block
-    if num_blocks < 1:
-        raise ValueError(f"KV cache budget of {budget_bytes} bytes holds no block of "
-                         f"{spec.bytes_per_block} bytes")
-    return int(num_blocks)
 
 
 class KVCache:
@@ -112,29 +74,3 @@ class KVCache:
     @property
     def num_bytes(self) -> int:
         return self.num_blocks * self.spec.bytes_per_block
-
-
-def profile_activation_bytes(model, num_tokens: int, num_seqs: int) -> int:
-    """Peak activation memory of one full-budget step, so the KV cache leaves room for it.
-
-    Runs the model once on `num_tokens` dummy tokens with plain SDPA attention (whose memory is
-    close to ours) and `num_seqs` logits rows, then restores our attention function. A class that
-    refuses SDPA (Gemma 2, gpt-oss) runs eager, whose score matrix over-counts: a smaller cache,
-    never an out-of-memory step.
-    """
-    device = next(model.parameters()).device
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    model.set_attn_implementation(load_attention(model.config) or "sdpa")
-    try:
-        with torch.inference_mode():
-            ids = torch.zeros((1, num_tokens), dtype=torch.long, device=device)
-            keep = torch.arange(num_tokens - min(num_seqs, num_tokens), num_tokens, device=device)
-            model(input_ids=ids, use_cache=False, logits_to_keep=keep)
-        torch.cuda.synchronize(device)
-    finally:
-        model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    peak = torch.cuda.max_memory_allocated(device) - before
-    torch.cuda.empty_cache()
-    return int(peak)

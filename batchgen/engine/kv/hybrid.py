@@ -23,7 +23,7 @@ from itertools import islice
 
 from batchgen.engine.kv.block_manager import DROPPED_BLOCK, BlockManager
 from batchgen.engine.kv.groups import KVGroups, window_blocks
-from batchgen.engine.scheduler.sequence import GroupBlocks, Sequence
+from batchgen.engine.sequence import GroupBlocks, Sequence
 
 
 def make_block_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool, kv_window: int | None,

@@ -36,7 +36,7 @@ from batchgen.engine.attention.paged import AttentionMetadata
 from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
 from batchgen.engine.kv.groups import KVGroups
-from batchgen.engine.scheduler.scheduler import SchedulerOutput
+from batchgen.engine.scheduler.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

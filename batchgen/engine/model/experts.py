@@ -29,7 +29,7 @@ import logging
 
 import torch
 
-from batchgen.engine.kv.cache import available_cpu_bytes
+from batchgen.engine.memory import available_cpu_bytes
 from batchgen.engine.model import prepack
 
 log = logging.getLogger(__name__)

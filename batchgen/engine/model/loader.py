@@ -184,7 +184,7 @@ def _locate(name: str, *, convert: bool = True) -> tuple[str, str, Path | None]:
 def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False
                    ) -> tuple[PreTrainedTokenizerBase, int] | None:
     """The tokenizer and the context length of a model from its config and tokenizer files alone:
-    no weights are read. A rerun whose prompts turn out unchanged (batchgen.jobs.durability.prompt_check) then
+    no weights are read. A rerun whose prompts turn out unchanged (batchgen.jobs.commands.prompt_check) then
     needs no model. None where that takes more (a GGUF not converted yet, a hub model not in the
     local cache, a tokenizer that fails to load): the caller loads the model, which says why."""
     hf_logging.disable_progress_bar()

@@ -1,7 +1,7 @@
 """Which files a --model names, and their identity before the model loads.
 
 The fingerprint's model_revision is a hash of every byte of the weights, known once the model is
-loaded. A finished job's rerun decides "nothing to do" before that (batchgen.jobs.durability.prompt_check),
+loaded. A finished job's rerun decides "nothing to do" before that (batchgen.jobs.commands.prompt_check),
 and needs a cheaper stand-in that still tells a retrained checkpoint saved at the same path, another
 --model or another --dtype from the model the rows were committed with: `model_files_identity`,
 the resolved path of the model's files and, per file, its size, modification time and a digest of

@@ -28,7 +28,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine.kv.cache import available_cpu_bytes
+from batchgen.engine.memory import available_cpu_bytes
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from batchgen.config.constraint import Constraint, InvalidConstraint
 from batchgen.engine.kernels.token_bitmask import apply_token_bitmask_
 from batchgen.engine.sampling import jump_forward
 from batchgen.engine.sampling.mask_prefetch import MaskPrefetch, fill_masks
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ jump: for them the token a position picks depends on nothing but its logits and 
 from __future__ import annotations
 
 from batchgen.engine.metrics import EngineMetrics
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 
 
 def eligible(seq: Sequence) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 
 
 class RowPenalties:

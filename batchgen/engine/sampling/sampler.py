@@ -29,7 +29,7 @@ from batchgen.engine.sampling.grammar import GrammarMasks
 from batchgen.engine.sampling.logprobs import greedy_logprobs, sampled_logprobs
 from batchgen.engine.sampling.penalties import Penalties
 from batchgen.engine.sampling.random_stream import MASK64, splitmix64_int
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 
 # each sampling row's candidates: its largest logits, one topk over the batch (engine/sampling/draw.py)
 DEFAULT_WINDOW = 256

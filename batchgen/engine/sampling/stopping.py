@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from batchgen.engine.request import FinishReason
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 
 
 class StopChecker:

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from batchgen.engine.kv.block_manager import BlockManager
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.sequence import Sequence, SequenceStatus
 
 
 def num_shared_blocks(seq: Sequence, block_size: int) -> int:

@@ -27,35 +27,13 @@ and when, is samples.py's rule. Both admissions skip a sample that must wait and
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from batchgen.config.choices import Policy
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.request import FinishReason
 from batchgen.engine.scheduler import samples
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int
-    samples: bool  # this step brings the sequence level, so it samples its next token
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    num_batched_tokens: int = 0
-    num_preempted: int = 0
-    num_overruns: int = 0  # static: sequences parked for running past their reservation
-    # finished without running: the KV cache cannot hold even this one sequence's next token
-    out_of_memory: list[Sequence] = field(default_factory=list)
-
-    @property
-    def samplers(self) -> list[Sequence]:
-        return [s.seq for s in self.scheduled if s.samples]
-
+from batchgen.engine.scheduler.output import ScheduledSeq, SchedulerOutput
+from batchgen.engine.sequence import Sequence, SequenceStatus
 
 # how many steps one prompt may wait rather than be split; bounds the delay when decode tokens keep
 # the budget from ever holding it whole

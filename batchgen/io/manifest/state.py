@@ -72,7 +72,7 @@ class ManifestState:
     snapshot_rows: str | None = None  # its rows file's name
     last_commit_time: float | None = None  # unix time of the latest entry that wrote or removed
     last_op: str | None = None
-    partials: dict[str, Any] | None = None  # the latest "partials" entry (batchgen.io.store.partials)
+    partials: dict[str, Any] | None = None  # the latest "partials" entry (batchgen.io.manifest.partials)
     keep_hashes: bool = False  # hold each ok row's prompt hash (a resume under --id-column needs them)
     with_ids: bool = True  # False: counts only (status), a snapshot's rows file is not read
     out_dir: OutputStore | None = None  # where a snapshot's rows file is read from

@@ -28,7 +28,7 @@ from batchgen.config.choices import Policy, Task
 from batchgen.config.job import JobConfig
 from batchgen.io.manifest.manifest import ManifestState, is_job_dir, load_manifest
 from batchgen.io.store.factory import open_store
-from batchgen.jobs.durability.prompt_check import prompts_unchanged
+from batchgen.jobs.commands.prompt_check import prompts_unchanged
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.openai.batch_task import resolve_batch_task
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts

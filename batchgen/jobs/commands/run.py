@@ -50,16 +50,12 @@ from batchgen.io.manifest.manifest import (
 )
 from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import json_bytes
+from batchgen.jobs.commands.prompt_check import model_files_unchanged, nothing_to_do
 from batchgen.jobs.durability.fingerprint import job_fingerprint
-from batchgen.jobs.durability.prompt_check import model_files_unchanged, nothing_to_do
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
-from batchgen.jobs.encoding.task_setup import (
-    embed_model_for_schema,
-    is_encode_task,
-    load_encode_model_for,
-    task_schema_args,
-)
+from batchgen.jobs.encoding.task_setup import embed_model_for_schema, is_encode_task, task_schema_args
+from batchgen.jobs.executors.start import STAGES, import_before_lock, start_job
 from batchgen.jobs.openai.batch_file import check_batch_file_target, clear_batch_file
 from batchgen.jobs.openai.batch_task import resolve_batch_task
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts
@@ -109,16 +105,8 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | EncodeModel | None = Non
     check_batch_file_target(config.output, overwrite=config.overwrite)  # a .jsonl --output: not someone's file
     session = OutputSession(out, overwrite=config.overwrite, keep_hashes=config.id_column is not None)
     session.model_files = model_files_identity(config.model, config.dtype)
-    if config.executor == "local" and not empty and _needs_model(config, inputs, session):
-        # torch and transformers load here, before the lock, so that holding the lock means "past the
-        # imports" (tests/jobs/kill_harness.py relies on it), yet after every check that needs no lock
-        from batchgen.engine.model.hf_imports import keep_torchao_out
-
-        keep_torchao_out(config)  # no torchao import (and its warnings) for a job that does not use it
-        import batchgen.engine.model.loader  # noqa: F401
-        import batchgen.jobs.executors.local  # noqa: F401
-        if is_encode_task(config):
-            import batchgen.jobs.executors.local_encode  # noqa: F401
+    if not empty:  # yet after every check that needs no lock
+        import_before_lock(config, needs_model=lambda: _needs_model(config, inputs, session))
     summary: RunSummary | None = None
     stage = "opening the output directory"  # what an interrupt stopped, for its message
     with SignalGuard(config.stop_grace_s or None) as guard:
@@ -152,18 +140,12 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | EncodeModel | None = Non
                                                       check_prompts=False).nothing_to_do(inputs):
                     with guard.critical():  # rows will change: the old _SUCCESS no longer holds
                         _clear_success(config, session)
-                if config.executor == "ray":
-                    # the actors load the model; the job begins once they report its fingerprint
-                    from batchgen.ray.driver import RayJob
-
-                    stage = "generating on Ray"
-                    job = RayJob(config, inputs, session, guard, schema)
-                else:
-                    stage = "loading the model"
-                    job = _local_job(config, inputs, loaded, session, guard, schema)
-                    stage = "generating"
+                stage, running = STAGES[config.executor]
+                job = start_job(config, inputs, loaded, session, guard, schema,
+                                on_change=lambda: _clear_success(config, session))
+                stage = running
                 try:
-                    summary = job.run() if config.executor == "ray" else job.run(scan)
+                    summary = job.run(scan)
                 except BaseException:
                     with guard.critical():
                         _write_partial(session, job.summary)
@@ -182,38 +164,6 @@ def run_job(config: JobConfig, *, loaded: LoadedModel | EncodeModel | None = Non
             raise JobInterrupted(stop.signum, f"interrupted by {signal.Signals(stop.signum).name} while {stage}; "
                                  f"{committed}; run the same command again to resume") from None
     return summary
-
-
-def _local_job(config: JobConfig, inputs, loaded: LoadedModel | EncodeModel | None, session: OutputSession,
-               guard: SignalGuard, schema):
-    """Load the model (unless given), build the local executor and begin the job."""
-    # torch and transformers load here, once every check has passed (seconds on their own)
-    from batchgen.engine.model.loader import load_model
-    from batchgen.jobs.executors.local import LocalJob
-
-    if is_encode_task(config):  # embed, score, classify: the encode engine (batchgen.engine.encode)
-        from batchgen.jobs.executors.local_encode import EncodeJob
-
-        job = EncodeJob(config, inputs, loaded if loaded is not None else load_encode_model_for(config), session,
-                        guard, schema)
-    else:
-        if loaded is None:
-            loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                                trust_remote_code=config.trust_remote_code, quantize=config.quantize,
-                                quantize_backend=config.quantize_backend,
-                                quantize_embedding=config.quantize_embedding)
-        job = LocalJob(config, inputs, loaded, session, guard, schema)
-    # --id-column rows are settled by their prompt hash, known once the prompt is built: the first
-    # row found changed (or an error row) takes the _SUCCESS down, before it is generated
-    job.job.on_change = lambda: _clear_success(config, session)
-    with guard.critical():
-        if config.num_shards is not None:  # this shard's rows may change: the set is not final
-            clear_success(config.output)
-        session.start(job.fingerprint, inputs.scan, config.max_rows)
-    if session.state.num_committed_rows:
-        log.info("resuming %s: %d rows committed earlier (%d errors)", session.out_dir,
-                 session.state.num_committed_rows, len(session.state.error_ids))
-    return job
 
 
 def _clear_success(config: JobConfig, session: OutputSession) -> None:

@@ -1,6 +1,6 @@
 """When a run commits its finished rows, and the commit as one section a signal does not cut.
 
-Both executors (batchgen.jobs.executors.local, batchgen.ray.driver) hand every finished row to a
+Both executors (batchgen.jobs.executors.local, batchgen.jobs.executors.ray.driver) hand every finished row to a
 CommitSchedule: it buffers the row in the Committer (batchgen.jobs.durability.commit) and commits once
 --commit-every rows are buffered (default --rows-per-part) or --commit-every-seconds have passed
 since the last commit, checked as each row arrives. A commit writes the parts and the manifest

@@ -1,6 +1,6 @@
 """The job's in-flight checkpoints: continue rows an earlier attempt left part-way, keep the rest.
 
-At start the job reads the committed partials (batchgen.io.store.partials) made under its own
+At start the job reads the committed partials (batchgen.io.manifest.partials) made under its own
 fingerprint. A row with one is handed to the engine as a continuation (`continuations_for`; a row
 with n samples may have one per sample),
 provided its prompt is the one the tokens continue (same prompt hash). `write` commits the rows
@@ -17,7 +17,7 @@ from typing import Any
 
 from batchgen.engine.request import Continuation
 from batchgen.io.manifest.manifest import Manifest
-from batchgen.io.store.partials import PartialRow, read_partials, write_partials
+from batchgen.io.manifest.partials import PartialRow, read_partials, write_partials
 
 log = logging.getLogger("batchgen")
 

@@ -24,10 +24,10 @@ from batchgen.io.manifest.manifest import (
     is_job_dir,
     load_manifest,
 )
+from batchgen.io.manifest.partials import clean_partial_files
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import LEASE_FILE
 from batchgen.io.store.lock import LOCK_FILE
-from batchgen.io.store.partials import clean_partial_files
 from batchgen.io.store.schema import JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import check_output_dir

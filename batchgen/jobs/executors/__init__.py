@@ -1,1 +1,2 @@
-"""Ways to run a job: in this process, or as N shard processes on one machine (Ray lives in batchgen.ray)."""
+"""Ways to run a job: in this process, as N shard processes on one machine, or on Ray (ray/); start.py
+chooses one for `batchgen run`."""

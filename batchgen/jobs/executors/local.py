@@ -7,10 +7,8 @@ the job's checks have passed and the model is loaded; this module imports torch.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -22,9 +20,8 @@ from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import fingerprint_digest
-from batchgen.io.store.partials import PartialRow
+from batchgen.io.manifest.partials import PartialRow
 from batchgen.io.store.schema import ADAPTER, JSON_VALID, LOGPROBS, PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
-from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer
 from batchgen.jobs.durability.commit_schedule import CommitSchedule
@@ -32,6 +29,7 @@ from batchgen.jobs.durability.fingerprint import job_fingerprint, model_fingerpr
 from batchgen.jobs.durability.inflight import InFlightCheckpoints
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import OutputSession
+from batchgen.jobs.executors.watch import watch_run
 from batchgen.jobs.pipeline.batch_fn import output_row
 from batchgen.jobs.pipeline.core import JobCore
 from batchgen.jobs.pipeline.logprob_column import LogprobColumn
@@ -96,23 +94,11 @@ class LocalJob:
         self.monitor: JobMonitor | None = None  # the metrics (batchgen.monitor), from run() on
 
     def run(self, scan: InputScan) -> RunSummary:
-        state = self.session.state  # what earlier runs committed: the gauges start there
-        config, metrics_at = self.config, self.session.out_dir
-        if not isinstance(self.session.store, LocalStore):
-            # the _metrics/ files are appended second by second: local directories only; the
-            # Prometheus textfile and port work the same for an object-store output
-            config, metrics_at = dataclasses.replace(config, metrics=False, overwrite=False), Path(".")
-        self.num_rows_to_do = max(scan.num_rows - self.job.resume.num_rows_done, 0)
         self.core.engines.add_listener(self.meter.on_step)
-        self.monitor = JobMonitor.open(
-            config, metrics_at, context=self.core.context, meter=self.meter, input_rows=scan.num_rows,
-            output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
-            last_commit_s=state.last_commit_time)
+        self.monitor, self.progress, self.num_rows_to_do = watch_run(
+            self.config, self.session, scan, num_rows_done=self.job.resume.num_rows_done, context=self.core.context,
+            meter=self.meter, add_listener=self.core.engines.add_listener)
         self.commits.monitor = self.monitor
-        if self.monitor is not None:
-            self.core.engines.add_listener(self.monitor.recorder.on_step)
-        self.progress = Progress(self.num_rows_to_do, quiet=self.config.quiet, log_every_s=self.config.log_every_s,
-                                 meter=self.meter)
         started = time.monotonic()
         self.checkpoints = InFlightCheckpoints(self.session.manifest, fingerprint_digest(self.fingerprint))
         try:

@@ -10,10 +10,8 @@ in-flight checkpoints: a row is one forward pass, so a stopped row simply runs a
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -22,7 +20,6 @@ from batchgen.config.job import JobConfig
 from batchgen.engine.encode.encoder import EncodeResult
 from batchgen.engine.encode.load import EncodeModel
 from batchgen.errors import OutputError
-from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer
 from batchgen.jobs.durability.commit_schedule import CommitSchedule
@@ -31,6 +28,7 @@ from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import OutputSession
 from batchgen.jobs.encoding.encode_core import EncodeCore
 from batchgen.jobs.encoding.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
+from batchgen.jobs.executors.watch import watch_run
 from batchgen.jobs.pipeline.prepare import JobInputs, PreparedJob
 from batchgen.jobs.pipeline.progress import Progress
 from batchgen.jobs.pipeline.rows import InputRow
@@ -76,20 +74,11 @@ class EncodeJob:
         self.core.listeners.append(self.meter.on_step)
 
     def run(self, scan: InputScan) -> RunSummary:
-        state = self.session.state
-        config, metrics_at = self.config, self.session.out_dir
-        if not isinstance(self.session.store, LocalStore):  # _metrics/ files: local directories only
-            config, metrics_at = dataclasses.replace(config, metrics=False, overwrite=False), Path(".")
-        self.num_rows_to_do = max(scan.num_rows - self.job.resume.num_rows_done, 0)
-        self.monitor = JobMonitor.open(
-            config, metrics_at, context=lambda: (self.task, self.core.num_windows), meter=self.meter,
-            input_rows=scan.num_rows, output_rows=state.num_committed_rows, output_rows_error=len(state.error_ids),
-            last_commit_s=state.last_commit_time)
+        self.monitor, self.progress, self.num_rows_to_do = watch_run(
+            self.config, self.session, scan, num_rows_done=self.job.resume.num_rows_done,
+            context=lambda: (self.task, self.core.num_windows), meter=self.meter,
+            add_listener=self.core.listeners.append)
         self.commits.monitor = self.monitor
-        if self.monitor is not None:
-            self.core.listeners.append(self.monitor.recorder.on_step)
-        self.progress = Progress(self.num_rows_to_do, quiet=self.config.quiet, log_every_s=self.config.log_every_s,
-                                 meter=self.meter)
         started = time.monotonic()
         try:
             rows = windows(self.job.rows(on_error=self.failed), self.config.window_rows)

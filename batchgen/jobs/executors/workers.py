@@ -70,7 +70,7 @@ def kv_cache_share(config: JobConfig, num_workers: int) -> int:
     free memory, split evenly (the workers start together and would each see all of it free)."""
     if config.kv_cache_memory is not None:
         return max(1, parse_bytes(config.kv_cache_memory) // num_workers)
-    from batchgen.engine.kv.cache import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_cpu_bytes
+    from batchgen.engine.memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_cpu_bytes
 
     return max(1, min(int(available_cpu_bytes() * CPU_KV_FRACTION), CPU_KV_CAP_BYTES) // num_workers)
 

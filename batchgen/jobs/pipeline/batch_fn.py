@@ -3,7 +3,7 @@
     generate = BatchGenerator(config)        # loads the model once (or takes a LoadedModel)
     out = generate(table)                    # one output row per input row, in input order
 
-What an executor that hands out batches calls (the Ray executor's actors, batchgen.ray; a notebook).
+What an executor that hands out batches calls (the Ray executor's actors, batchgen.jobs.executors.ray; a notebook).
 It is the local executor's work minus the output directory: the same prompt builder, planner and
 job core (batchgen.jobs.pipeline.prepare, planner, core), so a row's output is what `batchgen run` writes for
 it. A row that cannot be generated (no prompt, a bad per-row limit or sampling cell, a prompt too

@@ -139,7 +139,7 @@ class RunSummary(JobSummary):
     complete: bool = False  # every input row has a committed output row (_SUCCESS written)
     nothing_to_do: bool = False  # every input row was committed before this run: no model was loaded
     empty_input: bool = False  # the input held no rows: no model was loaded, the job is complete as it is
-    executor: str = "local"  # local (this process) or ray (batchgen.ray)
+    executor: str = "local"  # local (this process) or ray (batchgen.jobs.executors.ray)
     num_actors: int = 0  # ray: the actor pool's size (models loaded)
 
     def lines(self) -> list[str]:

@@ -22,7 +22,6 @@ from typing import Any
 from batchgen.config.job import LONG_PROMPT_POLICIES, JobConfig
 from batchgen.config.text_settings import chat_template_text
 from batchgen.errors import ConfigError
-from batchgen.jobs.planning.stats import ceil_div
 from batchgen.jobs.prompting.template import RowError, Template
 from batchgen.jobs.prompting.token_chars import max_chars_per_token
 
@@ -218,7 +217,7 @@ class PromptBuilder:
             excess = len(ids) - max_prompt_tokens
             if excess <= 0:
                 return BuiltPrompt(ids, len(doc_ids) - keep)
-            keep -= max(1, ceil_div(excess, uses))
+            keep -= max(1, -(-excess // uses))  # the excess spread over the uses, rounded up
         raise RowError(f"could not cut column {column!r} to fit the prompt into {max_prompt_tokens} "
                        f"tokens in {_MAX_TRUNCATION_ROUNDS} tries", column=column)
 

@@ -19,7 +19,7 @@ from batchgen.engine.kv.cache import KVCache, KVCacheSpec
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.scheduler.scheduler import Scheduler
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from batchgen.errors import UnsupportedModelError
 from tests.tiny import VOCAB_SIZE, make_tiny_model
 
@@ -204,3 +204,14 @@ def test_model_without_the_attention_interface_is_rejected(tokenizer):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_supported_tiny_models_are_accepted(arch, tokenizer):
     LLMEngine(make_tiny_model(arch), tokenizer, EngineConfig(num_kv_blocks=8))
+
+
+def test_the_runner_replaces_its_cache_and_drops_graphs_of_the_old_one():
+    """The runner owns its KV cache: a new one comes with the graphs that held the old one's addresses gone."""
+    spec = KVCacheSpec(num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32, block_size=4)
+    runner = ModelRunner(StubModel(), None, torch.device("cpu"), registry.make_backend("sdpa"), kv_window=16)
+    first = runner.allocate_cache(spec, 10)
+    runner.graphs = SimpleNamespace(kv_cache=first)  # stands for graphs captured over the first cache
+    second = runner.allocate_cache(spec, 7)
+    assert runner.kv_cache is second and second.num_blocks == 7 and runner.graphs is None
+    assert runner.kv_window == 16 and runner.kv_groups is None

@@ -7,7 +7,7 @@ import pytest
 from batchgen.engine.kv import block_manager as bm_module
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.request import Request
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.sequence import Sequence, SequenceStatus
 
 BS = 4  # block size used throughout
 

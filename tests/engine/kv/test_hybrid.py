@@ -8,7 +8,7 @@ from batchgen.engine.kv.block_manager import DROPPED_BLOCK
 from batchgen.engine.kv.groups import plan_groups, window_blocks
 from batchgen.engine.kv.hybrid import HybridBlockManager
 from batchgen.engine.request import Request
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.sequence import Sequence, SequenceStatus
 
 BS = 4
 WINDOW = 6

@@ -9,7 +9,8 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.kv.cache import CPU_KV_CAP_BYTES, KVCache, KVCacheSpec, plan_num_blocks
+from batchgen.engine.kv.cache import KVCache, KVCacheSpec
+from batchgen.engine.memory import CPU_KV_CAP_BYTES, plan_num_blocks
 from batchgen.errors import ConfigError
 from tests.tiny import make_tiny_model
 

@@ -15,8 +15,8 @@ from batchgen.engine.attention import flash
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.model.cuda_graphs import DecodeBuffers, capture_sizes, is_decode_only, padded_size
 from batchgen.engine.request import Request, SamplingParams
-from batchgen.engine.scheduler.scheduler import ScheduledSeq, SchedulerOutput
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.scheduler.output import ScheduledSeq, SchedulerOutput
+from batchgen.engine.sequence import Sequence, SequenceStatus
 from tests.engine.attention.test_registry import fake_flash_attn_varlen_func
 from tests.engine.test_engine_equivalence import build_case, check_completions
 
@@ -128,7 +128,7 @@ def test_oom_during_a_step_shrinks_the_cache_and_loses_no_row(tokenizer, monkeyp
 
     monkeypatch.setattr(engine.runner, "_forward", forward)
     check_completions(case, list(engine.generate(case.requests())), tokenizer)
-    assert engine.num_oom_retries == 2
+    assert engine.metrics.num_oom_retries == 2 and engine.metrics.summary()["num_oom_retries"] == 2
     assert engine.kv_cache.num_blocks == int(int(100 * 0.9) * 0.9)
     assert engine.limits.max_num_seqs <= 4 and engine.scheduler.max_num_seqs == engine.limits.max_num_seqs
     bm = engine.block_manager

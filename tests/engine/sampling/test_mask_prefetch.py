@@ -10,7 +10,7 @@ import torch
 from batchgen.config.constraint import Constraint
 from batchgen.engine.request import Continuation, Request, SamplingParams
 from batchgen.engine.sampling.grammar import GrammarMasks
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from tests.engine.sampling.test_grammar import SCHEMA, engine, requests, run
 from tests.tiny import make_tiny_model
 

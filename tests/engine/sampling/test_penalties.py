@@ -18,7 +18,7 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.sampling import penalties as penalties_module
 from batchgen.engine.sampling.sampler import Sampler
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from tests.tiny import make_tiny_model
 
 VOCAB = 300

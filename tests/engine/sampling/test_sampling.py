@@ -13,7 +13,7 @@ import torch
 
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.engine.sampling.sampler import Sampler
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 
 VOCAB = 50
 

@@ -14,7 +14,7 @@ from batchgen.engine.admission import RequestRejected
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.sampling.stopping import StopChecker
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.sequence import Sequence, SequenceStatus
 from tests.tiny import make_tiny_model
 
 EOS = 2  # "<|eos|>", a special token of the test tokenizer

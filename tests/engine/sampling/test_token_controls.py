@@ -12,7 +12,7 @@ import torch
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.engine.sampling.sampler import Sampler
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from tests.engine.sampling.test_vllm_controls import _draws
 from tests.tiny import BYTE_OFFSET, make_tiny_model
 

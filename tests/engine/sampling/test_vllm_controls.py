@@ -13,7 +13,7 @@ from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.sampling.sampler import Sampler
 from batchgen.engine.sampling.stopping import StopChecker
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from tests.engine.sampling.test_stopping import encode, feed, new_seq
 from tests.tiny import BYTE_OFFSET, make_tiny_model
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from batchgen.config.choices import Policy
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.engine.scheduler import samples
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from tests.engine.scheduler.test_scheduler import drive, make_scheduler
 
 BS = 4

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from batchgen.config.choices import Policy
 from batchgen.engine.request import Continuation, Request, SamplingParams
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from tests.engine.scheduler.test_scheduler import drive, make_scheduler
 
 

@@ -13,7 +13,7 @@ from batchgen.config.choices import Policy
 from batchgen.engine.kv.block_manager import BlockManager
 from batchgen.engine.request import FinishReason, Request, SamplingParams
 from batchgen.engine.scheduler.scheduler import Scheduler
-from batchgen.engine.scheduler.sequence import Sequence, SequenceStatus
+from batchgen.engine.sequence import Sequence, SequenceStatus
 
 
 def make_seq(seq_id: int, prompt: list[int], max_new_tokens: int, predicted: int | None = None) -> Sequence:
@@ -367,7 +367,7 @@ def test_static_policy_with_a_request_too_big_for_its_reservation():
 def test_static_overrun_parks_the_row_and_finishes_it_later():
     """A predicted reservation that is too small never cuts a row short or touches batch-mates."""
     from batchgen.engine.request import Request, SamplingParams
-    from batchgen.engine.scheduler.sequence import Sequence
+    from batchgen.engine.sequence import Sequence
 
     bm = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, policy=Policy.STATIC)

@@ -22,7 +22,7 @@ from batchgen.io.store.object_store import ObjectStore
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 
-pytestmark = pytest.mark.usefixtures("quick_lease_settle")
+pytestmark = [pytest.mark.soak, pytest.mark.usefixtures("quick_lease_settle")]
 
 SCHEMA = pa.schema([("id", pa.int64()), ("error", pa.string())])
 
@@ -149,7 +149,7 @@ def test_snapshots_and_partials_in_an_object_store(s3_out, monkeypatch):
     """A snapshot's rows file and a partials file: written whole (one PUT), committed by their entry."""
     from batchgen.io.manifest import manifest as manifest_module
     from batchgen.io.manifest.manifest import part_rows
-    from batchgen.io.store.partials import PartialRow, read_partials, write_partials
+    from batchgen.io.manifest.partials import PartialRow, read_partials, write_partials
 
     monkeypatch.setattr(manifest_module, "SNAPSHOT_EVERY_ENTRIES", 3)
     store = open_store(s3_out)

@@ -23,7 +23,7 @@ import pytest
 from batchgen.config.job import build_config
 from batchgen.errors import JobInterrupted
 from batchgen.io.manifest.manifest import load_manifest
-from batchgen.io.store.partials import read_partials
+from batchgen.io.manifest.partials import read_partials
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status
 from tests.jobs.helpers import write_random_texts
@@ -95,6 +95,7 @@ def interrupted_run(cfg, loaded, delay_s: float) -> bool:
 
 
 @pytest.mark.parametrize("mode", list(SAMPLING))
+@pytest.mark.soak
 def test_sigterm_at_random_moments_then_resume_equals_uninterrupted(src, tiny_model_dir, loaded, references,
                                                                    tmp_path, one_thread, mode):
     reference, reference_tokens, reference_s = references[mode]
@@ -171,6 +172,7 @@ class HardKill(BaseException):
     nothing is committed or checkpointed on the way out."""
 
 
+@pytest.mark.soak
 def test_periodic_checkpoints_survive_a_hard_kill(src, tiny_model_dir, loaded, references, tmp_path, one_thread,
                                                    monkeypatch):
     from batchgen.engine.engine import LLMEngine

@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from batchgen.config.job import build_config
 from batchgen.jobs.commands.run import run_job
@@ -27,6 +28,8 @@ from tests.jobs.kill_harness import (
     visible_ids,
     wait_until_a_part,
 )
+
+pytestmark = pytest.mark.soak  # kills, signals, fault injection or a local S3 server
 
 NUM_ROWS = 1200
 

@@ -91,6 +91,7 @@ def test_a_failing_worker_fails_the_job_with_its_code_and_nothing_is_finalized(t
     assert not (tmp_path / "out" / "_SUCCESS").exists()
 
 
+@pytest.mark.soak
 def test_sigterm_reaches_the_workers_and_the_rerun_finishes_exactly_once(tmp_path, tiny_model_dir):
     path = tmp_path / "in" / "many.parquet"
     path.parent.mkdir()

@@ -185,6 +185,7 @@ def wait_for_commits(proc, out, num_entries, timeout_s=120):
     raise TimeoutError
 
 
+@pytest.mark.soak
 def test_sigterm_to_a_running_process(tiny_model_dir, loaded, src, tmp_path):
     out = tmp_path / "out"
     proc = start(src, out, tiny_model_dir)

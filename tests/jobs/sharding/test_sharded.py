@@ -172,6 +172,7 @@ def test_plan_plans_one_shards_share(tmp_path, inputs, tiny_model_dir, loaded):
     assert shares == [15, 16]
 
 
+@pytest.mark.soak
 def test_a_shard_stopped_by_sigterm_commits_exits_143_and_its_retry_resumes(tmp_path, inputs, tiny_model_dir, loaded,
                                                                            monkeypatch):
     """What an Airflow task timeout or a cleared task does to a shard, then the task's retry."""

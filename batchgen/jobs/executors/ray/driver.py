@@ -5,7 +5,7 @@
                                -> iter_batches on the driver -> Committer -> manifest
 
 With --ray-keep-warm SECONDS the generating stage is instead kept-warm engine actors that outlive
-the job (batchgen.ray.engines), which a Ray Data actor pool cannot have (its actors end with the
+the job (batchgen.jobs.executors.ray.engines), which a Ray Data actor pool cannot have (its actors end with the
 dataset's execution):
 
     ray.data.from_items(files) -> map_batches(read_file)            # the same read
@@ -51,18 +51,19 @@ from batchgen.jobs.durability.commit_schedule import CommitSchedule
 from batchgen.jobs.durability.fingerprint import job_fingerprint
 from batchgen.jobs.durability.resume import ResumeRule
 from batchgen.jobs.durability.session import OutputSession
+from batchgen.jobs.executors.ray.block_refs import iter_block_slices, references_available
+from batchgen.jobs.executors.ray.cluster import connect, plan_actors
+from batchgen.jobs.executors.ray.dispatch import EnginePool
+from batchgen.jobs.executors.ray.engines import JobSpec
+from batchgen.jobs.executors.ray.stages import MODEL_FINGERPRINT, GenerateActor, ReadSpec, read_file
 from batchgen.jobs.pipeline.batch_columns import REUSE_FIELDS, SOURCE_PATH, SOURCE_ROW
 from batchgen.jobs.pipeline.prepare import JobInputs
 from batchgen.jobs.pipeline.progress import Progress
 from batchgen.jobs.pipeline.rows import unify_schemas
+from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
 from batchgen.monitor.job import JobMonitor
-from batchgen.ray.block_refs import iter_block_slices, references_available
-from batchgen.ray.cluster import connect, plan_actors
-from batchgen.ray.dispatch import EnginePool
-from batchgen.ray.engines import JobSpec
-from batchgen.ray.stages import MODEL_FINGERPRINT, GenerateActor, ReadSpec, read_file
 
 log = logging.getLogger("batchgen")
 
@@ -104,10 +105,10 @@ class RayJob:
         self.hashes = None if fresh or config.id_column is None else {
             i: h for i, h in zip(committed, hashes or [], strict=False) if h is not None}
 
-    def run(self) -> RunSummary:
+    def run(self, scan: InputScan) -> RunSummary:
         import ray
 
-        config, scan = self.config, self.inputs.scan
+        config = self.config
         started_ray = connect(config.quiet)
         started = time.monotonic()
         pool = None
@@ -274,7 +275,7 @@ class RayJob:
 
 
 def _warm_batches(rows, batch_rows: int):
-    """The kept-warm engines' batches: references to the read's blocks (batchgen.ray.block_refs), so
+    """The kept-warm engines' batches: references to the read's blocks (batchgen.jobs.executors.ray.block_refs), so
     the rows go from the object store to the engines; the rows themselves where this Ray Data cannot
     hand out references."""
     if references_available(rows):

@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from batchgen.io.manifest import manifest as manifest_module
 from batchgen.io.manifest.manifest import MANIFEST_DIR, Manifest, PartRecord, load_manifest
-from batchgen.io.store.partials import PartialRow, clean_partial_files, read_partials, write_partials
+from batchgen.io.manifest.partials import PartialRow, clean_partial_files, read_partials, write_partials
 from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands.status import job_status, status_lines

@@ -1,6 +1,6 @@
 """The kept-warm engines (`--ray-keep-warm`): actors that each hold one loaded model and generate any job's batches.
 
-`--executor ray` generates in a Ray Data actor pool (batchgen.ray.stages.GenerateActor), whose actors
+`--executor ray` generates in a Ray Data actor pool (batchgen.jobs.executors.ray.stages.GenerateActor), whose actors
 live and die with one dataset execution: every job on a running cluster pays the actors' imports
 (torch, transformers) and model loads again. With `ray_keep_warm_s` the driver uses these instead:
 named, detached actors (namespace "batchgen", named by `engine_key` and their index) that outlive
@@ -11,7 +11,7 @@ GPU back.
 An EngineActor loads the model once (`__init__`) and then generates batches of every job whose
 model load settings match, building the job's BatchGenerator (batchgen.jobs.pipeline.batch_fn: prompt side,
 engine, KV cache) on its first batch. A batch arrives as references to the blocks Ray Data read
-(batchgen.ray.block_refs), which the engine fetches itself: the driver does not carry input rows.
+(batchgen.jobs.executors.ray.block_refs), which the engine fetches itself: the driver does not carry input rows.
 
 The key covers what the loaded model depends on: the load settings (model, device, dtype,
 quantization, trust_remote_code), the actor's resources, the model files' sizes and modification
@@ -34,8 +34,10 @@ from typing import Any
 import pyarrow as pa
 
 from batchgen.config.job import JobConfig
-from batchgen.ray.block_refs import BlockSlices, fetch
-from batchgen.ray.stages import MODEL_FINGERPRINT  # the actor pool's column, so the driver reads both alike
+from batchgen.jobs.executors.ray.block_refs import BlockSlices, fetch
+from batchgen.jobs.executors.ray.stages import (
+    MODEL_FINGERPRINT,  # the actor pool's column, so the driver reads both alike
+)
 
 NAMESPACE = "batchgen"
 # the task and an embed model's pooling / normalization / cut are load settings too: an embed engine

@@ -6,7 +6,7 @@
     pool.close()                                        # kills them unless they are kept warm
 
 A batch is whatever the engine's `generate` takes with a `num_rows`: references to Ray Data's blocks
-(batchgen.ray.block_refs.BlockSlices, so input rows go from the object store to the engine, not
+(batchgen.jobs.executors.ray.block_refs.BlockSlices, so input rows go from the object store to the engine, not
 through the driver), or a pyarrow.Table (tests, and a Ray Data without block references).
 
 Batches go to engines that have answered `ready` (model loaded) first, at most PER_ENGINE at a time
@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchgen.config.job import JobConfig
-from batchgen.ray.engines import NAMESPACE, EngineActor, engine_key, engine_name
+from batchgen.jobs.executors.ray.engines import NAMESPACE, EngineActor, engine_key, engine_name
 
 log = logging.getLogger("batchgen")
 

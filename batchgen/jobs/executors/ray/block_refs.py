@@ -1,7 +1,7 @@
 """Input rows by reference: the kept-warm engines fetch the blocks Ray Data read, the driver never holds them.
 
-With `--ray-keep-warm` the engines are plain Ray actors outside the dataset (batchgen.ray.engines),
-so the driver takes the read's output and hands it to them (batchgen.ray.dispatch). It takes it as
+With `--ray-keep-warm` the engines are plain Ray actors outside the dataset (batchgen.jobs.executors.ray.engines),
+so the driver takes the read's output and hands it to them (batchgen.jobs.executors.ray.dispatch). It takes it as
 Ray Data's RefBundles (`Dataset.iter_internal_ref_bundles`): object references to the blocks the read
 tasks put in the object store, each with its row count. An engine call gets those references (and
 the rows of each block that the bundle covers: Ray Data's repartition may cut one block into

@@ -89,7 +89,7 @@ def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> I
         keep = [i for i, row_id in enumerate(ids) if row_id not in skip]
         if keep:
             # whole: Ray Data merges a task's output into big blocks anyway, and the driver splits
-            # them into actor batches after the read (batchgen.ray.driver._split_blocks)
+            # them into actor batches after the read (batchgen.jobs.executors.ray.driver._split_blocks)
             yield _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
         num_read += batch.num_rows
         if num_read >= limit:
