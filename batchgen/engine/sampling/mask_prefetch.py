@@ -2,9 +2,9 @@
 
 Once a step's tokens are accepted, every constrained row that goes on has the grammar state its
 next token is drawn under, so its mask can be filled then instead of after the next forward.
-llguidance's batch fill (`LLExecutor`, through `llguidance.torch.fill_next_token_bitmask_par`)
-runs in Rust with the GIL released for the whole batch, and torch releases it inside its ops, so
-the fill and the forward run side by side. Checked on this project's CPU machine with the embedded
+llguidance's batch fill (`LLExecutor.unsafe_compute_mask_ptr`) runs in Rust with the GIL released
+for the whole batch, and torch releases it inside its ops, so the fill and the forward run side by
+side. Checked on this project's CPU machine with the embedded
 tokenizer: a Python loop on the main thread kept its pace while a worker filled 32 rows' masks in a
 loop through the executor, and lost a third of it with the per-row `fill_next_token_bitmask`
 (its Python glue takes the GIL back between rows): the executor is the one used.
@@ -70,12 +70,17 @@ class MaskPrefetch:
 
 def fill_masks(executor, matchers: list[tuple[object, int, list[int]]], bitmask: torch.Tensor) -> None:
     """Each (matcher, row, drafts)'s mask into bitmask[row], and with drafts the mask after each draft
-    into the rows that follow (llguidance's draft fill refuses a row without drafts: two batches)."""
-    import llguidance.torch as lt
+    into the rows that follow (llguidance's draft fill refuses a row without drafts: two batches).
 
+    The executor's pointer calls are what `llguidance.torch`'s fill functions make after their
+    checks; that module is not imported because importing it compiles a kernel with
+    `torch.compile`, which imports torch._dynamo, and the first constrained step would wait for it."""
+    assert bitmask.dtype == torch.int32 and bitmask.device.type == "cpu" and bitmask.dim() == 2
+    assert bitmask.is_contiguous()  # the executor writes rows at data_ptr + row * row_bytes
+    num_rows, num_words = bitmask.shape
     plain = [(m, j) for m, j, drafts in matchers if not drafts]
     drafting = [row for row in matchers if row[2]]
     if plain:
-        lt.fill_next_token_bitmask_par(executor, plain, bitmask)
+        executor.unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), num_words * 4, num_rows)
     if drafting:
-        lt.fill_next_token_bitmask_par_with_draft_tokens(executor, drafting, bitmask)
+        executor.unsafe_compute_mask_ptr_with_draft_token(drafting, bitmask.data_ptr(), num_words * 4, num_rows)

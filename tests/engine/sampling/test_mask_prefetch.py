@@ -4,6 +4,11 @@ they are current, and a row whose mask was filled for another state filled again
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,7 +17,9 @@ from batchgen.engine.request import Continuation, Request, SamplingParams
 from batchgen.engine.sampling.grammar import GrammarMasks
 from batchgen.engine.sequence import Sequence
 from tests.engine.sampling.test_grammar import SCHEMA, engine, requests, run
-from tests.tiny import make_tiny_model
+from tests.tiny import make_tiny_model, make_tokenizer
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +82,32 @@ def test_a_mask_filled_for_another_state_is_filled_again(model, tokenizer):
     expected = reference.mask(logits[:1], [continued])[0]
     assert torch.equal(second[0], expected) and torch.equal(second[1], expected)
     assert not torch.equal(first[0], expected)
+
+
+def test_filling_masks_does_not_import_torch_dynamo():
+    # llguidance.torch compiles a kernel with torch.compile at import, which imports torch._dynamo:
+    # the first constrained step would wait for that import
+    code = """
+import sys
+import torch
+from batchgen.config.constraint import Constraint
+from batchgen.engine.request import Request, SamplingParams
+from batchgen.engine.sampling.grammar import GrammarMasks
+from batchgen.engine.scheduler.sequence import Sequence
+from tests.tiny import VOCAB_SIZE, make_tokenizer
+
+masks = GrammarMasks(make_tokenizer(), VOCAB_SIZE)
+seq = Sequence.from_request(0, Request("0", [5, 6], SamplingParams(max_new_tokens=4,
+                                                                   constraint=Constraint.choices(["ab", "cd"]))))
+masks.add(seq)
+logits = masks.mask(torch.zeros(1, VOCAB_SIZE), [seq])
+allowed = sorted(torch.isfinite(logits[0]).nonzero().flatten().tolist())
+print(allowed, "torch._dynamo" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    tok = make_tokenizer()
+    first_tokens = sorted(tok(text, add_special_tokens=False)["input_ids"][0] for text in ("ab", "cd"))
+    assert done.stdout.split("]")[0] + "]" == str(first_tokens)  # the mask is the grammar's
+    assert done.stdout.strip().endswith("False")
