@@ -93,7 +93,7 @@ import torch
 from batchgen.config.constraint import Constraint
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.engine.sampling.grammar import GrammarMasks
-from batchgen.engine.scheduler.sequence import Sequence
+from batchgen.engine.sequence import Sequence
 from tests.tiny import VOCAB_SIZE, make_tokenizer
 
 masks = GrammarMasks(make_tokenizer(), VOCAB_SIZE)
