@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from batchgen.config.choices import Task
+
 # The default token budget of one forward. On the CPU, large enough that each linear is a big GEMM
 # (MiniLM-sized models gain little past ~8K tokens a forward) and small enough that a batch's
 # activations stay a few hundred MB for base-sized models.
@@ -19,6 +21,12 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA = 32768
 # Rows one window sorts together before its batches run: windows this many budgets long keep batches
 # full and well sorted while results still come back steadily.
 WINDOW_BUDGETS = 16
+
+
+def engine_prefill(task: str, device_type: str) -> bool:
+    """Whether the encoder runs the task on the generation engine's prefill kernels (prefill.py: score on
+    the CPU), whose attention has no padded layout, so that its batches are sized by real tokens."""
+    return task == Task.SCORE and device_type == "cpu"
 
 
 def plan_batches(lengths: Sequence[int], *, max_num_batched_tokens: int, max_num_seqs: int | None = None,

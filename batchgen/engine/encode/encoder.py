@@ -23,6 +23,7 @@ from batchgen.engine.encode.batching import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU,
     DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA,
     WINDOW_BUDGETS,
+    engine_prefill,
     plan_batches,
 )
 from batchgen.engine.encode.heads import decoder_of
@@ -148,7 +149,7 @@ class Encoder:
 
     def _prefill_forward(self) -> PrefillForward | None:
         model = self.model
-        if model.task is not Task.SCORE or model.device.type != "cpu":
+        if not engine_prefill(model.task, model.device.type):
             return None
         try:
             return PrefillForward(model.model, max_num_batched_tokens=self.max_num_batched_tokens)
