@@ -22,19 +22,28 @@ from batchgen.errors import ConfigError
 if TYPE_CHECKING:
     from batchgen.config.job import JobConfig
 
-# deciding settings every task reads: which rows, which text (prompt, template, chat), which model,
+# deciding settings every task reads: which rows, which text (prompt, template), which model,
 # how long prompts are cut, which shard
 SHARED = frozenset({
-    "task", "input_format", "model", "prompt_column", "id_column", "template", "system", "chat", "chat_template",
-    "chat_template_kwargs", "parse_special_tokens", "dtype", "num_shards", "on_long_prompt", "max_prompt_tokens",
+    "task", "input_format", "model", "prompt_column", "id_column", "template", "parse_special_tokens", "dtype",
+    "num_shards", "on_long_prompt", "max_prompt_tokens",
 })
+# the chat template's settings: generation, and score and classify (a reward model reads the conversation
+# as the chat template renders it); an embedding model reads plain text (an instruction goes in --template)
+_CHAT_TASKS = frozenset({Task.GENERATE, Task.SCORE, Task.CLASSIFY})
 # deciding settings of some tasks only
 TASK_ONLY: dict[str, frozenset[Task]] = {
     "pooling": frozenset({Task.EMBED}),
     "normalize": frozenset({Task.EMBED}),
     "dimensions": frozenset({Task.EMBED}),
     "score_column": frozenset({Task.SCORE}),
+    "chat": _CHAT_TASKS,
+    "system": _CHAT_TASKS,
+    "chat_template": _CHAT_TASKS,
+    "chat_template_kwargs": _CHAT_TASKS,
 }
+# values that switch a setting off, asking of a task that does not read it what it does anyway (--no-chat)
+_OFF = {"chat": False}
 
 
 def tasks_of(name: str) -> frozenset[Task]:
@@ -58,7 +67,8 @@ def task_settings(config: JobConfig) -> None:
         raise ConfigError(f"{label('task')} must be one of {', '.join(TASKS)}; got {config.task!r}")
     task = Task(config.task)
     for f in fields(config):
-        if task in tasks_of(f.name) or getattr(config, f.name) == _default(f):
+        value = getattr(config, f.name)
+        if task in tasks_of(f.name) or value == _default(f) or (f.name in _OFF and value is _OFF[f.name]):
             continue
         allowed = sorted(t.value for t in tasks_of(f.name))
         if allowed == [Task.GENERATE.value]:

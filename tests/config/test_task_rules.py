@@ -83,3 +83,22 @@ def test_the_task_settings_validate():
     assert (config.task, config.pooling, config.normalize, config.dimensions) == ("embed", "cls", False, 32)
     assert build_config(None, **REQUIRED, task="score", score_column="answer").score_column == "answer"
     assert tasks_of("template") == frozenset(Task)  # instruction prefixes work for every task
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("chat", True), ("system", "Be brief."), ("chat_template", "{{ messages[0].content }}"),
+    ("chat_template_kwargs", {"enable_thinking": False}),
+])
+def test_the_chat_settings_with_embed_are_refused_at_config(name, value):
+    """An embedding model reads plain text: the chat template's settings are refused with the config,
+    before any load (exit 2, naming the flag); score and classify (a reward model's conversation) take them."""
+    with pytest.raises(ConfigError, match=f"--{name.replace('_', '-')} .*applies to --task classify or generate or "
+                                          f"score only, not --task embed") as e:
+        build_config(None, **REQUIRED, task="embed", **{name: value})
+    assert e.value.exit_code == 2
+    for task in ("score", "classify", "generate"):
+        assert getattr(build_config(None, **REQUIRED, task=task, **{name: value}), name) == value
+
+
+def test_no_chat_with_embed_asks_for_what_embed_does():
+    assert build_config(None, **REQUIRED, task="embed", chat=False).chat is False

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from batchgen.config.choices import Task
+
 # The default token budget of one forward. On the CPU, large enough that each linear is a big GEMM
 # (MiniLM-sized models gain little past ~8K tokens a forward) and small enough that a batch's
 # activations stay a few hundred MB for base-sized models.
@@ -21,11 +23,18 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA = 32768
 WINDOW_BUDGETS = 16
 
 
-def plan_batches(lengths: Sequence[int], *, max_num_batched_tokens: int,
-                 max_num_seqs: int | None = None) -> list[np.ndarray]:
-    """Indices into `lengths`, one array per batch, longest rows first. A batch's rows times its longest
-    row stay within `max_num_batched_tokens` (the attention's [rows, longest] layout, and so its real
-    tokens, fit the budget) and its rows within `max_num_seqs`; a row longer than the budget runs alone."""
+def engine_prefill(task: str, device_type: str) -> bool:
+    """Whether the encoder runs the task on the generation engine's prefill kernels (prefill.py: score on
+    the CPU), whose attention has no padded layout, so that its batches are sized by real tokens."""
+    return task == Task.SCORE and device_type == "cpu"
+
+
+def plan_batches(lengths: Sequence[int], *, max_num_batched_tokens: int, max_num_seqs: int | None = None,
+                 padded_attention: bool = True) -> list[np.ndarray]:
+    """Indices into `lengths`, one array per batch, longest rows first. A batch's rows stay within
+    `max_num_seqs`, and within `max_num_batched_tokens` its rows times its longest row where the
+    attention runs a padded [rows, longest] layout (so that layout, and the real tokens, fit the
+    budget), its real tokens where it runs none; a row longer than the budget runs alone."""
     assert max_num_batched_tokens >= 1 and (max_num_seqs is None or max_num_seqs >= 1)
     if not len(lengths):
         return []
@@ -33,13 +42,15 @@ def plan_batches(lengths: Sequence[int], *, max_num_batched_tokens: int,
     order = np.argsort(-sizes, kind="stable")
     batches: list[np.ndarray] = []
     start = 0
-    longest = 0
+    longest = tokens = 0
     for position, index in enumerate(order):
         rows = position - start + 1
+        tokens += int(sizes[index])
         if position == start:
             longest = int(sizes[index])  # the batch's first row is its longest
-        elif rows * longest > max_num_batched_tokens or (max_num_seqs is not None and rows > max_num_seqs):
+        elif (rows * longest if padded_attention else tokens) > max_num_batched_tokens \
+                or (max_num_seqs is not None and rows > max_num_seqs):
             batches.append(order[start:position])
-            start, longest = position, int(sizes[index])
+            start, longest, tokens = position, int(sizes[index]), int(sizes[index])
     batches.append(order[start:])
     return batches

@@ -9,6 +9,7 @@ each batch packed (varlen.py: no padding through the linears) and applies the ta
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,13 +23,18 @@ from batchgen.engine.encode.batching import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU,
     DEFAULT_MAX_NUM_BATCHED_TOKENS_CUDA,
     WINDOW_BUDGETS,
+    engine_prefill,
     plan_batches,
 )
 from batchgen.engine.encode.heads import decoder_of
 from batchgen.engine.encode.load import EncodeModel
 from batchgen.engine.encode.packing import PackedBatch, pack, position_rule
 from batchgen.engine.encode.pooling import finish, pool
+from batchgen.engine.encode.prefill import PrefillForward
 from batchgen.engine.encode.varlen import packed_forward
+from batchgen.errors import ConfigError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,8 @@ class Encoder:
         self.forward_seconds = 0.0
         self._module, self._causal = self._forward_module()
         self._rule = position_rule(self._module)
+        # score on the CPU: the decoder on the engine's prefill kernels (prefill.py); None: varlen.py
+        self._prefill = self._prefill_forward()
 
     @property
     def padding_waste(self) -> float:
@@ -101,7 +109,7 @@ class Encoder:
                 f"has 1 to max_input_tokens ({limit}): the caller cuts or refuses longer ones")
         lengths = [len(r.prompt_token_ids) for r in window]
         for indices in plan_batches(lengths, max_num_batched_tokens=self.max_num_batched_tokens,
-                                    max_num_seqs=self.max_num_seqs):
+                                    max_num_seqs=self.max_num_seqs, padded_attention=self._prefill is None):
             yield from self._run_batch([window[i] for i in indices])
 
     @torch.no_grad()
@@ -122,7 +130,8 @@ class Encoder:
         self.num_rows += len(requests)
         self.num_needed_tokens += batch.num_tokens
         padded = batch.num_rows * batch.max_len
-        self.num_attention_tokens += padded if self.model.device.type != "cuda" else batch.num_tokens
+        unpadded = self.model.device.type == "cuda" or self._prefill is not None
+        self.num_attention_tokens += batch.num_tokens if unpadded else padded
         if task is Task.CLASSIFY and classify.head_kind(self.model.model) is classify.HeadKind.PADDED:
             self.num_forward_tokens += padded  # the model's own padded forward
         else:
@@ -138,6 +147,16 @@ class Encoder:
             return decoder_of(model.model), True
         return model.model.base_model, classify.is_causal(model.model)
 
+    def _prefill_forward(self) -> PrefillForward | None:
+        model = self.model
+        if not engine_prefill(model.task, model.device.type):
+            return None
+        try:
+            return PrefillForward(model.model, max_num_batched_tokens=self.max_num_batched_tokens)
+        except (UnsupportedModelError, ConfigError) as e:
+            log.debug("score: the packed SDPA forward, not the engine's prefill kernels (%s)", e)
+            return None
+
     def _embed(self, requests: list[EncodeRequest], batch: PackedBatch) -> list[EncodeResult]:
         hidden = packed_forward(self._module, batch, causal=self._causal)
         vectors = finish(pool(hidden, batch, self.model.pooling), normalize=self.model.normalize,
@@ -146,7 +165,10 @@ class Encoder:
                 for r, length, v in zip(requests, batch.lengths, vectors, strict=True)]
 
     def _score(self, requests: list[EncodeRequest], batch: PackedBatch) -> list[EncodeResult]:
-        hidden = packed_forward(self._module, batch, causal=True)
+        if self._prefill is not None:
+            hidden = self._prefill.hidden(batch)
+        else:
+            hidden = packed_forward(self._module, batch, causal=True)
         sums = score.score_hidden(self.model.model.get_output_embeddings(), self.model.logit_rule, hidden,
                                   batch.input_ids, batch.cu_seqlens, [r.score_from for r in requests])
         return [EncodeResult(r.request_id, length, logprob=logprob, num_scored_tokens=count)

@@ -4,8 +4,10 @@ A row of tokens t_0..t_{L-1} scores the tokens from `score_from` (1 by default: 
 first, as vLLM's prompt logprobs) to the end: sum over i in [score_from, L) of log p(t_i | t_<i), the
 logit at position i - 1 read at t_i. The decoder runs once over the packed batch; the LM head then runs
 only on the positions some row scores, a chunk at a time, so a batch never holds [tokens, vocab] logits
-(SmolLM2's 49,152-token vocabulary is 192 KiB of float32 per position). log_softmax is taken in float32
-and each row's sum is accumulated in float64 whatever the model's dtype.
+(SmolLM2's 49,152-token vocabulary is 192 KiB of float32 per position). Each position's log-probability
+is taken from its logits as they come out of the head (engine/kernels/target_logprob.py: float32
+arithmetic on bfloat16 logits, without a float32 copy of them) and each row's sum is accumulated in
+float64 whatever the model's dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from batchgen.engine.encode.heads import LogitRule
+from batchgen.engine.kernels.target_logprob import target_logprobs
 
 # float32 logits one LM-head chunk may hold (256 MiB): bounds the head's memory whatever the batch
 CHUNK_LOGIT_ELEMENTS = 1 << 26
@@ -53,11 +56,13 @@ def score_hidden(head: torch.nn.Module, rule: LogitRule, hidden: torch.Tensor, i
         targets = input_ids.to(device)[positions + 1]
         vocab = head.weight.shape[0]
         chunk = max(1, CHUNK_LOGIT_ELEMENTS // vocab)
+        scaled = rule != LogitRule()
         for lo in range(0, positions.numel(), chunk):
             hi = lo + chunk
-            logits = rule.apply(head(hidden[positions[lo:hi]]).float())
-            logprobs = logits.log_softmax(-1).gather(1, targets[lo:hi, None])[:, 0]
-            totals.index_add_(0, rows[lo:hi], logprobs.double())
+            logits = head(hidden[positions[lo:hi]])
+            if scaled:
+                logits = rule.apply(logits.float())
+            totals.index_add_(0, rows[lo:hi], target_logprobs(logits, targets[lo:hi]).to(device))
     return [(float(total), count) for total, count in zip(totals.tolist(), counts, strict=True)]
 
 

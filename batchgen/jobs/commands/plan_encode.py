@@ -19,6 +19,7 @@ from typing import Any
 
 from batchgen.config.choices import Task
 from batchgen.config.job import JobConfig
+from batchgen.engine.encode.batching import engine_prefill
 from batchgen.errors import ConfigError
 from batchgen.io.manifest.manifest import ManifestState
 from batchgen.jobs.durability.resume import ResumeRule
@@ -76,7 +77,8 @@ def plan_encode_job(config: JobConfig, inputs: JobInputs, *, resume: ResumeRule 
                       resume or ResumeRule(ManifestState(), config.retry_errors, check_prompts),
                       prepare=lambda row: prepare_encode_row(row, builder, config))
     device = resolve_device(config.device)
-    work = EncodeWork(budget_tokens(config.max_num_batched_tokens, device.type), config.batch_size)
+    work = EncodeWork(budget_tokens(config.max_num_batched_tokens, device.type), config.batch_size,
+                      padded_attention=not engine_prefill(task, device.type))
     tally = Tally(random.Random(0))
     size = OutputSize([f.name for f in inputs.source.passthrough_fields])
     num_truncated = 0

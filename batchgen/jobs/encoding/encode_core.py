@@ -15,7 +15,8 @@ by a window (and the encoder's own look-ahead) whatever the input's size.
 A row yields once every one of its inputs is done (one, or an OpenAI embeddings line's several,
 each an output row keyed by sample_index), so the executor commits a row's outputs together and
 exactly-once stays a matter of row ids. `between_batches` runs between two of the encoder's
-results: a signal stops the job there, and the rows already yielded are committed.
+results: a signal stops the job there, and the rows already yielded are committed. With --dedup an
+input equal to an earlier one is not run again but takes that one's result (encode_duplicates.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from batchgen.config.job import JobConfig
 from batchgen.engine.encode.encoder import Encoder, EncodeRequest, EncodeResult
 from batchgen.engine.encode.load import EncodeModel
 from batchgen.engine.metrics import StepStats
+from batchgen.jobs.encoding.encode_duplicates import EncodeDuplicates
 from batchgen.jobs.planning.planned_row import PlannedRow
 
 log = logging.getLogger("batchgen")
@@ -60,18 +62,33 @@ class EncodeCore:
         self._seen = (0, 0, 0, 0.0)  # the encoder's (batches, rows, tokens, forward seconds) already reported
         self._pending: dict[str, tuple[PlannedRow, int]] = {}  # request id -> (row, input index)
         self._results: dict[int, list[EncodeResult | None]] = {}  # id(row) -> its inputs' results so far
+        self._done: list[tuple[PlannedRow, list[EncodeResult]]] = []  # finished rows not yet yielded
+        # --dedup: an input equal to one already run (or running) takes its result (encode_duplicates.py)
+        self.duplicates = EncodeDuplicates() if config.dedup else None
 
     def generate(self, windows: Iterable[list[PlannedRow]]) -> Iterator[tuple[PlannedRow, list[EncodeResult]]]:
         for result in self.encoder.run(self._requests(windows)):
             self._report_batch()
-            planned, index = self._pending.pop(result.request_id)
-            results = self._results[id(planned)]
-            results[index] = result
-            if all(r is not None for r in results):
-                del self._results[id(planned)]
-                yield planned, results  # type: ignore[misc]  (every slot filled)
+            self._finish(result)
+            if self.duplicates is not None:
+                for copy in self.duplicates.served(result):
+                    self._finish(copy)
+            yield from self._take_done()
             if self.between_batches is not None:
                 self.between_batches()
+        yield from self._take_done()  # rows whose every input came from a finished copy
+
+    def _finish(self, result: EncodeResult) -> None:
+        planned, index = self._pending.pop(result.request_id)
+        results = self._results[id(planned)]
+        results[index] = result
+        if all(r is not None for r in results):
+            del self._results[id(planned)]
+            self._done.append((planned, results))  # type: ignore[arg-type]  (every slot filled)
+
+    def _take_done(self) -> list[tuple[PlannedRow, list[EncodeResult]]]:
+        done, self._done = self._done, []
+        return done
 
     def _requests(self, windows: Iterable[list[PlannedRow]]) -> Iterator[EncodeRequest]:
         for window in windows:
@@ -85,8 +102,13 @@ class EncodeCore:
                     request_id = str(self.num_requests)
                     self.num_requests += 1
                     self._pending[request_id] = (planned, index)
-                    yield EncodeRequest(request_id, tuple(ids), score_from=planned.score_from,
-                                        dimensions=planned.dimensions)
+                    request = EncodeRequest(request_id, tuple(ids), score_from=planned.score_from,
+                                            dimensions=planned.dimensions)
+                    runs = True if self.duplicates is None else self.duplicates.admit(request)
+                    if runs is True:
+                        yield request
+                    elif runs is not False:  # a finished copy's result
+                        self._finish(runs)
             self.num_windows += 1
 
     def _report_batch(self) -> None:

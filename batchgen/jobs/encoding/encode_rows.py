@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from batchgen.config.job import OPENAI_BATCH, JobConfig
-from batchgen.errors import ConfigError
+from batchgen.config.text_settings import chat_template_text
 from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.jobs.openai.requests import prepare_request_row
 from batchgen.jobs.pipeline.rows import InputRow
@@ -33,13 +33,15 @@ EMBED, SCORE, CLASSIFY = "embed", "score", "classify"
 
 def encode_prompt_builder(config: JobConfig, tokenizer, template: Template, max_input_tokens: int) -> PromptBuilder:
     """The job's prompt builder for the encoder: plain text (no chat template unless --chat asks for it
-    in a score or classify job, a reward model's shape), no room kept for output tokens."""
-    if config.chat and config.task == EMBED:
-        raise ConfigError("--chat renders rows as a chat conversation, which an embedding model does not read; "
-                          "drop --chat (an instruction prefix goes in --template)")
+    in a score or classify job, a reward model's shape: its --chat-template and --chat-template-kwargs
+    then as a generation job's), no room kept for output tokens. An embed job with --chat was refused
+    with the config (config/task_rules.py)."""
+    assert not (config.chat and config.task == EMBED), "task_rules refuses --chat with --task embed"
+    chat_template = None if config.chat_template is None else chat_template_text(config.chat_template)
     return PromptBuilder(tokenizer, template, system=config.system, chat=bool(config.chat),
                          max_context_tokens=max_input_tokens, on_long_prompt=config.on_long_prompt,
-                         max_prompt_tokens=config.max_prompt_tokens, parse_special_tokens=config.parse_special_tokens)
+                         max_prompt_tokens=config.max_prompt_tokens, parse_special_tokens=config.parse_special_tokens,
+                         chat_template=chat_template, chat_template_kwargs=config.chat_template_kwargs)
 
 
 def prepare_encode_row(row: InputRow, builder: PromptBuilder, config: JobConfig) -> PlannedRow:

@@ -150,3 +150,5 @@ class EncodeJob:
         s.num_rows_changed = job.num_rows_changed
         s.wall_seconds = wall_seconds
         s.engine = self.core.summary()
+        duplicates = self.core.duplicates
+        s.num_rows_from_duplicates = duplicates.num_inputs_served if duplicates is not None else 0

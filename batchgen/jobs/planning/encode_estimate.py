@@ -46,6 +46,7 @@ class EncodeWork:
 
     budget_tokens: int  # the step token budget: a batch packs rows up to this many tokens
     max_rows_per_batch: int | None = None  # --batch-size
+    padded_attention: bool = True  # batches sized by rows x longest (False: by real tokens, batching.engine_prefill)
     num_rows: int = 0
     num_tokens: int = 0
     _num_batches_done: int = 0
@@ -69,7 +70,7 @@ class EncodeWork:
 
     def _batches(self, lengths: list[int]) -> int:
         return len(plan_batches(lengths, max_num_batched_tokens=self.budget_tokens,
-                                max_num_seqs=self.max_rows_per_batch))
+                                max_num_seqs=self.max_rows_per_batch, padded_attention=self.padded_attention))
 
     def seconds(self, calibration: Calibration) -> float:
         return round(calibration.seconds(self.num_batches, self.num_tokens), 3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchgen.engine.encode.batching import plan_batches
+from batchgen.engine.encode.batching import engine_prefill, plan_batches
 
 
 def test_batches_sort_by_length_and_keep_the_padded_layout_within_the_budget():
@@ -25,3 +25,14 @@ def test_batches_sort_by_length_and_keep_the_padded_layout_within_the_budget():
         longest = lengths[batch[0]]
         assert (len(batch) + 1) * longest > 512 or len(batch) == 64, (batch, following)
     assert plan_batches([], max_num_batched_tokens=8) == []
+
+
+def test_without_a_padded_layout_batches_fill_the_budget_with_real_tokens():
+    """score on the CPU (the engine's prefill kernels) attends without a [rows, longest] layout: a batch
+    holds up to the budget's real tokens, so mixed lengths run in fewer batches."""
+    lengths = [40, 20, 20, 20, 3, 1, 100]
+    batches = plan_batches(lengths, max_num_batched_tokens=64, padded_attention=False)
+    assert [[lengths[i] for i in b] for b in batches] == [[100], [40, 20], [20, 20, 3, 1]]
+    assert len(plan_batches(lengths, max_num_batched_tokens=64)) == 4  # [100], [40], [20, 20, 20], [3, 1]
+    assert engine_prefill("score", "cpu") and not engine_prefill("score", "cuda")
+    assert not engine_prefill("embed", "cpu") and not engine_prefill("classify", "cpu")
