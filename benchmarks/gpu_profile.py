@@ -5,8 +5,8 @@
 The first GPU check found the eager SDPA path CPU-bound (one core busy for the whole run, the GPU
 mostly waiting), its continuous steps far slower than its static ones. This runs the ShareGPT
 workload of benchmarks.gpu_check (its cached lengths) three ways, interleaved: one SDPA call per
-prompt in prefill steps; fresh prompts in one padded call (attention/fresh_prefill.py); and that
-with every decode sequence in one SDPA group too (no grouping by context length: on a GPU a
+sequence in prefill steps; one padded call per kind (attention/padded_prefill.py); and that with
+every decode sequence in one SDPA group too (no grouping by context length: on a GPU a
 launch may cost more than the padding it saves). For each it prints the unprofiled rate, the step
 times split into steps that carry prefill tokens and pure decode steps, and torch.profiler's top
 ops by CPU self time and by device self time over the first `--profile-steps` steps.
@@ -20,22 +20,22 @@ import time
 
 import torch
 
-from batchgen.engine.attention import fresh_prefill, sdpa
+from batchgen.engine.attention import padded_prefill, sdpa
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.model.loader import load_model
 from batchgen.engine.request import Request, SamplingParams
 from benchmarks import sharegpt, throughput
 
-# name: (decode grouping ratio, fewest fresh prompts for the padded prefill call)
+# name: (decode grouping ratio on the GPU, fewest sequences of a kind for a padded prefill call)
 VARIANTS = {
-    "per-prompt prefill": (2.0, 10**9),
-    "padded fresh prefill": (2.0, fresh_prefill.MIN_FRESH_PROMPTS),
-    "padded + one decode group": (float("inf"), fresh_prefill.MIN_FRESH_PROMPTS),
+    "per-sequence prefill": (2.0, 10**9),
+    "padded prefill": (2.0, padded_prefill.MIN_PADDED_SEQS),
+    "padded + one decode group": (float("inf"), padded_prefill.MIN_PADDED_SEQS),
 }
 
 
 def use(variant: str) -> None:
-    sdpa.ACCELERATOR_DECODE_GROUP_MAX_RATIO, fresh_prefill.MIN_FRESH_PROMPTS = VARIANTS[variant]
+    sdpa.ACCELERATOR_DECODE_GROUP_MAX_RATIO, padded_prefill.MIN_PADDED_SEQS = VARIANTS[variant]
 
 
 def make_engine(lm, workload, args) -> LLMEngine:

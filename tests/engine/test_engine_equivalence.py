@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from batchgen.config.choices import Policy
+from batchgen.engine.attention import padded_prefill, sdpa
 from batchgen.engine.engine import EngineConfig, LLMEngine
 from batchgen.engine.request import Completion, FinishReason, Request, SamplingParams
 from tests.tiny import make_tiny_model
@@ -169,12 +170,23 @@ def test_static_policy_tight_cache(case, tokenizer):
 
 
 @pytest.mark.parametrize("block_size", [16, 4])
-def test_sdpa_attention_backend(case, tokenizer, block_size):
+def test_sdpa_attention_backend(case, tokenizer, block_size, monkeypatch):
     # the CPU default decodes through the C kernel; the pure-torch path (grouped, gathered SDPA) is
-    # the fallback without a compiler and the path on CUDA without flash-attn: it must agree too
+    # the fallback without a compiler and the path on CUDA without flash-attn: it must agree too,
+    # with its padded calls for fresh prompts and for chunks / prefix-cache hits with a past
+    padded = collections.Counter()
+    build = padded_prefill.build_padded_batches
+
+    def counting(*args, **kwargs):
+        fresh, with_past = build(*args, **kwargs)
+        padded.update(fresh=fresh is not None, with_past=with_past is not None)
+        return fresh, with_past
+
+    monkeypatch.setattr(sdpa, "build_padded_batches", counting)
     engine, _ = run(case, tokenizer, EngineConfig(attention_backend="sdpa", block_size=block_size,
                                                   num_kv_blocks=3000 // block_size, max_num_batched_tokens=48))
     assert engine.runner.backend.name == "sdpa"
+    assert padded["fresh"] and padded["with_past"], padded
 
 
 def test_everything_tight_with_integrity_checks_every_step(case, tokenizer):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, NO_RULES, LayerKV, PackedSeq, ScoreRules, cdiv
 from batchgen.engine.attention.explicit import explicit_attention
-from batchgen.engine.attention.fresh_prefill import FreshBatch, build_fresh_batch, fresh_forward
+from batchgen.engine.attention.padded_prefill import PaddedBatch, build_padded_batches, padded_forward
 from batchgen.engine.kv import quant as kv_quant
 
 # decode sequences are grouped by context length so that padding to a group's longest context
@@ -86,9 +86,12 @@ class PrefillSeq:
 class SdpaMetadata:
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
-    # prompts with no cached past, in one padded call where a layer's scores are plain (fresh_prefill.py)
-    fresh: FreshBatch | None = None
-    prefills_with_past: list[PrefillSeq] = field(default_factory=list)
+    # multi-token sequences in one padded call per kind where a layer's scores are plain
+    # (padded_prefill.py), and the prefills neither batch holds
+    fresh: PaddedBatch | None = None
+    with_past: PaddedBatch | None = None
+    unpadded: list[PrefillSeq] = field(default_factory=list)
+    fresh_unpadded: list[PrefillSeq] = field(default_factory=list)  # with the fresh prompts, for int8 pages
 
 
 def build_prefills(seqs: list[PackedSeq], block_size: int, device: torch.device) -> list[PrefillSeq]:
@@ -158,9 +161,12 @@ class SdpaBackend:
                 groups.append([])
             groups[-1].append(s)
         prefills = build_prefills(seqs, block_size, device)
-        fresh = build_fresh_batch(seqs, device)
-        with_past = prefills if fresh is None else [p for p in prefills if p.start not in fresh.starts]
-        return SdpaMetadata([_decode_group(g, block_size, device) for g in groups], prefills, fresh, with_past)
+        fresh, with_past = build_padded_batches(seqs, block_size, device)
+        padded = (fresh.starts if fresh else frozenset()) | (with_past.starts if with_past else frozenset())
+        unpadded = [p for p in prefills if p.start not in padded]
+        fresh_unpadded = [p for p in prefills if with_past is None or p.start not in with_past.starts]
+        return SdpaMetadata([_decode_group(g, block_size, device) for g in groups], prefills, fresh, with_past,
+                            unpadded, fresh_unpadded)
 
     score_rules = frozenset({"sliding_window", "softcap", "sinks"})
 
@@ -188,12 +194,16 @@ class SdpaBackend:
             else:
                 od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale)
             out.index_copy_(0, group.token_idx, od.reshape(batch, num_heads, head_dim))
-        plain = rules.sliding_window is None and rules.softcap is None and rules.sinks is None
-        if metadata.fresh is not None and plain and layer.k_scale is None:
-            fresh_forward(q, k, v, metadata.fresh, scale, out)
-            prefill_forward(q, k, v, layer, metadata.prefills_with_past, scale, out, rules)
-        else:
+        if rules.sliding_window is not None or rules.softcap is not None or rules.sinks is not None:
             prefill_forward(q, k, v, layer, metadata.prefills, scale, out, rules)
+            return out
+        if metadata.with_past is not None:
+            padded_forward(q, k, v, layer, metadata.with_past, scale, out)
+        if metadata.fresh is not None and layer.k_scale is None:
+            padded_forward(q, k, v, layer, metadata.fresh, scale, out)
+            prefill_forward(q, k, v, layer, metadata.unpadded, scale, out, rules)
+        else:
+            prefill_forward(q, k, v, layer, metadata.fresh_unpadded, scale, out, rules)
         return out
 
 
