@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import traceback
 
@@ -65,16 +64,9 @@ def main() -> None:
 
 
 def _exit(code: int) -> None:
-    sys.stdout.flush()
-    import psutil  # a vLLM dependency
+    from vllm_peer import exit_ending_children  # this script's directory is on sys.path: run by path
 
-    # vLLM's engine core runs in child processes, which can hang interpreter shutdown: end them
-    # first (they would outlive an os._exit), then leave without running atexit hooks
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        child.terminate()
-    psutil.wait_procs(children, timeout=10)
-    os._exit(code)
+    exit_ending_children(code)
 
 
 if __name__ == "__main__":

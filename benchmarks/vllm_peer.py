@@ -73,16 +73,21 @@ def main() -> None:
                       "startup_s": startup_s, "generate_s": generate_s, "generated_tokens": generated,
                       "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
                       "threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}), flush=True)
+    exit_ending_children(0)
+
+
+def exit_ending_children(code: int) -> None:
+    """Leave with `code` once stdout is out. vLLM's engine core runs in child processes, which can
+    hang interpreter shutdown: end them first (they would outlive an os._exit), then leave without
+    running atexit hooks. The other peer scripts call this too."""
     sys.stdout.flush()
     import psutil  # a vLLM dependency
 
-    # vLLM's engine core runs in child processes, which can hang interpreter shutdown: end them
-    # first (they would outlive an os._exit), then leave without running atexit hooks
     children = psutil.Process().children(recursive=True)
     for child in children:
         child.terminate()
     psutil.wait_procs(children, timeout=10)
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

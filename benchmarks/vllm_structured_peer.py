@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
 T0 = time.perf_counter()
@@ -57,15 +55,9 @@ def main() -> None:
     print(json.dumps({"startup_s": startup_s, "generate_s": generate_s,
                       "generated_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
                       "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs)}), flush=True)
-    sys.stdout.flush()
-    import psutil  # a vLLM dependency
+    from vllm_peer import exit_ending_children  # this script's directory is on sys.path: run by path
 
-    # as vllm_peer.py: end the engine core's child processes, then leave without atexit hooks
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        child.terminate()
-    psutil.wait_procs(children, timeout=10)
-    os._exit(0)
+    exit_ending_children(0)
 
 
 if __name__ == "__main__":
