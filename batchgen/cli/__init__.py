@@ -16,7 +16,7 @@ import sys
 from batchgen.cli import bench, finalize, plan, report, run, status  # noqa: F401  (each registers its command on `app`)
 from batchgen.cli.app import app
 from batchgen.cli.console import catch_interrupts
-from batchgen.runtime import omp, onednn_cache
+from batchgen.runtime import heap, omp, onednn_cache
 
 __all__ = ["app", "main"]
 
@@ -30,4 +30,6 @@ def main() -> None:
     command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     omp.apply_defaults(sample=command in GENERATING_COMMANDS)  # before any command imports torch
     onednn_cache.apply_defaults()  # before the first forward builds a kernel
+    if command in GENERATING_COMMANDS:
+        heap.keep_freed_pages()  # a step's activations reuse the last step's pages
     app()

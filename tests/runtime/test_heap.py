@@ -51,3 +51,58 @@ def test_trims_at_most_once_per_interval(monkeypatch):
     now[0] += 0.2
     assert trimmer.maybe_trim()
     assert len(calls) == trimmer.num_trims == 2
+
+
+REUSE = """
+import ctypes, json, resource, sys
+from batchgen.runtime.heap import keep_freed_pages
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+kept = keep_freed_pages({}) if sys.argv[1] == "kept" else False
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(8):  # a step's activations: 48 MiB and 24 MiB, allocated, written, freed
+    big, small = libc.malloc(48 << 20), libc.malloc(24 << 20)
+    ctypes.memset(big, 1, 48 << 20)
+    ctypes.memset(small, 1, 24 << 20)
+    libc.free(big)
+    libc.free(small)
+print(json.dumps([kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_kept_pages_are_not_faulted_in_again_each_step():
+    def faults(mode: str) -> tuple[bool, int]:
+        out = subprocess.run([sys.executable, "-c", REUSE, mode], capture_output=True, text=True, check=True)
+        return tuple(__import__("json").loads(out.stdout.strip().splitlines()[-1]))
+
+    kept, kept_faults = faults("kept")
+    if not kept:
+        pytest.skip("not glibc: no mallopt")
+    _, default_faults = faults("default")
+    pages_per_step = (72 << 20) // 4096
+    assert default_faults > 6 * pages_per_step  # every step faults its 72 MiB in again
+    assert kept_faults < 2 * pages_per_step  # the first step's pages serve the others
+
+
+def test_a_users_thresholds_win():
+    assert not heap.keep_freed_pages({"MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert not heap.keep_freed_pages({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"})
+    assert not heap.keep_freed_pages({heap.SWITCH: "0"})
+
+
+def test_the_run_command_keeps_freed_pages(monkeypatch):
+    from batchgen import cli
+
+    calls = []
+    monkeypatch.setattr(heap, "keep_freed_pages", lambda: calls.append(1) or True)
+    for name in ("app", "catch_interrupts"):
+        monkeypatch.setattr(cli, name, lambda: None)
+    monkeypatch.setattr(cli.omp, "apply_defaults", lambda **_: None)  # process-wide: not in pytest's
+    monkeypatch.setattr(cli.onednn_cache, "apply_defaults", lambda: None)
+    for argv in (["batchgen", "run", "--input", "x"], ["batchgen", "status", "out"]):
+        monkeypatch.setattr(sys, "argv", argv)
+        cli.main()
+    assert calls == [1]  # `run` only; `status` runs no model
