@@ -27,6 +27,7 @@ import logging
 import os
 import weakref
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
@@ -55,6 +56,22 @@ MAX_COMPILED_BYTES = 64 << 20  # pristine matchers kept for reuse, by estimated_
 # vocabulary (the tokenizer's tables are shared, not copied into each matcher)
 _MATCHER_BASE_BYTES = 128 << 10
 _MATCHER_BYTES_PER_GRAMMAR_CHAR = 72
+
+
+@dataclass(frozen=True, slots=True)
+class StepMasks:
+    """A step's grammar masks: bitmask [logits rows, words] int32 (bit t % 32 of word t // 32 allows
+    token t; rows of unconstrained rows all ones), and the logits rows it constrains, ascending."""
+
+    bitmask: torch.Tensor
+    constrained_rows: list[int]
+
+    def word_rows(self) -> list[int]:
+        """Per logits row, its bitmask row where it is constrained, else -1 (argmax_rows_masked's input)."""
+        rows = [-1] * self.bitmask.shape[0]
+        for r in self.constrained_rows:
+            rows[r] = r
+        return rows
 
 
 def estimated_matcher_bytes(grammar: str) -> int:
@@ -169,6 +186,14 @@ class GrammarMasks:
 
         `positions[i]` (default 1) is how many consecutive logits rows seqs[i] has: a row with drafts
         (jump_forward.py) has one for its confirmed state and one after each of its first drafts."""
+        step = self.masks(logits, seqs, positions)
+        return logits if step is None else self.apply(logits, step)
+
+    def masks(self, logits: torch.Tensor, seqs: list[Sequence], positions: list[int] | None = None
+              ) -> StepMasks | None:
+        """This step's bitmask, a row per logits row (as `mask`'s), and which rows it constrains;
+        None where no row is constrained. A greedy step picks through it without a masked copy
+        (engine/kernels/argmax.py's argmax_rows_masked); `apply` makes the copy for the others."""
         # logits: [sum(positions), vocab_size]
         executor = self._executor_()
         prefetched, filled = self._prefetch.take()  # joins the fill that ran beside this forward
@@ -177,7 +202,7 @@ class GrammarMasks:
         rows = [(starts[i], m, s) for i, (s, m) in enumerate(zip(seqs, positions, strict=True))
                 if m and s.seq_id in self._matchers]
         if not rows:
-            return logits
+            return None
         num_rows = starts[-1]
         bitmask = torch.full((num_rows, self._num_words()), -1, dtype=torch.int32)  # all allowed
         dst, src, missing = [], [], []
@@ -197,7 +222,12 @@ class GrammarMasks:
             fill_masks(executor, missing, bitmask)
         self.num_prefetched_rows += len(rows) - len(missing)
         self.num_filled_rows += len(missing)
-        constrained = [r for start, m, _ in rows for r in range(start, start + m)]
+        return StepMasks(bitmask, [r for start, m, _ in rows for r in range(start, start + m)])
+
+    def apply(self, logits: torch.Tensor, step: StepMasks) -> torch.Tensor:
+        """A copy of logits with -inf over the tokens `step` forbids each constrained row."""
+        bitmask, constrained = step.bitmask, step.constrained_rows
+        num_rows = bitmask.shape[0]
         if logits.device.type == "cpu":  # the C kernel writes -inf over the forbidden tokens of a copy
             masked = logits.clone()
             if apply_token_bitmask_(masked, bitmask.index_select(0, torch.tensor(constrained)), constrained):

@@ -22,10 +22,10 @@ import itertools
 import torch
 
 from batchgen.config.choices import MAX_LOGPROBS
-from batchgen.engine.kernels.argmax import argmax_rows
+from batchgen.engine.kernels.argmax import argmax_rows, argmax_rows_masked
 from batchgen.engine.sampling import jump_forward
 from batchgen.engine.sampling.draw import Drawn, RowControls, draw
-from batchgen.engine.sampling.grammar import GrammarMasks
+from batchgen.engine.sampling.grammar import GrammarMasks, StepMasks
 from batchgen.engine.sampling.logprobs import greedy_logprobs, sampled_logprobs
 from batchgen.engine.sampling.penalties import Penalties
 from batchgen.engine.sampling.random_stream import MASK64, splitmix64_int
@@ -83,9 +83,22 @@ class Sampler:
         # their grammars advance by the picked tokens; everything else is _pick's
         if not self.grammar:  # no constrained row running
             return self._pick(logits, seqs)
-        tokens = self._pick(self.grammar.mask(logits, seqs), seqs)
+        step = self.grammar.masks(logits, seqs)
+        tokens = self._greedy_masked(logits, step, seqs) if step is not None else None
+        if tokens is None:
+            tokens = self._pick(logits if step is None else self.grammar.apply(logits, step), seqs)
         self.grammar.accept(seqs, tokens)
         return tokens
+
+    def _greedy_masked(self, logits: torch.Tensor, step: StepMasks, seqs: list[Sequence]) -> list[int] | None:
+        """Every logits row's greedy pick among the tokens its grammar allows, read from the bitmask
+        without a masked copy, where `_pick` would take plain argmax (greedy rows, no penalties, no
+        logprobs); None otherwise, or where the kernel cannot run (then the copy is made)."""
+        if self.penalties or any(not s.request.sampling.greedy or s.request.sampling.logprobs is not None
+                                 for s in seqs):
+            return None
+        self.last_draw = None
+        return argmax_rows_masked(logits, step.bitmask, step.word_rows())
 
     def sample_with_drafts(self, logits: torch.Tensor, rows: list[tuple[Sequence, int, bool]]
                            ) -> tuple[list[int], dict[int, tuple[int, int | None]]]:
@@ -94,13 +107,22 @@ class Sampler:
         position its chunk reached from the one before its first draft. Returns the samplers' tokens
         (a row with drafts holds -1 there) and each row with drafts' verdict."""
         seqs = [seq for seq, _, _ in rows]
-        masked = self.grammar.mask(logits, seqs, [m for _, m, _ in rows])
+        step = self.grammar.masks(logits, seqs, [m for _, m, _ in rows])
         starts = list(itertools.accumulate((m for _, m, _ in rows), initial=0))
         plain = [i for i, (seq, _, _) in enumerate(rows) if not seq.num_draft_tokens]
         drafting = [i for i, (seq, _, _) in enumerate(rows) if seq.num_draft_tokens]
-        plain_tokens = self._pick(masked[_index([starts[i] for i in plain], masked.device)], [seqs[i] for i in plain])
-        picked = iter(argmax_rows(masked[_index([r for i in drafting for r in range(starts[i], starts[i + 1])],
-                                                masked.device)]))  # eligible rows are greedy, no controls
+        drafted_rows = [r for i in drafting for r in range(starts[i], starts[i + 1])]
+        # rows with drafts are greedy without controls (jump_forward.py's eligibility): one masked
+        # argmax serves the whole step where the plain rows are greedy too
+        every_row = None if step is None else self._greedy_masked(logits, step, [seqs[i] for i in plain])
+        if every_row is not None:
+            plain_tokens = [every_row[starts[i]] for i in plain]
+            picked = iter([every_row[r] for r in drafted_rows])
+        else:
+            masked = logits if step is None else self.grammar.apply(logits, step)
+            plain_tokens = self._pick(masked[_index([starts[i] for i in plain], masked.device)],
+                                      [seqs[i] for i in plain])
+            picked = iter(argmax_rows(masked[_index(drafted_rows, masked.device)]))
         given: dict[int, list[int]] = dict(zip(plain, ([t] for t in plain_tokens), strict=True))
         verdicts: dict[int, tuple[int, int | None]] = {}
         pending: dict[int, list[int]] = {}

@@ -103,6 +103,27 @@ def test_greedy_equals_manually_masked_reference(model, tokenizer, one_thread):
         assert done[r.request_id].token_ids == out
 
 
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_greedy_rows_pick_from_the_bitmask_without_a_masked_copy(model, tokenizer, one_thread, monkeypatch,
+                                                                  jump_forward):
+    """Greedy constrained steps read the mask inside the argmax kernel; a step that needs the masked
+    logits themselves (here: logprobs) makes the copy, and both pick the same tokens."""
+    from batchgen.engine.kernels import argmax
+    from batchgen.engine.sampling.grammar import GrammarMasks
+
+    if argmax.argmax_rows_masked(torch.zeros(1, 32), torch.full((1, 1), -1, dtype=torch.int32), [0]) is None:
+        pytest.skip("the C kernels are not built here")
+    copies = []
+    apply = GrammarMasks.apply
+    monkeypatch.setattr(GrammarMasks, "apply", lambda self, *a: copies.append(1) or apply(self, *a))
+    constraint = Constraint.json_schema(SCHEMA)
+    fused = run(engine(model, tokenizer, jump_forward=jump_forward), requests(constraint, n=4))
+    assert not copies
+    copied = run(engine(model, tokenizer, jump_forward=jump_forward), requests(constraint, n=4, logprobs=0))
+    assert copies
+    assert {k: c.token_ids for k, c in fused.items()} == {k: c.token_ids for k, c in copied.items()}
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_preemption_keeps_the_constraint(model, tokenizer, one_thread, temperature):
     reqs = requests(Constraint.json_schema(SCHEMA), n=6, temperature=temperature)
