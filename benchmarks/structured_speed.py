@@ -9,7 +9,8 @@ extraction under a JSON schema, and a 5-way --choices labelling. Each runs as a 
 process with default flags (the default model) and --jump-forward (the default) or
 --no-jump-forward; the four processes of a round run one after another, rounds interleaved. Per
 process: valid rows (json_valid for the schema job, a listed label for the choices job) per second
-of the whole process, the summary's forward share (the model's forward over the job's wall time),
+of the whole process and of the job alone (the summary's wall time: start-up apart, as vLLM's),
+the summary's forward share (the model's forward over the job's wall time),
 decode steps per generated token (the engine's num_row_steps: each step's rows that gained tokens,
 over the generated tokens; below 1 where forced tokens ran as drafts) and the forced tokens.
 
@@ -89,7 +90,9 @@ def run(src: Path, out: Path, job: str, extra: list[str]) -> dict:
     num_valid = sum(valid(job, r["generated_text"], r["finish_reason"] == "stop") for r in rows)
     engine = summary["engine"]
     generated = summary["num_generated_tokens"]
+    job_s = summary["wall_seconds"]  # the job alone: rows read, generated and committed, start-up apart
     return {"wall_s": wall_s, "rows": len(rows), "valid": num_valid, "valid_rows_per_s": num_valid / wall_s,
+            "job_s": job_s, "job_valid_rows_per_s": num_valid / job_s,
             "forward_share": summary.get("forward_share"), "generated": generated,
             "steps_per_token": engine["num_row_steps"] / generated if generated else None,
             "forced": engine.get("num_forced_tokens", 0), "engine_steps": engine["num_steps"],
@@ -131,7 +134,8 @@ def run_vllm(python: Path, work: Path, job: str, rows: tuple[Path, int, str], na
     outputs = json.loads(texts_out.read_text())
     num_valid = sum(valid(job, o["text"], o["finish_reason"] == "stop") for o in outputs)
     return {"wall_s": r["generate_s"], "process_s": process_s, "startup_s": r["startup_s"], "rows": len(outputs),
-            "valid": num_valid, "valid_rows_per_s": num_valid / r["generate_s"], "forward_share": None,
+            "valid": num_valid, "valid_rows_per_s": num_valid / r["generate_s"], "job_s": None,
+            "job_valid_rows_per_s": None, "forward_share": None,
             "generated": r["generated_tokens"], "steps_per_token": None, "forced": 0, "engine_steps": None,
             "prompt_tokens": r["prompt_tokens"]}
 
@@ -186,7 +190,9 @@ def main() -> None:
             for name in systems:
                 if name != "vllm":
                     ratio = medians[job, name]["valid_rows_per_s"] / peer if peer else float("inf")
-                    print(f"  {job:12s} {name:16s} {ratio:.2f}x vLLM-CPU's valid rows/s")
+                    job_ratio = medians[job, name]["job_valid_rows_per_s"] / peer if peer else float("inf")
+                    print(f"  {job:12s} {name:16s} {ratio:.2f}x vLLM-CPU's valid rows/s (batchgen whole process); "
+                          f"{job_ratio:.2f}x (batchgen's job alone, as vLLM's generate call)")
 
 
 def line(job: str, name: str, m: dict) -> str:
@@ -194,7 +200,8 @@ def line(job: str, name: str, m: dict) -> str:
             f"{m['valid_rows_per_s']:.3f} valid rows/s  generated {m['generated']}  prompt {m['prompt_tokens']}")
     if name == "vllm":
         return text + f"  (start-up {m['startup_s']:.1f} s, process {m['process_s']:.1f} s)"
-    return text + (f"  forward {100 * m['forward_share']:.1f}%  steps/token {m['steps_per_token']:.3f}  "
+    return text + (f"  job {m['job_s']:.1f} s ({m['job_valid_rows_per_s']:.3f} valid rows/s)"
+                   f"  forward {100 * m['forward_share']:.1f}%  steps/token {m['steps_per_token']:.3f}  "
                    f"forced {m['forced']}  engine steps {m['engine_steps']}")
 
 
