@@ -9,14 +9,13 @@ max(dim=-1) on bf16 logits does not (see the C file).
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
+from batchgen.engine.kernels.common import FLOAT_CODES
 
-SOURCE = Path(__file__).parent / "csrc" / "argmax.c"
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+SOURCE = loader.CSRC / "argmax.c"
 
 
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
@@ -24,16 +23,16 @@ _ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctyp
 
 
 def _kernel():
-    return native.load_function(SOURCE, "argmax_rows", _ARGTYPES)
+    return loader.load_function(SOURCE, "argmax_rows", _ARGTYPES)
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """The first maximal index of each row of logits [num_rows, vocab_size]."""
-    fn = _kernel() if logits.device.type == "cpu" and logits.dtype in _DTYPE_CODES else None
+    fn = _kernel() if logits.device.type == "cpu" and logits.dtype in FLOAT_CODES else None
     if fn is None or logits.dim() != 2 or logits.stride(1) != 1:
         return logits.max(dim=-1).indices.tolist()
     rows, cols = logits.shape
     out = torch.empty(rows, dtype=torch.int64)
-    fn(logits.data_ptr(), _DTYPE_CODES[logits.dtype], rows, cols, logits.stride(0), out.data_ptr(),
+    fn(logits.data_ptr(), FLOAT_CODES[logits.dtype], rows, cols, logits.stride(0), out.data_ptr(),
        torch.get_num_threads())
     return out.tolist()
