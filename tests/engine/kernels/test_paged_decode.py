@@ -106,7 +106,8 @@ def test_build_is_cached_and_keyed_by_source(monkeypatch, tmp_path):
     first = loader.build(paged_decode.SOURCE)
     assert first.parent == tmp_path / "kernels" and first.exists()
     mtime = first.stat().st_mtime_ns
-    assert loader.build(paged_decode.SOURCE) == first and first.stat().st_mtime_ns == mtime, "a second build reuses the file"
+    again = loader.build(paged_decode.SOURCE)
+    assert again == first and first.stat().st_mtime_ns == mtime, "a second build reuses the file"
     assert not [p for p in first.parent.iterdir() if p not in (first, kernel_cache.digest_path(first))], \
         "no temporary files left behind"
 

@@ -6,13 +6,13 @@
  *
  * Same result as torch.argmax / max(dim).indices: the first index of the maximum, and a NaN
  * counts as the maximum (the first NaN's index), so greedy output equals model.generate's.
- * Built at first use by batchgen/engine/native.py like the other csrc/ files.
+ * Built at first use by batchgen/engine/kernels/loader.py like the other csrc/ files.
  */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 
 #include "bf16_convert.h"  /* load_one */
 
@@ -55,12 +55,12 @@ static int64_t argmax_row(const void* x, int bf16, int64_t n) {
 }
 #endif
 
-/* x: [rows] rows of cols logits, row_stride elements apart; dtype 0 float32, 1 bfloat16.
+/* x: [rows] rows of cols logits, row_stride elements apart; dtype DTYPE_F32 or DTYPE_BF16.
  * out[r] = the first index of row r's maximum (of its first NaN, if any). */
 void argmax_rows(const void* x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t* out,
                  int num_threads) {
-    const int elem = dtype == 1 ? 2 : 4;
+    const int elem = dtype == DTYPE_BF16 ? 2 : 4;
     #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t r = 0; r < rows; r++)
-        out[r] = argmax_row((const char*)x + r * row_stride * elem, dtype == 1, cols);
+        out[r] = argmax_row((const char*)x + r * row_stride * elem, dtype == DTYPE_BF16, cols);
 }

@@ -10,13 +10,13 @@
  * each block's lanes added into doubles, so the result stays within ~1e-6 of torch's log_softmax
  * (tests/engine/kernels/test_target_logprob.py). As torch's: a NaN or +inf anywhere in a row, or a
  * row that is -inf everywhere, gives NaN (inf - inf); a -inf target gives -inf.
- * Built at first use by batchgen/engine/kernels/native.py like the other csrc/ files.
+ * Built at first use by batchgen/engine/kernels/loader.py like the other csrc/ files.
  */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 
 #include "bf16_convert.h"  /* load_one */
 
@@ -68,12 +68,12 @@ static double target_logprob_row(const void* x, int bf16, int64_t n, int64_t tar
 }
 #endif
 
-/* x: [rows] rows of cols logits, row_stride elements apart; dtype 0 float32, 1 bfloat16;
+/* x: [rows] rows of cols logits, row_stride elements apart; dtype DTYPE_F32 or DTYPE_BF16;
  * targets[r] in [0, cols). out[r] = log_softmax(x[r])[targets[r]], in double. */
 void target_logprob_rows(const void* x, int dtype, int64_t rows, int64_t cols, int64_t row_stride,
                          const int64_t* targets, double* out, int num_threads) {
-    const int elem = dtype == 1 ? 2 : 4;
+    const int elem = dtype == DTYPE_BF16 ? 2 : 4;
     #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t r = 0; r < rows; r++)
-        out[r] = target_logprob_row((const char*)x + r * row_stride * elem, dtype == 1, cols, targets[r]);
+        out[r] = target_logprob_row((const char*)x + r * row_stride * elem, dtype == DTYPE_BF16, cols, targets[r]);
 }
