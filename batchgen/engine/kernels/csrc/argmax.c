@@ -19,21 +19,16 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #include "simd_load16.h"  /* tail, load16 */
+#include "row_max.h"      /* row_max */
 
 static int64_t argmax_row(const void* x, int bf16, int64_t n) {
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    __mmask16 any_nan = 0;
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = tail(n - i);
-        const __m512 v = load16(x, bf16, i, k);
-        any_nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
-        vm = _mm512_mask_max_ps(vm, k, vm, v);
-    }
+    int any_nan;
+    const float mx = row_max(x, bf16, n, &any_nan);
     if (any_nan) {
         for (int64_t i = 0; i < n; i++)
             if (isnan(load_one(x, bf16, i))) return i;
     }
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+    const __m512 m = _mm512_set1_ps(mx);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = tail(n - i);
         const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, load16(x, bf16, i, k), m, _CMP_EQ_OQ);

@@ -24,19 +24,13 @@
 #include <immintrin.h>
 #include "simd_load16.h"  /* tail, load16 */
 #include "simd_exp.h"     /* exp16 */
+#include "row_max.h"      /* row_max */
 
 #define BLOCK 1024
 
 static double target_logprob_row(const void* x, int bf16, int64_t n, int64_t target) {
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    __mmask16 any_nan = 0;
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = tail(n - i);
-        const __m512 v = load16(x, bf16, i, k);
-        any_nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
-        vm = _mm512_mask_max_ps(vm, k, vm, v);
-    }
-    const float m = _mm512_reduce_max_ps(vm);
+    int any_nan;
+    const float m = row_max(x, bf16, n, &any_nan);
     if (any_nan || isinf(m)) return NAN;
     const __m512 vmax = _mm512_set1_ps(m);
     double total = 0.0;
