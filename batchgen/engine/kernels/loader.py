@@ -130,9 +130,6 @@ def compiler() -> str:
     return cc
 
 
-
-
-
 def _cpu_flags() -> str:
     """This CPU's feature flags: a kernel built with -march=native must not move to another CPU."""
     try:
