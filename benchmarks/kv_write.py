@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from batchgen.engine.kernels import kv_quant_native
+from batchgen.engine.kernels import kv_quant_write
 from batchgen.engine.kv import quant as kv_quant
 from benchmarks.sysload import measure
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    assert kv_quant_native.load() is not None, "the C write did not build"
+    assert kv_quant_write.load() is not None, "the C write did not build"
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(0)
     # token-major memory seen as [1, kv_heads, rows, head_dim] then transposed back, as the op gets k/v

@@ -27,7 +27,7 @@ import torch
 
 from batchgen.engine.attention.base import LayerKV, PackedSeq
 from batchgen.engine.attention.sdpa import build_prefills, prefill_forward
-from batchgen.engine.kernels import native_prefill
+from batchgen.engine.kernels import prefill_attention
 from batchgen.engine.kv import quant as kv_quant
 from benchmarks import sysload
 
@@ -66,9 +66,9 @@ def run_ms(variant: str, case: dict, args: argparse.Namespace) -> float:
     for _ in range(args.reps):
         t = time.perf_counter()
         if path == "kernel":  # metadata built inside the timing, as once per step in the backend
-            batch = native_prefill.PrefillBatch.build(seqs, layer.block_size)
+            batch = prefill_attention.PrefillBatch.build(seqs, layer.block_size)
             scales = None if layer.k_scale is None else (layer.k_scale, layer.v_scale)
-            native_prefill.load()(q, out, layer.k_cache, layer.v_cache, batch, layer.block_size, scale, scales)
+            prefill_attention.load()(q, out, layer.k_cache, layer.v_cache, batch, layer.block_size, scale, scales)
         else:
             prefill_forward(q, k_new, v_new, layer, build_prefills(seqs, layer.block_size, q.device), scale, out)
         times.append(time.perf_counter() - t)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    kernel = native_prefill.load()
+    kernel = prefill_attention.load()
     if kernel is None or not kernel.supports(torch.bfloat16, torch.int8, args.head_dim):
         raise SystemExit("no C prefill kernel for bf16 queries over int8 pages on this CPU (AVX512-BF16)")
     case = make_case(args)

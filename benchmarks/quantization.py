@@ -32,7 +32,7 @@ import warnings
 import torch
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import paged_decode
 from batchgen.engine.kv import quant as kv_quant
 from batchgen.engine.kv.cache import KVCacheSpec
 from batchgen.engine.model.loader import load_model
@@ -89,7 +89,7 @@ def attention_ms(spec_bf16: KVCacheSpec, num_seqs: int, ctx: int, cache_dtype: t
     of num_layers layers, every layer reading its own cache. A run's cache is far larger than the
     CPU's caches, so each layer-step reads its K/V from memory; timing one layer's cache over and
     over would keep it in L2/L3 and hide what the smaller int8 rows save."""
-    kernel = native.load()
+    kernel = paged_decode.load()
     bs, kvh, d = spec_bf16.block_size, spec_bf16.num_kv_heads, spec_bf16.head_dim
     heads = 9  # SmolLM2-135M: 9 query heads over 3 KV heads
     blocks_per_seq = -(-ctx // bs)

@@ -70,7 +70,7 @@ def breakdown(ops: list[tuple[str, float, int]], wall_s: float) -> dict:
 def profile_batchgen(rows: Path, dtype: str, tmp: Path) -> dict:
     import torch
 
-    import batchgen.engine.kernels.fused as fused
+    import batchgen.engine.kernels.pointwise as pointwise
     import batchgen.engine.model_runner as model_runner
     import batchgen.engine.sampling.sampler as sampling
     from batchgen.cli import main as cli
@@ -82,7 +82,8 @@ def profile_batchgen(rows: Path, dtype: str, tmp: Path) -> dict:
         return call
 
     for meth in ("rms_norm", "silu_mul", "rope"):
-        setattr(fused.PointwiseKernels, meth, wrapped(f"batchgen::{meth}", getattr(fused.PointwiseKernels, meth)))
+        kernels = pointwise.PointwiseKernels
+        setattr(kernels, meth, wrapped(f"batchgen::{meth}", getattr(kernels, meth)))
     sampling.argmax_rows = wrapped("batchgen::argmax", sampling.argmax_rows)
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     started: list[float] = []

@@ -17,6 +17,9 @@ RESULTS = sorted((ROOT / "benchmarks" / "results").glob("*.md"))
 LINKED = [ROOT / "README.md", *DOCS, ROOT / "benchmarks" / "README.md", *RESULTS]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 MODULE_PATH = re.compile(r"\bbatchgen/[\w/]+\.(?:py|c|h)\b")
+CSRC = ROOT / "batchgen" / "engine" / "kernels" / "csrc"
+C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+C_PATH = re.compile(r"(?<![<\w/.])((?:\w+/)*\w+\.(?:py|c|h|md))\b")  # not a <system.h>
 
 
 def rel(path: Path) -> str:
@@ -96,6 +99,18 @@ def test_every_module_path_named_exists(page):
     named = set(MODULE_PATH.findall(page.read_text(encoding="utf-8")))
     missing = sorted(p for p in named if not (ROOT / p).is_file())
     assert not missing, (rel(page), missing)
+
+
+@pytest.mark.parametrize("source", sorted(CSRC.glob("*.[ch]")), ids=lambda p: p.name)
+def test_every_path_a_c_comment_names_exists(source):
+    """A path with folders is the repository's, the package's (`engine/...`) or kernels/'s (`csrc/...`);
+    a bare file name is a csrc/ or kernels/ file, or one the same file named with its folders."""
+    named = {p for comment in C_COMMENT.findall(source.read_text(encoding="utf-8")) for p in C_PATH.findall(comment)}
+    known = {p.rpartition("/")[2] for p in named if "/" in p}
+    bases = (ROOT, ROOT / "batchgen", CSRC.parent, CSRC)
+    missing = sorted(p for p in named if not any((base / p).is_file() for base in bases)
+                     and ("/" in p or p not in known))
+    assert not missing, (rel(source), missing)
 
 
 def cli_flags() -> set[str]:

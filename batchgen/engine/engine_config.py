@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 
 from batchgen.config.choices import Policy
-from batchgen.engine.attention.base import SCORE_RULE_FEATURES
 from batchgen.engine.attention.registry import BACKENDS, SET_BY_FLAG, select_backend
 from batchgen.engine.attention.sdpa import SdpaBackend
 from batchgen.engine.kv import quant as kv_quant
 from batchgen.engine.scheduler import sizing
+from batchgen.engine.score_rules import SCORE_RULE_FEATURES
 from batchgen.errors import ConfigError, UnsupportedModelError
 
 

@@ -129,9 +129,9 @@ def test_fused_cpu_paths_apply_only_where_the_math_is_llamas(caplog):
     """Gemma's (1 + weight) norm (its q/k norms too) and GELU-tanh MLP keep their own forwards, an
     MoE block keeps its own forward (its experts: engine/model/experts.py), Mistral's norm and MLP
     fuse; each decision is logged once."""
-    from batchgen.engine.kernels import fused
+    from batchgen.engine.kernels import fused, pointwise
 
-    if fused.load() is None:
+    if pointwise.load() is None:
         pytest.skip("no C compiler")
     with caplog.at_level("DEBUG", logger="batchgen.engine.kernels.fused"):
         assert fused.fuse_pointwise(build("gemma3")) == 0

@@ -1,7 +1,8 @@
 """The CPU default: decode through the C kernel that reads K/V in place from the pages
-(engine/kernels/native.py), prefill chunks through the C prefill kernel (engine/kernels/native_prefill.py) where
-it has one for the dtypes and head size (int8 pages included), else through the SDPA backend's path.
-Both kernels honour a layer's sliding window, softcap and sinks (engine/attention/base.py's ScoreRules)."""
+(engine/kernels/paged_decode.py), prefill chunks through the C prefill kernel
+(engine/kernels/prefill_attention.py) where it has one for the dtypes and head size (int8 pages
+included), else through the SDPA backend's path. Both kernels honour a layer's sliding window,
+softcap and sinks (engine/score_rules.py's ScoreRules)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchgen.engine.attention.base import (
-    DEFAULT_BLOCK_SIZE,
-    NO_RULES,
-    LayerKV,
-    PackedSeq,
-    ScoreRules,
-    block_table_tensor,
-)
+from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, LayerKV
 from batchgen.engine.attention.sdpa import PrefillSeq, build_prefills, prefill_forward
-from batchgen.engine.kernels import native, native_prefill
+from batchgen.engine.kernels import paged_decode, prefill_attention
+from batchgen.engine.packed_seq import PackedSeq, block_table_tensor
+from batchgen.engine.score_rules import NO_RULES, ScoreRules
 
 
 @dataclass(slots=True)
@@ -33,7 +29,7 @@ class NativeDecode:
 @dataclass(slots=True)
 class NativeMetadata:
     decode: NativeDecode | None
-    prefill: native_prefill.PrefillBatch | None  # the step's prefill sequences for the C kernel
+    prefill: prefill_attention.PrefillBatch | None  # the step's prefill sequences for the C kernel
     seqs: list[PackedSeq] = field(default_factory=list)
     block_size: int = 0
     device: torch.device | None = None
@@ -58,7 +54,8 @@ class CpuBackend:
 
     @staticmethod
     def available(device: torch.device, dtype: torch.dtype) -> bool:
-        return device.type == "cpu" and native.PagedDecodeKernel.supports(dtype, dtype) and native.load() is not None
+        return (device.type == "cpu" and paged_decode.PagedDecodeKernel.supports(dtype, dtype)
+                and paged_decode.load() is not None)
 
     @staticmethod
     def requirement(device: torch.device, dtype: torch.dtype) -> str:
@@ -68,7 +65,7 @@ class CpuBackend:
     def build_metadata(self, seqs: list[PackedSeq], block_size: int, device: torch.device) -> NativeMetadata:
         decode = [s for s in seqs if s.num_new_tokens == 1]
         return NativeMetadata(_native_decode(decode, block_size, device) if decode else None,
-                              native_prefill.PrefillBatch.build(seqs, block_size), seqs, block_size, device)
+                              prefill_attention.PrefillBatch.build(seqs, block_size), seqs, block_size, device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, metadata: NativeMetadata,
                 scale: float, rules: ScoreRules = NO_RULES) -> torch.Tensor:
@@ -76,11 +73,11 @@ class CpuBackend:
         scales = None if layer.k_scale is None else (layer.k_scale, layer.v_scale)
         nd = metadata.decode
         if nd is not None:
-            od = native.load()(q.index_select(0, nd.token_idx), layer.k_cache, layer.v_cache, nd.block_tables,
+            od = paged_decode.load()(q.index_select(0, nd.token_idx), layer.k_cache, layer.v_cache, nd.block_tables,
                                nd.context_lens, layer.block_size, scale, scales, rules)
             out.index_copy_(0, nd.token_idx, od)
         if metadata.prefill is not None:
-            kernel = native_prefill.load()
+            kernel = prefill_attention.load()
             # the kernel reads the pages, which already hold this step's K/V (attention.py writes
             # first): int8 pages give the new tokens as the cache stores them, as every later read
             if kernel is not None and kernel.supports(q.dtype, layer.k_cache.dtype, q.shape[2]):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from batchgen.engine.attention.base import ScoreRules
+from batchgen.engine.score_rules import ScoreRules
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine.attention.base import NO_RULES, LayerKV, PackedSeq, ScoreRules, cdiv
+from batchgen.engine.attention.base import LayerKV
+from batchgen.engine.packed_seq import PackedSeq, cdiv
+from batchgen.engine.score_rules import NO_RULES, ScoreRules
 
 FLASH_BLOCK_SIZE_MULTIPLE = 256  # flash-attn 2 paged KV needs pages of a multiple of 256 tokens
 

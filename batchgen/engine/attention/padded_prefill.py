@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine.attention.base import LayerKV, PackedSeq, cdiv
+from batchgen.engine.attention.base import LayerKV
 from batchgen.engine.kv import quant as kv_quant
+from batchgen.engine.packed_seq import PackedSeq, cdiv
 
 # below this many sequences of a kind in a step the per-sequence calls are as cheap
 MIN_PADDED_SEQS = 2

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from batchgen.engine.attention.base import NO_RULES, AttentionBackend, LayerKV, ScoreRules
+from batchgen.engine.attention.base import AttentionBackend, LayerKV
 from batchgen.engine.forward_context import current_metadata
 from batchgen.engine.kv import quant as kv_quant
+from batchgen.engine.score_rules import NO_RULES, ScoreRules
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
 

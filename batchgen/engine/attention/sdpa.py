@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, NO_RULES, LayerKV, PackedSeq, ScoreRules, cdiv
+from batchgen.engine.attention.base import DEFAULT_BLOCK_SIZE, LayerKV
 from batchgen.engine.attention.explicit import explicit_attention
 from batchgen.engine.attention.padded_prefill import PaddedBatch, build_padded_batches, padded_forward
 from batchgen.engine.kv import quant as kv_quant
+from batchgen.engine.packed_seq import PackedSeq, cdiv
+from batchgen.engine.score_rules import NO_RULES, ScoreRules
 
 # decode sequences are grouped by context length so that padding to a group's longest context
 # wastes little; a new group starts when the longest would exceed this multiple of the shortest

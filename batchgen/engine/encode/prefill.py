@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from batchgen.engine.attention import paged as attention
-from batchgen.engine.attention.base import PackedSeq, cdiv
 from batchgen.engine.attention.registry import make_backend
 from batchgen.engine.encode.heads import decoder_of
 from batchgen.engine.encode.packing import PackedBatch
@@ -31,6 +30,7 @@ from batchgen.engine.engine_config import EngineConfig, resolve_attention
 from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCacheSpec
 from batchgen.engine.model import families
+from batchgen.engine.packed_seq import PackedSeq, cdiv
 
 # the scratch cache grows at least this much at a time, so a window of batches a little longer each
 # does not reallocate it at every batch

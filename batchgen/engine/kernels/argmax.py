@@ -10,14 +10,13 @@ greedy pick: the grammar's bitmask read in the same passes instead of a masked c
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
+from batchgen.engine.kernels.common import FLOAT_CODES
 
-SOURCE = Path(__file__).parent / "csrc" / "argmax.c"
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+SOURCE = loader.CSRC / "argmax.c"
 
 
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
@@ -29,17 +28,17 @@ _MASKED_ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int6
 
 
 def _kernel():
-    return native.load_function(SOURCE, "argmax_rows", _ARGTYPES)
+    return loader.load_function(SOURCE, "argmax_rows", _ARGTYPES)
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """The first maximal index of each row of logits [num_rows, vocab_size]."""
-    fn = _kernel() if logits.device.type == "cpu" and logits.dtype in _DTYPE_CODES else None
+    fn = _kernel() if logits.device.type == "cpu" and logits.dtype in FLOAT_CODES else None
     if fn is None or logits.dim() != 2 or logits.stride(1) != 1:
         return logits.max(dim=-1).indices.tolist()
     rows, cols = logits.shape
     out = torch.empty(rows, dtype=torch.int64)
-    fn(logits.data_ptr(), _DTYPE_CODES[logits.dtype], rows, cols, logits.stride(0), out.data_ptr(),
+    fn(logits.data_ptr(), FLOAT_CODES[logits.dtype], rows, cols, logits.stride(0), out.data_ptr(),
        torch.get_num_threads())
     return out.tolist()
 
@@ -49,10 +48,10 @@ def argmax_rows_masked(logits: torch.Tensor, bitmask: torch.Tensor, word_rows: l
     bitmask row allows: row r reads bitmask[word_rows[r]] (int32 words, bit t % 32 of word t // 32;
     tokens past the words forbidden), or nothing where word_rows[r] < 0. The same answer as
     argmax_rows over a copy with -inf at the forbidden tokens; None where the kernel cannot run."""
-    if (logits.device.type != "cpu" or logits.dtype not in _DTYPE_CODES or logits.dim() != 2
+    if (logits.device.type != "cpu" or logits.dtype not in FLOAT_CODES or logits.dim() != 2
             or logits.stride(1) != 1 or bitmask.dtype != torch.int32 or len(word_rows) != logits.shape[0]):
         return None
-    fn = native.load_function(SOURCE, "argmax_rows_masked", _MASKED_ARGTYPES)
+    fn = loader.load_function(SOURCE, "argmax_rows_masked", _MASKED_ARGTYPES)
     if fn is None:
         return None
     words = bitmask.contiguous()
@@ -60,6 +59,6 @@ def argmax_rows_masked(logits: torch.Tensor, bitmask: torch.Tensor, word_rows: l
     assert index.numel() == 0 or int(index.max()) < words.shape[0], "a row reads a bitmask row that is not there"
     rows, cols = logits.shape
     out = torch.empty(rows, dtype=torch.int64)
-    fn(logits.data_ptr(), _DTYPE_CODES[logits.dtype], rows, cols, logits.stride(0), words.data_ptr(), words.shape[1],
+    fn(logits.data_ptr(), FLOAT_CODES[logits.dtype], rows, cols, logits.stride(0), words.data_ptr(), words.shape[1],
        index.data_ptr(), out.data_ptr(), torch.get_num_threads())
     return out.tolist()

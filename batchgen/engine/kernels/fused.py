@@ -3,7 +3,7 @@ the rotary embedding.
 
 In eager PyTorch these chains are many small ops, each a pass over the activations, a dispatch and
 an OpenMP wake-up, which together make a real share of a small model's step. Each becomes one C call
-(built like the decode kernel, engine/kernels/native.py).
+(csrc/pointwise.c, bound by engine/kernels/pointwise.py).
 
 The model stays the Hugging Face model: only the `forward` of matching module instances is
 replaced, and only where the replacement computes what the original does. A module matches when
@@ -29,8 +29,6 @@ engine fused, also for a later engine built with `fuse_pointwise=False`, with th
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import inspect
 import logging
 import sys
@@ -40,103 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from batchgen.engine.forward_context import current_metadata
-from batchgen.engine.kernels import native
-from batchgen.engine.kernels.fused_int8 import DTYPE_CODES as _DTYPE_CODES
-from batchgen.engine.kernels.fused_int8 import Int8RowKernels
+from batchgen.engine.kernels.common import FLOAT_CODES
+from batchgen.engine.kernels.pointwise import PointwiseKernels, load, rope_layout_ok, rows_view
 
 log = logging.getLogger(__name__)
-
-_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-
-
-class PointwiseKernels(Int8RowKernels):
-    """ctypes bindings of csrc/pointwise.c (its int8 activation passes: engine/kernels/fused_int8.py)."""
-
-    def __init__(self, lib: ctypes.CDLL):
-        self._rms = lib.rms_norm
-        self._rms.argtypes = [_P, _P, _P, _I, _L, _L, ctypes.c_float, _I]
-        self._rms.restype = None
-        self._silu = lib.silu_mul
-        self._silu.argtypes = [_P, _P, _P, _I, _L, _I]
-        self._silu.restype = None
-        self._silu_rows = lib.silu_mul_rows  # row-strided gate/up: halves of a stacked matmul's output
-        self._silu_rows.argtypes = [_P, _P, _P, _I, _L, _L, _L, _L, _I]
-        self._silu_rows.restype = None
-        self._rope = lib.rope
-        self._rope.argtypes = [_P, _P, _P, _P, _P, _P, _I, _L, _L, _L, _L, _I]
-        self._rope.restype = None
-        super().__init__(lib)
-
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == x.dtype
-        out = torch.empty_like(x)
-        cols = x.shape[-1]
-        self._rms(x.data_ptr(), weight.data_ptr(), out.data_ptr(), _DTYPE_CODES[x.dtype], x.numel() // cols, cols,
-                  float(eps), torch.get_num_threads())
-        return out
-
-    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up, contiguous; gate and up contiguous, or row-strided (rows_view)."""
-        assert gate.shape == up.shape and gate.dtype == up.dtype
-        out = torch.empty(gate.shape, dtype=gate.dtype)
-        if gate.is_contiguous() and up.is_contiguous():
-            self._silu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], gate.numel(),
-                       torch.get_num_threads())
-            return out
-        g, u = rows_view(gate), rows_view(up)
-        assert g is not None and u is not None
-        self._silu_rows(g.data_ptr(), u.data_ptr(), out.data_ptr(), _DTYPE_CODES[gate.dtype], g.shape[0], g.shape[1],
-                        g.stride(0), u.stride(0), torch.get_num_threads())
-        return out
-
-    def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q [B, H, T, D], k [B, KVH, T, D] (token-major memory), cos/sin [B, T, D] -> rotated q, k."""
-        assert _rope_layout_ok(q, k, cos, sin)
-        B, H, T, D = q.shape
-        q_out = torch.empty((B, T, H, D), dtype=q.dtype).transpose(1, 2)
-        k_out = torch.empty((B, T, k.shape[1], D), dtype=k.dtype).transpose(1, 2)
-        self._rope(q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(), k_out.data_ptr(),
-                   _DTYPE_CODES[q.dtype], B * T, H, k.shape[1], D, torch.get_num_threads())
-        return q_out, k_out
-
-
-def rows_view(x: torch.Tensor) -> torch.Tensor | None:
-    """x as [rows, cols] with unit column stride and one row stride (a column slice of a wider
-    contiguous tensor), or None when its memory is not laid out so."""
-    if x.dim() == 0 or x.stride(-1) != 1:
-        return None
-    try:
-        return x.view(-1, x.shape[-1])
-    except RuntimeError:  # rows not evenly strided
-        return None
-
-
-def _token_major(x: torch.Tensor) -> bool:
-    """[B, heads, T, D] viewed from [B, T, heads, D] contiguous memory (q_proj(...).view().transpose(1, 2))."""
-    B, heads, T, D = x.shape
-    return x.stride() == (T * heads * D, D, heads * D, 1) or (x.is_contiguous() and (heads == 1 or T == 1))
-
-
-def _rope_layout_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3:
-        return False
-    B, _, T, D = q.shape
-    return (q.dtype in _DTYPE_CODES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
-            and q.device.type == "cpu" and not torch.is_grad_enabled() and D % 2 == 0
-            and k.shape[0] == B and k.shape[2] == T and k.shape[3] == D
-            and cos.shape == (B, T, D) and sin.shape == (B, T, D) and cos.is_contiguous() and sin.is_contiguous()
-            and _token_major(q) and _token_major(k))
-
-
-def load() -> PointwiseKernels | None:
-    lib = native.load_library(native.POINTWISE_SOURCE)
-    return PointwiseKernels(lib) if lib is not None else None
-
-
-@functools.cache
-def load_cached() -> PointwiseKernels | None:
-    """load(), once per process: for callers on the per-call path (engine/quant/int8.py)."""
-    return load()
 
 
 def _plain_function(fn):
@@ -176,7 +81,7 @@ def _is_silu(act) -> bool:
 
 def _fast_path(x: torch.Tensor) -> bool:
     # under autograd, or on an unexpected tensor, the module's own forward runs
-    return x.dtype in _DTYPE_CODES and x.device.type == "cpu" and x.is_contiguous() and not torch.is_grad_enabled()
+    return x.dtype in FLOAT_CODES and x.device.type == "cpu" and x.is_contiguous() and not torch.is_grad_enabled()
 
 
 def _has_quantized_layers(model: torch.nn.Module) -> bool:
@@ -196,7 +101,7 @@ def _has_quantized_layers(model: torch.nn.Module) -> bool:
 def fuse_pointwise(model: torch.nn.Module) -> int:
     """Give matching RMSNorm and MLP modules the fused forwards; returns how many. Idempotent."""
     param = next(model.parameters(), None)
-    if param is None or param.device.type != "cpu" or param.dtype not in _DTYPE_CODES:
+    if param is None or param.device.type != "cpu" or param.dtype not in FLOAT_CODES:
         return 0
     if param.dtype == torch.float32 and _has_quantized_layers(model):
         return 0
@@ -266,7 +171,7 @@ def fuse_rope(model: torch.nn.Module, kernels: PointwiseKernels) -> list[str]:
 
 def _make_rope(kernels: PointwiseKernels, original):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if current_metadata() is not None and unsqueeze_dim == 1 and _rope_layout_ok(q, k, cos, sin):
+        if current_metadata() is not None and unsqueeze_dim == 1 and rope_layout_ok(q, k, cos, sin):
             return kernels.rope(q, k, cos, sin)
         return original(q, k, cos, sin, unsqueeze_dim)
 

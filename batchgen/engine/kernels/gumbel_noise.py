@@ -7,13 +7,12 @@ on the CPU this computes the same values in one pass (see the C file for why).
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
 
-SOURCE = Path(__file__).parent / "csrc" / "gumbel_noise.c"
+SOURCE = loader.CSRC / "gumbel_noise.c"
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
              ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
 
@@ -23,7 +22,7 @@ def gumbel_noise(key_lo: torch.Tensor, key_hi: torch.Tensor, token_ids: torch.Te
     """key_lo, key_hi: [rows, 1] int32; token_ids: [rows, n] or [n] int64. Returns [rows, n] float32."""
     if key_lo.device.type != "cpu" or token_ids.device.type != "cpu" or token_ids.dtype != torch.int64:
         return None
-    fn = native.load_function(SOURCE, "gumbel_noise", _ARGTYPES)
+    fn = loader.load_function(SOURCE, "gumbel_noise", _ARGTYPES)
     if fn is None:
         return None
     lo = key_lo.reshape(-1).contiguous()

@@ -13,7 +13,7 @@ write (a shared $XDG_CACHE_HOME, a team's BATCHGEN_CACHE_DIR). So:
   very open file: a regular file owned by the current user, writable by no group or other user, its
   sha256 the recorded one (whose file passes the same ownership checks). The caller loads it
   through the open descriptor (`fd_path`), so a file renamed over the checked one in between is
-  never the one loaded. A file that fails is built again (batchgen.engine.kernels.native), never loaded.
+  never the one loaded. A file that fails is built again (batchgen.engine.kernels.loader), never loaded.
 """
 
 from __future__ import annotations

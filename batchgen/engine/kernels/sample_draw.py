@@ -7,14 +7,13 @@ its window path, without the window's tensors (see the C file for why and how).
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
+from batchgen.engine.kernels.common import FLOAT_CODES
 
-SOURCE = Path(__file__).parent / "csrc" / "sample_draw.c"
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+SOURCE = loader.CSRC / "sample_draw.c"
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = (_P, ctypes.c_int, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _I64, ctypes.c_uint32, ctypes.c_int, _P,
              ctypes.c_int)
@@ -25,9 +24,9 @@ def sample_draw(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
                 uniform_bits: int) -> torch.Tensor | None:
     """logits: [rows, vocab_size] on the CPU; the settings [rows] each: temperature, top_p, min_p
     float32, top_k, seeds, positions int64. Returns the drawn token ids, [rows] int64."""
-    if logits.device.type != "cpu" or logits.dtype not in _DTYPE_CODES or logits.dim() != 2 or logits.stride(1) != 1:
+    if logits.device.type != "cpu" or logits.dtype not in FLOAT_CODES or logits.dim() != 2 or logits.stride(1) != 1:
         return None
-    fn = native.load_function(SOURCE, "sample_draw", _ARGTYPES)
+    fn = loader.load_function(SOURCE, "sample_draw", _ARGTYPES)
     if fn is None:
         return None
     rows, cols = logits.shape
@@ -35,7 +34,7 @@ def sample_draw(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
                                          min_p.to(torch.float32), seeds.to(torch.int64), positions.to(torch.int64))]
     assert all(t.shape == (rows,) for t in settings)
     out = torch.empty(rows, dtype=torch.int64)
-    fn(logits.data_ptr(), _DTYPE_CODES[logits.dtype], rows, cols, logits.stride(0), *(t.data_ptr() for t in settings),
+    fn(logits.data_ptr(), FLOAT_CODES[logits.dtype], rows, cols, logits.stride(0), *(t.data_ptr() for t in settings),
        window, salt & 0xFFFFFFFF, uniform_bits, out.data_ptr(), torch.get_num_threads())
     if bool((out < 0).any()):
         raise MemoryError("sampled draw: out of memory for a row's scratch buffers")

@@ -9,14 +9,13 @@ logsumexp over the whole [rows, vocab] block).
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
+from batchgen.engine.kernels.common import FLOAT_CODES
 
-SOURCE = Path(__file__).parent / "csrc" / "sample_window.c"
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+SOURCE = loader.CSRC / "sample_window.c"
 
 
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
@@ -24,14 +23,14 @@ _ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctyp
 
 
 def _kernel():
-    return native.load_function(SOURCE, "sample_window", _ARGTYPES)
+    return loader.load_function(SOURCE, "sample_window", _ARGTYPES)
 
 
 def sample_window(logits: torch.Tensor, temperature: torch.Tensor,
                   window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """logits: [rows, vocab_size] on the CPU; temperature: [rows] float32; window < vocab_size.
     Returns (values [rows, window] float32, ids [rows, window] int64, logsumexp [rows] float32)."""
-    fn = _kernel() if logits.device.type == "cpu" and logits.dtype in _DTYPE_CODES else None
+    fn = _kernel() if logits.device.type == "cpu" and logits.dtype in FLOAT_CODES else None
     if fn is None or logits.dim() != 2 or logits.stride(1) != 1:
         return None
     rows, cols = logits.shape
@@ -39,6 +38,6 @@ def sample_window(logits: torch.Tensor, temperature: torch.Tensor,
     values = torch.empty(rows, window, dtype=torch.float32)
     ids = torch.empty(rows, window, dtype=torch.int64)
     lse = torch.empty(rows, dtype=torch.float32)
-    fn(logits.data_ptr(), _DTYPE_CODES[logits.dtype], rows, cols, logits.stride(0), temperature.data_ptr(), window,
+    fn(logits.data_ptr(), FLOAT_CODES[logits.dtype], rows, cols, logits.stride(0), temperature.data_ptr(), window,
        values.data_ptr(), ids.data_ptr(), lse.data_ptr(), torch.get_num_threads())
     return values, ids, lse

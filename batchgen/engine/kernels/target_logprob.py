@@ -5,14 +5,13 @@ on the CPU (two passes over each row where it lies), torch's log_softmax elsewhe
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
+from batchgen.engine.kernels.common import FLOAT_CODES
 
-SOURCE = Path(__file__).parent / "csrc" / "target_logprob.c"
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+SOURCE = loader.CSRC / "target_logprob.c"
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
              ctypes.c_void_p, ctypes.c_int)
 
@@ -20,14 +19,14 @@ _ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctyp
 def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """float64 [rows]: log_softmax(logits[r])[targets[r]] of logits [rows, vocab] (any float dtype)."""
     fn = None
-    if logits.device.type == "cpu" and logits.dtype in _DTYPE_CODES and logits.dim() == 2 and logits.stride(1) == 1:
-        fn = native.load_function(SOURCE, "target_logprob_rows", _ARGTYPES)
+    if logits.device.type == "cpu" and logits.dtype in FLOAT_CODES and logits.dim() == 2 and logits.stride(1) == 1:
+        fn = loader.load_function(SOURCE, "target_logprob_rows", _ARGTYPES)
     if fn is None:
         return logits.float().log_softmax(-1).gather(1, targets[:, None])[:, 0].double()
     rows, cols = logits.shape
     targets = targets.to(torch.int64).contiguous()
     assert targets.shape == (rows,) and (not rows or 0 <= int(targets.min()) <= int(targets.max()) < cols)
     out = torch.empty(rows, dtype=torch.float64)
-    fn(logits.data_ptr(), _DTYPE_CODES[logits.dtype], rows, cols, logits.stride(0), targets.data_ptr(),
+    fn(logits.data_ptr(), FLOAT_CODES[logits.dtype], rows, cols, logits.stride(0), targets.data_ptr(),
        out.data_ptr(), torch.get_num_threads())
     return out

@@ -7,14 +7,14 @@ this writes -inf over each constrained row's forbidden tokens in place (see the 
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
+from batchgen.engine.kernels.common import DTYPE_CODES
 
-SOURCE = Path(__file__).parent / "csrc" / "token_bitmask.c"
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+SOURCE = loader.CSRC / "token_bitmask.c"
+_DTYPE_CODES = {dtype: DTYPE_CODES[dtype] for dtype in (torch.float32, torch.bfloat16, torch.float16)}
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int)
 
@@ -26,7 +26,7 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: list
     if (logits.device.type != "cpu" or logits.dtype not in _DTYPE_CODES or logits.dim() != 2
             or logits.stride(1) != 1 or bitmask.dtype != torch.int32 or bitmask.shape[0] != len(rows)):
         return False
-    fn = native.load_function(SOURCE, "apply_token_bitmask", _ARGTYPES)
+    fn = loader.load_function(SOURCE, "apply_token_bitmask", _ARGTYPES)
     if fn is None:
         return False
     words = bitmask.contiguous()

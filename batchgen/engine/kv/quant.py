@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from batchgen.engine.kernels import kv_quant_native
+from batchgen.engine.kernels import kv_quant_write
 from batchgen.errors import ConfigError
 
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
@@ -88,7 +88,7 @@ def write(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor, v
     ops where that library cannot be built and on CUDA. Nothing is dequantized here: the decode
     kernels read the pages, and the one path that attends over the new K/V directly (the SDPA
     prefill of a sequence with no cached past) fake-quantizes its own slice."""
-    kernel = kv_quant_native.load() if k.is_cpu else None
+    kernel = kv_quant_write.load() if k.is_cpu else None
     if kernel is None or not kernel.write(k_cache, v_cache, k_scale, v_scale, slot_mapping, k, v):
         write_torch(k_cache, v_cache, k_scale, v_scale, slot_mapping, k, v)
 

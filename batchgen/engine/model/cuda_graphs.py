@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.engine.attention.base import cdiv
 from batchgen.engine.attention.paged import AttentionMetadata
 from batchgen.engine.forward_context import forward_context
 from batchgen.engine.kv.cache import KVCache
 from batchgen.engine.kv.groups import KVGroups
+from batchgen.engine.packed_seq import cdiv
 from batchgen.engine.scheduler.output import SchedulerOutput
 
 log = logging.getLogger(__name__)

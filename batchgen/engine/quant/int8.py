@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from batchgen.engine.kernels import fused
+from batchgen.engine.kernels import pointwise
 from batchgen.engine.quant import outliers as quantize_outliers
 from batchgen.engine.quant.embedding import quantize_rows
 
@@ -52,7 +52,7 @@ def supported(device_type: str) -> bool:
 
 
 def _kernels():
-    return fused.load_cached()
+    return pointwise.load_cached()
 
 
 class Int8DynamicLinear(torch.nn.Module):
@@ -61,7 +61,7 @@ class Int8DynamicLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, outliers: torch.Tensor | None = None, asymmetric: bool = False):
         """`outliers`: int64 indices of input channels computed in the model dtype, outside the int8
         matmul (engine/quant/outliers.py). `asymmetric`: per-token asymmetric activations (a zero
-        point per row, fused.quantize_rows_u8_asym) instead of symmetric ones."""
+        point per row, pointwise.quantize_rows_u8_asym) instead of symmetric ones."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype

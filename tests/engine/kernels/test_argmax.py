@@ -69,7 +69,7 @@ def scalar_build(tmp_path_factory):
     def run(logits, bitmask, word_rows):
         out = torch.empty(logits.shape[0], dtype=torch.int64)
         index = torch.tensor(word_rows, dtype=torch.int64)
-        fn(logits.data_ptr(), argmax._DTYPE_CODES[logits.dtype], logits.shape[0], logits.shape[1], logits.stride(0),
+        fn(logits.data_ptr(), argmax.FLOAT_CODES[logits.dtype], logits.shape[0], logits.shape[1], logits.stride(0),
            bitmask.data_ptr(), bitmask.shape[1], index.data_ptr(), out.data_ptr(), 1)
         return out.tolist()
     return run

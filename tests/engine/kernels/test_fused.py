@@ -1,5 +1,5 @@
-"""Fused CPU pointwise kernels (engine/kernels/fused.py, csrc/pointwise.c): the eager ops' results, the
-same model, and only on modules whose forward they reproduce."""
+"""Fused CPU pointwise kernels (engine/kernels/fused.py, engine/kernels/pointwise.py, csrc/pointwise.c):
+the eager ops' results, the same model, and only on modules whose forward they reproduce."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.kernels import fused
+from batchgen.engine.kernels import fused, pointwise
 from batchgen.engine.request import Request, SamplingParams
 from tests.tiny import make_tiny_model
 
@@ -17,8 +17,8 @@ BF16 = torch.bfloat16
 
 
 @pytest.fixture(scope="module")
-def kernels() -> fused.PointwiseKernels:
-    k = fused.load()
+def kernels() -> pointwise.PointwiseKernels:
+    k = pointwise.load()
     assert k is not None, "the kernels must build where a C compiler is present (CI has gcc)"
     return k
 
@@ -60,11 +60,11 @@ def test_silu_mul_reads_the_halves_of_a_stacked_output_in_place(kernels, dtype, 
     gen = torch.Generator().manual_seed(rows)
     stacked = (torch.randn(1, rows, 2 * 1536, generator=gen) * 4).to(dtype)  # [gate | up] per row
     gate, up = stacked[..., :1536], stacked[..., 1536:]
-    assert fused.rows_view(gate) is not None and (rows == 1 or not gate.is_contiguous())
+    assert pointwise.rows_view(gate) is not None and (rows == 1 or not gate.is_contiguous())
     got = kernels.silu_mul(gate, up)
     assert got.is_contiguous() and got.shape == gate.shape
     assert torch.equal(got, kernels.silu_mul(gate.contiguous(), up.contiguous()))  # the same bits as contiguous
-    assert fused.rows_view(stacked.transpose(1, 2)) is None  # columns not unit-strided: the eager ops take it
+    assert pointwise.rows_view(stacked.transpose(1, 2)) is None  # columns not unit-strided: the eager ops take it
 
 
 def test_fuses_norms_and_mlps_of_a_bf16_llama_and_keeps_its_logits():
@@ -156,8 +156,8 @@ def test_rope_is_replaced_in_the_modeling_module_and_runs_only_inside_an_engine_
     original = replacement._batchgen_original
     assert fused.fuse_rope(model, kernels) == [], "idempotent"
     calls = []
-    real_rope = fused.PointwiseKernels.rope
-    monkeypatch.setattr(fused.PointwiseKernels, "rope", lambda self, *a: calls.append(1) or real_rope(self, *a))
+    real_rope = pointwise.PointwiseKernels.rope
+    monkeypatch.setattr(pointwise.PointwiseKernels, "rope", lambda self, *a: calls.append(1) or real_rope(self, *a))
 
     gen = torch.Generator().manual_seed(0)
     q, k = token_major(1, 4, 4, 16, gen), token_major(1, 4, 2, 16, gen)

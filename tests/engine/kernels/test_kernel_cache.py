@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from batchgen.engine.kernels import kernel_cache, native
+from batchgen.engine.kernels import kernel_cache, loader
 
-SOURCE = native.Path(native.__file__).parent / "csrc" / "argmax.c"
+SOURCE = loader.CSRC / "argmax.c"
 EVIL_C = """
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +35,7 @@ def umask_002():
 
 def test_directories_it_creates_are_private_under_umask_002(monkeypatch, tmp_path, umask_002):
     monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path / "cache"))
-    built = native._build(SOURCE)
+    built = loader.build(SOURCE)
     for directory in (tmp_path / "cache", tmp_path / "cache" / "kernels"):
         assert not directory.stat().st_mode & 0o022, oct(directory.stat().st_mode)
     assert kernel_cache.problem(built) is None
@@ -51,14 +51,14 @@ def test_directories_it_creates_are_private_under_umask_002(monkeypatch, tmp_pat
 def test_a_cache_directory_others_can_change_is_refused(monkeypatch, tmp_path, caplog, where, mode, refused):
     root = tmp_path / "shared" / "cache"
     monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(root))
-    native._build(SOURCE)
+    loader.build(SOURCE)
     (root / "kernels" if where == "kernels" else tmp_path / "shared").chmod(mode)
-    native.load_library.cache_clear()
+    loader.load_library.cache_clear()
     try:
         with caplog.at_level("WARNING"):
-            lib = native.load_library(SOURCE)
+            lib = loader.load_library(SOURCE)
     finally:
-        native.load_library.cache_clear()
+        loader.load_library.cache_clear()
     assert (lib is None) == refused
     if refused:
         assert "could be changed by others" in caplog.text and "not sticky" in caplog.text
@@ -66,11 +66,11 @@ def test_a_cache_directory_others_can_change_is_refused(monkeypatch, tmp_path, c
 
 def test_a_cache_directory_of_another_user_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path))
-    native._build(SOURCE)
+    loader.build(SOURCE)
     monkeypatch.setattr(kernel_cache.os, "geteuid", lambda: os.stat(tmp_path).st_uid + 1)
     assert "not by this user" in kernel_cache.dir_problem(tmp_path / "kernels")
     with pytest.raises(RuntimeError, match="could be changed by others"):
-        native._build(SOURCE)
+        loader.build(SOURCE)
 
 
 def test_a_file_renamed_over_the_checked_one_is_never_loaded(monkeypatch, tmp_path):
@@ -90,6 +90,6 @@ def test_a_file_renamed_over_the_checked_one_is_never_loaded(monkeypatch, tmp_pa
         return fd
 
     monkeypatch.setattr(kernel_cache, "open_trusted", open_then_swap)
-    lib = native._load(SOURCE)
+    lib = loader.load(SOURCE)
     assert not mark.exists(), "the swapped-in file's constructor ran"
     assert isinstance(lib, ctypes.CDLL) and hasattr(lib, "argmax_rows")

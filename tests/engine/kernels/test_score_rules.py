@@ -12,10 +12,10 @@ import torch
 from batchgen.engine.attention.base import LayerKV, PackedSeq, ScoreRules
 from batchgen.engine.attention.cpu import CpuBackend
 from batchgen.engine.attention.sdpa import SdpaBackend
-from batchgen.engine.kernels import native, native_prefill
+from batchgen.engine.kernels import paged_decode, prefill_attention
 
-decode_kernel = native.load()
-prefill_kernel = native_prefill.load()
+decode_kernel = paged_decode.load()
+prefill_kernel = prefill_attention.load()
 needs_decode = pytest.mark.skipif(decode_kernel is None, reason="no C compiler")
 
 # (sliding window, softcap, with sinks)
@@ -138,11 +138,11 @@ def test_prefill_kernel_chunks_under_a_window_agree_with_one_pass():
     seqs, q, k_cache, v_cache, gen = make_step([(0, 600)], 9, 3, 64, 16, torch.float32, 3)
     rules = make_rules(100, 4.0, True, 9, gen)
     whole = torch.empty_like(q)
-    prefill_kernel(q, whole, k_cache, v_cache, native_prefill.PrefillBatch.build(seqs, 16), 16, 0.125, None, rules)
+    prefill_kernel(q, whole, k_cache, v_cache, prefill_attention.PrefillBatch.build(seqs, 16), 16, 0.125, None, rules)
     chunks = torch.empty_like(q)
     for past, new in [(0, 70), (70, 250), (320, 280)]:
         part = torch.empty(new, 9, 64)
-        step = native_prefill.PrefillBatch.build([PackedSeq(0, new, past, seqs[0].block_table)], 16)
+        step = prefill_attention.PrefillBatch.build([PackedSeq(0, new, past, seqs[0].block_table)], 16)
         prefill_kernel(q[past:past + new].contiguous(), part, k_cache, v_cache, step, 16, 0.125, None, rules)
         chunks[past:past + new] = part
     torch.testing.assert_close(chunks, whole, rtol=1e-5, atol=1e-5)

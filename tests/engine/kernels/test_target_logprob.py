@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from batchgen.engine.kernels import native, target_logprob
+from batchgen.engine.kernels import paged_decode, target_logprob
 
-pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(paged_decode.load() is None, reason="no C compiler")
 
 
 def _torch(logits, targets):

@@ -1,6 +1,6 @@
 """The int8 KV cache: quantization itself, the C kernel on int8 pages, and greedy equivalence.
 
-The kernel is checked against a float64 reference over the dequantized cache (as test_native does
+The kernel is checked against a float64 reference over the dequantized cache (as test_paged_decode does
 for float pages). The engine with an int8 cache is checked token for token against HF `generate`
 on the same model whose attention sees fake-quantized K/V (quantize then dequantize): per token
 and per head the scales do not depend on anything else, so that is the same model.
@@ -20,13 +20,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from batchgen.engine.attention.base import LayerKV, PackedSeq
 from batchgen.engine.attention.sdpa import build_prefills, prefill_forward
 from batchgen.engine.engine import EngineConfig, LLMEngine
-from batchgen.engine.kernels import kv_quant_native, native, native_prefill
+from batchgen.engine.kernels import kv_quant_write, paged_decode, prefill_attention
 from batchgen.engine.kv import quant as kv_quant
 from batchgen.engine.kv.cache import KVCacheSpec
 from batchgen.engine.request import Request, SamplingParams
 from batchgen.errors import ConfigError
 from tests.engine.greedy_pair import generate_tokens
-from tests.engine.kernels.test_native import reference
+from tests.engine.kernels.test_paged_decode import reference
 from tests.tiny import make_tiny_model
 
 FAKE_QUANT_ATTENTION = "batchgen_test_int8_kv_sdpa"
@@ -70,7 +70,7 @@ def _pages(num_slots: int, heads: int, head_dim: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(37, 3, 64), (130, 2, 128), (5, 4, 80), (9, 1, 17)])
 def test_c_write_stores_the_bytes_of_torch_quantize(dtype, tokens, heads, head_dim):
-    kernel = kv_quant_native.load()
+    kernel = kv_quant_write.load()
     assert kernel is not None
     num_slots = 2 * tokens + 3
     slots = torch.randperm(num_slots, generator=torch.Generator().manual_seed(tokens))[:tokens]
@@ -92,7 +92,7 @@ def test_c_write_stores_the_bytes_of_torch_quantize(dtype, tokens, heads, head_d
 
 
 def test_c_write_refuses_slots_outside_the_pages_and_writes_nothing():
-    kernel = kv_quant_native.load()
+    kernel = kv_quant_write.load()
     assert kernel is not None
     pages = _pages(8, 2, 16)
     before = [t.clone() for t in pages]
@@ -155,7 +155,7 @@ def test_fp8_is_refused_clearly():
                           (4, 1, 256, 16)])
 def test_kernel_on_int8_pages_matches_float64_reference(q_dtype, q_magnitude, num_heads, num_kv_heads, head_dim,
                                                        block_size):
-    kernel = native.load()
+    kernel = paged_decode.load()
     assert kernel is not None
     rng = random.Random(head_dim)
     gen = torch.Generator().manual_seed(num_heads)
@@ -208,7 +208,7 @@ def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, token
                           attention_backend=backend, kv_cache_dtype="int8")
     engine = LLMEngine(copy.deepcopy(model), tokenizer, config, eos_token_ids=[])
     assert engine.kv_cache.layers[0][0].dtype == torch.int8 and engine.kv_cache.scales is not None
-    prefill_kernel = native_prefill.load()
+    prefill_kernel = prefill_attention.load()
     head_dim = model.config.hidden_size // model.config.num_attention_heads
     if backend == "cpu" and prefill_kernel is not None and prefill_kernel.supports(torch.float32, torch.int8, head_dim):
         # where the C prefill kernel exists it must serve the int8 pages: no SDPA fallback
@@ -221,7 +221,7 @@ def test_greedy_int8_kv_equals_generate_with_fake_quantized_kv(one_thread, token
 
 
 def test_write_falls_back_to_torch_ops_where_the_c_write_does_not_apply():
-    kernel = kv_quant_native.load()
+    kernel = kv_quant_write.load()
     assert kernel is not None
     k = torch.randn(5, 2, 16).to(torch.float16)  # a dtype the C write does not take
     got, want = _pages(8, 2, 16), _pages(8, 2, 16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.engine.kernels.fused import load_cached
+from batchgen.engine.kernels.pointwise import load_cached
 from batchgen.engine.quant import int8 as quantize_int8
 from batchgen.engine.quant import quantize
 from tests.engine.greedy_pair import generate_and_engine_tokens

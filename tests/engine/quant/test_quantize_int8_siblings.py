@@ -66,7 +66,7 @@ def test_quantize_model_stacks_each_layers_siblings_and_counts_bytes_once():
 
 
 def test_gate_and_up_are_views_of_one_output_and_the_fused_mlp_reads_them():
-    from batchgen.engine.kernels import fused
+    from batchgen.engine.kernels import fused, pointwise
 
     model = make_tiny_model("llama", seed=5).to(torch.bfloat16)
     quantize.quantize_model(model, "int8", "onednn", embedding="none")
@@ -77,7 +77,7 @@ def test_gate_and_up_are_views_of_one_output_and_the_fused_mlp_reads_them():
         assert not gate.is_contiguous() and gate.untyped_storage().data_ptr() == up.untyped_storage().data_ptr()
         eager = mlp(x)  # transformers' forward on the views
         assert fused.fuse_pointwise(model) > 0 and getattr(mlp, "_batchgen_fused", False)
-        kernels = fused.load_cached()
+        kernels = pointwise.load_cached()
         copied = mlp.down_proj(kernels.silu_mul(gate.contiguous(), up.contiguous()))
         got = mlp(x)  # the fused kernel reading the views in place
         assert torch.equal(got, copied)

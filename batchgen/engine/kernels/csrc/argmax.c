@@ -9,34 +9,29 @@
  * argmax_rows_masked is structured output's greedy pick: the same answer as the argmax of a copy
  * of the logits with -inf written over each constrained row's forbidden tokens (token_bitmask.c),
  * read from the grammar's bitmask as it scans, so the step neither copies nor writes the logits.
- * Built at first use by batchgen/engine/kernels/native.py like the other csrc/ files.
+ * Built at first use by batchgen/engine/kernels/loader.py like the other csrc/ files.
  */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 
 #include "bf16_convert.h"  /* load_one */
 
 #ifdef __AVX512F__
 #include <immintrin.h>
 #include "simd_load16.h"  /* tail, load16 */
+#include "row_max.h"      /* row_max */
 
 static int64_t argmax_row(const void* x, int bf16, int64_t n) {
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    __mmask16 any_nan = 0;
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = tail(n - i);
-        const __m512 v = load16(x, bf16, i, k);
-        any_nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
-        vm = _mm512_mask_max_ps(vm, k, vm, v);
-    }
+    int any_nan;
+    const float mx = row_max(x, bf16, n, &any_nan);
     if (any_nan) {
         for (int64_t i = 0; i < n; i++)
             if (isnan(load_one(x, bf16, i))) return i;
     }
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+    const __m512 m = _mm512_set1_ps(mx);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = tail(n - i);
         const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, load16(x, bf16, i, k), m, _CMP_EQ_OQ);
@@ -107,14 +102,14 @@ static int64_t argmax_row_masked(const void* x, int bf16, int64_t n, const int32
 }
 #endif
 
-/* x: [rows] rows of cols logits, row_stride elements apart; dtype 0 float32, 1 bfloat16.
+/* x: [rows] rows of cols logits, row_stride elements apart; dtype DTYPE_F32 or DTYPE_BF16.
  * out[r] = the first index of row r's maximum (of its first NaN, if any). */
 void argmax_rows(const void* x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t* out,
                  int num_threads) {
-    const int elem = dtype == 1 ? 2 : 4;
+    const int elem = dtype == DTYPE_BF16 ? 2 : 4;
     #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t r = 0; r < rows; r++)
-        out[r] = argmax_row((const char*)x + r * row_stride * elem, dtype == 1, cols);
+        out[r] = argmax_row((const char*)x + r * row_stride * elem, dtype == DTYPE_BF16, cols);
 }
 
 /* argmax_rows where row r with word_row[r] >= 0 may pick only the tokens whose bits are set in
@@ -123,11 +118,12 @@ void argmax_rows(const void* x, int dtype, int64_t rows, int64_t cols, int64_t r
 void argmax_rows_masked(const void* x, int dtype, int64_t rows, int64_t cols, int64_t row_stride,
                         const int32_t* bitmask, int64_t num_words, const int64_t* word_row, int64_t* out,
                         int num_threads) {
-    const int elem = dtype == 1 ? 2 : 4;
+    const int elem = dtype == DTYPE_BF16 ? 2 : 4;
+    const int bf16 = dtype == DTYPE_BF16;
     #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const void* row = (const char*)x + r * row_stride * elem;
-        out[r] = word_row[r] < 0 ? argmax_row(row, dtype == 1, cols)
-                                 : argmax_row_masked(row, dtype == 1, cols, bitmask + word_row[r] * num_words, num_words);
+        out[r] = word_row[r] < 0 ? argmax_row(row, bf16, cols)
+                                 : argmax_row_masked(row, bf16, cols, bitmask + word_row[r] * num_words, num_words);
     }
 }

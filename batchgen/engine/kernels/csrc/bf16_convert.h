@@ -1,7 +1,12 @@
 /* bfloat16 <-> float32 for one value, shared by the csrc/ files (a bf16 is the top half of a
- * float32). Included after <stdint.h>, <string.h> and the includer's ALWAYS_INLINE. */
+ * float32). */
 #ifndef BATCHGEN_BF16_CONVERT_H
 #define BATCHGEN_BF16_CONVERT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "common.h"  /* ALWAYS_INLINE */
 
 ALWAYS_INLINE float bf16_to_f32(uint16_t h) {
     const uint32_t bits = (uint32_t)h << 16;

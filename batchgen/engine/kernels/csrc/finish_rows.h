@@ -1,16 +1,16 @@
-/* The end of an int8 layer's call (engine/quantize_int8.py), per row r and output n, in f32, rounded
+/* The end of an int8 layer's call (engine/quant/int8.py), per row r and output n, in f32, rounded
  * once to out's dtype:
  *     y[r][n] = (acc[r][n] - zero_points[r] * colsum[n]) * scales[r] + sum_i x[r][idx[i]] * wo[i][n]
- * acc: the int8 matmul's output, already times the weight's per-row scale: float32 (acc_dtype 0) or
+ * acc: the int8 matmul's output, already times the weight's per-row scale: float32 (acc_dtype DTYPE_F32) or
  * the out dtype (then out may be acc itself). zero_points and colsum: NULL for symmetric
  * activations; with asymmetric ones acc must be float32, as the two terms are each up to ~255x the
  * result's step and cancel. k outlier channels idx of x [rows][x_cols] (out's dtype) times their
- * weight rows (engine/quantize_outliers.py); k = 0: none. The outlier weight wo is one of
+ * weight rows (engine/quant/outliers.py); k = 0: none. The outlier weight wo is one of
  *   OUTLIER_F32:  float32 [k][cols] (float32 models);
  *   OUTLIER_BF16: bf16 in dot-product layout (bf16 models, whose weights are bf16: nothing rounded):
  *                 per block of 16 output columns, ceil(k / 2) pairs of [16 lanes][2], lane c of pair
  *                 p holding wo[2p][j + c], wo[2p + 1][j + c], zeros padding an odd k and a partial
- *                 block (quantize_outliers.pack_bf16_pairs).
+ *                 block (engine/quant/outliers.py, pack_bf16_pairs).
  * Why one pass: the per-token scale was a pass of its own, and the outlier channels as an
  * index_select plus a small matmul were a large share of the int8 layer's call.
  * Why the bf16 layout: as 16-lane f32 FMAs (four rows a load) the outlier products cost about the
@@ -18,8 +18,22 @@
  * as the FMAs' were) from half the bytes, eight rows a load, each 16 columns' weights loaded once
  * for all rows. (An int8 form, vpdpbusd on the outlier inputs quantized at a scale of their own,
  * was no faster and rounds them: not kept.) */
+#ifndef BATCHGEN_FINISH_ROWS_H
+#define BATCHGEN_FINISH_ROWS_H
+
+#include <stdint.h>
 #include <stdlib.h>
 
+#include "common.h"        /* ALWAYS_INLINE, DTYPE_BF16 */
+#include "bf16_convert.h"  /* bf16_to_f32, f32_to_bf16, load_one */
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#include "simd_load16.h"   /* tail, load16 */
+#include "simd_store16.h"  /* store16 */
+#endif
+
+#define FINISH_PARALLEL_MIN_ELEMS (1 << 16)  /* below this much work one thread is faster */
 #define FINISH_ROWS 8
 #define FINISH_TILE 512  /* columns */
 enum { OUTLIER_F32 = 0, OUTLIER_BF16 = 1 };
@@ -38,14 +52,10 @@ ALWAYS_INLINE __m512 dot_pair(__m512 y, uint32_t a, __m512i w) {
 
 #endif
 
-ALWAYS_INLINE float x_at(const void* x, int bf16, int64_t i) {
-    return bf16 ? bf16_to_f32(((const uint16_t*)x)[i]) : ((const float*)x)[i];
-}
-
 void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const float* scales, const float* zero_points,
                  const float* colsum, const void* x, int64_t x_cols, const int64_t* idx, int64_t k, const void* wo,
                  int wo_form, int64_t rows, int64_t cols, int num_threads) {
-    const int bf16 = dtype == 1, acc_bf16 = acc_dtype == 1;
+    const int bf16 = dtype == DTYPE_BF16, acc_bf16 = acc_dtype == DTYPE_BF16;
     const int form = k > 0 ? wo_form : OUTLIER_F32;
     const int64_t kw = form == OUTLIER_BF16 ? (k + 1) / 2 : 0;  /* input pairs */
     const float* wf = (const float*)wo;
@@ -55,7 +65,7 @@ void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const flo
     if ((form == OUTLIER_F32 && k > 0 && !xk) || (kw > 0 && !xw)) abort();
     for (int64_t r = 0; r < rows; r++) {
         if (xk) {
-            for (int64_t i = 0; i < k; i++) xk[r * k + i] = x_at(x, bf16, r * x_cols + idx[i]);
+            for (int64_t i = 0; i < k; i++) xk[r * k + i] = load_one(x, bf16, r * x_cols + idx[i]);
         } else if (xw) {
             const uint16_t* xr = (const uint16_t*)x + r * x_cols;
             for (int64_t p = 0; p < kw; p++)
@@ -75,7 +85,7 @@ void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const flo
     const int64_t row_blocks = (rows + FINISH_ROWS - 1) / FINISH_ROWS;
     const int64_t chunks = row_blocks < num_threads ? row_blocks : num_threads;
     const int64_t chunk_rows = (row_blocks + chunks - 1) / chunks * FINISH_ROWS;
-    #pragma omp parallel for collapse(2) num_threads(num_threads) if (rows * cols * (k + 1) >= PARALLEL_MIN_ELEMS) schedule(static)
+    #pragma omp parallel for collapse(2) num_threads(num_threads) if (rows * cols * (k + 1) >= FINISH_PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t chunk = 0; chunk < chunks; chunk++)
     for (int64_t tile = 0; tile < tiles; tile++)
     for (int64_t r0 = chunk * chunk_rows; r0 < rows && r0 < (chunk + 1) * chunk_rows; r0 += FINISH_ROWS) {
@@ -112,7 +122,7 @@ void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const flo
             for (int64_t t = 0; t < nr; t++) {
                 const int64_t r = r0 + t;
                 for (int64_t jj = j; jj < j + 16 && jj < cols; jj++) {
-                    float y = (x_at(acc, acc_bf16, r * cols + jj) - (zero_points ? zero_points[r] * colsum[jj] : 0.f)) * scales[r];
+                    float y = (load_one(acc, acc_bf16, r * cols + jj) - (zero_points ? zero_points[r] * colsum[jj] : 0.f)) * scales[r];
                     if (xw) {
                         const uint16_t* wj = (const uint16_t*)wo + jb * kw * 32 + (jj - j) * 2;
                         for (int64_t p = 0; p < kw; p++) {
@@ -132,3 +142,5 @@ void finish_rows(const void* acc, int acc_dtype, void* out, int dtype, const flo
     free(xk);
     free(xw);
 }
+
+#endif

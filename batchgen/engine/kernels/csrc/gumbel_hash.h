@@ -1,10 +1,12 @@
 /* engine/sampling/random_stream.py's counter-based noise for one (row key, token id): shared by
  * gumbel_noise.c (whole blocks of noise) and sample_draw.c (the noise of the few tokens a draw keeps).
  * The integer steps wrap in 32 or 64 bits as the Python reference does, the uniform is the same float32
- * number, and -log(-log(u)) is computed in float32 as torch computes it.
- * Included after <stdint.h> and <math.h>. */
+ * number, and -log(-log(u)) is computed in float32 as torch computes it. */
 #ifndef BATCHGEN_GUMBEL_HASH_H
 #define BATCHGEN_GUMBEL_HASH_H
+
+#include <stdint.h>
+#include <math.h>
 
 static inline uint32_t lowbias32(uint32_t x) {
     x ^= x >> 16;

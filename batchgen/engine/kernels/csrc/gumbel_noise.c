@@ -5,7 +5,7 @@
  * their fixed costs, not the arithmetic, are what the sampler pays. Here each value is one loop
  * iteration. The integer steps are the same (exact, wrapping 32-bit arithmetic), the uniform is the
  * same float32 number, and -log(-log(u)) is computed in float32 as torch does, so the noise equals
- * torch's to the last bits of the logarithm. Built at first use by batchgen/engine/kernels/native.py.
+ * torch's to the last bits of the logarithm. Built at first use by batchgen/engine/kernels/loader.py.
  */
 #include <stdint.h>
 #include <math.h>

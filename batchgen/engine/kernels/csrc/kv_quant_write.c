@@ -1,4 +1,4 @@
-/* The int8 KV cache's write (engine/kv_quant.py): one step's new K and V quantized per token and
+/* The int8 KV cache's write (engine/kv/quant.py): one step's new K and V quantized per token and
  * KV head and scattered into the pages at slot_mapping, in one call per layer.
  *
  * Why: the torch write is ~25 small ops per layer (float, abs, amax, div, clamp, to bf16, round,
@@ -11,13 +11,13 @@
  * true division, not a multiply by the reciprocal, whose rounding differs), clamped to +-127.
  * NaN inputs are not reproduced (torch's NaN -> int8 cast is undefined behaviour anyway).
  *
- * Built and loaded like pointwise.c (engine/native.py load_library). dtypes: 0 float32, 1 bfloat16.
+ * Built and loaded like pointwise.c (batchgen/engine/kernels/loader.py). dtypes: DTYPE_F32, DTYPE_BF16.
  */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 #define QMAX 127.f
 #define MIN_SCALE 1e-12f  /* kv_quant.MIN_SCALE as torch's clamp_min sees it: rounded to float32 */
 /* below this many elements a call runs on one thread: a decode step's K/V are a few KB */
@@ -80,7 +80,7 @@ int64_t kv_quant_write(const void* k, const void* v, int dtype, int64_t k_tok_st
                        int64_t v_tok_stride, int64_t v_head_stride, const int64_t* slots, int64_t tokens,
                        int64_t heads, int64_t head_dim, int64_t num_slots, int8_t* k_cache, int8_t* v_cache,
                        uint16_t* k_scale, uint16_t* v_scale, int num_threads) {
-    const int bf16 = dtype == 1;
+    const int bf16 = dtype == DTYPE_BF16;
     int64_t bad = 0;
     for (int64_t t = 0; t < tokens; t++) bad += slots[t] < 0 || slots[t] >= num_slots;
     if (bad) return bad;

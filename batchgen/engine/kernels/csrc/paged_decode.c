@@ -7,7 +7,7 @@
  * the layout matters: one item is one sequence with all its heads, reading each token's K (or V)
  * row for every KV head as one contiguous run, K in one pass, V in a second.
  *
- * Built at first use by batchgen/engine/native.py (cc -O3 -march=native -fopenmp) and called
+ * Built at first use by batchgen/engine/kernels/loader.py (cc -O3 -march=native -fopenmp) and called
  * through ctypes; OpenMP resolves to the libgomp torch already loaded, so the two share threads.
  */
 #include <stdint.h>
@@ -15,14 +15,12 @@
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-#include "bf16_convert.h"  /* bf16_to_f32, f32_to_bf16 */
-
-/* KV element kinds: 0 float32, 1 bfloat16, 2 int8 (scaled per token and KV head, see kv_scale) */
-#define KV_INT8 2
+#include "common.h"        /* ALWAYS_INLINE, the dtype codes */
+#include "bf16_convert.h"  /* bf16_to_f32 */
+#include "paged_decode_common.h"  /* Rules, softmax_rows, store_row */
 
 ALWAYS_INLINE void load_row(const void* base, int is_bf16, int64_t offset, int n, float* restrict dst) {
-    if (is_bf16 == KV_INT8) {  /* the raw int8 values; their scales are applied outside the d loops */
+    if (is_bf16 == DTYPE_I8) {  /* the raw int8 values; their scales are applied outside the d loops */
         const int8_t* src = (const int8_t*)base + offset;
         for (int i = 0; i < n; i++) dst[i] = (float)src[i];
     } else if (!is_bf16) {
@@ -37,108 +35,10 @@ ALWAYS_INLINE void load_row(const void* base, int is_bf16, int64_t offset, int n
 /* Pages are scattered, so the hardware prefetcher loses the stream at every block boundary:
  * while one block is read, ask for the same token row of the next block. */
 ALWAYS_INLINE void prefetch_row(const void* base, int is_bf16, int64_t offset, int n) {
-    const int elem = is_bf16 == KV_INT8 ? 1 : is_bf16 ? 2 : 4;
+    const int elem = is_bf16 == DTYPE_I8 ? 1 : is_bf16 ? 2 : 4;
     const char* p = (const char*)base + offset * elem;
     const int bytes = n * elem;
     for (int i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
-}
-
-ALWAYS_INLINE void store_row(void* base, int is_bf16, int64_t offset, int n, const float* restrict src, float mul) {
-    if (!is_bf16) {
-        float* dst = (float*)base + offset;
-        for (int i = 0; i < n; i++) dst[i] = src[i] * mul;
-    } else {
-        uint16_t* dst = (uint16_t*)base + offset;
-        for (int i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i] * mul);
-    }
-}
-
-/* exp(x) for x <= 0 (scores minus their max), vectorisable: Cody-Waite range reduction and Cephes'
- * degree-5 polynomial, about 1 ulp; glibc's expf would be a scalar call per score. */
-ALWAYS_INLINE float exp_nonpositive(float x) {
-    x = x < -87.f ? -87.f : x;
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, 4);
-    return y * two_n;
-}
-
-#ifdef __AVX512F__
-#include <immintrin.h>
-/* The softmax's exp on 16 lanes (simd_exp.h). GCC leaves the scalar exp_nonpositive above
- * unvectorized (its 2^n bit cast goes through memory), which made the softmax as costly as the K
- * and V passes together. */
-#include "simd_exp.h"
-#include "simd_sum16.h"  /* sum_each16: 16 horizontal sums at once */
-#include "paged_rows.h"  /* the AVX-512 paths' walk over a sequence's pages */
-#endif
-
-/* A layer's score rules for one sequence (batchgen/engine/attention/base.py, ScoreRules). */
-typedef struct {
-    int lead;            /* scores [0, lead) fall before the sliding window: probability 0 */
-    float softcap;       /* > 0: scores -> tanh(scores / softcap) * softcap (Gemma 2) */
-    const float* sinks;  /* [H] or NULL: one logit per head in its softmax denominator (gpt-oss) */
-} Rules;
-
-/* One row of n scores in, probabilities out; a sink logit (has_sink) joins the max and the sum only. */
-ALWAYS_INLINE void softmax_row(float* sh, int n, int has_sink, float sink) {
-#ifdef __AVX512F__
-    __m512 vm = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
-    for (int t = 0; t < n; t += 16) {
-        const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
-        vm = _mm512_mask_max_ps(vm, k, vm, _mm512_maskz_loadu_ps(k, sh + t));
-    }
-    float mx = _mm512_reduce_max_ps(vm);
-    if (has_sink && sink > mx) mx = sink;
-    const __m512 m = _mm512_set1_ps(mx);
-    for (int t = 0; t < n; t += 16) {
-        const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sh + t), m));
-        _mm512_mask_storeu_ps(sh + t, k, e);
-        vsum = _mm512_mask_add_ps(vsum, k, vsum, e);
-    }
-    const float sum = _mm512_reduce_add_ps(vsum) + (has_sink ? expf(sink - mx) : 0.f);
-    const __m512 inv = _mm512_set1_ps(1.f / sum);
-    for (int t = 0; t < n; t += 16) {
-        const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
-        _mm512_mask_storeu_ps(sh + t, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sh + t), inv));
-    }
-#else
-    float m = sh[0], sum = 0.f;
-    #pragma omp simd reduction(max:m)
-    for (int t = 1; t < n; t++) m = sh[t] > m ? sh[t] : m;
-    if (has_sink && sink > m) m = sink;
-    #pragma omp simd reduction(+:sum)
-    for (int t = 0; t < n; t++) { sh[t] = exp_nonpositive(sh[t] - m); sum += sh[t]; }
-    if (has_sink) sum += expf(sink - m);
-    const float inv = 1.f / sum;
-    #pragma omp simd
-    for (int t = 0; t < n; t++) sh[t] *= inv;
-#endif
-}
-
-/* Each of the H rows of s [H][ctx], scores in, probabilities out, under the layer's rules: keys
- * before the window get 0, softcapping squashes the scores first, a sink joins the denominator. */
-ALWAYS_INLINE void softmax_rows(float* s, int H, int ctx, const Rules* r) {
-    for (int hq = 0; hq < H; hq++) {
-        float* sh = s + (int64_t)hq * ctx;
-        if (r->softcap > 0.f) {
-            const float cap = r->softcap, inv_cap = 1.f / r->softcap;
-            for (int t = r->lead; t < ctx; t++) sh[t] = tanhf(sh[t] * inv_cap) * cap;
-        }
-        softmax_row(sh + r->lead, ctx - r->lead, r->sinks != NULL, r->sinks ? r->sinks[hq] : 0.f);
-        memset(sh, 0, sizeof(float) * r->lead);
-    }
 }
 
 /* One sequence, all heads. D is a compile-time constant in the specialised callers below, so the
@@ -171,7 +71,7 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
                 float dot = 0.f;
                 #pragma omp simd reduction(+:dot)
                 for (int d = 0; d < D; d++) dot += qh[d] * kh[d];
-                const float ks = kv_bf16 == KV_INT8 ? kv_scale(k_scales, slot0 + i, KVH, hq / G) : 1.f;
+                const float ks = kv_bf16 == DTYPE_I8 ? kv_scale(k_scales, slot0 + i, KVH, hq / G) : 1.f;
                 s[hq * ctx + t0 + i] = dot * (scale * ks);
             }
         }
@@ -186,7 +86,7 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
             if (next0 >= 0) prefetch_row(v_cache, kv_bf16, (next0 + i) * row_len, row_len);
             load_row(v_cache, kv_bf16, (slot0 + i) * row_len, row_len, row);
             for (int hq = 0; hq < H; hq++) {
-                const float vs = kv_bf16 == KV_INT8 ? kv_scale(v_scales, slot0 + i, KVH, hq / G) : 1.f;
+                const float vs = kv_bf16 == DTYPE_I8 ? kv_scale(v_scales, slot0 + i, KVH, hq / G) : 1.f;
                 const float p = s[hq * ctx + t0 + i] * vs;
                 const float* vh = row + (hq / G) * D;
                 float* ah = acc + hq * D;
@@ -206,10 +106,10 @@ ALWAYS_INLINE void attend_one(const void* q, void* out, int q_bf16, const void* 
     static void attend_d##DIM(const void* q, void* out, int q_bf16, const void* k, const void* v, int kv_bf16, \
                               const uint16_t* ks, const uint16_t* vs, const int32_t* table, int ctx, int b, \
                               int H, int KVH, int bs, float scale, const Rules* rules, float* buf) { \
-        if (q_bf16) { if (kv_bf16 == KV_INT8) ATTEND(1, KV_INT8, DIM); else if (kv_bf16) ATTEND(1, 1, DIM); \
-                      else ATTEND(1, 0, DIM); } \
-        else { if (kv_bf16 == KV_INT8) ATTEND(0, KV_INT8, DIM); else if (kv_bf16) ATTEND(0, 1, DIM); \
-               else ATTEND(0, 0, DIM); } \
+        if (q_bf16) { if (kv_bf16 == DTYPE_I8) ATTEND(DTYPE_BF16, DTYPE_I8, DIM); \
+                      else if (kv_bf16) ATTEND(DTYPE_BF16, DTYPE_BF16, DIM); else ATTEND(DTYPE_BF16, DTYPE_F32, DIM); } \
+        else { if (kv_bf16 == DTYPE_I8) ATTEND(DTYPE_F32, DTYPE_I8, DIM); \
+               else if (kv_bf16) ATTEND(DTYPE_F32, DTYPE_BF16, DIM); else ATTEND(DTYPE_F32, DTYPE_F32, DIM); } \
     }
 SPECIALISE(64)
 SPECIALISE(128)
@@ -221,7 +121,7 @@ static void attend_any(const void* q, void* out, int q_bf16, const void* k, cons
 
 /* Decode attention straight from the paged cache (no gather): one query token per sequence.
  * q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_slots, num_kv_heads, head_dim];
- * block_tables: [num_seqs, max_blocks_per_seq]; dtypes: 0 float32, 1 bfloat16, 2 int8 (KV only, with
+ * block_tables: [num_seqs, max_blocks_per_seq]; dtypes: common.h's DTYPE_F32, DTYPE_BF16, DTYPE_I8 (KV only, with
  * k_scales, v_scales: bf16 [num_slots, num_kv_heads]; NULL otherwise). The layer's rules:
  * sliding_window > 0 keeps the last sliding_window keys of each context (the query's own included,
  * transformers' i - window < j <= i), softcap > 0 squashes scores, sinks [num_heads] float32 or NULL.
@@ -244,14 +144,14 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
         size_t floats = (size_t)num_heads * head_dim * 2 + (size_t)num_kv_heads * head_dim
                         + (size_t)num_heads * ctx;
 #ifdef HAVE_INT8_PATH
-        const int int8_path = q_dtype == 1 && kv_dtype == KV_INT8 && int8_path_supports(head_dim);
+        const int int8_path = q_dtype == DTYPE_BF16 && kv_dtype == DTYPE_I8 && int8_path_supports(head_dim);
         if (int8_path) floats = int8_scratch_floats(num_heads, head_dim, ctx);
 #endif
         float* buf = (float*)malloc(sizeof(float) * floats);
         if (!buf) { failed = 1; continue; }
         const int32_t* table = block_tables + (int64_t)b * max_blocks_per_seq + skipped_blocks;
 #ifdef HAVE_BF16_PATH
-        if (q_dtype == 1 && kv_dtype == 1 && (head_dim == 64 || head_dim == 128)) {
+        if (q_dtype == DTYPE_BF16 && kv_dtype == DTYPE_BF16 && (head_dim == 64 || head_dim == 128)) {
             const uint16_t *qb = (const uint16_t*)q + (int64_t)b * num_heads * head_dim, *kb = k_cache, *vb = v_cache;
             uint16_t* ob = (uint16_t*)out + (int64_t)b * num_heads * head_dim;
             if (head_dim == 64) attend_bf16_d64(qb, ob, kb, vb, table, ctx, num_heads, num_kv_heads, block_size, scale, rules, buf);
@@ -275,7 +175,7 @@ int paged_decode_attention(const void* q, void* out, int q_dtype, const void* k_
         }
 #endif
 #ifdef HAVE_F32_PATH
-        if (q_dtype == 0 && kv_dtype == 0 && (head_dim == 64 || head_dim == 128)) {
+        if (q_dtype == DTYPE_F32 && kv_dtype == DTYPE_F32 && (head_dim == 64 || head_dim == 128)) {
             const float *qf = (const float*)q + (int64_t)b * num_heads * head_dim;
             float* of = (float*)out + (int64_t)b * num_heads * head_dim;
             if (head_dim == 64) attend_f32_d64(qf, of, k_cache, v_cache, table, ctx, num_heads, num_kv_heads, block_size, scale, rules, buf);

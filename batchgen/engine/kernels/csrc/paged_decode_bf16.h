@@ -1,9 +1,17 @@
-/* paged_decode.c's path for bf16 queries over bf16 pages on AVX512-BF16 CPUs; included by it
- * (it needs its ALWAYS_INLINE, store_row, softmax_rows and paged_rows.h) and compiled in the same unit. */
+/* paged_decode.c's path for bf16 queries over bf16 pages on AVX512-BF16 CPUs; included by it and
+ * compiled in the same unit. */
 #ifndef BATCHGEN_PAGED_DECODE_BF16_H
 #define BATCHGEN_PAGED_DECODE_BF16_H
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <stdint.h>
+#include <immintrin.h>
+
+#include "common.h"               /* ALWAYS_INLINE, DTYPE_BF16 */
+#include "paged_decode_common.h"  /* Rules, softmax_rows, store_row */
+#include "paged_rows.h"           /* group_rows, next_group, unpair_dims, GV_MAX */
+#include "simd_sum16.h"           /* sum_each16 */
+
 /* bf16 queries over bf16 pages on CPUs with AVX512-BF16 (vdpbf16ps): the common case, and the
  * one the generic loops above serve worst. They are compute-bound, not memory-bound (3-4 GB/s a
  * core from cache or DRAM alike, against 13 GB/s a core of copy bandwidth): each token pays a
@@ -98,7 +106,7 @@ ALWAYS_INLINE void attend_bf16(const uint16_t* q, uint16_t* out, const uint16_t*
         n = nn;
     }
     unpair_dims(acc, H * D);
-    store_row(out, 1, 0, H * D, acc, 1.f);
+    store_row(out, DTYPE_BF16, 0, H * D, acc, 1.f);
 }
 
 #define SPECIALISE_BF16(DIM) \

@@ -1,6 +1,5 @@
-/* paged_decode.c's path for float32 queries over float32 pages on AVX-512 CPUs; included by it
- * (it needs its ALWAYS_INLINE, store_row, softmax_rows and, from paged_decode_bf16.h, sum_each16)
- * and compiled in the same unit.
+/* paged_decode.c's path for float32 queries over float32 pages on AVX-512 CPUs; included by it and
+ * compiled in the same unit.
  *
  * The generic loops (attend_one) copy each token's row into a buffer, reduce every q . k dot
  * product horizontally on its own and keep V's accumulators in memory: once float32 linear layers
@@ -10,8 +9,15 @@
 #ifndef BATCHGEN_PAGED_DECODE_F32_H
 #define BATCHGEN_PAGED_DECODE_F32_H
 
-#if defined(__AVX512F__) && defined(HAVE_BF16_PATH)  /* sum_each16 lives in the bf16 header */
+/* on the CPUs of the bf16 path (AVX512-BF16) only: elsewhere float32 decode keeps the generic loops */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define HAVE_F32_PATH 1
+#include <stdint.h>
+#include <immintrin.h>
+
+#include "common.h"               /* ALWAYS_INLINE */
+#include "paged_decode_common.h"  /* Rules, softmax_rows */
+#include "simd_sum16.h"           /* sum_each16 */
 
 /* The rows of tokens [t0, t0 + n) of one sequence (all KV heads), n <= 16, prefetched. */
 ALWAYS_INLINE void f32_group(const float* cache, const int32_t* table, int block_size, int row_len, int t0, int n,

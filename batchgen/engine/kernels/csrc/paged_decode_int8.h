@@ -1,6 +1,5 @@
 /* paged_decode.c's path for bf16 queries over int8 pages (--kv-cache-dtype int8) on CPUs with
- * AVX512-VNNI; included by it (it needs its ALWAYS_INLINE, store_row, softmax_rows, sum_each16 and
- * paged_rows.h) and compiled in the same unit.
+ * AVX512-VNNI; included by it and compiled in the same unit.
  *
  * Why: the generic loops widen every int8 value to f32 and multiply one lane at a time, which made
  * int8 pages slower to read than bf16 ones although they are half the bytes. Here both passes
@@ -22,6 +21,15 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define HAVE_INT8_PATH 1
+#include <stddef.h>
+#include <stdint.h>
+#include <immintrin.h>
+
+#include "common.h"               /* ALWAYS_INLINE, DTYPE_BF16 */
+#include "bf16_convert.h"         /* bf16_to_f32 */
+#include "paged_decode_common.h"  /* Rules, softmax_rows, store_row */
+#include "paged_rows.h"           /* group_rows, next_group, bf16x16_to_f32 */
+#include "simd_sum16.h"           /* sum_each16 */
 #define V_CHUNK 256  /* tokens per int32 accumulation of the V pass */
 
 /* Scratch floats attend_int8 needs for one sequence of ctx tokens (ints count as floats). */
@@ -183,7 +191,7 @@ ALWAYS_INLINE void attend_int8(const uint16_t* q, uint16_t* out, const int8_t* k
         n = nn;
     }
     unpair_dims(acc, H * D);
-    store_row(out, 1, 0, H * D, acc, 1.f);
+    store_row(out, DTYPE_BF16, 0, H * D, acc, 1.f);
 }
 
 #define SPECIALISE_INT8(DIM) \

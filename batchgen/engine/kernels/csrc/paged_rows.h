@@ -1,8 +1,13 @@
 /* What paged_decode.c's AVX-512 paths (bf16 pages, int8 pages) share: walking a sequence's block
  * table 16 tokens at a time, prefetching the next group, and the pair order of their V passes.
- * Included by it under __AVX512F__ (it needs ALWAYS_INLINE and <immintrin.h> from the includer). */
+ * Included under __AVX512F__. */
 #ifndef BATCHGEN_PAGED_ROWS_H
 #define BATCHGEN_PAGED_ROWS_H
+
+#include <stdint.h>
+#include <immintrin.h>
+
+#include "common.h"  /* ALWAYS_INLINE */
 
 ALWAYS_INLINE __m512 bf16x16_to_f32(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));

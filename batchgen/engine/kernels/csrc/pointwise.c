@@ -8,13 +8,13 @@
  * exactly where the eager code rounds (to bf16 after the normalization, again after the weight),
  * so results match the eager ops up to the order of the f32 sum of squares.
  *
- * Built and loaded like paged_decode.c (batchgen/engine/native.py). dtypes: 0 float32, 1 bfloat16.
+ * Built and loaded like paged_decode.c (batchgen/engine/kernels/loader.py). dtypes: DTYPE_F32, DTYPE_BF16.
  */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 /* below this many elements a call runs on one thread: waking the others costs more than the work */
 #define PARALLEL_MIN_ELEMS (1 << 16)
 
@@ -26,28 +26,7 @@ ALWAYS_INLINE float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 #include <immintrin.h>
 #include "simd_load16.h"  /* tail, load16 */
 
-ALWAYS_INLINE __m256i to_bf16x16(__m512 x) {
-#ifdef __AVX512BF16__
-    return (__m256i)_mm512_cvtneps_pbh(x);
-#else
-    const __m512i bits = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(r);
-#endif
-}
-
-ALWAYS_INLINE __m512 round_bf16x16(__m512 x) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16x16(x)), 16));
-}
-
-ALWAYS_INLINE void store16(void* p, int bf16, int64_t i, __mmask16 k, __m512 x) {
-    if (!bf16) _mm512_mask_storeu_ps((float*)p + i, k, x);
-    else _mm256_mask_storeu_epi16((uint16_t*)p + i, k, to_bf16x16(x));
-}
-
+#include "simd_store16.h"  /* to_bf16x16, round_bf16x16, store16 */
 #include "simd_exp.h"
 
 #endif
@@ -89,7 +68,7 @@ ALWAYS_INLINE void rms_norm_row(const void* x, const void* w, void* out, int bf1
 
 void rms_norm(const void* x, const void* weight, void* out, int dtype, int64_t rows, int64_t cols, float eps,
               int num_threads) {
-    const int bf16 = dtype == 1;
+    const int bf16 = dtype == DTYPE_BF16;
     #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t row = 0; row < rows; row++) rms_norm_row(x, weight, out, bf16, row, cols, eps);
 }
@@ -121,7 +100,7 @@ ALWAYS_INLINE void silu_mul_span(const void* gate, const void* up, void* out, in
 
 /* out = silu(gate) * up elementwise, n contiguous elements */
 void silu_mul(const void* gate, const void* up, void* out, int dtype, int64_t n, int num_threads) {
-    const int bf16 = dtype == 1;
+    const int bf16 = dtype == DTYPE_BF16;
     const int64_t esize = bf16 ? 2 : 4, chunk = 4096;
     #pragma omp parallel for num_threads(num_threads) if (n >= PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
@@ -132,11 +111,11 @@ void silu_mul(const void* gate, const void* up, void* out, int dtype, int64_t n,
 
 /* The same over rows: gate and up [rows][cols] with row strides (in elements) gate_stride and
  * up_stride, out [rows][cols] contiguous. Why: a stacked gate/up int8 matmul
- * (engine/quantize_int8_siblings.py) writes [rows][gate | up]; reading the two halves in place
+ * (engine/quant/int8_siblings.py) writes [rows][gate | up]; reading the two halves in place
  * saves copying each out first. */
 void silu_mul_rows(const void* gate, const void* up, void* out, int dtype, int64_t rows, int64_t cols,
                    int64_t gate_stride, int64_t up_stride, int num_threads) {
-    const int bf16 = dtype == 1;
+    const int bf16 = dtype == DTYPE_BF16;
     const int64_t esize = bf16 ? 2 : 4;
     #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t r = 0; r < rows; r++)
@@ -183,7 +162,7 @@ ALWAYS_INLINE void rope_row(const void* x, const void* c, const void* s, void* o
  * [B, heads, T, D] views), cos and sin [tokens][D]: both rotated in one pass per token. */
 void rope(const void* q, const void* k, const void* cos, const void* sin, void* q_out, void* k_out, int dtype,
           int64_t tokens, int64_t H, int64_t KVH, int64_t D, int num_threads) {
-    const int bf16 = dtype == 1;
+    const int bf16 = dtype == DTYPE_BF16;
     const int64_t half = D / 2;
     #pragma omp parallel for num_threads(num_threads) if (tokens * (H + KVH) * D >= PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
@@ -194,7 +173,7 @@ void rope(const void* q, const void* k, const void* cos, const void* sin, void* 
     }
 }
 
-/* Symmetric int8 per row, the activations of an int8 x int8 matmul (engine/quantize_int8.py):
+/* Symmetric int8 per row, the activations of an int8 x int8 matmul (engine/quant/int8.py):
  * scales[r] = max|x[r]| / 127 and q[r][j] = round-half-even(x[r][j] * 127 / max|x[r]|), in -127..127.
  * Eagerly that is six passes (abs, amax, divide, round, clamp, cast) costing as much as the int8
  * matmul itself at SmolLM2's widths; here it is two reads of the row and one write. A zero row gets
@@ -251,7 +230,7 @@ ALWAYS_INLINE void quantize_row_x8(const void* x, int bf16, const float* colscal
 
 static void quantize_rows_x8(const void* x, int dtype, const float* colscale, uint8_t* q, float* scales,
                              int64_t rows, int64_t cols, int num_threads, int offset) {
-    const int bf16 = dtype == 1;
+    const int bf16 = dtype == DTYPE_BF16;
     #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t row = 0; row < rows; row++) quantize_row_x8(x, bf16, colscale, q, scales, row, cols, offset);
 }
@@ -323,7 +302,7 @@ ALWAYS_INLINE void quantize_row_asym(const void* x, int bf16, const float* colsc
 
 void quantize_rows_u8_asym(const void* x, int dtype, const float* colscale, uint8_t* q, float* scales,
                            float* zero_points, int64_t rows, int64_t cols, int num_threads) {
-    const int bf16 = dtype == 1;
+    const int bf16 = dtype == DTYPE_BF16;
     #pragma omp parallel for num_threads(num_threads) if (rows * cols >= PARALLEL_MIN_ELEMS) schedule(static)
     for (int64_t row = 0; row < rows; row++) quantize_row_asym(x, bf16, colscale, q, scales, zero_points, row, cols);
 }

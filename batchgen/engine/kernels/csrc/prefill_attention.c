@@ -16,7 +16,7 @@
  * Scores stay whole per tile (rows x context in f32, L2-sized for prompts up to a few thousand
  * tokens), so the softmax is exact two-pass, as the decode kernel's, not an online rescaling.
  *
- * Built at first use by batchgen/engine/native.py like paged_decode.c; only AVX-512 machines get
+ * Built at first use by batchgen/engine/kernels/loader.py like paged_decode.c; only AVX-512 machines get
  * it (prefill_attention_supports says which dtypes), others keep the torch path.
  */
 #include <stdint.h>
@@ -24,7 +24,7 @@
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -38,13 +38,9 @@
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
 #include "bf16_convert.h"  /* bf16_to_f32, f32_to_bf16 */
+#include "prefill_pack.h"  /* slot_of, pack_f32, pack_bf16: the context packed as the loops read it */
 
-/* The cache row of token t of a sequence (all KV heads): [num_slots, KVH, D] through its block table. */
-ALWAYS_INLINE int64_t slot_of(const int32_t* table, int block_size, int t) {
-    return (int64_t)table[t / block_size] * block_size + t % block_size;
-}
-
-/* A layer's score rules (batchgen/engine/attention/base.py, ScoreRules). */
+/* A layer's score rules (batchgen/engine/score_rules.py, ScoreRules). */
 typedef struct {
     int window;          /* > 0: position p sees keys (p - window, p] (transformers' sliding window) */
     float softcap;       /* > 0: scores -> tanh(scores / softcap) * softcap (Gemma 2) */
@@ -102,23 +98,6 @@ ALWAYS_INLINE void causal_softmax(float* s, uint16_t* p16, int rows, int64_t str
 
 /* ---- float32: K packed [groups of 16 keys][D][16], V rows [ctx_pad][D] ---- */
 
-/* context token t's K and V rows (D values each) into that layout */
-ALWAYS_INLINE void place_f32(const float* k, const float* v, int t, int D, float* kp, float* vp) {
-    float* kg = kp + (int64_t)(t / 16) * D * 16 + t % 16;
-    for (int d = 0; d < D; d++) kg[d * 16] = k[d];
-    memcpy(vp + (int64_t)t * D, v, sizeof(float) * D);
-}
-
-static void pack_f32(const float* k_cache, const float* v_cache, const int32_t* table, int block_size, int ctx,
-                     int ctx_pad, int KVH, int h, int D, float* kp, float* vp) {
-    memset(kp, 0, sizeof(float) * ctx_pad * D);
-    memset(vp, 0, sizeof(float) * ctx_pad * D);
-    for (int t = 0; t < ctx; t++) {
-        const int64_t row = (slot_of(table, block_size, t) * KVH + h) * D;
-        place_f32(k_cache + row, v_cache + row, t, D, kp, vp);
-    }
-}
-
 /* s[m][j] = scale * q[m] . k[j] for MR rows and 32 keys (2 groups) */
 ALWAYS_INLINE void scores_f32(const float* q, int D, const float* kp, int g, int ngroups, float* s, int64_t stride,
                               float scale) {
@@ -162,27 +141,6 @@ ALWAYS_INLINE void output_f32(const float* p, int64_t stride, const float* vp, i
 #ifdef __AVX512BF16__
 /* ---- bfloat16: K packed [groups of 16 keys][D/2][16 keys][2], V packed [ctx_pad/2][D][2] ---- */
 #define HAVE_BF16 1
-
-/* context token t's K and V rows (D values each) into that layout */
-ALWAYS_INLINE void place_bf16(const uint16_t* k, const uint16_t* v, int t, int D, uint16_t* kp, uint16_t* vp) {
-    uint16_t* kg = kp + (int64_t)(t / 16) * D * 16 + (t % 16) * 2;
-    for (int d = 0; d < D; d += 2) {
-        kg[d * 16] = k[d];
-        kg[d * 16 + 1] = k[d + 1];
-    }
-    uint16_t* vj = vp + (int64_t)(t / 2) * D * 2 + t % 2;
-    for (int d = 0; d < D; d++) vj[d * 2] = v[d];
-}
-
-static void pack_bf16(const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table, int block_size, int ctx,
-                      int ctx_pad, int KVH, int h, int D, uint16_t* kp, uint16_t* vp) {
-    memset(kp, 0, sizeof(uint16_t) * ctx_pad * D);
-    memset(vp, 0, sizeof(uint16_t) * ctx_pad * D);
-    for (int t = 0; t < ctx; t++) {
-        const int64_t row = (slot_of(table, block_size, t) * KVH + h) * D;
-        place_bf16(k_cache + row, v_cache + row, t, D, kp, vp);
-    }
-}
 
 ALWAYS_INLINE __m512bh bcast_pair(const uint16_t* p) {
     int32_t x;
@@ -231,7 +189,7 @@ ALWAYS_INLINE void output_bf16(const uint16_t* p, int64_t stride, const uint16_t
 }
 #endif /* __AVX512BF16__ */
 
-#include "prefill_pack_int8.h" /* int8 pages dequantized as they are packed: KV_INT8, pack_int8_* */
+#include "prefill_pack_int8.h" /* int8 pages dequantized as they are packed: pack_int8_* */
 
 /* One work item: KV head h of sequence b, query positions [i0, i1) of its new tokens. */
 typedef struct {
@@ -264,7 +222,7 @@ typedef struct {
 /* One item, D a compile-time constant in the specialised callers below. Returns nonzero when its
  * scratch could not be allocated. */
 ALWAYS_INLINE int attend_item(const Call* c, Item w, const int D) {
-    const int G = c->G, elem = c->elem, bf16 = c->dtype == 1;
+    const int G = c->G, elem = c->elem, bf16 = c->dtype == DTYPE_BF16;
     const int ctx = c->context_lens[w.b], past = ctx - c->num_new[w.b];
     const int kend = past + w.i1;  /* keys this tile needs: the causal prefix of its last position */
     const int ngroups = (kend + 15) / 16, len = ngroups * 16;
@@ -341,19 +299,19 @@ SPECIALISE(64)
 SPECIALISE(96)
 SPECIALISE(128)
 
-/* Returns 1 when this build has a kernel for queries of dtype (0 float32, 1 bfloat16) over pages of
- * kv_dtype (the same, or 2 int8) and head_dim. */
+/* Returns 1 when this build has a kernel for queries of dtype (DTYPE_F32, DTYPE_BF16) over pages of
+ * kv_dtype (the same, or DTYPE_I8) and head_dim. */
 int prefill_attention_supports(int dtype, int kv_dtype, int head_dim) {
     if (head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 96 && head_dim != 128) return 0;
-    if (kv_dtype != dtype && kv_dtype != KV_INT8) return 0;
+    if (kv_dtype != dtype && kv_dtype != DTYPE_I8) return 0;
 #ifdef HAVE_BF16
-    if (dtype == 1) return 1;
+    if (dtype == DTYPE_BF16) return 1;
 #endif
-    return dtype == 0;
+    return dtype == DTYPE_F32;
 }
 
-/* q, out: [T, H, D] packed rows (dtype 0 float32, 1 bfloat16); k_cache, v_cache: [num_slots, KVH, D]
- * holding every context token (this step's included), of kv_dtype: dtype's, or 2 int8 with k_scales,
+/* q, out: [T, H, D] packed rows (dtype DTYPE_F32 or DTYPE_BF16); k_cache, v_cache: [num_slots, KVH, D]
+ * holding every context token (this step's included), of kv_dtype: dtype's, or DTYPE_I8 with k_scales,
  * v_scales bf16 [num_slots, KVH] (NULL otherwise); sequence b's new tokens are rows
  * [q_starts[b], q_starts[b] + num_new[b]) at positions context_lens[b] - num_new[b] + i. The layer's
  * rules: sliding_window > 0 (position p sees keys (p - sliding_window, p]), softcap > 0, sinks
@@ -364,8 +322,8 @@ int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_c
                             int D, int block_size, float scale, int num_threads, const uint16_t* k_scales,
                             const uint16_t* v_scales, int sliding_window, float softcap, const float* sinks) {
     if (!prefill_attention_supports(dtype, kv_dtype, D)) return 2;
-    if (kv_dtype == KV_INT8 && (!k_scales || !v_scales)) return 2;
-    const int G = H / KVH, elem = dtype == 1 ? 2 : 4;
+    if (kv_dtype == DTYPE_I8 && (!k_scales || !v_scales)) return 2;
+    const int G = H / KVH, elem = dtype == DTYPE_BF16 ? 2 : 4;
     /* packed K and V per (sequence, KV head) */
     int64_t* pack_off = (int64_t*)malloc(sizeof(int64_t) * (num_seqs * KVH + 1));
     if (!pack_off) return 1;
@@ -387,9 +345,9 @@ int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_c
         const int32_t* table = block_tables + (int64_t)b * max_blocks;
         char* kp = packed + pack_off[bh] * elem;
         char* vp = kp + ctx_pad * D * elem;
-        if (kv_dtype == KV_INT8) {
+        if (kv_dtype == DTYPE_I8) {
 #ifdef HAVE_BF16
-            if (dtype == 1) { pack_int8_bf16(k_cache, v_cache, k_scales, v_scales, table, block_size, ctx, ctx_pad, KVH,
+            if (dtype == DTYPE_BF16) { pack_int8_bf16(k_cache, v_cache, k_scales, v_scales, table, block_size, ctx, ctx_pad, KVH,
                                              h, D, (uint16_t*)kp, (uint16_t*)vp); continue; }
 #endif
             pack_int8_f32(k_cache, v_cache, k_scales, v_scales, table, block_size, ctx, ctx_pad, KVH, h, D,
@@ -397,7 +355,7 @@ int paged_prefill_attention(const void* q, void* out, int dtype, const void* k_c
             continue;
         }
 #ifdef HAVE_BF16
-        if (dtype == 1) { pack_bf16(k_cache, v_cache, table, block_size, ctx, ctx_pad, KVH, h, D, (uint16_t*)kp, (uint16_t*)vp); continue; }
+        if (dtype == DTYPE_BF16) { pack_bf16(k_cache, v_cache, table, block_size, ctx, ctx_pad, KVH, h, D, (uint16_t*)kp, (uint16_t*)vp); continue; }
 #endif
         pack_f32(k_cache, v_cache, table, block_size, ctx, ctx_pad, KVH, h, D, (float*)kp, (float*)vp);
     }

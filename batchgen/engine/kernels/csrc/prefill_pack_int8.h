@@ -1,6 +1,6 @@
-/* prefill_attention.c's packs for int8 pages (--kv-cache-dtype int8, engine/kv_quant.py: int8
- * values [num_slots, KVH, D] and one bf16 scale per token and KV head, [num_slots, KVH]); included
- * by it (it needs slot_of, the bf16 conversions and place_f32 / place_bf16) in the same unit.
+/* prefill_attention.c's packs for int8 pages (--kv-cache-dtype int8, engine/kv/quant.py: int8
+ * values [num_slots, KVH, D] and one bf16 scale per token and KV head, [num_slots, KVH]), into the
+ * layouts of prefill_pack.h.
  *
  * Each context row is dequantized into the query dtype as it is packed, so the score and output
  * loops run unchanged and read exactly the values the torch paths read: kv_quant.dequantize is
@@ -12,7 +12,13 @@
 #ifndef BATCHGEN_PREFILL_PACK_INT8_H
 #define BATCHGEN_PREFILL_PACK_INT8_H
 
-#define KV_INT8 2 /* the kv_dtype code of int8 pages (0 float32 and 1 bfloat16 as the query's) */
+#include <stdint.h>
+#include <string.h>
+
+#include "common.h"        /* ALWAYS_INLINE */
+#include "bf16_convert.h"  /* bf16_to_f32, f32_to_bf16 */
+#include "prefill_pack.h"  /* slot_of, place_f32, place_bf16 */
+
 #define MAX_D 128 /* the largest head size the kernel has (prefill_attention_supports) */
 
 /* The scale of token slot's KV head h as f32 (exact: a bf16 widened). */
@@ -37,7 +43,7 @@ static void pack_int8_f32(const int8_t* k_cache, const int8_t* v_cache, const ui
     }
 }
 
-#ifdef HAVE_BF16
+#ifdef __AVX512BF16__
 static void pack_int8_bf16(const int8_t* k_cache, const int8_t* v_cache, const uint16_t* k_scales,
                            const uint16_t* v_scales, const int32_t* table, int block_size, int ctx, int ctx_pad,
                            int KVH, int h, int D, uint16_t* kp, uint16_t* vp) {

@@ -19,14 +19,14 @@
  *       when the pseudo-token wins.
  * Float rounding may differ from torch's in the last bits (exp, the sums' order), which can move a
  * top-p boundary only when a row's mass sits within rounding of top_p.
- * Built at first use by batchgen/engine/kernels/native.py like the other csrc/ files.
+ * Built at first use by batchgen/engine/kernels/loader.py like the other csrc/ files.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 
 #include "sample_rows.h"  /* load_one, load16, candidate keys, select_first, sort_keys, collect_keys */
 #include "gumbel_hash.h"  /* row_key, gumbel_value */
@@ -320,7 +320,7 @@ static int64_t draw_row(const void* x, int bf16, int64_t n, float temperature, i
     }
 }
 
-/* x: [rows] rows of cols logits, row_stride elements apart; dtype 0 float32, 1 bfloat16; per row:
+/* x: [rows] rows of cols logits, row_stride elements apart; dtype DTYPE_F32 or DTYPE_BF16; per row:
  * temperature (> 0), top_k (0 = off), top_p (1 = off), min_p (0 = off), seed and output position;
  * window: the untruncated rows' race (draw.py's window); salt, uniform_bits: random_stream's.
  * out: [rows] token ids; -1 in a row whose scratch could not be allocated. */
@@ -328,7 +328,7 @@ void sample_draw(const void* x, int dtype, int64_t rows, int64_t cols, int64_t r
                  const int64_t* top_k, const float* top_p, const float* min_p, const int64_t* seeds,
                  const int64_t* positions, int64_t window, uint32_t salt, int uniform_bits, int64_t* out,
                  int num_threads) {
-    const int elem = dtype == 1 ? 2 : 4;
+    const int elem = dtype == DTYPE_BF16 ? 2 : 4;
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; r++) {
         Scratch* sc = &thread_scratch;
@@ -338,7 +338,7 @@ void sample_draw(const void* x, int dtype, int64_t rows, int64_t cols, int64_t r
         }
         const uint64_t key = row_key(seeds[r], positions[r]);
         const Noise z = {(uint32_t)key, (uint32_t)(key >> 32), salt, uniform_bits};
-        out[r] = draw_row((const char*)x + r * row_stride * elem, dtype == 1, cols, temperature[r], top_k[r], top_p[r],
+        out[r] = draw_row((const char*)x + r * row_stride * elem, dtype == DTYPE_BF16, cols, temperature[r], top_k[r], top_p[r],
                           min_p[r], &z, window, sc);
     }
 }

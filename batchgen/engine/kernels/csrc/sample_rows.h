@@ -1,11 +1,14 @@
 /* A row's sampling candidates, shared by sample_window.c and sample_draw.c: reading bf16 or float32
  * logits, the 64-bit candidate keys whose ascending order is (value descending, id ascending), their
- * selection and sort, and the vectorized collection of a row's logits at or above a cut.
- * Included after <stdint.h>, <string.h>, <math.h> and the includer's ALWAYS_INLINE; under
- * __AVX512F__ it includes <immintrin.h>, simd_exp.h and simd_load16.h itself. */
+ * selection and sort, and the vectorized collection of a row's logits at or above a cut. */
 #ifndef BATCHGEN_SAMPLE_ROWS_H
 #define BATCHGEN_SAMPLE_ROWS_H
 
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#include "common.h"        /* ALWAYS_INLINE */
 #include "bf16_convert.h"  /* load_one */
 
 #ifdef __AVX512F__

@@ -12,14 +12,14 @@
  * or float32 logit, divided in float32), so it holds the numbers the torch path would; the
  * logsumexp multiplies by 1 / temperature instead (it may differ from torch's in the last bits).
  * The candidates are sorted (value descending, then id). Built at first use by
- * batchgen/engine/kernels/native.py like the other csrc/ files.
+ * batchgen/engine/kernels/loader.py like the other csrc/ files.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 
 #include "sample_rows.h"  /* load_one, load16, candidate keys, select_first, sort_keys, collect */
 
@@ -96,11 +96,11 @@ static void window_row(const void* x, int bf16, int64_t n, float temperature, in
     }
 }
 
-/* x: [rows] rows of cols logits, row_stride elements apart; dtype 0 float32, 1 bfloat16;
+/* x: [rows] rows of cols logits, row_stride elements apart; dtype DTYPE_F32 or DTYPE_BF16;
  * temperature: [rows]; out: vals [rows, window] float32, ids [rows, window] int64, lse [rows]. */
 void sample_window(const void* x, int dtype, int64_t rows, int64_t cols, int64_t row_stride,
                    const float* temperature, int64_t window, float* vals, int64_t* ids, float* lse, int num_threads) {
-    const int elem = dtype == 1 ? 2 : 4;
+    const int elem = dtype == DTYPE_BF16 ? 2 : 4;
     #pragma omp parallel num_threads(num_threads)
     {
         /* one row's candidates at most: their logits and ids, then their keys to sort */
@@ -109,7 +109,7 @@ void sample_window(const void* x, int dtype, int64_t rows, int64_t cols, int64_t
         uint64_t* scratch = (uint64_t*)malloc((size_t)cols * sizeof(uint64_t));
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
-            window_row((const char*)x + r * row_stride * elem, dtype == 1, cols, temperature[r], window,
+            window_row((const char*)x + r * row_stride * elem, dtype == DTYPE_BF16, cols, temperature[r], window,
                        vals + r * window, ids + r * window, lse + r, raw, raw_ids, scratch);
         free(scratch);
         free(raw_ids);

@@ -1,8 +1,12 @@
-/* exp on 16 AVX-512 lanes, shared by paged_decode.c (the softmax) and pointwise.c (SiLU).
- * Included by each C file (native.py compiles them one at a time and keys its cache on the
- * headers too). Needs ALWAYS_INLINE and <immintrin.h> from the includer, under __AVX512F__. */
+/* exp on 16 AVX-512 lanes, shared by the softmaxes (paged_decode_common.h, prefill_attention.c,
+ * sample_rows.h, target_logprob.c) and pointwise.c (SiLU). Included under __AVX512F__. */
 #ifndef BATCHGEN_SIMD_EXP_H
 #define BATCHGEN_SIMD_EXP_H
+
+#include <math.h>
+#include <immintrin.h>
+
+#include "common.h"  /* ALWAYS_INLINE */
 
 /* exp(x) on 16 lanes: Cody-Waite reduction and Cephes' degree-5 polynomial; +inf past f32's range
  * (as expf), so silu of a very negative gate is -0 as in torch, below -87 a denormal-free tiny value */

@@ -1,7 +1,12 @@
-/* 16 lanes of float32 or bfloat16 rows as f32, shared by pointwise.c and kv_quant_write.c.
- * Included under __AVX512F__ after <immintrin.h> and the includer's ALWAYS_INLINE. */
+/* 16 lanes of float32 or bfloat16 rows as f32, shared by the csrc/ files that read such rows.
+ * Included under __AVX512F__. */
 #ifndef BATCHGEN_SIMD_LOAD16_H
 #define BATCHGEN_SIMD_LOAD16_H
+
+#include <stdint.h>
+#include <immintrin.h>
+
+#include "common.h"  /* ALWAYS_INLINE */
 
 /* the lanes of the last 16 of `left` elements (all 16 when 16 or more are left) */
 ALWAYS_INLINE __mmask16 tail(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }

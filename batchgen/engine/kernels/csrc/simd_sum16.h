@@ -1,7 +1,11 @@
-/* 16 horizontal sums at once, shared by paged_decode.c's AVX-512 paths (bf16 and int8 pages).
- * Included by it under __AVX512F__ (it needs ALWAYS_INLINE and <immintrin.h> from the includer). */
+/* 16 horizontal sums at once, shared by paged_decode.c's AVX-512 paths (paged_decode_bf16.h,
+ * paged_decode_f32.h, paged_decode_int8.h). Included under __AVX512F__. */
 #ifndef BATCHGEN_SIMD_SUM16_H
 #define BATCHGEN_SIMD_SUM16_H
+
+#include <immintrin.h>
+
+#include "common.h"  /* ALWAYS_INLINE */
 
 /* r[t] = the sum of a[t]'s 16 lanes, t < 16: ~3 shuffles and adds per vector, where 16
  * separate horizontal sums cost ~8 each */

@@ -10,13 +10,13 @@
  * each block's lanes added into doubles, so the result stays within ~1e-6 of torch's log_softmax
  * (tests/engine/kernels/test_target_logprob.py). As torch's: a NaN or +inf anywhere in a row, or a
  * row that is -inf everywhere, gives NaN (inf - inf); a -inf target gives -inf.
- * Built at first use by batchgen/engine/kernels/native.py like the other csrc/ files.
+ * Built at first use by batchgen/engine/kernels/loader.py like the other csrc/ files.
  */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "common.h"  /* ALWAYS_INLINE, the dtype codes */
 
 #include "bf16_convert.h"  /* load_one */
 
@@ -24,19 +24,13 @@
 #include <immintrin.h>
 #include "simd_load16.h"  /* tail, load16 */
 #include "simd_exp.h"     /* exp16 */
+#include "row_max.h"      /* row_max */
 
 #define BLOCK 1024
 
 static double target_logprob_row(const void* x, int bf16, int64_t n, int64_t target) {
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    __mmask16 any_nan = 0;
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = tail(n - i);
-        const __m512 v = load16(x, bf16, i, k);
-        any_nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
-        vm = _mm512_mask_max_ps(vm, k, vm, v);
-    }
-    const float m = _mm512_reduce_max_ps(vm);
+    int any_nan;
+    const float m = row_max(x, bf16, n, &any_nan);
     if (any_nan || isinf(m)) return NAN;
     const __m512 vmax = _mm512_set1_ps(m);
     double total = 0.0;
@@ -68,12 +62,12 @@ static double target_logprob_row(const void* x, int bf16, int64_t n, int64_t tar
 }
 #endif
 
-/* x: [rows] rows of cols logits, row_stride elements apart; dtype 0 float32, 1 bfloat16;
+/* x: [rows] rows of cols logits, row_stride elements apart; dtype DTYPE_F32 or DTYPE_BF16;
  * targets[r] in [0, cols). out[r] = log_softmax(x[r])[targets[r]], in double. */
 void target_logprob_rows(const void* x, int dtype, int64_t rows, int64_t cols, int64_t row_stride,
                          const int64_t* targets, double* out, int num_threads) {
-    const int elem = dtype == 1 ? 2 : 4;
+    const int elem = dtype == DTYPE_BF16 ? 2 : 4;
     #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t r = 0; r < rows; r++)
-        out[r] = target_logprob_row((const char*)x + r * row_stride * elem, dtype == 1, cols, targets[r]);
+        out[r] = target_logprob_row((const char*)x + r * row_stride * elem, dtype == DTYPE_BF16, cols, targets[r]);
 }

@@ -1,4 +1,4 @@
-"""The C prefill kernel (engine/kernels/native_prefill.py) against causal attention in float64, on float
+"""The C prefill kernel (engine/kernels/prefill_attention.py) against causal attention in float64, on float
 and int8 pages, and the CPU backend's choice between it and the SDPA path."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from batchgen.engine.attention.base import LayerKV, PackedSeq
 from batchgen.engine.attention.cpu import CpuBackend
 from batchgen.engine.attention.sdpa import SdpaBackend
-from batchgen.engine.kernels import native_prefill
+from batchgen.engine.kernels import prefill_attention
 
-kernel = native_prefill.load()
+kernel = prefill_attention.load()
 needs_kernel = pytest.mark.skipif(kernel is None or not kernel.supports(torch.float32, torch.float32, 64),
                                   reason="no C prefill kernel on this CPU (it needs AVX-512)")
 
@@ -72,7 +72,7 @@ def test_matches_causal_attention(dtype, num_heads, num_kv_heads, head_dim, bloc
     q = (torch.randn(num_tokens, num_heads, head_dim, generator=gen) * 2).to(dtype)
     out = torch.full_like(q, 7.0)  # rows of one-token sequences are not the kernel's: left as they were
     scale = head_dim ** -0.5
-    batch = native_prefill.PrefillBatch.build(seqs, block_size)
+    batch = prefill_attention.PrefillBatch.build(seqs, block_size)
     kernel(q, out, k_cache, v_cache, batch, block_size, scale)
     tol = 1e-5 if dtype == torch.float32 else 3e-2  # bf16: inputs, probabilities and output in bf16
     for i, expected in reference(q, seqs, k_cache, v_cache, block_size, scale).items():
@@ -91,14 +91,14 @@ def test_long_prompt_tiles_and_past_chunks_agree_with_one_pass():
     seqs, n, k_cache, v_cache, gen = make_step(specs, 3, 64, 16, torch.float32, 1)
     q = torch.randn(n, 9, 64, generator=gen)
     whole = torch.empty_like(q)
-    kernel(q, whole, k_cache, v_cache, native_prefill.PrefillBatch.build(seqs, 16), 16, 0.125)
+    kernel(q, whole, k_cache, v_cache, prefill_attention.PrefillBatch.build(seqs, 16), 16, 0.125)
     table = seqs[0].block_table
     chunks = torch.empty_like(q)
     for past, new in [(0, 700), (700, 500), (1200, 300)]:
         step = [PackedSeq(0, new, past, table)]
         part = torch.empty(new, 9, 64)
-        kernel(q[past:past + new].contiguous(), part, k_cache, v_cache, native_prefill.PrefillBatch.build(step, 16), 16,
-               0.125)
+        batch = prefill_attention.PrefillBatch.build(step, 16)
+        kernel(q[past:past + new].contiguous(), part, k_cache, v_cache, batch, 16, 0.125)
         chunks[past:past + new] = part
     torch.testing.assert_close(chunks, whole, rtol=1e-5, atol=1e-5)
     expected = reference(q, seqs, k_cache, v_cache, 16, 0.125)[0]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
+from batchgen.engine.kernels.common import FLOAT_CODES
 
-SOURCE = Path(__file__).parent / "csrc" / "kv_quant_write.c"
+SOURCE = loader.CSRC / "kv_quant_write.c"
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 
 
@@ -32,7 +32,7 @@ class KvQuantWriteKernel:
         at slot_mapping [T]. False, with nothing written, where the kernel does not apply: tensors
         not on the CPU, K/V neither float32 nor bf16, pages not int8 with bf16 scales.
         (Called per layer and step: the checks are the cheap tensor attributes.)"""
-        code = native.DTYPE_CODES.get(k.dtype)
+        code = FLOAT_CODES.get(k.dtype)
         if (code is None or not k.is_cpu or v.dtype != k.dtype or k.dim() != 3 or k_cache.dtype != torch.int8
                 or k_scale.dtype != torch.bfloat16):
             return False
@@ -65,6 +65,6 @@ class KvQuantWriteKernel:
 
 @functools.cache
 def load() -> KvQuantWriteKernel | None:
-    """The kernel, built on first use; None where it cannot be built (native.load_library logs why)."""
-    lib = native.load_library(SOURCE)
+    """The kernel, built on first use; None where it cannot be built (loader.load_library logs why)."""
+    lib = loader.load_library(SOURCE)
     return KvQuantWriteKernel(lib) if lib is not None else None

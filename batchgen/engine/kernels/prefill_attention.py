@@ -1,12 +1,12 @@
-"""The CPU prefill-attention kernel (csrc/prefill_attention.c), built and cached like the decode
-kernel (engine/kernels/native.py) and called through ctypes.
+"""ctypes binding of csrc/prefill_attention.c: the CPU prefill-attention kernel (loader.py builds
+and loads it).
 
 A step's prefill sequences go to the kernel together: it packs each one's context out of the
 pages once and attends causally from there, so a chunk with a cached past needs no gather. The
 kernel exists on AVX-512 CPUs for float32 and, with AVX512-BF16, bfloat16, head sizes 16, 32, 64, 96
 and 128 (`supports`), over pages of the query's dtype or int8 pages with their scales
 (--kv-cache-dtype int8: dequantized as they are packed, bit for bit as `kv_quant.dequantize`);
-anything else keeps torch's SDPA path (backends/sdpa.py).
+anything else keeps torch's SDPA path (engine/attention/sdpa.py).
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from batchgen.engine.attention.base import NO_RULES, PackedSeq, ScoreRules, block_table_tensor
-from batchgen.engine.kernels import native
+from batchgen.engine.kernels import loader
+from batchgen.engine.kernels.common import FLOAT_CODES, KV_CODES, int8_scale_pointers, rule_args
+from batchgen.engine.packed_seq import PackedSeq, block_table_tensor
+from batchgen.engine.score_rules import NO_RULES, ScoreRules
 
-SOURCE = Path(__file__).parent / "csrc" / "prefill_attention.c"
+SOURCE = loader.CSRC / "prefill_attention.c"
 _P, _I = ctypes.c_void_p, ctypes.c_int
 # paged_prefill_attention's parameters, in the C signature's order
 KERNEL_ARGS = (
@@ -69,7 +70,7 @@ class PagedPrefillKernel:
     @functools.cache  # noqa: B019 - one kernel object per process, a handful of keys
     def supports(self, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
         """Whether queries of `dtype` over pages of `kv_dtype` (the same, or int8) have a kernel."""
-        code, kv_code = native.DTYPE_CODES.get(dtype), native.KV_DTYPE_CODES.get(kv_dtype)
+        code, kv_code = FLOAT_CODES.get(dtype), KV_CODES.get(kv_dtype)
         return code is not None and kv_code is not None and bool(self._supports(code, kv_code, head_dim))
 
     def __call__(self, q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -85,16 +86,16 @@ class PagedPrefillKernel:
         assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, torch.int8)
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[2] == head_dim
         assert q.device.type == "cpu" and num_heads % num_kv_heads == 0
-        k_scales, v_scales = native.int8_scale_pointers(k_cache, kv_scales)
+        k_scales, v_scales = int8_scale_pointers(k_cache, kv_scales)
         args = dict(
-            q=q.data_ptr(), out=out.data_ptr(), dtype=native.DTYPE_CODES[q.dtype], k_cache=k_cache.data_ptr(),
-            v_cache=v_cache.data_ptr(), kv_dtype=native.KV_DTYPE_CODES[k_cache.dtype],
+            q=q.data_ptr(), out=out.data_ptr(), dtype=FLOAT_CODES[q.dtype], k_cache=k_cache.data_ptr(),
+            v_cache=v_cache.data_ptr(), kv_dtype=KV_CODES[k_cache.dtype],
             block_tables=batch.block_tables.data_ptr(),
             max_blocks=batch.block_tables.shape[1], q_starts=batch.q_starts.data_ptr(),
             num_new=batch.num_new.data_ptr(), context_lens=batch.context_lens.data_ptr(),
             num_seqs=batch.q_starts.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             block_size=block_size, scale=float(scale), num_threads=torch.get_num_threads(), k_scales=k_scales,
-            v_scales=v_scales, **native.rule_args(rules, num_heads))
+            v_scales=v_scales, **rule_args(rules, num_heads))
         failed = self._fn(*(args[name] for name, _ in KERNEL_ARGS))
         if failed == 1:
             raise MemoryError("paged prefill attention: out of memory for its scratch buffers")
@@ -103,6 +104,6 @@ class PagedPrefillKernel:
 
 @functools.cache
 def load() -> PagedPrefillKernel | None:
-    """The kernel, built on first use; None where it cannot be built (native.load_library logs why)."""
-    lib = native.load_library(SOURCE)
+    """The kernel, built on first use; None where it cannot be built (loader.load_library logs why)."""
+    lib = loader.load_library(SOURCE)
     return None if lib is None else PagedPrefillKernel(lib)

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_native_prefill import SPECS, make_step, reference
+from test_prefill_attention import SPECS, make_step, reference
 
 from batchgen.engine.attention.base import LayerKV
 from batchgen.engine.attention.cpu import CpuBackend
 from batchgen.engine.attention.sdpa import SdpaBackend
-from batchgen.engine.kernels import native_prefill
+from batchgen.engine.kernels import prefill_attention
 from batchgen.engine.kv import quant as kv_quant
 
-kernel = native_prefill.load()
+kernel = prefill_attention.load()
 needs_kernel = pytest.mark.skipif(kernel is None or not kernel.supports(torch.float32, torch.int8, 64),
                                   reason="no C prefill kernel on this CPU (it needs AVX-512)")
 SHAPES = [(9, 3, 64, 16), (4, 4, 128, 8), (4, 2, 16, 5), (6, 2, 32, 1), (12, 2, 96, 16), (40, 2, 64, 16)]
@@ -48,7 +48,7 @@ def test_int8_pages_match_causal_attention_over_the_dequantized_cache(dtype, num
     q = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
     out = torch.full_like(q, 7.0)
     scale = head_dim ** -0.5
-    kernel(q, out, kq, vq, native_prefill.PrefillBatch.build(seqs, block_size), block_size, scale, scales)
+    kernel(q, out, kq, vq, prefill_attention.PrefillBatch.build(seqs, block_size), block_size, scale, scales)
     k64, v64 = (kv_quant.dequantize(x, s, torch.float64) for x, s in zip((kq, vq), scales, strict=True))
     tol = 1e-5 if dtype == torch.float32 else 3e-2  # bf16: inputs, probabilities and output in bf16
     for i, expected in reference(q, seqs, k64, v64, block_size, scale).items():
@@ -69,7 +69,7 @@ def test_int8_pages_equal_float_pages_holding_their_dequantized_values(dtype, nu
     seqs, num_tokens, k_f, v_f, gen = make_step(SPECS, num_kv_heads, head_dim, block_size, torch.float32, 3)
     kq, vq, scales = int8_pages(k_f, v_f, block_size, 4)
     q = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
-    batch = native_prefill.PrefillBatch.build(seqs, block_size)
+    batch = prefill_attention.PrefillBatch.build(seqs, block_size)
     from_int8, from_float = torch.zeros_like(q), torch.zeros_like(q)
     kernel(q, from_int8, kq, vq, batch, block_size, 0.1, scales)
     kd, vd = (kv_quant.dequantize(x, s, dtype) for x, s in zip((kq, vq), scales, strict=True))

@@ -1,4 +1,5 @@
-"""The C decode kernel (engine/kernels/native.py) against plain attention, and its fallback when it cannot build."""
+"""The C decode kernel (engine/kernels/paged_decode.py) against plain attention, and its fallback when
+it cannot build."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import pytest
 import torch
 
 from batchgen.engine.attention import registry
-from batchgen.engine.kernels import kernel_cache, native
+from batchgen.engine.kernels import kernel_cache, loader, paged_decode
 
 
 @pytest.fixture(scope="module")
-def kernel() -> native.PagedDecodeKernel:
-    k = native.load()
+def kernel() -> paged_decode.PagedDecodeKernel:
+    k = paged_decode.load()
     assert k is not None, "the kernel must build where a C compiler is present (CI has gcc)"
     return k
 
@@ -86,24 +87,27 @@ def test_is_deterministic_across_thread_counts(kernel):
 def test_without_a_compiler_the_engine_falls_back_to_torch(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path / "cache"))  # nothing built yet
-    native.load.cache_clear()
+    paged_decode.load.cache_clear()
+    loader.load_library.cache_clear()
     try:
         with caplog.at_level("WARNING"):
-            assert native.load() is None
+            assert paged_decode.load() is None
         assert "torch attention path" in caplog.text
         assert registry.resolve_backend("auto", torch.device("cpu"), None) == ("sdpa", 16)
         with pytest.raises(ValueError, match="C compiler"):
             registry.resolve_backend("cpu", torch.device("cpu"), None)
     finally:
-        native.load.cache_clear()
+        paged_decode.load.cache_clear()
+        loader.load_library.cache_clear()
 
 
 def test_build_is_cached_and_keyed_by_source(monkeypatch, tmp_path):
     monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path))
-    first = native._build()
+    first = loader.build(paged_decode.SOURCE)
     assert first.parent == tmp_path / "kernels" and first.exists()
     mtime = first.stat().st_mtime_ns
-    assert native._build() == first and first.stat().st_mtime_ns == mtime, "a second build reuses the file"
+    again = loader.build(paged_decode.SOURCE)
+    assert again == first and first.stat().st_mtime_ns == mtime, "a second build reuses the file"
     assert not [p for p in first.parent.iterdir() if p not in (first, kernel_cache.digest_path(first))], \
         "no temporary files left behind"
 
@@ -113,8 +117,8 @@ def test_an_untrusted_cached_kernel_is_built_again_not_loaded(monkeypatch, tmp_p
     """Loading a .so runs its code: one another user could have written (a shared cache dir) is
     never loaded; it used to be, whatever its owner, mode or bytes."""
     monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path))
-    source = native.Path(native.__file__).parent / "csrc" / "argmax.c"
-    built = native._build(source)
+    source = loader.CSRC / "argmax.c"
+    built = loader.build(source)
     good = built.read_bytes()
     assert kernel_cache.problem(built) is None
     assert kernel_cache.digest_path(built).read_text().strip() == kernel_cache.sha256(built)
@@ -137,7 +141,7 @@ def test_an_untrusted_cached_kernel_is_built_again_not_loaded(monkeypatch, tmp_p
         monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path))
         monkeypatch.setattr(kernel_cache, "problem", _refuse_once(kernel_cache.problem))
     with caplog.at_level("WARNING"):
-        again = native._build(source)
+        again = loader.build(source)
     assert again == built and "building it again" in caplog.text
     assert not again.is_symlink() and kernel_cache.problem(again) is None  # built and recorded anew
     if tamper == "content":
