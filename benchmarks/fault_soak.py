@@ -5,13 +5,13 @@
     python -m benchmarks.fault_soak --seeds 5 --store s3 --scenario late_entry  # a quick look at one
 
 Each seed is tests/jobs/fault_harness.run_seed of one scenario (its docstring: "stall",
-"late_entry", and on S3 "unfenced", a store that ignores conditional writes; tests/jobs/test_fault_soak.py
+"late_entry", and on S3 "unfenced", a store that ignores conditional writes; tests/jobs/durability/test_fault_soak.py
 runs a few): at the end it prints, per store and scenario, rows lost / duplicated / mixed (a listed
 part outside the manifest, or the reverse) / stale (a row of the stalled writer committed after it
 lost the lease), status polls that called the manifest damaged, how the stalled writer ended, and
 whether every `_SUCCESS` told the truth (checked against the parts that exist); and, on local disk,
 up to 20 seeds of two finalizes and a compact racing over a sharded job's OpenAI Batch files
-(tests/jobs/finalize_race.py). Exit 1 if any seed failed.
+(tests/jobs/durability/finalize_race.py). Exit 1 if any seed failed.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 from batchgen.io.store import lease
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import LocalStore
-from tests.jobs.fault_harness import SCENARIOS, run_seed
-from tests.jobs.finalize_race import finalize_race
+from tests.jobs.durability.fault_harness import SCENARIOS, run_seed
+from tests.jobs.durability.finalize_race import finalize_race
 from tests.s3_server import KEY, REGION, SECRET, s3_filesystem
 
 

@@ -4,7 +4,7 @@
     python -m benchmarks.soak_kill --seeds 5               # a quick look
     python -m benchmarks.soak_kill --seeds 100 --kills 3 --change-inputs   # inputs change between kills
 
-The cycle lives with the tests (tests/jobs/kill_harness.py, which tests/jobs/test_kill.py runs for
+The cycle lives with the tests (tests/jobs/kill_harness.py, which tests/jobs/durability/test_kill.py runs for
 fewer seeds): per seed the job is SIGKILLed up to --kills times, each time restarted, then run to
 the end; --jobs seeds run at once. At the end: every input id exactly once, output == the
 reference, and a rerun processes 0 rows.

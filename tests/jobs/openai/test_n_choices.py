@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletion
 from batchgen.errors import FingerprintMismatch
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.run import run_job
-from tests.jobs.test_openai_batch_job import chat, completion, job, read_lines
+from tests.jobs.openai.test_openai_batch_job import chat, completion, job, read_lines
 
 
 def test_n_choices_round_trip(tmp_path, tiny_model_dir, loaded, one_thread):

@@ -1,4 +1,4 @@
-"""A few seeds of the fault-injection soak (tests/jobs/fault_harness.py; benchmarks/fault_soak.py runs
+"""A few seeds of the fault-injection soak (tests/jobs/durability/fault_harness.py; benchmarks/fault_soak.py runs
 many): a writer stalled past its lease while another takes over, `status` polled throughout. Every
 row exactly once, no part outside the manifest, no stale row, and `_SUCCESS` tells the truth; a
 store that ignores conditional writes is refused before anything is written."""
@@ -9,8 +9,8 @@ import pytest
 
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import LocalStore
-from tests.jobs.fault_harness import run_seed
-from tests.jobs.finalize_race import finalize_race
+from tests.jobs.durability.fault_harness import run_seed
+from tests.jobs.durability.finalize_race import finalize_race
 
 pytestmark = [pytest.mark.soak, pytest.mark.usefixtures("quick_lease_settle")]
 

@@ -1,4 +1,4 @@
-"""What one seed of the fault soak (tests/jobs/fault_harness.py) counts: rows lost, duplicated,
+"""What one seed of the fault soak (tests/jobs/durability/fault_harness.py) counts: rows lost, duplicated,
 "mixed" (a listed part that no entry commits, or a committed part that is not there) and "stale"
 (a row of the stalled writer committed after it lost the lease), read as a plain listing and
 through the manifest, and whether `_SUCCESS` tells the truth about the parts that exist."""

@@ -22,8 +22,15 @@ from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import tiny_job_config
-from tests.jobs.test_openai_batch_job import REQUESTS, BatchRequestOutput, chat, completion, read_lines, write_requests
-from tests.jobs.test_sharded_openai_batch import FILES, without_created
+from tests.jobs.openai.test_openai_batch_job import (
+    REQUESTS,
+    BatchRequestOutput,
+    chat,
+    completion,
+    read_lines,
+    write_requests,
+)
+from tests.jobs.openai.test_sharded_openai_batch import FILES, without_created
 from tests.s3_server import kill_once_committed
 
 pytestmark = pytest.mark.soak  # kills, signals, fault injection or a local S3 server

@@ -13,7 +13,7 @@ from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import tiny_job_config
-from tests.jobs.test_openai_batch_job import chat, completion, read_lines, write_requests
+from tests.jobs.openai.test_openai_batch_job import chat, completion, read_lines, write_requests
 
 FILES = {
     "a.jsonl": [chat("a1", "Hello there", max_tokens=3), completion("a2", "Once upon a time")],

@@ -12,8 +12,8 @@ from batchgen.io.manifest.manifest import load_manifest
 from batchgen.io.store import local_files
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.openai.output import write_batch_files
-from tests.jobs.test_openai_batch_job import read_lines
-from tests.jobs.test_sharded_openai_batch import ALL_IDS, inputs, run_shards  # noqa: F401 (a fixture)
+from tests.jobs.openai.test_openai_batch_job import read_lines
+from tests.jobs.openai.test_sharded_openai_batch import ALL_IDS, inputs, run_shards  # noqa: F401 (a fixture)
 
 
 def during_first_rename(monkeypatch, action):

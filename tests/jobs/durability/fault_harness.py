@@ -1,7 +1,7 @@
 """Fault-injection soak of the commit protocol: what schedulers do to jobs, on local disk and S3.
 
 One seed, in-process and on the protocol's own functions (no model: rows are made up, each id's
-row known in advance), for tests/jobs/test_fault_soak.py (a few seeds) and
+row known in advance), for tests/jobs/durability/test_fault_soak.py (a few seeds) and
 benchmarks/fault_soak.py (many). Three scenarios (SCENARIOS):
 
 - "stall": two writers on one output: A commits a few batches, then stalls at a random fault
@@ -18,11 +18,11 @@ benchmarks/fault_soak.py (many). Three scenarios (SCENARIOS):
   server; S3 only): A must be refused before it writes anything (exit 2's UnsupportedOutputError).
 - `status` polled in a thread the whole time: it must never call the manifest damaged;
 - then the output is read as a plain listing (`**/*.parquet`, what `_SUCCESS` vouches for) and
-  through the manifest, and counted (tests/jobs/fault_counts.py): rows lost, duplicated, "mixed"
+  through the manifest, and counted (tests/jobs/durability/fault_counts.py): rows lost, duplicated, "mixed"
   (a listed part that no entry commits, or a committed part that is not there) and "stale" (a row
   of A committed after it lost the lease); and every `_SUCCESS` is checked against the parts that exist.
 
-The race of finalize and compact over a sharded job's Batch files: tests/jobs/finalize_race.py.
+The race of finalize and compact over a sharded job's Batch files: tests/jobs/durability/finalize_race.py.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands.status import job_status
 from batchgen.jobs.durability.commit import Committer
-from tests.jobs.fault_counts import NUM_ROWS, SeedResult, count
+from tests.jobs.durability.fault_counts import NUM_ROWS, SeedResult, count
 
 __all__ = ["NUM_ROWS", "SCENARIOS", "SeedResult", "run_seed"]
 BATCH = 4

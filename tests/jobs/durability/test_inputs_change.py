@@ -186,7 +186,7 @@ def test_a_late_jsonl_type_conflict_is_refused_before_any_commit(tiny_model_dir,
 @pytest.mark.parametrize("url", ["ftp://host/out", "hdfs://namenode/out", "file:///tmp/out", "s3://bucket-only"])
 def test_url_output_is_refused_not_written_as_a_local_directory(tmp_path, url):
     """Case 6: `--output s3://bucket/out` wrote a local directory named 's3:'. Object stores are
-    written since issue 15 (tests/jobs/test_s3_output.py); other URLs, and a bare bucket, are refused."""
+    written since issue 15 (tests/jobs/durability/test_s3_output.py); other URLs, and a bare bucket, are refused."""
     src = write(tmp_path / "in.parquet", TEXTS)
     os.chdir(tmp_path)
     with pytest.raises(UnsupportedOutputError, match="not supported|prefix inside the bucket"):
