@@ -3,7 +3,7 @@ records INT4_RECIPE before anything is loaded).
 
 Asymmetric int4 (min/max) in groups of INT4_GROUP_SIZE input channels, except the layers named in
 INT4_COARSE_LAYERS, in groups of INT4_COARSE_GROUP_SIZE where their input width allows it; the same
-on torchao and quanto. Measured on the embedded SmolLM2-135M (benchmarks/int4_recipes.py, the
+on torchao and quanto. Measured on the embedded SmolLM2-135M (benchmarks/quant/int4_recipes.py, the
 README's quantization table), teacher-forced top-1 agreement with the bf16 model's greedy tokens:
 groups of 64 everywhere 73-78%, groups of 32 everywhere 97-98%. Part of that is the embedded
 checkpoint: a GGUF Q4_1 (blocks of 32 input channels with a scale and a minimum), whose grid min/max

@@ -2,7 +2,7 @@
 
 One seed, in-process and on the protocol's own functions (no model: rows are made up, each id's
 row known in advance), for tests/jobs/durability/test_fault_soak.py (a few seeds) and
-benchmarks/fault_soak.py (many). Three scenarios (SCENARIOS):
+benchmarks/soaks/fault_soak.py (many). Three scenarios (SCENARIOS):
 
 - "stall": two writers on one output: A commits a few batches, then stalls at a random fault
   point of its next commit (staging a part, writing the entry, publishing) past its lease, as

@@ -1,5 +1,5 @@
 """Two finalizes and a compact of a sharded job's OpenAI Batch files at once (`finalize_race`), for
-tests/jobs/durability/test_fault_soak.py (a few seeds) and benchmarks/fault_soak.py (more)."""
+tests/jobs/durability/test_fault_soak.py (a few seeds) and benchmarks/soaks/fault_soak.py (more)."""
 
 from __future__ import annotations
 

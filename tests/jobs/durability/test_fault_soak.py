@@ -1,4 +1,4 @@
-"""A few seeds of the fault-injection soak (tests/jobs/durability/fault_harness.py; benchmarks/fault_soak.py runs
+"""A few seeds of the fault-injection soak (tests/jobs/durability/fault_harness.py; benchmarks/soaks/fault_soak.py runs
 many): a writer stalled past its lease while another takes over, `status` polled throughout. Every
 row exactly once, no part outside the manifest, no stale row, and `_SUCCESS` tells the truth; a
 store that ignores conditional writes is refused before anything is written."""

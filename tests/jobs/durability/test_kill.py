@@ -3,7 +3,7 @@
 NUM_SEEDS subprocess jobs (`python -m batchgen run`, 240 rows, tiny random Llama, --commit-every 8)
 are SIGKILLed after a random delay drawn over the window from taking the lock to writing
 _SUCCESS, two at a time; each is then resumed to completion in-process. The cycle itself lives in
-tests/jobs/kill_harness.py; benchmarks/soak_kill.py runs it for 100+ seeds and several kills per seed.
+tests/jobs/kill_harness.py; benchmarks/soaks/soak_kill.py runs it for 100+ seeds and several kills per seed.
 """
 
 from __future__ import annotations
