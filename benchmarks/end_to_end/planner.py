@@ -23,7 +23,7 @@ Systems run round-robin in one process, --repeats rounds, the start rotating eac
 records the CPU time other processes took meanwhile (benchmarks/sysload.py). All systems get the same
 KV cache: room for --batch-size of the longest requests, so neither policy preempts.
 
-The targets of the planning issue are checked and printed (informational, not asserted):
+The planner's targets are checked and printed (informational, not asserted):
 uniform: static >= 1.1x continuous; both: auto within 5% of the better fixed mode; mixed: static
 (bucketed) >= 1.3x static-unsorted. The run also prints the static_min_occupancy the uniform
 workload implies: static pays off where occupancy x (static / continuous on uniform) >= 1.

@@ -2,8 +2,8 @@
 
     python -m benchmarks.gpu.gpu_profile --model DIR [--n 128] [--max-output-len 256] [--profile-steps 60]
 
-The first GPU check found the eager SDPA path CPU-bound (one core busy for the whole run, the GPU
-mostly waiting), its continuous steps far slower than its static ones. This runs the ShareGPT
+The eager SDPA path can be CPU-bound (one core busy for the whole run, the GPU mostly waiting),
+its continuous steps far slower than its static ones. This runs the ShareGPT
 workload of benchmarks.gpu.gpu_check (its cached lengths) three ways, interleaved: one SDPA call per
 sequence in prefill steps; one padded call per kind (attention/padded_prefill.py); and that with
 every decode sequence in one SDPA group too (no grouping by context length: on a GPU a

@@ -1,11 +1,11 @@
-"""What the int8 KV cache's write costs per layer and step (issue 13): microseconds per call.
+"""What the int8 KV cache's write costs per layer and step: microseconds per call.
 
     OMP_NUM_THREADS=1 python -m benchmarks.kernels.kv_write                      # 128 decode rows, SmolLM2-135M's KV
     python -m benchmarks.kernels.kv_write --rows 512 --kv-heads 8 --head-dim 128 --dtype float32
 
 Three writes of the same step's new K/V ([rows, kv_heads, head_dim], laid out as the attention op
 gets them) into int8 pages at random slots:
-- "torch+dequant": the write before issue 13: kv_quant's torch ops (quantize K and V, four
+- "torch+dequant": the write in torch ops that also dequantizes: kv_quant's torch ops (quantize K and V, four
   index_copy_) and then both dequantized for the return value;
 - "torch": kv_quant.write_torch (the fallback without the C library, and CUDA's path);
 - "c": kv_quant.write on CPU, one call into csrc/kv_quant_write.c.
@@ -29,7 +29,7 @@ from benchmarks.sysload import measure
 
 
 def _old_write_exact(k_cache, v_cache, k_scale, v_scale, slots, k, v):
-    """The pre-issue-13 kv_quant.write, op for op."""
+    """kv_quant.write in torch ops that also dequantize for the return value, op for op."""
     kq, ks = kv_quant.quantize(k)
     vq, vs = kv_quant.quantize(v)
     k_cache.index_copy_(0, slots, kq)

@@ -277,7 +277,7 @@ def report(results: dict[str, list[dict]]) -> None:
         return statistics.median(vals) if vals else None
 
     # system@mode: a sampled mode's ratio is against batchgen in the same mode; batchgen's own
-    # sampled rows are also compared with its greedy rows (issue 31's target)
+    # sampled rows are also compared with its greedy rows (sampling should cost little)
     print("\n| dtype/workload/system | gen tok/s median (min-max) | whole-process tok/s | batchgen gen ratio "
           "| batchgen vs its greedy |")
     print("|---|---:|---:|---:|---:|")

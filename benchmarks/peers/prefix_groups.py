@@ -23,7 +23,7 @@ same tokens), round-robin within each round (the start rotating):
 Prints per run the wall time of the process and of the job (batchgen's `_summary.json`; vLLM's
 `generate` call), batchgen's prefix-hit tokens against its shareable tokens, the load average
 before and after and the cores the other processes kept busy meanwhile; then medians and ratios.
-Goals (issue 44): hits >= 90% of the shareable tokens with --prefix-order, and the job >= 1.5x
+Goals: hits >= 90% of the shareable tokens with --prefix-order, and the job >= 1.5x
 faster than without it and than vLLM-CPU.
 """
 

@@ -46,7 +46,7 @@ from benchmarks.common import args_config, environment, write_record
 
 SYSTEMS = ("batchgen-continuous", "batchgen-static", "hf-generate", "hf-continuous", "batchgen-sampled",
            "batchgen-sampled-seeded")
-SAMPLED = dict(temperature=0.8, top_p=0.95)  # the sampled systems' settings (issue 31's workload)
+SAMPLED = dict(temperature=0.8, top_p=0.95)  # the sampled systems' settings, common ones for synthetic data
 BASELINES = ("hf-generate", "hf-continuous")
 CHECK_PROMPTS, CHECK_TOKENS = 4, 16
 HF_CB_RESULT_TIMEOUT_S = 600  # no result for this long: the manager is stuck

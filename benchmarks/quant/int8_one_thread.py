@@ -32,7 +32,7 @@ from benchmarks.peers.throughput import kv_blocks_for
 # a bf16 load with the recipe's constants set for them:
 #   int8/onednn+copies      the default with gate/up copied out of the stacked output (before views)
 # The smoothed, unstacked, bf16-down_proj and int8-LM-head variants measured in benchmarks/README.md
-# went with their switches (issue 33).
+# are not offered: no flag sets them.
 SYSTEMS = {"bf16": ("none", "auto"), "int8/onednn": ("int8", "onednn"), "int8/torchao": ("int8", "torchao")}
 VARIANTS = {"int8/onednn+copies": {"VIEW_SIBLINGS": ()}}
 

@@ -11,7 +11,7 @@ template, chat-formatted, documents cut to --doc-chars) and --n ShareGPT first t
    stores them (engine/kv/quant.py; tests/engine/kv/test_kv_quant.py proves it is the same model).
 3. Free-running: every scheme generates greedily through our engine; ROUGE-L F1 (token ids, LCS)
    of its outputs against bf16's.
-Targets (issue 13): int8 / int8-weight / int8 KV >= 97% top-1 agreement, int4 >= 90%.
+Targets: int8 / int8-weight / int8 KV >= 97% top-1 agreement, int4 >= 90%.
 
     python -m benchmarks.quant.quality                      # 8 docs + 32 ShareGPT prompts, 64 tokens
     python -m benchmarks.quant.quality --docs 16 --n 256 --max-new-tokens 128
@@ -55,7 +55,7 @@ SCHEMES = [("bf16", "none", "auto", "auto", "none"),
            ("int4/quanto", "int4", "quanto", "auto", "none"),
            ("int4/quanto+int8-embedding", "int4", "quanto", "auto", "int8"),
            ("kv-int8", "none", "auto", "int8", "none"),
-           # both halves of issue 13 at once: the int8 default and the int8 KV cache
+           # both at once: the int8 default and the int8 KV cache
            ("int8/onednn+kv-int8", "int8", "onednn", "int8", "none")]
 TARGETS = {"none": 0.97, "int8": 0.97, "int8-weight": 0.97, "int4": 0.90, "kv-int8": 0.97}
 FAKE_QUANT_SDPA = "batchgen_bench_int8_kv_sdpa"

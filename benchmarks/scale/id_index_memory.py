@@ -1,4 +1,4 @@
-"""Memory of the committed-id index and the parts' id lists at scale (issue 11).
+"""Memory of the committed-id index and the parts' id lists at scale.
 
     python -m benchmarks.scale.id_index_memory --ids 1000000 --parts 250
 

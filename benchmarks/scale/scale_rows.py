@@ -22,7 +22,7 @@ Each size but the largest runs --repeat times (median rows/s, largest peak RSS):
 lasts a few seconds, so one run of it swings with the machine. second_half_rows_per_s is the rate
 over each job's second half, from its progress lines (start-up left out).
 
-Targets (issue 11): RSS at 1M within +15% of 10k, rows/s at 1M within 15% of 10k, resume start
+Targets: RSS at 1M within +15% of 10k, rows/s at 1M within 15% of 10k, resume start
 under 5 s, status under 2 s. Figures go to stdout as one JSON object (and --json FILE).
 """
 

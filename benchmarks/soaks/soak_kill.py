@@ -9,7 +9,7 @@ fewer seeds): per seed the job is SIGKILLed up to --kills times, each time resta
 the end; --jobs seeds run at once. At the end: every input id exactly once, output == the
 reference, and a rerun processes 0 rows.
 
---change-inputs (issue 11): the job reads a directory, and after each kill its inputs change
+--change-inputs: the job reads a directory, and after each kill its inputs change
 (tests/jobs/changing_inputs.py: rows appended, a file added, prompts edited under --id-column);
 changes the kills did not reach are made before the final run. The reference is one uninterrupted
 run over the final inputs: every id exactly once, none generated from an old prompt ("stale").

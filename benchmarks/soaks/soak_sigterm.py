@@ -1,4 +1,4 @@
-"""SIGTERM soak (issue 18): a job with long rows stopped by SIGTERM at random moments, resumed each time.
+"""SIGTERM soak: a job with long rows stopped by SIGTERM at random moments, resumed each time.
 
     OMP_NUM_THREADS=1 python -m benchmarks.soaks.soak_sigterm --signals 50
     OMP_NUM_THREADS=1 python -m benchmarks.soaks.soak_sigterm --signals 10 --rows 8 --max-new-tokens 192  # a quick look

@@ -1,4 +1,4 @@
-"""A rerun of a finished --id-column job reads no weights (issue 35): its prompts are compared
+"""A rerun of a finished --id-column job reads no weights: its prompts are compared
 with the tokenizer alone; a changed prompt still loads the model and regenerates its row."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exactly-once when inputs change between runs (issue 11, cases 1-4 and 6).
+"""Exactly-once when inputs change between runs.
 
 Derived ids ("<file>:<row>") must never be paired with other rows: a resume over other or changed
 files is refused naming the file. With --id-column, rows and files may change: a changed prompt
@@ -42,7 +42,7 @@ def table(out):
 
 
 def test_a_nightly_job_with_a_same_named_file_in_another_directory_is_refused(tiny_model_dir, loaded, tmp_path):
-    """Case 1: day2/data.parquet into day1's output used to skip every row as committed."""
+    """day2/data.parquet into day1's output must not skip every row as committed."""
     day1 = write(tmp_path / "day1" / "data.parquet", TEXTS)
     day2 = write(tmp_path / "day2" / "data.parquet", [t.upper() for t in TEXTS])
     out = tmp_path / "out"
@@ -59,7 +59,7 @@ def test_a_nightly_job_with_a_same_named_file_in_another_directory_is_refused(ti
 
 
 def test_adding_a_file_is_refused_and_ids_keep_their_meaning(tiny_model_dir, loaded, tmp_path):
-    """Case 2: a second file with the same base name used to rename the first file's ids."""
+    """A second file with the same base name must not rename the first file's ids."""
     a = write(tmp_path / "a" / "data.parquet", TEXTS)
     b = write(tmp_path / "b" / "data.parquet", TEXTS[:3])
     out = tmp_path / "out"
@@ -185,8 +185,8 @@ def test_a_late_jsonl_type_conflict_is_refused_before_any_commit(tiny_model_dir,
 
 @pytest.mark.parametrize("url", ["ftp://host/out", "hdfs://namenode/out", "file:///tmp/out", "s3://bucket-only"])
 def test_url_output_is_refused_not_written_as_a_local_directory(tmp_path, url):
-    """Case 6: `--output s3://bucket/out` wrote a local directory named 's3:'. Object stores are
-    written since issue 15 (tests/jobs/durability/test_s3_output.py); other URLs, and a bare bucket, are refused."""
+    """`--output s3://bucket/out` is no local directory named 's3:'. Object stores are written
+    (tests/jobs/durability/test_s3_output.py); other URLs, and a bare bucket, are refused."""
     src = write(tmp_path / "in.parquet", TEXTS)
     os.chdir(tmp_path)
     with pytest.raises(UnsupportedOutputError, match="not supported|prefix inside the bucket"):

@@ -1,8 +1,8 @@
-"""A row's own settings (--max-new-tokens-column, --sampling-column) are part of its key (issue 34, item 6).
+"""A row's own settings (--max-new-tokens-column, --sampling-column) are part of its key.
 
-Under --id-column a committed row is kept while its prompt hash is; the hash used to cover the
-prompt's tokens alone, so a changed per-row budget or sampling cell kept the old row, and a partial
-generation continued under the new settings. In-process, tiny random Llama.
+Under --id-column a committed row is kept while its prompt hash is; a hash of the prompt's
+tokens alone would keep the old row under a changed per-row budget or sampling cell, and continue
+a partial generation under the new settings. In-process, tiny random Llama.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""`_SUCCESS` never outlives the output it vouches for (issue 34, item 8).
+"""`_SUCCESS` never outlives the output it vouches for.
 
-A rerun that will change rows takes the old `_SUCCESS` down before it changes anything (it used to
-stay up until the first commit, and for good after a kill before it), and `batchgen finalize`
+A rerun that will change rows takes the old `_SUCCESS` down before it changes anything (not at
+its first commit, which a kill may never let come), and `batchgen finalize`
 checks each shard's `_SUCCESS` against the shard's manifest instead of trusting it.
 """
 

@@ -45,7 +45,7 @@ def test_n_choices_round_trip(tmp_path, tiny_model_dir, loaded, one_thread):
 def test_a_resume_without_the_jobs_n_is_refused(tmp_path, tiny_model_dir, loaded, one_thread):
     """Batch input run with --n 2, then without it on more requests: the output already has
     sample_index either way, so only the fingerprint can tell the old requests' 2 choices from the
-    new ones' 1; it used to let the rerun through and mix them."""
+    new ones' 1; without it the rerun would mix them."""
     requests = [chat(f"c{i}", f"Hello {i}", max_tokens=3, temperature=1.0) for i in range(4)]
     run_job(job(tmp_path, requests[:2], model_dir=tiny_model_dir, n=2), loaded=loaded)
     with pytest.raises(FingerprintMismatch, match="n 2 -> 1") as e:

@@ -116,8 +116,8 @@ def write_chat(tmp_path, fmt, conversations):
 
 
 def test_a_chat_messages_column_is_the_conversation_in_either_format(tiny_model_dir, loaded, tmp_path, tokenizer):
-    """`--prompt-column messages` on a chat dataset used to generate, from JSON Lines, from the
-    JSON text `[{"role": ...}]`, where Parquet made it an error row: both now render the
+    """`--prompt-column messages` on a chat dataset is the conversation, not the JSON text
+    `[{"role": ...}]` to generate from, in JSON Lines as in Parquet: both render the
     conversation through the chat template (batchgen.jobs.prompting.chat_rows), as for Batch API requests."""
     results = {}
     for fmt in ("jsonl", "parquet"):

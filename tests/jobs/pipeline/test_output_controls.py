@@ -1,5 +1,5 @@
 """vLLM's stop_token_ids, include_stop_str_in_output and skip_special_tokens through run_job on
-the tiny random Llama (issue 35). Its byte-level tokenizer has ids 0-4 for specials and one id per
+the tiny random Llama. Its byte-level tokenizer has ids 0-4 for specials and one id per
 byte after them, so "every byte id" as stop_token_ids ends a row at its first byte token."""
 
 from __future__ import annotations

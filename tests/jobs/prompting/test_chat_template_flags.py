@@ -1,4 +1,4 @@
-"""--chat-template FILE and --chat-template-kwargs JSON (vLLM's names, issue 35): the file replaces
+"""--chat-template FILE and --chat-template-kwargs JSON (vLLM's names): the file replaces
 the tokenizer's template, the kwargs reach apply_chat_template; mistakes exit 2 before any load.
 The byte-level test tokenizer makes one token per byte, so token counts are byte counts."""
 

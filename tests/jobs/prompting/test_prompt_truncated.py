@@ -1,4 +1,4 @@
-"""The prompt_truncated output column (issue 35): which rows' prompts were cut to fit. A directory
+"""The prompt_truncated output column: which rows' prompts were cut to fit. A directory
 begun before the column resumes and compacts without it, so its parts stay one table."""
 
 from __future__ import annotations
