@@ -54,10 +54,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 bench: install
-	$(PY) -m benchmarks.throughput
+	$(PY) -m benchmarks.peers.throughput
 
 bench-quick: install
-	$(PY) -m benchmarks.throughput --quick
+	$(PY) -m benchmarks.peers.throughput --quick
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_VENV) out

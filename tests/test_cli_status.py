@@ -105,7 +105,7 @@ def test_status_of_a_directory_that_is_no_job(runner, tmp_path):
 
 @pytest.mark.parametrize("made", [False, True])
 def test_status_of_an_output_no_run_has_written_is_not_started_exit_0(runner, tmp_path, made):
-    """An Airflow sensor polls the output before the first run: that is a state, not a failure (issue 35)."""
+    """An Airflow sensor polls the output before the first run: that is a state, not a failure."""
     out = tmp_path / "out"
     if made:
         out.mkdir()

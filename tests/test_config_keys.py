@@ -1,4 +1,4 @@
-"""One source for option names (issue 35): every `run`/`plan` flag is a YAML key of the same
+"""One source for option names: every `run`/`plan` flag is a YAML key of the same
 name in snake_case, reaching the same JobConfig field; vLLM's max_tokens works in both; an
 unknown key says which known one it is likely to be."""
 

@@ -2,7 +2,7 @@
 
 Nothing here downloads anything. Models are float32 on the CPU, small enough that a whole
 equivalence test runs in seconds. The fixtures in tests/conftest.py and the benchmarks that need a
-model of no size (benchmarks/soak_kill.py, benchmarks/checkpoint_cost.py) build on these.
+model of no size (benchmarks/soaks/soak_kill.py, benchmarks/end_to_end/checkpoint_cost.py) build on these.
 """
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ def validate_job_config(config: JobConfig, *, need_output: bool) -> None:
 
 def _combinations(config: JobConfig) -> None:
     """Settings that cannot go together whatever the model and the machine: refused here, before
-    any load, where they used to surface after the model had loaded (the engine and the prompt
+    any load, so that the mistake costs no model load first (the engine and the prompt
     builder keep their own checks for callers that build them directly)."""
     if config.system is not None and config.chat is False:
         raise ConfigError("--system needs the chat template, and --no-chat turns it off: drop one of them, "

@@ -7,7 +7,7 @@ and kernels of many sizes between live objects fragment it, so the heap's free b
 RSS, grew over a job's first parts while the bytes in use stayed flat
 (benchmarks/results/2026-12-02-scale-rows.md). `malloc_trim(0)` returns every whole free page
 anywhere in the heap (madvise), not only the top. It walks the whole heap, so it is not free
-(benchmarks/kernel_cache.py times it): the job calls it after a commit
+(benchmarks/kernels/kernel_cache.py times it): the job calls it after a commit
 (batchgen.jobs.durability.commit_schedule), at most once per TRIM_EVERY_S.
 
 A no-op where the C library is not glibc (musl, macOS): `trim_heap` then returns False.

@@ -7,7 +7,7 @@ region then pays a wake-up. The two sides of that choice:
   - on a quiet machine the wake-ups are a real share of a step, so spin-wait generates more;
   - beside a busy process, spinning threads take the time slices the working thread needs and
     every barrier waits for a descheduled thread, so spin-wait is far slower than passive.
-(`benchmarks/threads.py` measures both; docs/performance.md has the figures.)
+(`benchmarks/end_to_end/threads.py` measures both; docs/performance.md has the figures.)
 So `apply_defaults` looks at the machine for SAMPLE_WINDOW_S before torch loads: when the other
 processes keep at least BUSY_CORES of a core busy, or a cgroup CPU limit (a container's
 `limits.cpu`) is below the cores torch would use, idle threads sleep (PASSIVE); otherwise

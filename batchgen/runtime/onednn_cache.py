@@ -22,7 +22,7 @@ from collections.abc import MutableMapping
 
 # kernels kept per cache: a step calls each distinct linear shape (4-6 per model) at one or two
 # row counts, so this keeps the last several steps' kernels; a miss rebuilds one cheaply next to
-# a step's work, while 1024 of them hold hundreds of MiB of heap (benchmarks/kernel_cache.py;
+# a step's work, while 1024 of them hold hundreds of MiB of heap (benchmarks/kernels/kernel_cache.py;
 # benchmarks/results/2026-12-02-scale-rows.md)
 CAPACITY = 64
 # what each cache reads: (the variable batchgen sets, every name the library reads for it)

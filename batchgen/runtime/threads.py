@@ -2,7 +2,7 @@
 
 On a CPU, every parallel region of the forward ends at a barrier, so one compute thread that
 shares its core with another process holds up all of them: beside a busy neighbour fewer threads
-generate more, while on a quiet machine every core helps (`benchmarks/threads.py`). So every
+generate more, while on a quiet machine every core helps (`benchmarks/end_to_end/threads.py`). So every
 `interval_s` the governor reads how much CPU the *other* processes took (all busy time from
 /proc/stat minus our own) and runs on the cores they leave, between 1 and the thread count the
 engine started with. Linux only; elsewhere it does nothing.

@@ -2,7 +2,7 @@
 
 Each case runs the real `batchgen` entry point in a fresh interpreter and reports whether torch
 or transformers were imported by the time it exited: importing them takes seconds, so a mistake
-that waits for them costs the user that much (issue 17: 7-10 s for `run -i nope.jsonl`).
+that waits for them costs the user that much (7-10 s for `run -i nope.jsonl`).
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def test_rerun_of_a_finished_job_loads_no_model(docs, tmp_path, tiny_model_dir):
     (["--quantize", "int8", "--quantize-backend", "quanto"], ["runs on torchao only"]),
 ])
 def test_impossible_combinations_answer_before_any_load(docs, tmp_path, flags, needles):
-    """Choices no model or machine can make work are refused before torch is imported (issue 35:
-    --no-chat --system used to load the model for 12 s first)."""
+    """Choices no model or machine can make work are refused before torch is imported (not after
+    loading the model for 12 s, as --no-chat --system would)."""
     assert_answers_light(*batchgen("run", "-i", docs, "-o", tmp_path / "out", "--prompt-column", "body", *flags),
                          *needles)
     assert not (tmp_path / "out").exists()

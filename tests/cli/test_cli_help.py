@@ -1,4 +1,4 @@
-"""--help (and -h) of the commands: run's and plan's options in named sections (issue 35)."""
+"""--help (and -h) of the commands: run's and plan's options in named sections."""
 
 from __future__ import annotations
 

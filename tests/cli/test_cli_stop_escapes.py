@@ -1,4 +1,4 @@
-"""`--stop "\\n"` means a newline, as vLLM's stop=["\\n"] does (issue 35); malformed escapes exit 2."""
+"""`--stop "\\n"` means a newline, as vLLM's stop=["\\n"] does; malformed escapes exit 2."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The engine on a real GPU (marker `gpu`; skipped without CUDA): `pytest -m gpu`.
 
-benchmarks/gpu_check.sh runs these on a GPU machine. Exact greedy equality with HF generate is
+benchmarks/gpu/gpu_check.sh runs these on a GPU machine. Exact greedy equality with HF generate is
 checked in float32 (the torch backend); flash-attn runs only fp16/bf16, where two different
 kernels may round a near-tie differently, so flash is checked against itself: CUDA-graph decode
 against eager decode over the same kernel family.

@@ -1,5 +1,5 @@
 """examples/airflow/batchgen_task.py without Airflow: which batchgen exit codes fail an Airflow task
-for good (2: a retry repeats the mistake) and which retry (issue 35: the DAG retried exit 2)."""
+for good (2: a retry repeats the mistake) and which retry (a DAG that retries exit 2 only repeats it)."""
 
 from __future__ import annotations
 

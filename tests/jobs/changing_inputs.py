@@ -1,4 +1,4 @@
-"""Inputs that change between kills, for the kill -9 soak (issue 11): exactly-once under --id-column.
+"""Inputs that change between kills, for the kill -9 soak: exactly-once under --id-column.
 
 The job reads a directory (`--input DIR`), so a new file is picked up by the same command, as an
 Airflow task's glob would. Changes, in order, one after each kill (the rest before the final run):

@@ -8,7 +8,7 @@ the kill lands anywhere from model loading through streaming and committing), up
 After every kill: every part the manifest lists is readable and matches its checksum, no id is
 visible twice, and no row committed before the kill is missing after it ("rows lost").
 
-tests/jobs/test_kill.py runs it for a few seeds; benchmarks/soak_kill.py for 100+.
+tests/jobs/durability/test_kill.py runs it for a few seeds; benchmarks/soaks/soak_kill.py for 100+.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Fixture:
     src: Path
     num_rows: int
     input: Path | None = None  # what --input names: `src`, or a directory holding it (inputs that change)
-    task: str = "generate"  # embed / score / classify: no output tokens (tests/jobs/test_encode_kill.py)
+    task: str = "generate"  # embed / score / classify: no output tokens (tests/jobs/encoding/test_encode_kill.py)
 
 
 @dataclass(slots=True)

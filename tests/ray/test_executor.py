@@ -73,7 +73,7 @@ def test_same_rows_as_the_local_executor(ray_cluster, inputs, tiny_model_dir, lo
                                          map_batches_calls):
     out = tmp_path / "out"
     summary = batchgen.ray.run(config(inputs, out, tiny_model_dir), num_actors=2)
-    # the default generating stage is Ray Data's actor pool, as the issue asks; no engine outlives the job
+    # the default generating stage is Ray Data's actor pool (each engine loaded once); no engine outlives the job
     from ray.data import ActorPoolStrategy
 
     pools = [compute for fn, compute in map_batches_calls if fn is GenerateActor]

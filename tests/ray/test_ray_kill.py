@@ -20,6 +20,7 @@ import pytest
 
 import batchgen.ray
 from batchgen.io.manifest.manifest import load_manifest
+from tests.jobs.durability.test_kill import resume_config
 from tests.jobs.kill_harness import (
     JOB_ENV,
     SeedResult,
@@ -31,7 +32,6 @@ from tests.jobs.kill_harness import (
     reaped,
     sigkill,
 )
-from tests.jobs.test_kill import resume_config
 
 pytestmark = pytest.mark.soak  # kills, signals, fault injection or a local S3 server
 

@@ -17,8 +17,8 @@ from batchgen.io.store.factory import open_store
 from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
 from tests.jobs.helpers import committed_rows, tiny_job_config
-from tests.jobs.test_openai_batch_job import REQUESTS, parquet_rows, read_lines, write_requests
-from tests.jobs.test_sharded_openai_batch import without_created
+from tests.jobs.openai.test_openai_batch_job import REQUESTS, parquet_rows, read_lines, write_requests
+from tests.jobs.openai.test_sharded_openai_batch import without_created
 from tests.s3_server import committed_table
 
 MAX_NEW = 6

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from batchgen.engine.lora.adapter import AdapterError, LoraAdapter
 
 # a step with at most this many adapter tokens applies all its adapters in one masked pass over
-# the stack; above it each adapter runs on its own slice (benchmarks/lora_mix.py's decode steps are
+# the stack; above it each adapter runs on its own slice (benchmarks/peers/lora_mix.py's decode steps are
 # below it, a prefill chunk above it)
 STACKED_MAX_TOKENS = 256
 

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 EXPERTS_IMPLEMENTATION = "batchgen_grouped"
 # where the pass runs by default: bf16. In float32 transformers' grouped_mm (MKL or oneDNN per group,
-# no copy of the weights) kept pace with it in benchmarks/moe.py, so the copy would buy nothing;
+# no copy of the weights) kept pace with it in benchmarks/kernels/moe.py, so the copy would buy nothing;
 # float16: oneDNN's reordered path is not tried at every row count (engine/model/prepack.py).
 # The code is the same for every dtype: the float32 tests run it with float32 added here.
 GROUPED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16,)

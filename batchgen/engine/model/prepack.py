@@ -5,7 +5,7 @@ reorders the weight into the kernel's blocked layout, on every call. For a decod
 dozen tokens that reorder is a large share of the call; at prefill sizes the matmul dominates
 and the reorder matters little either way. So each linear layer gains a reordered copy, used for
 calls of every size in float32 and bfloat16 (ALL_ROWS_DTYPES) and of at most SMALL_M_MAX rows in
-float16 (not tried at prefill sizes). `python -m benchmarks.linear_kernels` compares the two per
+float16 (not tried at prefill sizes). `python -m benchmarks.kernels.linear_kernels` compares the two per
 shape and row count.
 
 float32 gains the most: `F.linear` runs MKL's sgemm there, which takes its AVX2 path on AMD CPUs,

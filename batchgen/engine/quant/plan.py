@@ -3,7 +3,7 @@ is touched: the `Quantization` a model will get (its label goes into the job fin
 backend `auto` picks per device and scheme, the refusals of flag combinations that cannot run, and
 the scheme nearest a quantized GGUF's. engine/quant/quantize.py applies the result to a model.
 
-Which backend runs fastest per device and scheme comes from benchmarks/quantization.py (the
+Which backend runs fastest per device and scheme comes from benchmarks/quant/quantization.py (the
 reasons per scheme: docs/quantization.md); `auto` encodes that table in AUTO_BACKEND.
 """
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 SCHEMES = ("none", "int8", "int8-weight", "int4")
 BACKENDS = ("auto", "torchao", "quanto", "onednn")
-# (device type, scheme) -> backend, from benchmarks/quantization.py on this project's CPUs (see
+# (device type, scheme) -> backend, from benchmarks/quant/quantization.py on this project's CPUs (see
 # docs/quantization.md): for int8 (dynamic int8 activations), oneDNN where the CPU has VNNI or AMX
 # (resolve_backend; its int8 matmul beat bf16 there while torchao's eager _int_mm lost), else torchao;
 # for int8 weights quanto's CPU kernel (aten's int8-weight GEMM) beats torchao's per-call upcast;

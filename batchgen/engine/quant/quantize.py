@@ -22,7 +22,7 @@ Schemes (`--quantize`):
 
 The embedding and LM head (`--quantize-embedding`): int8 per row, one shared matrix when tied
 (engine/quant/embedding.py, the same for both backends); `auto` does that for int4 (measured in
-benchmarks/quality.py: see quantize_plan.EMBEDDING_AUTO) and leaves it in full precision otherwise.
+benchmarks/quant/quality.py: see quantize_plan.EMBEDDING_AUTO) and leaves it in full precision otherwise.
 What stays in full precision: norms, and any linear layer whose input width the scheme's group size
 does not divide (logged).
 

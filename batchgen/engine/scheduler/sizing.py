@@ -4,7 +4,7 @@ vLLM asks for `max_num_seqs` and `max_num_batched_tokens` and ships fixed defaul
 knows more. Once the KV cache is sized, the number of sequences that can run without preemption
 is the cache's tokens over what one sequence holds (its prompt plus its output), and the job's
 planner knows that from the rows it is about to run (`expected_seq_tokens`). The cap above it is
-per device (benchmarks/peers.py's `batchgen-bsN` systems sweep it; benchmarks/results/2026-12-02-peers.md):
+per device (benchmarks/peers/generate.py's `batchgen-bsN` systems sweep it; benchmarks/results/2026-12-02-peers.md):
 
 - CPU: a decode step's cost grows about linearly in its rows once the weights are read (the
   linear layers are compute-bound at a few dozen rows), so tokens per CPU-second keep rising,

@@ -4,7 +4,7 @@ A committed part's derived ids (`<file key>:<row index>`) run consecutively only
 input order. The planner sorts each window's rows by predicted length, so rows finish in length
 order and a part holds, say, every fourth row of a few windows: no runs. Hashing those
 (batchgen.io.ids.table) cost ~32-48 bytes an id, plus a sorted copy of their numbers rebuilt at every
-commit and a table rehash whose peak grows with the ids (benchmarks/id_index_memory.py;
+commit and a table rehash whose peak grows with the ids (benchmarks/scale/id_index_memory.py;
 benchmarks/results/2026-12-02-scale-rows.md). But a file's row numbers are dense: once a job has
 committed a stretch of rows, it has committed nearly all of them. So here each head keeps pages of
 PAGE_NUMBERS locations, indexed by number (a location + 1; 0: absent), allocated as numbers arrive:

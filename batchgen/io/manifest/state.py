@@ -11,7 +11,7 @@ committed parts and the few entries after the snapshot, not the number of commit
 A part's per-row lists are compact (batchgen.io.ids.compact_lists) and `ok_ids` is an exact index into
 them (batchgen.io.ids.index), not a set of id objects: a million committed ids and their index cost
 ~40 MiB as integer --id-column ids, under 1 MiB as derived ids (runs of row numbers), not ~300 MiB
-(benchmarks/id_index_memory.py).
+(benchmarks/scale/id_index_memory.py).
 """
 
 from __future__ import annotations

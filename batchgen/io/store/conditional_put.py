@@ -3,7 +3,7 @@
 A manifest entry must be written only if its name is free (S3 `If-None-Match: *`, GCS
 `ifGenerationMatch=0`), and a lease replaced only if it is still the version this job read (S3
 `If-Match: <etag>`, GCS `ifGenerationMatch=<generation>`). With a plain PUT a job that stalled
-past its lease and then woke could replace the entry of the job that took over (issue 34).
+past its lease and then woke could replace the entry of the job that took over.
 
 boto3 (the `s3` extra) and google-cloud-storage (the `gcs` extra) are optional: an output on a
 store whose SDK is missing is refused when it is opened (UnsupportedOutputError, exit 2) rather

@@ -8,7 +8,7 @@ generated again and its new row replaces the old one (batchgen.jobs.durability.c
 row does. Error rows are generated again unless --no-retry-errors.
 
 A resume looks committed ids up a batch at a time (`settle`, `unsettled_rows`), which costs a
-fraction of looking them up one by one (benchmarks/id_lookup.py), and settled rows are never built
+fraction of looking them up one by one (benchmarks/scale/id_lookup.py), and settled rows are never built
 into InputRows.
 """
 

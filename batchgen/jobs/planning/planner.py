@@ -12,7 +12,7 @@ Static: each batch then holds rows of alike length, since a batch runs until its
 finishes while the finished members' slots idle. Continuous: a slot is refilled the step it frees,
 but the window still ends with its last rows running in a draining batch, and longest-first
 (LPT scheduling) leaves the short rows for that tail, so the window ends in fewer steps
-(benchmarks/planner.py compares sorted and unsorted runs).
+(benchmarks/end_to_end/planner.py compares sorted and unsorted runs).
 
 Mode (`--mode auto`). The planner cuts the window, in run order, into the batches the static policy
 would take (batch_size rows, fewer where the KV cache holds fewer) and predicts how busy their
@@ -25,7 +25,7 @@ lengths: prompt lengths never idle a static slot (each prompt is prefilled once,
 either mode), and a wide but predictable spread, once sorted, gives batches of alike rows. The p90
 in the denominator counts uncertainty against static: with nothing learned (p50 = max/2,
 p90 = max) occupancy is 0.5. Static pays off where occupancy x (static / continuous tokens/s on
-uniform lengths) >= 1; benchmarks/planner.py measures that ratio and prints the threshold it implies.
+uniform lengths) >= 1; benchmarks/end_to_end/planner.py measures that ratio and prints the threshold it implies.
 The default 1.0 says that static pays only where its batches leave no slot idle: a static step
 costs what a continuous one does. That is no accident of the CPU: our static
 policy runs the same steps through the same runner as continuous, with no per-step saving to trade

@@ -115,7 +115,7 @@ def test_build_is_cached_and_keyed_by_source(monkeypatch, tmp_path):
 @pytest.mark.parametrize("tamper", ["content", "mode", "owner", "no digest", "symlink"])
 def test_an_untrusted_cached_kernel_is_built_again_not_loaded(monkeypatch, tmp_path, caplog, tamper):
     """Loading a .so runs its code: one another user could have written (a shared cache dir) is
-    never loaded; it used to be, whatever its owner, mode or bytes."""
+    never loaded, whatever its owner, mode or bytes."""
     monkeypatch.setenv("BATCHGEN_CACHE_DIR", str(tmp_path))
     source = loader.CSRC / "argmax.c"
     built = loader.build(source)

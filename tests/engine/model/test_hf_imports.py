@@ -1,4 +1,4 @@
-"""A `batchgen run --quantize none` process never imports torchao (issue 35: transformers imported it
+"""A `batchgen run --quantize none` process never imports torchao (transformers would import it
 for every job, and torchao's import logs torch deprecation warnings), while a quantizing job and a
 torchao pre-quantized checkpoint still get it."""
 

@@ -1,4 +1,4 @@
-"""vLLM's logit_bias and allowed_token_ids in the engine (issue 35): greedy rows equal
+"""vLLM's logit_bias and allowed_token_ids in the engine: greedy rows equal
 model.generate with the same bias (transformers' sequence_bias) or the same allowed set
 (prefix_allowed_tokens_fn), token for token; sampled rows draw only allowed tokens."""
 

@@ -1,5 +1,5 @@
 """vLLM's min_p, stop_token_ids, include_stop_str_in_output and skip_special_tokens, in the
-sampler, the stop checker and the engine (issue 35). The byte-level test tokenizer maps every
+sampler, the stop checker and the engine. The byte-level test tokenizer maps every
 byte to one token (ids 0-4 are specials), so a text fixes its tokens exactly."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def derived(head: str, numbers) -> list[str]:
 
 def length_sorted_parts(num_rows: int, rows_per_part: int = 1000, window: int = 1024) -> list[list[str]]:
     """Derived ids as a job commits them when rows finish in predicted-length order: each window's
-    rows with 4, then 3, 2, 1 new tokens (n = 1 + i % 4, as benchmarks/scale_rows.py's rows)."""
+    rows with 4, then 3, 2, 1 new tokens (n = 1 + i % 4, as benchmarks/scale/scale_rows.py's rows)."""
     order = []
     for start in range(0, num_rows, window):
         rows = range(start, min(start + window, num_rows))

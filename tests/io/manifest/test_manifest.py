@@ -261,7 +261,7 @@ def test_begin_drops_earlier_parts_and_history(out):
 
 
 def test_an_id_committed_twice_never_reaches_the_manifest(out):
-    """Issue 11, case 8: the entry is validated before it is written, so a duplicate id that
+    """The entry is validated before it is written, so a duplicate id that
     reaches a commit leaves no durable bad entry and every later load still works."""
     manifest = Manifest(out)
     writer = PartWriter(out, SCHEMA)

@@ -1,4 +1,4 @@
-"""Manifest snapshots (issue 11, item 9): a long job's manifest stays O(parts) to load.
+"""Manifest snapshots: a long job's manifest stays O(parts) to load.
 
 Every SNAPSHOT_EVERY_ENTRIES entries the whole state is written as one entry plus a rows file and
 the older entries are deleted; a reload gives the same state (ids, error rows, prompt hashes, the

@@ -1,5 +1,5 @@
 """`batchgen report` on a sharded job's local OUTPUT: one page over the shards (batchgen.jobs.commands.report).
-The object-store case is in tests/jobs/test_s3_sharded.py."""
+The object-store case is in tests/jobs/sharding/test_s3_sharded.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The fingerprint is what decides a row's output (issue 11, case 7).
+"""The fingerprint is what decides a row's output.
 
 A tokenizer or chat-template change (which the weights' hash did not see) is refused; a KV cache
-sized differently (which followed free memory) is accepted; and a directory written by the
-batchgen before this change (its fingerprint, inputs and parts without the new fields) resumes.
+sized differently (which followed free memory) is accepted; and a directory written without
+input identities and prompt hashes (its fingerprint, inputs and parts without those fields) resumes.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def test_a_changed_special_token_is_refused(tiny_model_dir, loaded, src, tmp_pat
 
 
 def test_a_differently_sized_kv_cache_resumes(tiny_model_dir, loaded, src, tmp_path):
-    """The auto-sized KV cache follows free memory; it used to enter the fingerprint through
-    max_context_tokens (the context capped by the cache) and refuse the resume."""
+    """The auto-sized KV cache follows free memory, so it must not enter the fingerprint (not even
+    through max_context_tokens, the context capped by the cache) and refuse the resume."""
     out = tmp_path / "out"
     run_job(config(src, out, tiny_model_dir, max_rows=4, kv_cache_memory="16MiB"), loaded=loaded)
     rest = run_job(config(src, out, tiny_model_dir, kv_cache_memory="96KiB"), loaded=loaded)
@@ -88,8 +88,8 @@ def test_a_differently_sized_kv_cache_resumes(tiny_model_dir, loaded, src, tmp_p
 
 
 def downgrade(out):
-    """Rewrite `out` as the batchgen before issue 11 wrote it: its fingerprint keys, no input
-    identities, no prompt hashes in entries or parts."""
+    """Rewrite `out` as a directory without input identities is written: its fingerprint keys, no
+    input identities, no prompt hashes in entries or parts."""
     directory = out / MANIFEST_DIR
     for path in sorted(directory.glob("*.json")):
         entry = json.loads(path.read_text())
@@ -110,7 +110,7 @@ def downgrade(out):
         path.write_text(json.dumps(entry))
 
 
-def test_a_directory_written_before_this_change_still_resumes(tiny_model_dir, loaded, src, tmp_path):
+def test_a_directory_without_input_identities_or_prompt_hashes_resumes(tiny_model_dir, loaded, src, tmp_path):
     out = tmp_path / "out"
     run_job(config(src, out, tiny_model_dir, max_rows=4), loaded=loaded)
     downgrade(out)
@@ -160,8 +160,8 @@ def test_int8_fingerprint_carries_the_calibration_recipe(tmp_path):
 
 @pytest.mark.parametrize("setting", [dict(repetition_penalty=1.3), dict(min_tokens=2)])
 def test_a_resume_that_drops_a_setting_is_refused(tiny_model_dir, loaded, src, tmp_path, setting):
-    """Such settings are recorded only when not at their default: a resume without the flag used to
-    compare only its own keys, find no change and mix two configurations in one output."""
+    """Such settings are recorded only when not at their default: a resume without the flag that
+    compared only its own keys would find no change and mix two configurations in one output."""
     out = tmp_path / "out"
     run_job(config(src, out, tiny_model_dir, max_rows=4, **setting), loaded=loaded)
     with pytest.raises(FingerprintMismatch, match=next(iter(setting))):

@@ -1,4 +1,4 @@
-"""SIGTERM at random moments, then resume: rows in flight continue from their checkpoint (issue 18).
+"""SIGTERM at random moments, then resume: rows in flight continue from their checkpoint.
 
 In-process: the job runs in the main thread (where its signal handlers live) and a timer thread
 sends the process a real SIGTERM after a random delay, up to two times per seed; then the same job

@@ -24,7 +24,7 @@ from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.executors.local import LocalJob
 from tests.jobs.helpers import tiny_job_config
-from tests.jobs.test_openai_batch_job import (
+from tests.jobs.openai.test_openai_batch_job import (
     ERROR_CODES,
     REQUESTS,
     BatchRequestOutput,
@@ -32,8 +32,8 @@ from tests.jobs.test_openai_batch_job import (
     read_lines,
     write_requests,
 )
-from tests.jobs.test_sharded_openai_batch import ALL_IDS, without_created
-from tests.jobs.test_sharded_openai_batch import inputs as inputs  # noqa: F401  (the sharded inputs fixture)
+from tests.jobs.openai.test_sharded_openai_batch import ALL_IDS, without_created
+from tests.jobs.openai.test_sharded_openai_batch import inputs as inputs  # noqa: F401  (the sharded inputs fixture)
 
 MAX_NEW = 6
 

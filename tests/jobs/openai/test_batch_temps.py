@@ -10,7 +10,7 @@ from batchgen.io.store import local_files
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.openai.output import write_batch_files
 from batchgen.jobs.openai.temp_files import open_held, sweep_dead_temps
-from tests.jobs.test_openai_batch_job import chat, job, read_lines
+from tests.jobs.openai.test_openai_batch_job import chat, job, read_lines
 
 
 def temps(directory):

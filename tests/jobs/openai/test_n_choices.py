@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletion
 from batchgen.errors import FingerprintMismatch
 from batchgen.jobs.commands.compact import compact_output
 from batchgen.jobs.commands.run import run_job
-from tests.jobs.test_openai_batch_job import chat, completion, job, read_lines
+from tests.jobs.openai.test_openai_batch_job import chat, completion, job, read_lines
 
 
 def test_n_choices_round_trip(tmp_path, tiny_model_dir, loaded, one_thread):
@@ -45,7 +45,7 @@ def test_n_choices_round_trip(tmp_path, tiny_model_dir, loaded, one_thread):
 def test_a_resume_without_the_jobs_n_is_refused(tmp_path, tiny_model_dir, loaded, one_thread):
     """Batch input run with --n 2, then without it on more requests: the output already has
     sample_index either way, so only the fingerprint can tell the old requests' 2 choices from the
-    new ones' 1; it used to let the rerun through and mix them."""
+    new ones' 1; without it the rerun would mix them."""
     requests = [chat(f"c{i}", f"Hello {i}", max_tokens=3, temperature=1.0) for i in range(4)]
     run_job(job(tmp_path, requests[:2], model_dir=tiny_model_dir, n=2), loaded=loaded)
     with pytest.raises(FingerprintMismatch, match="n 2 -> 1") as e:

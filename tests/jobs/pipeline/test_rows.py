@@ -157,7 +157,7 @@ def test_jsonl_row_count_is_unknown_until_read(tmp_path):
 
 def test_numbers_in_a_prompt_column_are_text_in_either_format(tmp_path):
     """A JSON Lines number is read as text; a Parquet number is too, a decimal as its digits as stored
-    (decimals used to be an error row: 'holds a Decimal, not text')."""
+    (not an error row 'holds a Decimal, not text': a decimal id or amount is text to a prompt)."""
     from decimal import Decimal
 
     from batchgen.jobs.prompting.template import Template

@@ -118,7 +118,7 @@ def test_signal_during_generation_commits_finished_rows(tiny_model_dir, loaded, 
     assert 0 < state.num_committed_rows < NUM_ROWS  # the finished rows were committed on the way out
     assert ids_in(out) == state.ok_ids and not (out / SUCCESS_FILE).exists()
     assert not (out / "_batchgen.lock").exists()
-    partial = json.loads((out / "_summary.json").read_text())  # issue 11: the task's sensors see how far it got
+    partial = json.loads((out / "_summary.json").read_text())  # the task's sensors see how far it got
     assert partial["partial"] and not partial["complete"] and partial["output_rows"] == state.num_committed_rows
     monkeypatch.setattr(LLMEngine, "step", real_step)
     summary = run_job(config(src, out, tiny_model_dir), loaded=loaded)
@@ -141,7 +141,7 @@ def test_signal_during_a_commit_lets_the_commit_finish(tiny_model_dir, loaded, s
         run_job(config(src, out, tiny_model_dir), loaded=loaded)
     state = load_manifest(out)
     # the two commits before the signal, plus the rest of that step's finished rows: the signal
-    # stops the job at the next step boundary (issue 18), and everything finished by then commits
+    # stops the job at the next step boundary, and everything finished by then commits
     assert state.num_committed_rows >= 8
     assert ids_in(out) == state.ok_ids  # the commit in flight was published whole
 

@@ -107,7 +107,7 @@ def test_a_changed_split_is_refused_by_the_shard_and_by_finalize(tmp_path, input
 
 def test_a_sharded_id_column_retry_over_changed_inputs_is_refused(tmp_path, tiny_model_dir, loaded):
     """--id-column lets inputs change between runs, but a shard's share follows the inputs: its
-    retry used to run over the moved split, generating ids another shard holds and missing others."""
+    retry would run over the moved split, generating ids another shard holds and missing others."""
     a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
     pq.write_table(pa.table({"text": [f"a {i}" for i in range(6)], "id": list(range(6))}), a)
     pq.write_table(pa.table({"text": [f"b {i}" for i in range(6)], "id": list(range(100, 106))}), b)
