@@ -131,7 +131,7 @@ def test_settings_without_a_flag_are_exactly_no_flag():
 def test_top_k_minus_one_and_zero_mean_off(tmp_path, monkeypatch, off):
     """vLLM's top_k=-1 is "no limit": accepted on the command line, in YAML and in a sampling cell."""
     import batchgen.jobs.commands.run as job_run
-    from batchgen.jobs.pipeline.row_sampling import row_sampling
+    from batchgen.jobs.rows.row_sampling import row_sampling
 
     seen = {}
 

@@ -1,5 +1,6 @@
 """The dependency direction stays as docs/architecture.md draws it: no import cycles between modules,
-not even through imports inside functions, nor between folders (but the FOLDER_LOOPS_LEFT); the ground
+not even through imports inside functions, nor between folders; jobs/'s
+sub-packages on floors that import only downward; the ground
 (errors, config, runtime) imports nothing above it; engine knows nothing of files or jobs, io nothing
 of models or jobs, monitor nothing of jobs, the CLI reaches the engine only through jobs; and the
 scheduler, block manager and sequence run without torch."""
@@ -123,23 +124,13 @@ def test_no_import_cycles():
     assert import_cycles(graph) == []
 
 
-# The imports between sub-packages that still close a loop of folders: each runs against the floors
-# the folder loop would have (engine: kernels < kv < attention < quant < scheduler < model; jobs:
-# prompting < durability < planning < sharding < pipeline < openai < encoding, executors < commands).
-# Remove a line when its import goes; never add one: move the module that closes the loop instead.
-FOLDER_LOOPS_LEFT = {
-    ("batchgen.jobs.durability.commit_schedule", "batchgen.jobs.pipeline.signals"),
-    ("batchgen.jobs.durability.fingerprint", "batchgen.jobs.pipeline.rows"),
-    ("batchgen.jobs.durability.session", "batchgen.jobs.pipeline.scan"),
-    ("batchgen.jobs.pipeline.row_constraint", "batchgen.jobs.openai.request_error"),
-    ("batchgen.jobs.planning.planner", "batchgen.jobs.openai.requests"),
-    ("batchgen.jobs.planning.planned_row", "batchgen.jobs.pipeline.rows"),
-    ("batchgen.jobs.planning.planner", "batchgen.jobs.pipeline.row_constraint"),
-    ("batchgen.jobs.planning.planner", "batchgen.jobs.pipeline.row_sampling"),
-    ("batchgen.jobs.planning.planner", "batchgen.jobs.pipeline.rows"),
-    ("batchgen.jobs.planning.row_adapter", "batchgen.jobs.pipeline.rows"),
-    ("batchgen.jobs.executors.workers", "batchgen.jobs.commands.finalize"),
-}
+# The imports between sub-packages that may close a loop of folders: none. Never add one: move the
+# module that would close the loop below both folders instead (engine/packed_seq.py, jobs/rows/).
+FOLDER_LOOPS_LEFT: set[tuple[str, str]] = set()
+# jobs/'s floors, lowest first, as docs/architecture.md draws them: a module imports its own floor's
+# modules and those of the floors below it, never one above (a sub-folder counts as its floor: executors/ray)
+JOBS_FLOORS = ("prompting", "rows", "openai", "planning", "durability", "sharding", "pipeline", "encoding",
+               "executors", "commands")
 
 
 def folder_of(module: str, modules: dict[str, Path]) -> str:
@@ -170,6 +161,34 @@ def test_no_import_loops_between_folders():
     assert not gone, f"these imports are gone: remove them from FOLDER_LOOPS_LEFT: {sorted(gone)}"
     for allowed in FOLDER_LOOPS_LEFT:  # each one still closes a loop, else it has no business here
         assert import_cycles(folder_graph(modules, FOLDER_LOOPS_LEFT - {allowed})), allowed
+
+
+def upward_imports(module_graph: dict[str, set[str]], package: str, floors: tuple[str, ...]) -> list[str]:
+    """'module imports dep' for each import of a floor above the importer's; a folder of `package`
+    that is on no floor is reported too, so that a new folder is placed before it is used."""
+    def floor(module: str) -> str | None:
+        return module[len(package) + 1:].split(".")[0] if module.startswith(package + ".") else None
+
+    bad = sorted(f"{module}: a folder on no floor" for module in module_graph
+                 if floor(module) is not None and floor(module) not in floors)
+    for module, deps in sorted(module_graph.items()):
+        here = floor(module)
+        for dep in sorted(deps):
+            there = floor(dep)
+            if here in floors and there in floors and floors.index(there) > floors.index(here):
+                bad.append(f"{module} imports {dep}")
+    return bad
+
+
+def test_jobs_floors_import_only_downward():
+    modules = {name: batchgen_dependencies(path) for name, path in MODULES.items()}
+    assert upward_imports(modules, "batchgen.jobs", JOBS_FLOORS) == []
+
+
+def test_the_floor_check_sees_an_upward_import_and_an_unplaced_folder():
+    graph = {"p.low.x": {"p.high.y"}, "p.high.y": {"p.low.x"}, "p.new.z": set(), "p": {"p.high.y"}}
+    assert upward_imports(graph, "p", ("low", "high")) == ["p.new.z: a folder on no floor", "p.low.x imports p.high.y"]
+    assert upward_imports({"p.low.x": set(), "p.high.y": {"p.low.x"}}, "p", ("low", "high")) == []
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

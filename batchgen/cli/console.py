@@ -40,7 +40,7 @@ class user_errors:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=exc.exit_code) from None
         # KeyboardInterrupt: Ctrl-C before any handler of ours was installed (an import, say);
-        # batchgen.jobs.pipeline.signals.Interrupt: one that a job's handler raised outside a job's own try
+        # batchgen.jobs.durability.signals.Interrupt: one that a job's handler raised outside a job's own try
         signum = getattr(exc, "signum", signal.SIGINT)
         if issubclass(exc_type, KeyboardInterrupt) or type(exc).__name__ == "Interrupt":
             typer.echo(f"error: interrupted by {signal.Signals(signum).name} while starting up, before any row was "

@@ -19,7 +19,7 @@ def finalize(
     """Check every shard of a sharded job (present, complete, same fingerprint and inputs, no row twice),
     then write the job's _SUCCESS and _summary.json. Exit 4 names a shard to run or resume."""
     with user_errors():
-        from batchgen.jobs.commands.finalize import finalize_output
+        from batchgen.jobs.sharding.finalize import finalize_output
 
         result = finalize_output(output)
     typer.echo(f"{result['output']}: {result['num_shards']} shards, {result['rows']} rows "

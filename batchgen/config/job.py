@@ -118,7 +118,7 @@ class JobConfig:
     quantize_embedding: str = "auto"  # embedding/LM head: auto | none | int8
     kv_cache_dtype: str = "auto"  # auto (model dtype) | int8 | fp8
     max_rows: int | None = None
-    # one shard of a sharded job (batchgen.jobs.sharding.split): this process reads its share of the input and
+    # one shard of a sharded job (batchgen.jobs.rows.split): this process reads its share of the input and
     # writes output/shard-{shard_index}-of-{num_shards}/; None = the whole job in one process
     num_shards: int | None = None
     shard_index: int | None = None

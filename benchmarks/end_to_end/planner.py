@@ -52,9 +52,9 @@ from batchgen.engine.kv.cache import KVCacheSpec
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.io.inputs.discovery import InputShard
 from batchgen.jobs.commands.run import run_job
-from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor
 from batchgen.jobs.planning.planner import PlannedRow, Planner
+from batchgen.jobs.rows.rows import InputRow
 from benchmarks import sharegpt, sysload
 from benchmarks.common import args_config, environment, write_record
 

@@ -95,7 +95,7 @@ def measure(kind: str, num_ids: int, batch_rows: list[int], repeat: int) -> dict
 
 def row_by_row(config, rule: ResumeRule) -> None:
     """What PreparedJob.rows did: every row built, then skips; a row to compare: its hash fetched."""
-    from batchgen.jobs.pipeline.rows import RowSource
+    from batchgen.jobs.rows.rows import RowSource
 
     for row in RowSource.open(config):
         if not rule.skips(row.row_id) and rule.needs_prompt(row.row_id):
@@ -103,7 +103,7 @@ def row_by_row(config, rule: ResumeRule) -> None:
 
 
 def batched(config, rule: ResumeRule) -> None:
-    from batchgen.jobs.pipeline.rows import RowSource
+    from batchgen.jobs.rows.rows import RowSource
 
     for _ in rule.unsettled_rows(RowSource.open(config)):
         pass
@@ -114,7 +114,7 @@ def resume_pass(num_rows: int, directory: str, repeat: int) -> list[dict]:
     import pyarrow.parquet as pq
 
     from batchgen.config.job import build_config
-    from batchgen.jobs.pipeline.rows import RowSource
+    from batchgen.jobs.rows.rows import RowSource
 
     path = os.path.join(directory, "in.parquet")
     pq.write_table(pa.table({"text": [f"prompt number {i} of the benchmark input" for i in range(num_rows)],

@@ -41,13 +41,13 @@ from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.durability.commit import Committer
 from batchgen.jobs.durability.commit_schedule import CommitSchedule
-from batchgen.jobs.pipeline.signals import SignalGuard
+from batchgen.jobs.durability.signals import SignalGuard
 
 def planned_rows(src):
     from batchgen.jobs.planning.length import LengthPredictor
     from batchgen.jobs.planning.planner import Planner, prepare_row
     from batchgen.jobs.prompting.prompts import PromptBuilder
-    from batchgen.jobs.pipeline.rows import RowSource
+    from batchgen.jobs.rows.rows import RowSource
     from tests.tiny import make_tokenizer
 
     config = build_config(None, inputs=[str(src)], output=str(out), max_new_tokens=4, max_new_tokens_column="n",

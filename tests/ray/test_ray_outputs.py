@@ -14,8 +14,8 @@ import batchgen.ray
 from batchgen.io.manifest.manifest import SUCCESS_FILE
 from batchgen.io.store import lease as lease_module
 from batchgen.io.store.factory import open_store
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.jobs.openai.test_openai_batch_job import REQUESTS, parquet_rows, read_lines, write_requests
 from tests.jobs.openai.test_sharded_openai_batch import without_created

@@ -14,7 +14,7 @@ from batchgen.io.ids.compact_lists import HashList, IntList, RowList, StrList, T
 from batchgen.io.ids.numbered import NumberedStrList
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-_HEX16 = re.compile(r"[0-9a-f]{16}")  # what batchgen.jobs.durability.resume.prompt_hash writes
+_HEX16 = re.compile(r"[0-9a-f]{16}")  # what batchgen.jobs.rows.prompt_hash.prompt_hash writes
 
 
 def id_list(values: Iterable[Any]) -> RowList:

@@ -3,7 +3,7 @@
 Invalid UTF-8 in a Parquet string column, a lone surrogate in JSON: the readers decode such a
 cell with U+FFFD replacements, so one bad cell cannot stop a job, and list it in the batch's schema
 metadata under INVALID_CELLS_KEY as JSON [[row in batch, column, message], ...]. RowSource
-(batchgen.jobs.pipeline.rows) turns each such row into an error row.
+(batchgen.jobs.rows.rows) turns each such row into an error row.
 
 JSON Lines arrays and objects in a string column are held as their JSON text (batchgen.io.inputs.jsonl),
 which a prompt must not take for text: the reader lists them under JSON_CELLS_KEY as

@@ -40,7 +40,7 @@ class InputShard:
     num_rows: int | None  # from the Parquet footer; None for JSONL (unknown without reading it)
     size: int | None = None  # bytes, as the filesystem reports them
     mtime_ns: int | None = None  # modification time, where the filesystem gives one
-    # the rows [start, stop) a sharded job's share reads (batchgen.jobs.sharding.split); None = the whole file
+    # the rows [start, stop) a sharded job's share reads (batchgen.jobs.rows.split); None = the whole file
     rows: tuple[int, int] | None = None
 
     @property

@@ -44,8 +44,8 @@ from batchgen.io.store.factory import open_store
 from batchgen.io.store.schema import SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import PartWriter
-from batchgen.jobs.commands.finalize import check_shards, finalize_locked
 from batchgen.jobs.openai.output import SUCCESS_KEY, recorded_batch_files, write_batch_files
+from batchgen.jobs.sharding.finalize import check_shards, finalize_locked
 from batchgen.jobs.sharding.sharded import is_sharded_output, output_location
 
 log = logging.getLogger("batchgen")

@@ -36,7 +36,7 @@ from batchgen.jobs.pipeline.empty_input import input_is_empty
 from batchgen.jobs.pipeline.prepare import open_inputs, prepare_job, seq_token_needs
 from batchgen.jobs.pipeline.summary import plural
 from batchgen.jobs.planning.output_size import OutputSize, size_text, text_bytes_per_token
-from batchgen.jobs.sharding.split import shard_output_dir
+from batchgen.jobs.sharding.sharded import shard_output_dir
 
 if TYPE_CHECKING:
     from batchgen.engine.model.loader import LoadedModel

@@ -16,8 +16,8 @@ same command again resumes: committed rows are skipped by id, error rows are gen
 input row has a committed output row and the error rate is within --max-error-rate; a rerun
 removes an earlier one before it changes anything (before the model loads where the ids show that
 rows will change; under --id-column, else, once the first changed prompt is built).
-SIGTERM / SIGINT commit the finished rows and exit 143 / 130 (batchgen.jobs.pipeline.signals).
-One shard of a sharded job (--num-shards, batchgen.jobs.sharding.split) is such a job over its share of
+SIGTERM / SIGINT commit the finished rows and exit 143 / 130 (batchgen.jobs.durability.signals).
+One shard of a sharded job (--num-shards, batchgen.jobs.rows.split) is such a job over its share of
 the input, in OUTPUT/shard-I-of-N/.
 
 Rows reach the engine through the length planner (batchgen.jobs.planning.planner): windows of rows become
@@ -53,7 +53,9 @@ from batchgen.io.store.writers import json_bytes
 from batchgen.jobs.commands.prompt_check import model_files_unchanged, nothing_to_do
 from batchgen.jobs.durability.fingerprint import job_fingerprint
 from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.durability.scan import InputScan
 from batchgen.jobs.durability.session import SUMMARY_FILE, OutputSession
+from batchgen.jobs.durability.signals import Interrupt, SignalGuard
 from batchgen.jobs.encoding.task_setup import embed_model_for_schema, is_encode_task, task_schema_args
 from batchgen.jobs.executors.start import STAGES, import_before_lock, start_job
 from batchgen.jobs.openai.batch_file import check_batch_file_target, clear_batch_file
@@ -61,11 +63,8 @@ from batchgen.jobs.openai.batch_task import resolve_batch_task
 from batchgen.jobs.pipeline.context_check import check_room_for_prompts
 from batchgen.jobs.pipeline.empty_input import input_is_empty
 from batchgen.jobs.pipeline.prepare import open_inputs
-from batchgen.jobs.pipeline.scan import InputScan
-from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary, plural
-from batchgen.jobs.sharding.sharded import check_job_output
-from batchgen.jobs.sharding.split import shard_output_dir
+from batchgen.jobs.sharding.sharded import check_job_output, shard_output_dir
 
 if TYPE_CHECKING:
     from batchgen.engine.encode.load import EncodeModel

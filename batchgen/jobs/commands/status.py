@@ -24,8 +24,13 @@ from batchgen.io.store.lock import LOCK_FILE
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.durability.fingerprint import fingerprint_summary
 from batchgen.jobs.pipeline.summary import plural
-from batchgen.jobs.sharding.sharded import is_sharded_output, list_shard_dirs, num_shards_of, output_location
-from batchgen.jobs.sharding.split import shard_dir_name
+from batchgen.jobs.sharding.sharded import (
+    is_sharded_output,
+    list_shard_dirs,
+    num_shards_of,
+    output_location,
+    shard_dir_name,
+)
 from batchgen.monitor.live import live_figures
 
 NOT_STARTED = "not_started"  # `status` exits 0 for it, as for every state it reports

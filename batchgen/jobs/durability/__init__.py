@@ -1,1 +1,2 @@
-"""Exactly-once: commits, the fingerprint, input identity, resume rules, in-flight checkpoints, the output session."""
+"""Exactly-once: commits, the fingerprint, the input scan and identity, resume rules, signals deferred to a
+safe point, in-flight checkpoints, the output session."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchgen.config.job import JobConfig
 from batchgen.jobs.durability.commit import Committer
-from batchgen.jobs.pipeline.signals import SignalGuard
+from batchgen.jobs.durability.signals import SignalGuard
 from batchgen.runtime.heap import HeapTrimmer
 
 if TYPE_CHECKING:

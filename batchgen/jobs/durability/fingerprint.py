@@ -27,7 +27,7 @@ from batchgen.config.settings_registry import ALWAYS, absent_value, is_declared,
 from batchgen.config.text_settings import chat_template_text
 from batchgen.engine.lora.files import adapter_hashes
 from batchgen.io.manifest.manifest import fingerprint_digest
-from batchgen.jobs.pipeline.rows import RowSource
+from batchgen.jobs.rows.rows import RowSource
 
 OUTPUT_FORMAT = 1  # bump when a release changes the output of a row under the same settings
 # Set after the model is loaded; compared only then. The dtype is the resolved one ("auto" may

@@ -43,7 +43,7 @@ _FIELDS = (("num_rows", "rows"), ("size", "bytes"), ("schema", "schema"), ("mtim
 # fields a batchgen before them did not record: compared only where both identities have them
 _ADDED_FIELDS = ("digest",)
 # files up to this size are hashed whole; a larger Parquet file by its footer alone. Small on
-# purpose: every shard of a sharded job identifies every file of the job (batchgen.jobs.pipeline.scan)
+# purpose: every shard of a sharded job identifies every file of the job (batchgen.jobs.durability.scan)
 CONTENT_DIGEST_MAX_BYTES = 4 << 20
 _READ_BYTES = 1 << 20
 
@@ -59,7 +59,7 @@ def file_identity(shard: InputShard, schema: pa.Schema) -> dict[str, Any]:
     if digest is not None:
         identity["digest"] = digest
     if shard.rows is not None:
-        # a sharded job's share of the file (batchgen.jobs.sharding.split): another split (other files, another
+        # a sharded job's share of the file (batchgen.jobs.rows.split): another split (other files, another
         # --num-shards) moves rows between shards, which a resume of this shard must not miss
         identity["rows"] = list(shard.rows)
     return identity

@@ -1,4 +1,4 @@
-"""The resume rule: which input rows an earlier run already settled, and each row's prompt hash.
+"""The resume rule: which input rows an earlier run already settled, by id and prompt hash.
 
 With derived ids ("<file>:<row>") the inputs are the same files as when the rows were committed
 (batchgen.jobs.durability.identity refuses any change), so a committed id is settled. With --id-column rows
@@ -14,9 +14,6 @@ into InputRows.
 
 from __future__ import annotations
 
-import hashlib
-import sys
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,25 +24,11 @@ from batchgen.io.manifest.manifest import ManifestState
 
 if TYPE_CHECKING:
     from batchgen.jobs.pipeline.prepare import JobInputs
-    from batchgen.jobs.pipeline.rows import InputRow, RowChunk, RowSource
+    from batchgen.jobs.rows.rows import InputRow, RowChunk, RowSource
 
 # ids looked up at once on a resume: numpy's and Arrow's cost per call spread over many rows (a
 # read batch is 256 by default), the rows held meanwhile still few
 LOOKUP_ROWS = 4096
-
-
-def prompt_hash(token_ids: list[int], settings: str | None = None) -> str:
-    """The documented `prompt_hash` output column: blake2b-64 (16 hex digits) of the prompt's
-    token ids as little-endian uint32, then of the row's own generation `settings` where it has
-    them (an OpenAI Batch request's max_tokens, sampling, seed, stop: its "prompt" is the request;
-    a row's --max-new-tokens-column and --sampling-column values that differ from the job's)."""
-    packed = array("I", token_ids)
-    if sys.byteorder == "big":
-        packed.byteswap()
-    h = hashlib.blake2b(packed.tobytes(), digest_size=8)
-    if settings is not None:
-        h.update(b"\x00" + settings.encode())
-    return h.hexdigest()
 
 
 @dataclass(slots=True)

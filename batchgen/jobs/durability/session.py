@@ -33,16 +33,12 @@ from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.io.store.writers import check_output_dir
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
 from batchgen.jobs.durability.identity import check_derived_ids, check_sharded_retry, orphans
-from batchgen.jobs.pipeline.scan import InputScan
+from batchgen.jobs.durability.scan import InputScan
+from batchgen.jobs.openai.output import BATCH_BOTH_DIR, BATCH_FILES
 
 log = logging.getLogger("batchgen")
 
 SUMMARY_FILE = "_summary.json"
-# the OpenAI Batch API files jobs/openai/output.py writes from the committed rows: in the output
-# directory itself (--output-format openai-batch), or in BOTH_DIR beside a Parquet dataset that
-# readers of the directory (pyarrow.dataset, Spark) must still read as one (--output-format both)
-BATCH_FILES = ("output.jsonl", "errors.jsonl")
-BATCH_BOTH_DIR = "_openai_batch"
 
 
 class OutputSession:
@@ -138,7 +134,7 @@ class OutputSession:
         if id_column is None:
             old = self.state.inputs["inputs"] if self.state.inputs else None
             check_derived_ids(str(self.out_dir), self.state.num_committed_rows, old, scan.to_json())
-        else:  # a shard of a sharded job: its rows follow the inputs (batchgen.jobs.sharding.split)
+        else:  # a shard of a sharded job: its rows follow the inputs (batchgen.jobs.rows.split)
             check_sharded_retry(str(self.out_dir), self.state.num_committed_rows, self.state.inputs, scan.to_json(),
                                 scan.split)
 
@@ -173,7 +169,7 @@ class OutputSession:
         manifest = self.manifest
         inputs = scan.to_json()
         payload: dict[str, Any] = {"inputs": inputs, "max_rows": max_rows}
-        if scan.split is not None:  # a shard of a sharded job (batchgen.jobs.sharding.split)
+        if scan.split is not None:  # a shard of a sharded job (batchgen.jobs.rows.split)
             payload["split"] = scan.split
         if self.model_files is not None:
             payload["model_files"] = self.model_files

@@ -23,8 +23,8 @@ from batchgen.jobs.encoding.encode_core import EncodeCore
 from batchgen.jobs.encoding.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
 from batchgen.jobs.pipeline.batch_columns import COMMITTED_HASH
 from batchgen.jobs.pipeline.batch_fn import BatchGenerator, output_table
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.prompting.prompts import RowError, Template
+from batchgen.jobs.rows.planned_row import PlannedRow
 
 # every output column that is not a passthrough one, of any task
 _FIXED = {PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX, "embedding", "logprob", "num_scored_tokens", "perplexity",

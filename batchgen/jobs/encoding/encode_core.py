@@ -29,7 +29,7 @@ from batchgen.engine.encode.encoder import Encoder, EncodeRequest, EncodeResult
 from batchgen.engine.encode.load import EncodeModel
 from batchgen.engine.metrics import StepStats
 from batchgen.jobs.encoding.encode_duplicates import EncodeDuplicates
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.rows.planned_row import PlannedRow
 
 log = logging.getLogger("batchgen")
 

@@ -21,9 +21,9 @@ from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.config.text_settings import chat_template_text
 from batchgen.io.store.schema import PROMPT_HASH, PROMPT_TRUNCATED, SAMPLE_INDEX
 from batchgen.jobs.openai.requests import prepare_request_row
-from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.prompting.prompts import PromptBuilder, RowError, Template
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.rows import InputRow
 
 if TYPE_CHECKING:  # prompt_check prepares rows before torch is imported
     from batchgen.engine.encode.encoder import EncodeResult

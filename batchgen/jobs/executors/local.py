@@ -28,20 +28,20 @@ from batchgen.jobs.durability.commit_schedule import CommitSchedule
 from batchgen.jobs.durability.fingerprint import job_fingerprint, model_fingerprint
 from batchgen.jobs.durability.inflight import InFlightCheckpoints
 from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.durability.scan import InputScan
 from batchgen.jobs.durability.session import OutputSession
+from batchgen.jobs.durability.signals import Interrupt, SignalGuard
 from batchgen.jobs.executors.watch import watch_run
 from batchgen.jobs.pipeline.batch_fn import output_row
 from batchgen.jobs.pipeline.core import JobCore
 from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import JobInputs, prepare_job, seq_token_needs
 from batchgen.jobs.pipeline.progress import Progress
-from batchgen.jobs.pipeline.row_constraint import json_valid
-from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.pipeline.scan import InputScan
-from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
 from batchgen.jobs.planning.duplicates import reuse_counts
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.row_constraint import json_valid
+from batchgen.jobs.rows.rows import InputRow
 from batchgen.monitor.eta import PredictedWork, WorkMeter
 from batchgen.monitor.job import JobMonitor
 

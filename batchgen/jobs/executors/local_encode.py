@@ -25,18 +25,18 @@ from batchgen.jobs.durability.commit import Committer
 from batchgen.jobs.durability.commit_schedule import CommitSchedule
 from batchgen.jobs.durability.fingerprint import encode_model_fingerprint, job_fingerprint
 from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.durability.scan import InputScan
 from batchgen.jobs.durability.session import OutputSession
+from batchgen.jobs.durability.signals import SignalGuard
 from batchgen.jobs.encoding.encode_core import EncodeCore
 from batchgen.jobs.encoding.encode_rows import encode_output_row, encode_prompt_builder, prepare_encode_row
 from batchgen.jobs.executors.watch import watch_run
 from batchgen.jobs.pipeline.prepare import JobInputs, PreparedJob
 from batchgen.jobs.pipeline.progress import Progress
-from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.pipeline.scan import InputScan
-from batchgen.jobs.pipeline.signals import SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import windows
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.rows import InputRow
 from batchgen.monitor.eta import PredictedWork, WorkMeter
 from batchgen.monitor.job import JobMonitor
 

@@ -13,9 +13,9 @@ import pyarrow as pa
 from batchgen.config.job import JobConfig
 from batchgen.io.manifest.manifest import clear_success
 from batchgen.jobs.durability.session import OutputSession
+from batchgen.jobs.durability.signals import SignalGuard
 from batchgen.jobs.encoding.task_setup import is_encode_task, load_encode_model_for
 from batchgen.jobs.pipeline.prepare import JobInputs
-from batchgen.jobs.pipeline.signals import SignalGuard
 
 if TYPE_CHECKING:
     from batchgen.engine.encode.load import EncodeModel

@@ -10,9 +10,9 @@ from typing import Any
 
 from batchgen.config.job import JobConfig
 from batchgen.io.store.store import LocalStore
+from batchgen.jobs.durability.scan import InputScan
 from batchgen.jobs.durability.session import OutputSession
 from batchgen.jobs.pipeline.progress import Progress
-from batchgen.jobs.pipeline.scan import InputScan
 from batchgen.monitor.eta import WorkMeter
 from batchgen.monitor.job import JobMonitor
 

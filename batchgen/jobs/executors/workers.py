@@ -109,7 +109,7 @@ def run_workers(config: JobConfig, num_workers: int) -> dict[str, Any]:
         i, code = failed[0]
         raise WorkerFailed(f"worker {i} of {num_workers} failed with exit code {code} (its log is above); "
                            "run the same command again to resume", code)
-    from batchgen.jobs.commands.finalize import finalize_output
+    from batchgen.jobs.sharding.finalize import finalize_output
 
     result = finalize_output(config.output)
     ran = [_worker_result(p) for p in procs]

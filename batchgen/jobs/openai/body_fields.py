@@ -8,7 +8,7 @@ import math
 import numbers
 from typing import Any
 
-from batchgen.jobs.openai.request_error import RequestError
+from batchgen.jobs.rows.request_error import RequestError
 
 
 def request_body(text: Any) -> dict[str, Any]:

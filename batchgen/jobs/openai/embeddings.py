@@ -30,10 +30,10 @@ from typing import Any
 from batchgen.config.job import JobConfig
 from batchgen.io.inputs.openai_batch import EMBEDDINGS_URL
 from batchgen.jobs.openai.body_fields import check_text, number, request_body
-from batchgen.jobs.openai.request_error import RequestError
-from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.prompting.prompts import PromptBuilder
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.request_error import RequestError
+from batchgen.jobs.rows.rows import InputRow
 
 MAX_INPUTS = 2048  # the API's limit on one request's inputs
 ENCODING_FORMATS = ("float", "base64")

@@ -57,13 +57,17 @@ from batchgen.io.store.factory import open_store
 from batchgen.io.store.local_files import TEMP_SUFFIX, fault_point, fsync_dir
 from batchgen.io.store.schema import EMBEDDING, SAMPLE_INDEX
 from batchgen.io.store.store import LocalStore, OutputStore
-from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
 from batchgen.jobs.openai.batch_file import batch_file_present, batch_file_target, clear_batch_file, write_batch_file
 from batchgen.jobs.openai.embedding_output import BODY_COLUMN, RequestRefused, embeddings_body
 from batchgen.jobs.openai.temp_files import open_held, sweep_dead_temps
 
 log = logging.getLogger("batchgen")
 
+# the files written here from the committed rows: in the output directory itself (--output-format
+# openai-batch), or in BOTH_DIR beside a Parquet dataset that readers of the directory
+# (pyarrow.dataset, Spark) must still read as one (--output-format both)
+BATCH_FILES = ("output.jsonl", "errors.jsonl")
+BATCH_BOTH_DIR = "_openai_batch"
 OUTPUT_FILE, ERRORS_FILE = BATCH_FILES
 SUCCESS_KEY = "openai_batch"  # in _SUCCESS: where the files are, and the commit sequence number they hold
 _COLUMNS = [ID_COLUMN, "url", "generated_text", "finish_reason", "num_prompt_tokens", "num_generated_tokens",

@@ -20,7 +20,7 @@ Supported: `POST /v1/chat/completions` (body `messages`) and `POST /v1/completio
 A field the body does not set takes the job's setting (so `--temperature 1` gives the API's own
 default; batchgen's is greedy). `model` never switches models: the job runs its --model for every
 request and the `model` column records what the request asked for; a `model` naming one of the
-job's --lora adapters runs that adapter on the job's model (batchgen.jobs.planning.row_adapter). Anything else (tools,
+job's --lora adapters runs that adapter on the job's model (batchgen.jobs.rows.row_adapter). Anything else (tools,
 images, ...) is refused for that request alone: an error
 row whose message carries the API's error code (batchgen.io.inputs.openai_batch.api_error). Prompts
 are never cut to fit: as the API does, a request too long for the context is an error
@@ -42,13 +42,13 @@ from batchgen.jobs.openai.body_fields import check_text as _check_text
 from batchgen.jobs.openai.body_fields import number as _number
 from batchgen.jobs.openai.body_fields import request_body as _body
 from batchgen.jobs.openai.embeddings import prepare_embeddings_row
-from batchgen.jobs.openai.request_error import RequestError
 from batchgen.jobs.openai.response_format import response_format_constraint
-from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.planning.planned_row import PlannedRow
-from batchgen.jobs.planning.row_adapter import adapter_identity, request_adapter
 from batchgen.jobs.prompting.chat_rows import MESSAGE_ROLES
 from batchgen.jobs.prompting.prompts import PromptBuilder
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.request_error import RequestError
+from batchgen.jobs.rows.row_adapter import adapter_identity, request_adapter
+from batchgen.jobs.rows.rows import InputRow
 
 URLS = (CHAT_URL, COMPLETIONS_URL)
 MAX_STOP_STRINGS = 4  # the API's limit

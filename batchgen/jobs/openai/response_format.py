@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchgen.config.constraint import Constraint, InvalidConstraint
-from batchgen.jobs.openai.request_error import RequestError
+from batchgen.jobs.rows.request_error import RequestError
 
 PARAM = "response_format"
 SCHEMA_FIELDS = {"name", "schema", "strict", "description"}

@@ -1,1 +1,1 @@
-"""One job's rows from input to finished output: row checks, prompts, the job core, signals, the summary."""
+"""One job's rows from input to finished output: the setup, the job core, the batch function, progress, the summary."""

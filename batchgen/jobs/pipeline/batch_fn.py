@@ -53,12 +53,12 @@ from batchgen.jobs.pipeline.batch_columns import (
 from batchgen.jobs.pipeline.core import JobCore
 from batchgen.jobs.pipeline.logprob_column import LogprobColumn
 from batchgen.jobs.pipeline.prepare import check_job_constraint, prompt_side
-from batchgen.jobs.pipeline.row_constraint import json_valid
-from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, InputRow
 from batchgen.jobs.planning.duplicates import reuse_counts
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import prepare_row
 from batchgen.jobs.prompting.prompts import RowError, Template
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.row_constraint import json_valid
+from batchgen.jobs.rows.rows import DERIVED_ID_COLUMN, InputRow
 
 log = logging.getLogger("batchgen")
 

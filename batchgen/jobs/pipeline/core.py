@@ -41,10 +41,10 @@ from batchgen.engine.metrics import EngineMetrics, StepStats
 from batchgen.engine.model.loader import LoadedModel
 from batchgen.engine.request import Completion, Continuation, Request, SamplingParams
 from batchgen.errors import BatchgenError, EngineError
-from batchgen.jobs.pipeline.row_sampling import sampling_settings
 from batchgen.jobs.planning.duplicates import DuplicatePrompts, duplicate_key
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import WindowPlan
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.row_sampling import sampling_settings
 
 log = logging.getLogger("batchgen")
 

@@ -25,12 +25,12 @@ from batchgen.errors import ConfigError
 from batchgen.io.manifest.manifest import ManifestState
 from batchgen.io.store.store import OutputStore
 from batchgen.jobs.durability.resume import ResumeRule
-from batchgen.jobs.pipeline.rows import InputRow, RowSource
-from batchgen.jobs.pipeline.scan import InputScan, scan_inputs
+from batchgen.jobs.durability.scan import InputScan, scan_inputs
 from batchgen.jobs.planning.length import LengthPredictor
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import Planner, prepare_row
 from batchgen.jobs.prompting.prompts import PromptBuilder, RowError, Template
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.rows import InputRow, RowSource
 
 if TYPE_CHECKING:  # open_inputs and the resume rule run before torch is imported
     from batchgen.engine.engine import LLMEngine

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from batchgen.config.job import JobConfig
 from batchgen.engine.request import Completion, Request
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.rows.planned_row import PlannedRow
 
 # completions kept for copies that arrive after their leader finished, counted in token ids held
 MAX_CACHED_TOKENS = 1 << 20

@@ -24,9 +24,9 @@ from batchgen.engine.engine import LLMEngine
 from batchgen.engine.kv.groups import KVGroups
 from batchgen.engine.metrics import StepStats
 from batchgen.engine.request import Request, SamplingParams
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import WindowPlan, batch_slices
 from batchgen.jobs.planning.stats import Reservoir, ceil_div, distribution
+from batchgen.jobs.rows.planned_row import PlannedRow
 
 CALIBRATION_NEW_TOKENS = 8
 CALIBRATION_MAX_PROMPT_TOKENS = 1024  # longer sample prompts are cut: a calibration, not a job

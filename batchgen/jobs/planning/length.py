@@ -39,6 +39,7 @@ from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import LocalStore, OutputStore
 from batchgen.jobs.planning.stats import Reservoir, spearman
 from batchgen.jobs.prompting.prompts import parse_count
+from batchgen.jobs.rows.planned_row import LengthPrediction
 
 log = logging.getLogger("batchgen")
 
@@ -50,13 +51,6 @@ BIN_SAMPLES = 64  # reservoir size per prompt-length bin
 GLOBAL_SAMPLES = 512  # reservoir size over all rows
 ERROR_SAMPLES = 4096  # (predicted, actual) pairs kept for the rank correlation
 PRIOR_P50_FRACTION = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class LengthPrediction:
-    p50: int  # median output tokens: the sort key and the error's reference
-    p90: int  # the static policy's reservation
-    source: str  # exact | bin | global | prior
 
 
 def prompt_bin(num_prompt_tokens: int) -> int:

@@ -49,16 +49,16 @@ from batchgen.config.constraint import Constraint
 from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.engine.scheduler.sizing import BatchLimits, resolve_limits
 from batchgen.jobs.openai.requests import prepare_request_row
-from batchgen.jobs.pipeline.row_constraint import check_compiles, row_constraint
-from batchgen.jobs.pipeline.row_sampling import row_sampling
-from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor, parse_known_length
-from batchgen.jobs.planning.planned_row import PlannedRow, num_samples, row_settings_key
 from batchgen.jobs.planning.prefix_groups import PrefixGrouper, assign_leaders
-from batchgen.jobs.planning.row_adapter import adapter_identity, row_adapter
 from batchgen.jobs.planning.stats import ceil_div, distribution
 from batchgen.jobs.prompting.chat_rows import conversation_token_ids
 from batchgen.jobs.prompting.prompts import PromptBuilder, row_max_new_tokens
+from batchgen.jobs.rows.planned_row import PlannedRow, num_samples, row_settings_key
+from batchgen.jobs.rows.row_adapter import adapter_identity, row_adapter
+from batchgen.jobs.rows.row_constraint import check_compiles, row_constraint
+from batchgen.jobs.rows.row_sampling import row_sampling
+from batchgen.jobs.rows.rows import InputRow
 
 
 def prepare_row(row: InputRow, builder: PromptBuilder, config: JobConfig, *,

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator
 
 from batchgen.engine.kv.block_manager import chain_hash
 from batchgen.engine.scheduler.samples import num_common_tokens
-from batchgen.jobs.planning.planned_row import PlannedRow
+from batchgen.jobs.rows.planned_row import PlannedRow
 
 LOOKAHEAD_WINDOWS = 8  # windows of rows read ahead to find the rows that share a prefix
 MAX_LOOKAHEAD_TOKENS = 1 << 21  # prompt tokens held in the look-ahead at most (its memory bound: ~40 bytes each)

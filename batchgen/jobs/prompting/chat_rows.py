@@ -9,7 +9,7 @@ or a list of text parts. --system is put first where the conversation has no sys
 conversation is never cut to fit: one too long for the context is an error row, whatever
 --on-long-prompt says (which part of a dialogue could go is not ours to guess). Anything else
 (another role or key, a model without a chat template) makes the row an error row; under
---template a column of messages is no text (batchgen.jobs.pipeline.rows).
+--template a column of messages is no text (batchgen.jobs.rows.rows).
 """
 
 from __future__ import annotations

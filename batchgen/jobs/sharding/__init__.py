@@ -1,1 +1,1 @@
-"""Sharded jobs: how input splits into shards, and the shards' outputs seen as one job."""
+"""Sharded jobs: where each shard writes, and the shards' outputs seen as one job (status, compact, finalize)."""

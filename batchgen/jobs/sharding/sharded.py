@@ -6,8 +6,9 @@
     OUTPUT/output.jsonl, errors.jsonl             the job's OpenAI Batch files, by finalize too, when the shards
       (or OUTPUT/_openai_batch/ for `both`)       ran with --output-format openai-batch or both
 
-OUTPUT is a local directory or an object-store prefix (s3://bucket/prefix, batchgen.io.store.store):
-each shard-I-of-N/ is then a prefix with its own manifest and lease, and finalize writes the job's
+Each shard writes its shard-I-of-N/ (shard_output_dir) with the ordinary commit protocol. OUTPUT
+is a local directory or an object-store prefix (s3://bucket/prefix, batchgen.io.store.store): each
+shard-I-of-N/ is then a prefix with its own manifest and lease, and finalize writes the job's
 files with one PUT each, _SUCCESS last.
 
 A reader of the whole output (`pyarrow.dataset` over OUTPUT, Spark, DuckDB's `**/*.parquet`) sees
@@ -18,17 +19,45 @@ for OUTPUT/_SUCCESS, as it would for one directory's.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest.manifest import SUCCESS_FILE, is_job_dir
-from batchgen.io.store.factory import open_store
+from batchgen.io.store.factory import is_url, open_store
 from batchgen.io.store.store import LocalStore, OutputStore
-from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES
-from batchgen.jobs.sharding.split import parse_shard_dir, shard_dir_name
+from batchgen.jobs.openai.output import BATCH_BOTH_DIR, BATCH_FILES
 
 log = logging.getLogger("batchgen")
+
+SHARD_DIR_RE = re.compile(r"shard-(\d+)-of-(\d+)")
+
+
+def shard_dir_name(shard_index: int, num_shards: int) -> str:
+    return f"shard-{shard_index}-of-{num_shards}"
+
+
+def shard_output_dir(output: str | Path, shard_index: int | None, num_shards: int | None) -> str | Path:
+    """Where a run writes: OUTPUT itself, or OUTPUT/shard-I-of-N/ for one shard of a sharded job;
+    a local Path, or a URL (str) under an object-store OUTPUT (s3://bucket/prefix/shard-I-of-N)."""
+    if is_url(output):
+        url = str(output).rstrip("/")
+        return url if num_shards is None else f"{url}/{shard_dir_name(shard_index, num_shards)}"
+    if num_shards is None:
+        return Path(output)
+    assert shard_index is not None
+    return Path(output) / shard_dir_name(shard_index, num_shards)
+
+
+def parse_shard_dir(name: str) -> tuple[int, int] | None:
+    """(shard index, number of shards) of a shard directory's name, else None."""
+    match = SHARD_DIR_RE.fullmatch(name)
+    if match is None:
+        return None
+    index, num = int(match.group(1)), int(match.group(2))
+    return (index, num) if 0 <= index < num and name == shard_dir_name(index, num) else None
+
 
 # what finalize writes beside the shard directories (the OpenAI Batch files of openai-batch/both jobs)
 JOB_FILES = (SUCCESS_FILE, "_summary.json", *BATCH_FILES, BATCH_BOTH_DIR)

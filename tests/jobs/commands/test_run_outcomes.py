@@ -14,9 +14,9 @@ from batchgen.engine.model import loader
 from batchgen.engine.model.context_length import context_tokens_from_files
 from batchgen.errors import ConfigError, ErrorRateExceeded, InputError
 from batchgen.io.manifest.manifest import load_manifest
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.plan import plan_job
 from batchgen.jobs.commands.run import SUMMARY_FILE, run_job
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 

@@ -17,9 +17,9 @@ from batchgen.io.manifest.manifest import SUCCESS_FILE, Manifest, write_success
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands.compact import compact_output
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.durability.commit import Committer
 from batchgen.jobs.openai.output import SUCCESS_KEY, write_batch_files
+from batchgen.jobs.sharding.finalize import finalize_output
 
 BATCH_SCHEMA = pa.schema([(ID_COLUMN, pa.string()), ("url", pa.string()), ("generated_text", pa.string()),
                           ("finish_reason", pa.string()), ("num_prompt_tokens", pa.int64()),

@@ -13,7 +13,7 @@ import pytest
 
 from batchgen.jobs.durability import commit_schedule
 from batchgen.jobs.durability.commit_schedule import CommitSchedule
-from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
+from batchgen.jobs.durability.signals import Interrupt, SignalGuard
 
 
 class FakeCommitter:

@@ -234,7 +234,7 @@ def test_grace_budget_bounds_signal_to_exit(tmp_path):
     import subprocess
     import sys
 
-    child = ("import time, batchgen.jobs.pipeline.signals as s\n"
+    child = ("import time, batchgen.jobs.durability.signals as s\n"
              "with s.SignalGuard(0.5) as g:\n"
              "    with g.deferred():\n"
              "        print('ready', flush=True)\n"

@@ -12,8 +12,8 @@ from batchgen.io.ids import index as id_index
 from batchgen.io.manifest.state import ManifestState, PartRecord
 from batchgen.jobs.durability import resume as resume_module
 from batchgen.jobs.durability.resume import ResumeRule
-from batchgen.jobs.pipeline import rows as rows_module
-from batchgen.jobs.pipeline.rows import RowSource
+from batchgen.jobs.rows import rows as rows_module
+from batchgen.jobs.rows.rows import RowSource
 
 
 def state_with(parts: list[tuple[list, list, list | None]], keep_hashes: bool = True) -> ManifestState:

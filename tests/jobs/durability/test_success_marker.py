@@ -17,9 +17,9 @@ from batchgen.io.manifest.manifest import SUCCESS_FILE, Manifest, load_manifest,
 from batchgen.io.store.store import LocalStore
 from batchgen.io.store.writers import PartWriter
 from batchgen.jobs.commands.compact import compact_output
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.durability.commit import Committer
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 TEXTS = [f"row {i} " + "ab" * i for i in range(8)]

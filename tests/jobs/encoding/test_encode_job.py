@@ -169,9 +169,9 @@ def test_classify_job_equals_the_models_logits(tmp_path, encoder_dir):
 
 
 def test_sharded_embed_job_finalizes_and_status_and_report_read_it(tmp_path, encoder_dir):
-    from batchgen.jobs.commands.finalize import finalize_output
     from batchgen.jobs.commands.report import render_report
     from batchgen.jobs.commands.status import status_lines
+    from batchgen.jobs.sharding.finalize import finalize_output
 
     src = write_texts(tmp_path / "in.parquet", TEXTS)
     out = tmp_path / "out"

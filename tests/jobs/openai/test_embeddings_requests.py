@@ -14,8 +14,8 @@ from batchgen.io.inputs.discovery import InputShard
 from batchgen.io.inputs.openai_batch import split_api_error
 from batchgen.jobs.openai.embeddings import MAX_INPUTS, parse_embeddings
 from batchgen.jobs.openai.requests import prepare_request_row
-from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.prompting.prompts import PromptBuilder, Template
+from batchgen.jobs.rows.rows import InputRow
 
 URL = "/v1/embeddings"
 SHARD = InputShard("requests.jsonl", "openai-batch", None)

@@ -1,5 +1,5 @@
 """Two writers of a job's OpenAI Batch files never corrupt them: each writes temps of its own,
-and finalize and compact hold the output's lock (batchgen.jobs.openai.output, batchgen.jobs.commands.finalize)."""
+and finalize and compact hold the output's lock (batchgen.jobs.openai.output, batchgen.jobs.sharding.finalize)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from batchgen.errors import OutputLocked
 from batchgen.io.manifest.manifest import load_manifest
 from batchgen.io.store import local_files
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.openai.output import write_batch_files
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.openai.test_openai_batch_job import read_lines
 from tests.jobs.openai.test_sharded_openai_batch import ALL_IDS, inputs, run_shards  # noqa: F401 (a fixture)
 

@@ -10,8 +10,8 @@ from batchgen.config.job import JobConfig
 from batchgen.io.inputs.discovery import InputShard
 from batchgen.io.inputs.openai_batch import split_api_error
 from batchgen.jobs.openai.requests import parse_request, prepare_request_row
-from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.prompting.prompts import PromptBuilder, Template
+from batchgen.jobs.rows.rows import InputRow
 
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from batchgen.config.constraint import Constraint
-from batchgen.jobs.openai.request_error import RequestError
 from batchgen.jobs.openai.response_format import response_format_constraint
+from batchgen.jobs.rows.request_error import RequestError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

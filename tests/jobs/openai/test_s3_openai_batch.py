@@ -19,8 +19,8 @@ from batchgen.io.store import lease as lease_module
 from batchgen.io.store import local_files
 from batchgen.io.store.factory import open_store
 from batchgen.jobs.commands.compact import compact_output
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.helpers import tiny_job_config
 from tests.jobs.openai.test_openai_batch_job import (
     REQUESTS,

@@ -1,5 +1,5 @@
 """A sharded job over OpenAI Batch request files: each shard writes its own Batch files, and
-`batchgen finalize` writes the job's from every shard's rows (batchgen.jobs.commands.finalize)."""
+`batchgen finalize` writes the job's from every shard's rows (batchgen.jobs.sharding.finalize)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from batchgen.errors import ShardsMismatch
 from batchgen.jobs.commands.compact import compact_output
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.helpers import tiny_job_config
 from tests.jobs.openai.test_openai_batch_job import chat, completion, read_lines, write_requests
 

@@ -191,7 +191,7 @@ def test_kill_9_after_a_commit_then_resume_is_exactly_once(tiny_model_dir, loade
 
 
 def test_sharded_runs_give_each_row_once_on_its_adapter(tiny_model_dir, loaded, dirs, tmp_path):
-    from batchgen.jobs.commands.finalize import finalize_output
+    from batchgen.jobs.sharding.finalize import finalize_output
 
     adapters = [ADAPTERS[i % len(ADAPTERS)] for i in range(14)]
     src = write(tmp_path / "in.parquet", adapters)

@@ -16,13 +16,13 @@ from batchgen.jobs.planning.length import (
     GLOBAL_SAMPLES,
     LENGTH_MODEL_FILE,
     MIN_SAMPLES,
-    LengthPrediction,
     LengthPredictor,
     parse_known_length,
     prompt_bin,
     spearman,
 )
 from batchgen.jobs.prompting.prompts import RowError
+from batchgen.jobs.rows.planned_row import LengthPrediction
 
 MAX_NEW = 256
 KEY = {"model": "m", "template": None}

@@ -24,10 +24,10 @@ from batchgen.errors import ConfigError, EngineError
 from batchgen.io.inputs.discovery import InputShard
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.pipeline import core, prepare
-from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LENGTH_MODEL_FILE, LengthPredictor
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import Planner, reserved_tokens, static_batches, windows
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.rows import InputRow
 
 # ---------------------------------------------------------------- planner decisions (no model)
 

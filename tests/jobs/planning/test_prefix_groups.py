@@ -9,11 +9,11 @@ import random
 
 from batchgen.config.job import build_config
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.planning.planner import Planner
 from batchgen.jobs.planning.prefix_groups import PrefixGrouper
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.rows import InputRow
 
 SHARD = InputShard("/data/a.parquet", "parquet", None)
 BS = 16

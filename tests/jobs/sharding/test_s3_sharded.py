@@ -20,10 +20,10 @@ from batchgen.io.manifest.manifest import PART_NAME_RE, SUCCESS_FILE, load_manif
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.lease import Lease
 from batchgen.jobs.commands.compact import compact_output
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.report import render_report
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status, status_lines
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.helpers import committed_rows, tiny_job_config
 from tests.s3_server import committed_by_id, kill_once_committed, tiny_run_args
 

@@ -11,9 +11,9 @@ import pytest
 
 from batchgen.errors import ConfigError, InputsChanged, OutputError, ShardsIncomplete, ShardsMismatch
 from batchgen.jobs.commands.compact import compact_output
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.commands.status import job_status, status_lines
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 MAX_NEW = 4

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.jobs.commands.finalize import finalize_output
 from batchgen.jobs.commands.run import run_job
+from batchgen.jobs.sharding.finalize import finalize_output
 from tests.jobs.helpers import committed_rows, tiny_job_config
 
 

@@ -40,7 +40,7 @@ def connect(quiet: bool) -> bool:
         raise ConfigError("--executor ray needs Ray Data: pip install 'batchgen[ray]'") from None
     if ray.is_initialized():
         return False
-    # ray.init installs its own SIGTERM handler: the job's (batchgen.jobs.pipeline.signals) must stay in charge
+    # ray.init installs its own SIGTERM handler: the job's (batchgen.jobs.durability.signals) must stay in charge
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         # without RAY_ADDRESS a private local instance: never another job's, which its driver may shut down

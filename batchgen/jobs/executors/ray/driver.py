@@ -50,7 +50,9 @@ from batchgen.jobs.durability.commit import Committer
 from batchgen.jobs.durability.commit_schedule import CommitSchedule
 from batchgen.jobs.durability.fingerprint import job_fingerprint
 from batchgen.jobs.durability.resume import ResumeRule
+from batchgen.jobs.durability.scan import InputScan
 from batchgen.jobs.durability.session import OutputSession
+from batchgen.jobs.durability.signals import Interrupt, SignalGuard
 from batchgen.jobs.executors.ray.block_refs import iter_block_slices, references_available
 from batchgen.jobs.executors.ray.cluster import connect, plan_actors
 from batchgen.jobs.executors.ray.dispatch import EnginePool
@@ -59,10 +61,8 @@ from batchgen.jobs.executors.ray.stages import MODEL_FINGERPRINT, GenerateActor,
 from batchgen.jobs.pipeline.batch_columns import REUSE_FIELDS, SOURCE_PATH, SOURCE_ROW
 from batchgen.jobs.pipeline.prepare import JobInputs
 from batchgen.jobs.pipeline.progress import Progress
-from batchgen.jobs.pipeline.rows import unify_schemas
-from batchgen.jobs.pipeline.scan import InputScan
-from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
 from batchgen.jobs.pipeline.summary import RunSummary
+from batchgen.jobs.rows.rows import unify_schemas
 from batchgen.monitor.job import JobMonitor
 
 log = logging.getLogger("batchgen")

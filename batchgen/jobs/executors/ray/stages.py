@@ -37,7 +37,7 @@ class ReadSpec:
     """What a read task needs to turn one input file into rows: shipped once to the workers."""
 
     shards: list[InputShard]
-    labels: list[str]  # per shard: the derived ids' file label (batchgen.jobs.pipeline.rows._shard_labels)
+    labels: list[str]  # per shard: the derived ids' file label (batchgen.jobs.rows.rows._shard_labels)
     num_rows: list[int]  # per shard: rows this run reads (the scan applied --max-rows)
     columns: list[str]  # the columns the job reads, in RowSource.read_columns order
     schema: pa.Schema  # those columns' types unified over the files, so every block has one schema

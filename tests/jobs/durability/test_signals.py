@@ -20,7 +20,7 @@ from batchgen.errors import JobInterrupted
 from batchgen.io.manifest.manifest import SUCCESS_FILE, load_manifest
 from batchgen.io.store import local_files
 from batchgen.jobs.commands.run import run_job
-from batchgen.jobs.pipeline.signals import Interrupt, SignalGuard
+from batchgen.jobs.durability.signals import Interrupt, SignalGuard
 from tests.jobs.helpers import tiny_job_config
 
 NUM_ROWS = 40
@@ -71,7 +71,7 @@ def test_guard_defers_inside_a_critical_section():
 def test_the_last_line_before_a_forced_exit_is_an_error_line(monkeypatch, capfd):
     """A second signal and the grace timer end the process on the spot: what they print last reads
     as every other failure's last line does."""
-    from batchgen.jobs.pipeline import signals
+    from batchgen.jobs.durability import signals
 
     exits = []
 

@@ -23,10 +23,10 @@ from typing import Any
 from batchgen.config.constraint import Constraint, ConstraintKind, InvalidConstraint
 from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.engine.request import Completion, FinishReason
-from batchgen.jobs.openai.request_error import RequestError
-from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.planning.planned_row import PlannedRow
 from batchgen.jobs.prompting.template import RowError
+from batchgen.jobs.rows.planned_row import PlannedRow
+from batchgen.jobs.rows.request_error import RequestError
+from batchgen.jobs.rows.rows import InputRow
 
 
 def row_constraint(row: InputRow, config: JobConfig) -> Constraint | None:

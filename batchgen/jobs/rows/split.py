@@ -1,4 +1,4 @@
-"""Sharded jobs: how `--num-shards N --shard-index I` splits a job's input, and where a shard writes.
+"""Sharded jobs: how `--num-shards N --shard-index I` splits a job's input.
 
 Every shard process (an Airflow mapped task, a cron line, a Kubernetes indexed job) computes the
 split on its own, so it must come out the same everywhere: it is a pure function of input
@@ -18,47 +18,17 @@ all the job's files, so a sharded job's output rows are the unsharded job's, row
 `--max-rows` keeps the job's first N rows before the split (Parquet inputs only: the footers say
 where the first N rows end).
 
-Each shard writes `OUTPUT/shard-I-of-N/` with the ordinary commit protocol (a local directory, or
-a prefix of an object store: s3://bucket/prefix/shard-I-of-N/ with its lease, io/store/store.py); `batchgen finalize`
-(batchgen.jobs.commands.finalize) checks the set and writes the job's `_SUCCESS`.
+Here, with the input rows, because reading a shard's rows starts from its share
+(batchgen.jobs.rows.rows); where each shard writes is batchgen.jobs.sharding.sharded's, and
+`batchgen finalize` (batchgen.jobs.sharding.finalize) checks the set and writes the job's `_SUCCESS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from pathlib import Path
 
 from batchgen.errors import ConfigError
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.io.store.factory import is_url
-
-SHARD_DIR_RE = re.compile(r"shard-(\d+)-of-(\d+)")
-
-
-def shard_dir_name(shard_index: int, num_shards: int) -> str:
-    return f"shard-{shard_index}-of-{num_shards}"
-
-
-def shard_output_dir(output: str | Path, shard_index: int | None, num_shards: int | None) -> str | Path:
-    """Where a run writes: OUTPUT itself, or OUTPUT/shard-I-of-N/ for one shard of a sharded job;
-    a local Path, or a URL (str) under an object-store OUTPUT (s3://bucket/prefix/shard-I-of-N)."""
-    if is_url(output):
-        url = str(output).rstrip("/")
-        return url if num_shards is None else f"{url}/{shard_dir_name(shard_index, num_shards)}"
-    if num_shards is None:
-        return Path(output)
-    assert shard_index is not None
-    return Path(output) / shard_dir_name(shard_index, num_shards)
-
-
-def parse_shard_dir(name: str) -> tuple[int, int] | None:
-    """(shard index, number of shards) of a shard directory's name, else None."""
-    match = SHARD_DIR_RE.fullmatch(name)
-    if match is None:
-        return None
-    index, num = int(match.group(1)), int(match.group(2))
-    return (index, num) if 0 <= index < num and name == shard_dir_name(index, num) else None
 
 
 def split_inputs(files: list[InputShard], num_shards: int, shard_index: int,

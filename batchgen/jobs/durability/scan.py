@@ -19,7 +19,7 @@ import pyarrow as pa
 from batchgen.errors import InputError
 from batchgen.io.inputs.readers import iter_batches
 from batchgen.jobs.durability.identity import file_identity
-from batchgen.jobs.pipeline.rows import RowSource
+from batchgen.jobs.rows.rows import RowSource
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ import pytest
 
 from batchgen.config.job import build_config
 from batchgen.errors import ConfigError, InputError
-from batchgen.jobs.pipeline.rows import DERIVED_ID_COLUMN, RowSource
+from batchgen.jobs.rows.rows import DERIVED_ID_COLUMN, RowSource
 
 
 def _parquet(path, **columns):

@@ -12,11 +12,20 @@ from typing import Any
 
 from batchgen.config.constraint import Constraint
 from batchgen.config.job import JobConfig
-from batchgen.jobs.durability.resume import prompt_hash
-from batchgen.jobs.pipeline.rows import InputRow
-from batchgen.jobs.planning.length import LengthPrediction
+from batchgen.jobs.rows.prompt_hash import prompt_hash
+from batchgen.jobs.rows.rows import InputRow
 
 INPUTS_END = 0xFFFFFFFF  # ends each of a row's encode_inputs in its prompt hash (uint32: never a token id)
+
+
+@dataclass(frozen=True, slots=True)
+class LengthPrediction:
+    """A row's predicted output length (batchgen.jobs.planning.length makes it): here, with the record
+    that carries it, so that every floor reading a planned row reads it without the predictor."""
+
+    p50: int  # median output tokens: the sort key and the error's reference
+    p90: int  # the static policy's reservation
+    source: str  # exact | bin | global | prior
 
 
 @dataclass(slots=True)
@@ -51,7 +60,7 @@ class PlannedRow:
     request_id: str | None = None
     repeats_prompt: bool = False  # its prompt and own settings are another row's of its look-ahead
     served_from_duplicate: bool = False  # --dedup wrote it from another row's run (JobCore): it ran nothing
-    adapter: str | None = None  # the --lora adapter it runs with (jobs/planning/row_adapter.py); None = base
+    adapter: str | None = None  # the --lora adapter it runs with (jobs/rows/row_adapter.py); None = base
     # embed / score / classify (batchgen.jobs.encoding.encode_core): an OpenAI embeddings line's several
     # inputs, each its own token ids and output row (None: the one input, prompt_token_ids); the row's own
     # Matryoshka cut (None: the job's); the first token whose logprob a score counts (None: every one after the first)

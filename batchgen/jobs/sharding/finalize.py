@@ -50,11 +50,16 @@ from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import OutputStore
 from batchgen.io.store.writers import json_bytes
 from batchgen.jobs.durability.fingerprint import fingerprint_changes
-from batchgen.jobs.durability.session import BATCH_BOTH_DIR, BATCH_FILES, SUMMARY_FILE
-from batchgen.jobs.openai.output import SUCCESS_KEY, recorded_batch_files, write_batch_files
+from batchgen.jobs.durability.session import SUMMARY_FILE
+from batchgen.jobs.openai.output import (
+    BATCH_BOTH_DIR,
+    BATCH_FILES,
+    SUCCESS_KEY,
+    recorded_batch_files,
+    write_batch_files,
+)
 from batchgen.jobs.sharding.shard_ids import SharedIdCheck
-from batchgen.jobs.sharding.sharded import ShardDir, list_shard_dirs, num_shards_of, output_location
-from batchgen.jobs.sharding.split import shard_dir_name
+from batchgen.jobs.sharding.sharded import ShardDir, list_shard_dirs, num_shards_of, output_location, shard_dir_name
 
 
 @dataclass(slots=True)

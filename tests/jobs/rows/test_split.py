@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from batchgen.config.rules import check_shard_flags
 from batchgen.errors import ConfigError
 from batchgen.io.inputs.discovery import InputShard
-from batchgen.jobs.sharding.split import parse_shard_dir, shard_dir_name, split_inputs
+from batchgen.jobs.rows.split import split_inputs
+from batchgen.jobs.sharding.sharded import parse_shard_dir, shard_dir_name
 
 
 def parquet(name: str, rows: int, size: int | None = None) -> InputShard:

@@ -11,8 +11,8 @@ from typing import Any
 
 from batchgen.config.job import JobConfig
 from batchgen.engine.lora.files import adapter_hashes
-from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.prompting.prompts import RowError
+from batchgen.jobs.rows.rows import InputRow
 
 
 def row_adapter(row: InputRow, config: JobConfig) -> str | None:

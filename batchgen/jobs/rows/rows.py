@@ -32,7 +32,7 @@ from batchgen.io.inputs.readers import holds_no_rows, iter_batches, read_schema
 from batchgen.io.store.schema import ADAPTER, JSON_VALID, LOGPROBS, OUTPUT_FIXED_FIELDS
 from batchgen.jobs.prompting.chat_rows import is_conversation
 from batchgen.jobs.prompting.prompts import Template
-from batchgen.jobs.sharding.split import split_inputs
+from batchgen.jobs.rows.split import split_inputs
 
 # the columns of an OpenAI Batch API request file, read without --input-format openai-batch
 OPENAI_BATCH_SHAPE = {"custom_id", "method", "url", "body"}
@@ -79,7 +79,7 @@ class RowSource:
         return source
 
     def _restrict(self, share: list[InputShard]) -> None:
-        """Read only a sharded job's share (batchgen.jobs.sharding.split): some files, some cut to a row
+        """Read only a sharded job's share (batchgen.jobs.rows.split): some files, some cut to a row
         range. Labels stay those of all files; --max-rows was applied before the split."""
         self.job_files = list(zip(self.shards, self.shard_schemas, strict=True))  # every file of the job
         position = {s.path: i for i, s in enumerate(self.shards)}
