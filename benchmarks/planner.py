@@ -50,7 +50,7 @@ from batchgen.config.job import build_config
 from batchgen.engine.attention.registry import resolve_backend
 from batchgen.engine.kv.cache import KVCacheSpec
 from batchgen.engine.model.loader import LoadedModel, load_model
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.pipeline.rows import InputRow
 from batchgen.jobs.planning.length import LengthPredictor
@@ -103,8 +103,8 @@ def planned_occupancy(workload: sharegpt.Workload, args, sort: bool) -> float:
     """The static occupancy the planner computes for the workload as one shard (exact lengths)."""
     config = build_config(None, inputs=["x"], output="o", batch_size=args.batch_size, sort_by_length=sort,
                           ignore_eos=True)
-    shard = InputShard("workload", "parquet", len(workload))
-    rows = [PlannedRow(InputRow(i, shard, i, {}), list(p), o) for i, (p, o) in enumerate(workload)]
+    file = InputFile("workload", "parquet", len(workload))
+    rows = [PlannedRow(InputRow(i, file, i, {}), list(p), o) for i, (p, o) in enumerate(workload)]
     return Planner(config, LengthPredictor({}, ignore_eos=True)).plan(rows).static_occupancy
 
 

@@ -218,7 +218,7 @@ class LocalJob:
         is_error = self.summary.count_row(outs[0])  # rows count input rows; the prompt counts once
         self.summary.num_generated_tokens += sum(o["num_generated_tokens"] or 0 for o in outs[1:])
         self.progress.update(num_generated_tokens=sum(o["num_generated_tokens"] or 0 for o in outs), error=is_error)
-        self.commits.add(outs if len(outs) > 1 else outs[0], row.shard.path, row.row_index)
+        self.commits.add(outs if len(outs) > 1 else outs[0], row.file.path, row.row_index)
 
     def save_lengths(self) -> None:
         """Save the learned output lengths with each commit (inside its critical section)."""

@@ -127,7 +127,7 @@ class EncodeJob:
         is_error = self.summary.count_row(outs[0])  # rows count input rows
         self.summary.num_prompt_tokens += sum(o["num_prompt_tokens"] or 0 for o in outs[1:])
         self.progress.update(error=is_error)
-        self.commits.add(outs if len(outs) > 1 else outs[0], row.shard.path, row.row_index)
+        self.commits.add(outs if len(outs) > 1 else outs[0], row.file.path, row.row_index)
 
     def predicted_work(self) -> PredictedWork | None:
         """This run's prompt tokens (None before a row is planned): the rows not planned yet count as the

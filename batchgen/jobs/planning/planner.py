@@ -176,7 +176,7 @@ class Planner:
         cv = coefficient_of_variation([r.num_prompt_tokens + r.prediction.p50 for r in window])
         prefill_steps = max_prefill_steps(ordered, batches, limits.max_num_batched_tokens)
         mode, reason = choose_mode(config.mode, occupancy, config.static_min_occupancy, window, prefill_steps)
-        plan = WindowPlan(self.num_windows, window[0].row.shard.path, window[0].row.row_index, ordered, mode, reason,
+        plan = WindowPlan(self.num_windows, window[0].row.file.path, window[0].row.row_index, ordered, mode, reason,
                          occupancy, cv, batches, limits.max_num_seqs, limits.reason)
         self.num_windows += 1
         return plan
@@ -196,7 +196,7 @@ def windows(rows: Iterable[PlannedRow], window_rows: int) -> Iterator[list[Plann
     """Consecutive rows of one file, at most window_rows of them; a new file starts a new window."""
     window: list[PlannedRow] = []
     for r in rows:
-        if window and (len(window) >= window_rows or r.row.shard.path != window[0].row.shard.path):
+        if window and (len(window) >= window_rows or r.row.file.path != window[0].row.file.path):
             yield window
             window = []
         window.append(r)

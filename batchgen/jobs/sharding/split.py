@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 from batchgen.errors import ConfigError
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.io.store.factory import is_url
 
 SHARD_DIR_RE = re.compile(r"shard-(\d+)-of-(\d+)")
@@ -61,8 +61,8 @@ def parse_shard_dir(name: str) -> tuple[int, int] | None:
     return (index, num) if 0 <= index < num and name == shard_dir_name(index, num) else None
 
 
-def split_inputs(files: list[InputShard], num_shards: int, shard_index: int,
-                 max_rows: int | None = None) -> list[InputShard]:
+def split_inputs(files: list[InputFile], num_shards: int, shard_index: int,
+                 max_rows: int | None = None) -> list[InputFile]:
     """Shard `shard_index`'s share of `files` (all the job's files, in input order): the files it
     reads, each with the row range it reads where the file is cut (a Parquet file's `rows`)."""
     assert 0 <= shard_index < num_shards, (shard_index, num_shards)
@@ -101,7 +101,7 @@ def _owner(point: int, total: int, num_shards: int) -> int:
     return 0 if total == 0 else min(point * num_shards // total, num_shards - 1)
 
 
-def _weight(f: InputShard, by_rows: bool) -> int:
+def _weight(f: InputFile, by_rows: bool) -> int:
     if by_rows:
         return f.num_rows
     return max(f.size or 0, 1)  # bytes; a size the filesystem does not give still takes a place

@@ -21,7 +21,7 @@ from batchgen.config.job import build_config
 from batchgen.engine.engine import LLMEngine
 from batchgen.engine.model.loader import load_model
 from batchgen.errors import ConfigError, EngineError
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.pipeline import core, prepare
 from batchgen.jobs.pipeline.rows import InputRow
@@ -31,13 +31,13 @@ from batchgen.jobs.planning.planner import Planner, reserved_tokens, static_batc
 
 # ---------------------------------------------------------------- planner decisions (no model)
 
-SHARD_A = InputShard("/data/a.parquet", "parquet", None)
-SHARD_B = InputShard("/data/b.parquet", "parquet", None)
+FILE_A = InputFile("/data/a.parquet", "parquet", None)
+FILE_B = InputFile("/data/b.parquet", "parquet", None)
 
 
-def rows(prompt_lens, *, max_new=256, known=None, shard=SHARD_A) -> list[PlannedRow]:
+def rows(prompt_lens, *, max_new=256, known=None, file=FILE_A) -> list[PlannedRow]:
     known = known if known is not None else [None] * len(prompt_lens)
-    return [PlannedRow(InputRow(f"{shard.path}:{i}", shard, i, {}), [7] * n, max_new, 0, k)
+    return [PlannedRow(InputRow(f"{file.path}:{i}", file, i, {}), [7] * n, max_new, 0, k)
             for i, (n, k) in enumerate(zip(prompt_lens, known, strict=True))]
 
 
@@ -129,9 +129,9 @@ def test_a_rows_samples_count_as_sequences():
 
 
 def test_windows_split_by_file_and_size():
-    mixed = rows([5] * 5) + rows([5] * 2, shard=SHARD_B)
-    sizes = [(w[0].row.shard.path, len(w)) for w in windows(mixed, 2)]
-    assert sizes == [(SHARD_A.path, 2), (SHARD_A.path, 2), (SHARD_A.path, 1), (SHARD_B.path, 2)]
+    mixed = rows([5] * 5) + rows([5] * 2, file=FILE_B)
+    sizes = [(w[0].row.file.path, len(w)) for w in windows(mixed, 2)]
+    assert sizes == [(FILE_A.path, 2), (FILE_A.path, 2), (FILE_A.path, 1), (FILE_B.path, 2)]
     p = planner(window_rows=3)
     plans = list(p.plans(mixed))
     assert [(s.index, s.first_row_index, s.num_rows) for s in plans] == [(0, 0, 3), (1, 3, 2), (2, 0, 2)]
