@@ -44,7 +44,7 @@ def stderr_lines(result):
     return [line for line in result.stderr.splitlines() if line.strip()]
 
 
-def test_status_json_per_shard_then_complete(runner, tiny_model_dir, inputs, tmp_path):
+def test_status_json_per_file_then_complete(runner, tiny_model_dir, inputs, tmp_path):
     out = tmp_path / "out"
     result = run(runner, tiny_model_dir, inputs, out, "--max-rows", "9", "--commit-every", "4")
     assert result.exit_code == 0, result.output

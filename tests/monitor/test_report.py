@@ -23,7 +23,7 @@ from batchgen.jobs.commands.run import run_job
 from batchgen.monitor.report import error_reasons, render_job_report
 from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, reaped, sigkill, wait_until_locked
 
-FIGURES = ["tokens_per_s", "batch_kv", "step_times", "lengths", "rows_per_shard", "errors"]
+FIGURES = ["tokens_per_s", "batch_kv", "step_times", "lengths", "rows_per_window", "errors"]
 
 
 @pytest.fixture(scope="module")

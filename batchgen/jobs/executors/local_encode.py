@@ -108,7 +108,7 @@ class EncodeJob:
         truncated = planned.num_truncated_tokens > 0
         self.summary.num_rows_truncated += int(truncated)
         if self.monitor is not None:
-            self.monitor.recorder.on_row(shard=planned.window_index, mode=self.task,
+            self.monitor.recorder.on_row(window=planned.window_index, mode=self.task,
                                          num_prompt_tokens=sum(r.num_prompt_tokens for r in results),
                                          num_generated_tokens=0, predicted_tokens=None, error=False)
         outs = [encode_output_row(self.task, self.id_name, self.passthrough, self.names, planned.row, result=r,
@@ -118,7 +118,7 @@ class EncodeJob:
 
     def failed(self, row: InputRow, message: str) -> None:
         if self.monitor is not None:
-            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
+            self.monitor.recorder.on_row(window=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
                                          predicted_tokens=None, error=True)
         self.emit(row, [encode_output_row(self.task, self.id_name, self.passthrough, self.names, row,
                                           error=message)])

@@ -254,7 +254,7 @@ class RayJob:
         s.num_prefix_hit_prompt_tokens += hits
         s.num_rows_from_duplicates += from_duplicate
         if self.monitor is not None:
-            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=out["num_prompt_tokens"] or 0,
+            self.monitor.recorder.on_row(window=None, mode=None, num_prompt_tokens=out["num_prompt_tokens"] or 0,
                                          num_generated_tokens=out.get("num_generated_tokens") or 0,
                                          predicted_tokens=None, error=is_error, num_shareable_prefix_tokens=shared,
                                          num_prefix_hit_prompt_tokens=hits, from_duplicate=from_duplicate)
