@@ -33,7 +33,7 @@ def fixture(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def finished_job(fixture, tmp_path_factory):
-    """A finished job whose input has 7 empty prompts (error rows), in two shards."""
+    """A finished job whose input has 7 empty prompts (error rows), in two planning windows."""
     directory = tmp_path_factory.mktemp("finished")
     table = pq.read_table(fixture.src)
     texts = [("" if i % 23 == 0 else t) for i, t in enumerate(table["text"].to_pylist())]

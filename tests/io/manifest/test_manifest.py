@@ -87,6 +87,7 @@ def test_commit_publishes_and_a_reload_sees_the_same(out):
     first = json.loads((out / MANIFEST_DIR / "00000002.json").read_text())
     (part,) = first["write"]
     assert part["ids"] == [0, 1, 2] and part["errors"] == [1] and part["num_rows"] == 3
+    # the input file keys are the ones every version wrote (part_record.FILES_KEY): older readers read them
     assert part["shard"] == [0, 0, 0] and first["shards"] == [FILE] and part["row"] == [0, 1, 2]
     assert len(part["sha256"]) == 64 and part["num_bytes"] == (out / part["name"]).stat().st_size
     record = state.parts[part["name"]]
