@@ -16,7 +16,7 @@ from batchgen.cli import app
 from batchgen.jobs.planning import profile
 from batchgen.jobs.planning.length import LENGTH_MODEL_FILE
 
-SHARD_KEYS = {"mode", "reason", "num_rows", "predicted_output_tokens", "estimated_seconds"}
+WINDOW_KEYS = {"mode", "reason", "num_rows", "predicted_output_tokens", "estimated_seconds"}
 
 
 @pytest.fixture(scope="module")
@@ -54,42 +54,42 @@ def test_plan_json_shape(runner, tiny_model_dir, inputs, tmp_path):
                   "--window-rows", "4", "--output", out)
     report = json.loads(result.stdout)
     assert not out.exists()  # a dry run writes nothing
-    shards = report["shards"]
-    assert [(s["path"].rsplit("/", 1)[1], s["first_row"], s["num_rows"]) for s in shards] == [
+    windows = report["windows"]
+    assert [(s["path"].rsplit("/", 1)[1], s["first_row"], s["num_rows"]) for s in windows] == [
         ("a.parquet", 0, 4), ("a.parquet", 4, 3), ("b.parquet", 0, 2)]
-    for s in shards:
-        assert SHARD_KEYS <= set(s), s
+    for s in windows:
+        assert WINDOW_KEYS <= set(s), s
         assert s["mode"] in ("static", "continuous") and s["reason"]
         assert isinstance(s["predicted_output_tokens"], int)
         assert isinstance(s["estimated_seconds"], float) and s["estimated_seconds"] > 0
         assert set(s["estimates"]) == {"static", "continuous"}
         assert s["kv_bytes"]["needed"] > 0
     # ignore-EOS: every length is exact. File a is uniform; in b one batch holds 1 and 20 tokens
-    assert [s["mode"] for s in shards] == ["static", "static", "continuous"]
-    assert [s["predicted_output_tokens"] for s in shards] == [20, 15, 21]
+    assert [s["mode"] for s in windows] == ["static", "static", "continuous"]
+    assert [s["predicted_output_tokens"] for s in windows] == [20, 15, 21]
     assert report["num_rows"] == 9 and report["num_error_rows"] == 1  # the null prompt
     assert report["predicted_output_tokens"] == 56
     assert report["prompt_tokens"]["count"] == 9 and report["prompt_tokens"]["max"] == len("a longer prompt " * 3)
     assert report["kv"]["bytes_per_token"] > 0 and report["calibration"]["num_steps"] > 0
-    # the whole job's time: the model's load (timed as the plan loaded it) and every shard's
+    # the whole job's time: the model's load (timed as the plan loaded it) and every window's
     assert report["model_load_seconds"] > 0
     assert report["estimated_seconds"] == pytest.approx(
-        report["model_load_seconds"] + sum(s["estimated_seconds"] for s in shards), abs=0.01)
+        report["model_load_seconds"] + sum(s["estimated_seconds"] for s in windows), abs=0.01)
 
 
 def test_plan_text_and_forced_mode(runner, tiny_model_dir, inputs):
     result = plan(runner, tiny_model_dir, inputs, "--mode", "continuous", "--max-new-tokens", "8")
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("plan: 9 rows (1 error row) in 2 shards")
+    assert lines[0].startswith("plan: 9 rows (1 error row) in 2 windows")
     assert any(line.startswith("calibration: ") for line in lines)
-    shard_lines = [line for line in lines if "--mode continuous" in line]
-    assert len(shard_lines) == 2 and all(" continuous " in line for line in shard_lines)
+    window_lines = [line for line in lines if "--mode continuous" in line]
+    assert len(window_lines) == 2 and all(" continuous " in line for line in window_lines)
 
 
 def test_plan_uses_the_learned_lengths_of_the_output_dir(runner, tiny_model_dir, inputs, tmp_path):
     fresh = json.loads(plan(runner, tiny_model_dir, inputs, "--json", "--calibration-rows", "0").stdout)
     assert fresh["calibration"] is None and fresh["learned_rows"] == 0
-    assert {s["reason"].split(":")[0] for s in fresh["shards"]} == {"mixed"}  # the prior alone
+    assert {s["reason"].split(":")[0] for s in fresh["windows"]} == {"mixed"}  # the prior alone
     out = tmp_path / "out"
     run = runner.invoke(app, ["run", "--input", str(inputs / "a.parquet"), "--input", str(inputs / "b.parquet"),
                               "--output", str(out), "--model", str(tiny_model_dir), "--device", "cpu", "--dtype",
@@ -102,7 +102,7 @@ def test_plan_uses_the_learned_lengths_of_the_output_dir(runner, tiny_model_dir,
     # what a resume would run: the row not yet committed (and the null prompt's error row)
     assert (report["num_rows_done"], report["num_rows"], report["num_error_rows"]) == (8, 1, 1)
     assert report["learned_rows"] == 8  # every row that generated: 3 tokens each
-    assert all(s["mode"] == "static" and s["predicted_output_tokens"] == 3 * s["num_rows"] for s in report["shards"])
+    assert all(s["mode"] == "static" and s["predicted_output_tokens"] == 3 * s["num_rows"] for s in report["windows"])
     assert fresh["num_rows_done"] == 0 and fresh["num_rows"] == 9
 
 

@@ -44,13 +44,13 @@ def stderr_lines(result):
     return [line for line in result.stderr.splitlines() if line.strip()]
 
 
-def test_status_json_per_shard_then_complete(runner, tiny_model_dir, inputs, tmp_path):
+def test_status_json_per_file_then_complete(runner, tiny_model_dir, inputs, tmp_path):
     out = tmp_path / "out"
     result = run(runner, tiny_model_dir, inputs, out, "--max-rows", "9", "--commit-every", "4")
     assert result.exit_code == 0, result.output
     status = json.loads(runner.invoke(app, ["status", "--output", str(out), "--json"]).stdout)
     assert status["state"] == "complete" and status["max_rows"] == 9  # complete for the rows it was asked
-    assert [(s["rows"], s["done"], s["errored"], s["remaining"]) for s in status["shards"]] == [(7, 7, 0, 0),
+    assert [(s["rows"], s["done"], s["errored"], s["remaining"]) for s in status["files"]] == [(7, 7, 0, 0),
                                                                                                 (2, 2, 0, 0)]
     assert status["fingerprint"]["max_new_tokens"] == 3 and len(status["fingerprint"]["digest"]) == 16
     assert status["last_commit_time"] > 0 and status["running"] is None
@@ -59,7 +59,7 @@ def test_status_json_per_shard_then_complete(runner, tiny_model_dir, inputs, tmp
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["rows"] == 3
     status = json.loads(runner.invoke(app, ["status", "--output", str(out), "--json"]).stdout)
-    assert [(s["path"], s["rows"], s["done"], s["errored"], s["remaining"]) for s in status["shards"]] == [
+    assert [(s["path"], s["rows"], s["done"], s["errored"], s["remaining"]) for s in status["files"]] == [
         (str(inputs[0]), 7, 7, 0, 0), (str(inputs[1]), 5, 4, 1, 0)]
     assert (status["rows"], status["done"], status["errored"], status["remaining"]) == (12, 11, 1, 0)
 

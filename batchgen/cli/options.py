@@ -210,14 +210,14 @@ MetricsHost = Annotated[str | None, _opt("--metrics-host", metavar="HOST", help=
 MetricsEverySeconds = Annotated[float | None, _opt("--metrics-every-seconds", metavar="S", help=(
     "Seconds between metrics flushes and textfile rewrites [10]."))]
 Mode = Annotated[str | None, _opt("--mode", metavar="MODE", help=(
-    "auto | continuous | static [auto]: auto runs each shard static where its predicted lengths are alike, "
-    "continuous where they are mixed."))]
+    "auto | continuous | static [auto]: auto runs each planning window (--window-rows) static where its "
+    "predicted lengths are alike, continuous where they are mixed."))]
 WindowRows = Annotated[int | None, _opt("--window-rows", metavar="N", help=(
     "Rows planned together (sorted by predicted length, one mode); bounds memory [1024]."))]
 LengthColumn = Annotated[str | None, _opt("--length-column", metavar="COL", help=(
     "Column of known output lengths in tokens (null cells are predicted)."))]
 SortByLength = Annotated[bool | None, _opt("--sort-by-length/--no-sort-by-length", help=(
-    "Run each shard's rows longest predicted output first: static batches hold alike rows, continuous "
+    "Run each planning window's rows longest predicted output first: static batches hold alike rows, continuous "
     "leaves the short rows for the draining tail [on]."))]
 Dedup = Annotated[bool | None, _opt("--dedup/--no-dedup", help=(
     "Run rows whose prompt and settings decide the same output once (greedy rows, or sampled rows with "

@@ -23,7 +23,7 @@ PlanOutput = Annotated[str | None, typer.Option("--output", "-o", metavar="DIR",
 @job_command(output=PlanOutput)
 def plan(
     calibrate: Annotated[bool, typer.Option("--calibrate", rich_help_panel="Plan", help=(
-        "Measure this machine: a short calibration run generates a few tokens for rows of the first shard and "
+        "Measure this machine: a short calibration run generates a few tokens for rows of the first window and "
         "stores the step costs for later plans of the same setup. Without it the time comes from the stored "
         "profile, else the built-in CPU one (rough), and nothing is generated."))] = False,
     calibration_rows: Annotated[int | None, typer.Option(metavar="N", rich_help_panel="Plan", help=(
@@ -31,7 +31,7 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", rich_help_panel="Plan", help="One JSON object on stdout.")] = False,
     **job,
 ) -> None:
-    """Dry run: shards, prompt and predicted output lengths, mode per shard and why, KV memory, time, output size.
+    """Dry run: windows, prompt and predicted output lengths, mode per window and why, KV memory, time, output size.
 
     Loads the model and tokenizes every prompt; generates nothing unless --calibrate.
 

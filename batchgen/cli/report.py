@@ -20,7 +20,8 @@ def report(
                   "PNGs) [OUTPUT_DIR/_report, in the store for an s3:// output].")] = None,
     png: Annotated[bool, typer.Option("--png", help="Also write each figure as a PNG file.")] = False,
 ) -> None:
-    """One HTML page of a job's figures: throughput, batch and KV use, step times, lengths, shards, errors."""
+    """One HTML page of a job's figures: throughput, batch and KV use, step times, lengths, rows per
+    planning window (per shard for a sharded job), errors."""
     with user_errors():
         from batchgen.jobs.commands.report import render_report
 

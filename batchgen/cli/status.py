@@ -17,7 +17,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object (for Airflow sensors and scripts).")]
     = False,
 ) -> None:
-    """Rows done, errored and remaining per input shard, the config fingerprint, the last commit."""
+    """Rows done, errored and remaining per input file, the config fingerprint, the last commit."""
     with user_errors():
         from batchgen.jobs.commands.status import job_status, status_lines
 
@@ -33,7 +33,7 @@ def status(
 def compact(
     output: Annotated[str, typer.Option("--output", "-o", metavar="DIR", help="Output directory of a finished job.")],
 ) -> None:
-    """Rewrite a finished output directory as one part per input shard, rows in input order."""
+    """Rewrite a finished output directory as one part per input file, rows in input order."""
     with user_errors():
         from batchgen.jobs.commands.compact import compact_output
 

@@ -10,7 +10,7 @@ from enum import Enum
 
 
 class Policy(str, Enum):
-    """The batching mode, end to end: config values, planned shards and engines all use it."""
+    """The batching mode, end to end: config values, planned windows and engines all use it."""
 
     CONTINUOUS = "continuous"
     STATIC = "static"

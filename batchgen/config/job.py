@@ -106,7 +106,7 @@ class JobConfig:
     dedup: bool = True  # rows whose prompt and settings decide the same output run once (jobs/planning/duplicates.py)
     prefix_order: bool = True  # rows sharing a prompt prefix run together (jobs/planning/prefix_groups.py)
     compile: bool = False  # torch.compile the forward (docs/performance.md: where it pays)
-    mode: str = AUTO  # a Policy value, or auto: chosen per shard by the length planner (batchgen.jobs.planning.planner)
+    mode: str = AUTO  # a Policy value, or auto: chosen per window by the planner (batchgen.jobs.planning.planner)
     window_rows: int = 1024  # planning window: rows sorted by predicted length together (bounds memory)
     length_column: str | None = None  # known output lengths (tokens) per row; null cells are predicted
     sort_by_length: bool = True  # rows run longest predicted output first (both modes)

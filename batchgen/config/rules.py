@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KEY_ALIASES", "NO_FLAG", "TOP_K_OFF", "label"]  # named here too: where callers found them before
 
-AUTO = "auto"  # the mode that lets the length planner choose a Policy per shard
+AUTO = "auto"  # the mode that lets the length planner choose a Policy per planning window
 MODES = (AUTO, *(p.value for p in Policy))
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -59,7 +59,7 @@ class MetricsRecorder:
                  output_rows: int = 0, output_rows_error: int = 0, last_commit_s: float | None = None):
         self.run_id = run_id
         self.every_s = every_s
-        self.context = context  # (engine mode, shard being fed) when a second begins
+        self.context = context  # (engine mode, planning window being fed) when a second begins
         self.meter = meter  # the ETA: None without one
         self.input_rows = input_rows
         self.output_rows = output_rows
@@ -94,14 +94,14 @@ class MetricsRecorder:
             if cur is None or cur.time_s != now:
                 if cur is not None:
                     self._close_steps(cur)
-                mode, shard = self.context()
+                mode, window = self.context()
                 if self._first_step_s is None:
                     self._first_step_s = now
-                cur = self._steps = StepSecond(now, mode, shard)
+                cur = self._steps = StepSecond(now, mode, window)
             cur.add(stats)
             self._last_step = stats
 
-    def on_row(self, *, shard: int | None, mode: str | None, num_prompt_tokens: int, num_generated_tokens: int,
+    def on_row(self, *, window: int | None, mode: str | None, num_prompt_tokens: int, num_generated_tokens: int,
                predicted_tokens: int | None, error: bool, num_shareable_prefix_tokens: int = 0,
                num_prefix_hit_prompt_tokens: int = 0, from_duplicate: bool = False) -> None:
         """A row finished; the last three as batchgen.jobs.planning.duplicates.reuse_counts gives them."""
@@ -110,9 +110,9 @@ class MetricsRecorder:
             if self._rows_time_s != now:
                 self._close_rows()
                 self._rows_time_s = now
-            acc = self._rows.get((shard, mode))
+            acc = self._rows.get((window, mode))
             if acc is None:
-                acc = self._rows[(shard, mode)] = RowsSecond(now, shard, mode)
+                acc = self._rows[(window, mode)] = RowsSecond(now, window, mode)
             acc.add(num_prompt_tokens=num_prompt_tokens, num_generated_tokens=num_generated_tokens,
                     predicted_tokens=predicted_tokens, error=error, rng=self._rng,
                     num_shareable_prefix_tokens=num_shareable_prefix_tokens,

@@ -2,8 +2,8 @@
 
 - steps: the engine's iterations in that second (count, time, running/waiting sequences, batched
   and sampled tokens, KV blocks, preemptions, prefix-cache hits, a sparse step-time histogram),
-  with the engine's mode and the newest shard it was fed, and the job's ETA at that second.
-- rows: rows finished in that second, per (shard, mode), with up to SAMPLE_ROWS (predicted,
+  with the engine's mode and the newest planning window it was fed, and the job's ETA at that second.
+- rows: rows finished in that second, per (window, mode), with up to SAMPLE_ROWS (predicted,
   actual) output lengths drawn uniformly from them (the report's scatter plot), and what they took
   from other rows: shareable prefix tokens, prefix-hit prompt tokens, rows served from a duplicate.
 - commits: the commits of that second (rows, errors, tokens, time spent committing, rows in the
@@ -11,7 +11,8 @@
 
 A million-step job therefore writes at most one steps row per second of wall time. Every row
 carries `run_id` (the run that wrote it: a resumed job has several) and `time_s` (unix seconds).
-The accumulators run between engine steps, so `add` is a handful of additions.
+The accumulators run between engine steps, so `add` is a handful of additions. The window column
+was named "shard" in files written before: readers take either (batchgen.monitor.store.read_kind).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from batchgen.engine.metrics import LogHistogram, StepStats
 SAMPLE_ROWS = 16  # (predicted, actual) length pairs kept per rows record
 
 STEPS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("time_s", pa.int64()), ("mode", pa.string()), ("shard", pa.int32()),
+    ("run_id", pa.string()), ("time_s", pa.int64()), ("mode", pa.string()), ("window", pa.int32()),
     ("num_steps", pa.int32()), ("step_seconds_sum", pa.float64()), ("step_seconds_max", pa.float64()),
     ("num_running_sum", pa.int64()), ("num_running_max", pa.int32()), ("num_waiting_max", pa.int32()),
     ("num_batched_tokens", pa.int64()), ("num_sampled_tokens", pa.int64()),
@@ -38,7 +39,7 @@ STEPS_SCHEMA = pa.schema([
 ])
 
 ROWS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("time_s", pa.int64()), ("shard", pa.int32()), ("mode", pa.string()),
+    ("run_id", pa.string()), ("time_s", pa.int64()), ("window", pa.int32()), ("mode", pa.string()),
     ("num_rows", pa.int32()), ("num_rows_error", pa.int32()), ("num_prompt_tokens", pa.int64()),
     ("num_generated_tokens", pa.int64()),
     ("sample_predicted_tokens", pa.list_(pa.int32())), ("sample_actual_tokens", pa.list_(pa.int32())),
@@ -61,15 +62,15 @@ SCHEMAS = {"steps": STEPS_SCHEMA, "rows": ROWS_SCHEMA, "commits": COMMITS_SCHEMA
 class StepSecond:
     """The steps of one wall-clock second, as they arrive."""
 
-    __slots__ = ("time_s", "mode", "shard", "num_steps", "step_seconds_sum", "step_seconds_max", "num_running_sum",
+    __slots__ = ("time_s", "mode", "window", "num_steps", "step_seconds_sum", "step_seconds_max", "num_running_sum",
                  "num_running_max", "num_waiting_max", "num_batched_tokens", "num_sampled_tokens",
                  "num_kv_blocks_used", "num_kv_blocks_used_max", "num_kv_blocks_total", "num_preemptions",
                  "num_prefix_hit_tokens", "num_prompt_tokens", "hist")
 
-    def __init__(self, time_s: int, mode: str | None, shard: int | None):
+    def __init__(self, time_s: int, mode: str | None, window: int | None):
         self.time_s = time_s
         self.mode = mode
-        self.shard = shard
+        self.window = window
         self.num_steps = 0
         self.step_seconds_sum = 0.0
         self.step_seconds_max = 0.0
@@ -117,15 +118,15 @@ class StepSecond:
 
 
 class RowsSecond:
-    """Rows of one (second, shard, mode) that finished; a uniform sample of their lengths."""
+    """Rows of one (second, window, mode) that finished; a uniform sample of their lengths."""
 
-    __slots__ = ("time_s", "shard", "mode", "num_rows", "num_rows_error", "num_prompt_tokens",
+    __slots__ = ("time_s", "window", "mode", "num_rows", "num_rows_error", "num_prompt_tokens",
                  "num_generated_tokens", "num_shareable_prefix_tokens", "num_prefix_hit_prompt_tokens",
                  "num_rows_from_duplicates", "samples")
 
-    def __init__(self, time_s: int, shard: int | None, mode: str | None):
+    def __init__(self, time_s: int, window: int | None, mode: str | None):
         self.time_s = time_s
-        self.shard = shard
+        self.window = window
         self.mode = mode
         self.num_rows = 0
         self.num_rows_error = 0

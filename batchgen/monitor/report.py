@@ -42,7 +42,7 @@ MAX_ERROR_REASONS = 12
 # a number standing alone in an error message (a count, a length, an id): not one inside a name,
 # such as /v1/embeddings or bf16, whose digit tells one reason from another
 NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d+(?:\.\d+)?")
-REJECTED = "rejected before planning"  # rows records without a shard: failed before the planner saw them
+REJECTED = "rejected before planning"  # rows records without a window: failed before the planner saw them
 GAP_S = 30  # no engine step for this long: the job was not generating (loading, between runs)
 
 
@@ -86,7 +86,7 @@ def build_job_report(out_dir: Path | OutputStore) -> Report:
         batch_and_kv_figure(steps, t0, vlines, unit),
         step_times_figure(steps),
         lengths_figure(rows),
-        _rows_per_shard(rows),
+        _rows_per_window(rows),
         _errors(store, state),
     ]
     if store.exists(SUCCESS_FILE):
@@ -263,22 +263,22 @@ def lengths_figure(rows: pa.Table) -> Figure:
                   "predictions, so a cloud far from it means the static/continuous choice was a guess.", png)
 
 
-def _rows_per_shard(rows: pa.Table) -> Figure:
+def _rows_per_window(rows: pa.Table) -> Figure:
     per: dict[tuple[int | None, str], int] = Counter()
     if rows.num_rows:
-        for shard, mode, n, e in zip(rows["shard"].to_pylist(), rows["mode"].to_pylist(),
-                                     rows["num_rows"].to_pylist(), rows["num_rows_error"].to_pylist(), strict=True):
-            if shard is None:  # failed before planning: rejected requests, bad cells, prompts too long
+        for window, mode, n, e in zip(rows["window"].to_pylist(), rows["mode"].to_pylist(),
+                                      rows["num_rows"].to_pylist(), rows["num_rows_error"].to_pylist(), strict=True):
+            if window is None:  # failed before planning: rejected requests, bad cells, prompts too long
                 per[(None, REJECTED)] += e
             else:
-                per[(shard, mode or "?")] += n
-    shards = sorted({s for s, _ in per}, key=lambda s: (s is None, s if s is not None else 0))
+                per[(window, mode or "?")] += n
+    windows = sorted({s for s, _ in per}, key=lambda s: (s is None, s if s is not None else 0))
     modes = sorted({m for _, m in per})
-    categories = ["none" if s is None else str(s) for s in shards]
-    stacks = {m: [per.get((s, m), 0) for s in shards] for m in modes}
-    png = figures.stacked_bars("Rows finished per shard, by mode", "shard", "rows", categories, stacks, counts=True)
-    return Figure("rows_per_shard", "Rows per mode per shard", "Rows finished in each planned shard, coloured by "
-                  "the engine mode that ran them (a continuous shard's rows in static mode are a static "
+    categories = ["none" if s is None else str(s) for s in windows]
+    stacks = {m: [per.get((s, m), 0) for s in windows] for m in modes}
+    png = figures.stacked_bars("Rows finished per window, by mode", "window", "rows", categories, stacks, counts=True)
+    return Figure("rows_per_window", "Rows per mode per window", "Rows finished in each planned window, coloured by "
+                  "the engine mode that ran them (a continuous window's rows in static mode are a static "
                   f"fallback). 'none': {REJECTED} (a request or row rejected: its endpoint, body, prompt, "
                   "length or constraint). Retried rows count again.", png)
 

@@ -34,6 +34,10 @@ METRICS_DIR = "_metrics"
 MERGE_SEGMENTS = 60
 FILE_RE = re.compile(r"(?P<kind>[a-z]+)-(?P<first>\d{8})-(?P<last>\d{8})\.parquet")
 TEMP_SUFFIX = ".tmp"
+# columns under the name files written by an earlier batchgen gave them: the planning window's was
+# "shard" (before the word was left to --num-shards). A resumed job's directory holds both kinds
+# of segment, and its merges read the old ones too, so every reader goes through _read_segment.
+OLD_NAMES = {"window": "shard"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +79,7 @@ def read_kind(directory: Path, kind: str, columns: list[str] | None = None,
     tables = []
     for seg in list_segments(directory, kind) if segments is None else segments:
         try:
-            tables.append(pq.read_table(seg.path, columns=columns, schema=schema))
+            tables.append(_read_segment(seg.path, schema, columns))
         except FileNotFoundError:
             continue  # merged away since it was listed
         except (OSError, pa.ArrowException) as e:
@@ -84,6 +88,23 @@ def read_kind(directory: Path, kind: str, columns: list[str] | None = None,
         empty = schema if columns is None else pa.schema([schema.field(c) for c in columns])
         return empty.empty_table()
     return pa.concat_tables(tables)
+
+
+def _read_segment(path: Path, schema: pa.Schema, columns: list[str] | None) -> pa.Table:
+    """One file's records under `schema` (columns it lacks are null), renamed columns found under
+    their old names."""
+    wanted = schema.names if columns is None else columns
+    renamed = [name for name in wanted if name in OLD_NAMES]
+    if renamed:
+        written = set(pq.read_schema(path).names)
+        old = {name: OLD_NAMES[name] for name in renamed if name not in written and OLD_NAMES[name] in written}
+        if old:
+            as_written = pa.schema([f.with_name(old.get(f.name, f.name)) for f in schema])
+            table = pq.read_table(path, columns=None if columns is None else [old.get(c, c) for c in columns],
+                                  schema=as_written)
+            new = {name: new for new, name in old.items()}
+            return table.rename_columns([new.get(c, c) for c in table.column_names])
+    return pq.read_table(path, columns=columns, schema=schema)
 
 
 class SegmentStore:

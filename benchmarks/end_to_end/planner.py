@@ -13,7 +13,7 @@ and a per-row max_new_tokens column, so every system generates exactly the same 
   static-unsorted    --mode static --no-sort-by-length (batches in input order; mixed workload only)
   continuous         --mode continuous (rows longest predicted output first)
   continuous-unsorted --mode continuous --no-sort-by-length (input order; mixed workload only)
-  auto               --mode auto: the planner picks per shard
+  auto               --mode auto: the planner picks per window
 
 With ignore-EOS every length is known exactly, so this measures bucketing and the mode rule with a
 perfect predictor; the predictor's own error is measured by tests/jobs/planning/test_length.py.
@@ -50,7 +50,7 @@ from batchgen.config.job import build_config
 from batchgen.engine.attention.registry import resolve_backend
 from batchgen.engine.kv.cache import KVCacheSpec
 from batchgen.engine.model.loader import LoadedModel, load_model
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.planning.length import LengthPredictor
 from batchgen.jobs.planning.planner import PlannedRow, Planner
@@ -100,11 +100,11 @@ def job_config(src: Path, out: Path, lm_name: str, args, kv_bytes: int, **overri
 
 
 def planned_occupancy(workload: sharegpt.Workload, args, sort: bool) -> float:
-    """The static occupancy the planner computes for the workload as one shard (exact lengths)."""
+    """The static occupancy the planner computes for the workload as one window (exact lengths)."""
     config = build_config(None, inputs=["x"], output="o", batch_size=args.batch_size, sort_by_length=sort,
                           ignore_eos=True)
-    shard = InputShard("workload", "parquet", len(workload))
-    rows = [PlannedRow(InputRow(i, shard, i, {}), list(p), o) for i, (p, o) in enumerate(workload)]
+    file = InputFile("workload", "parquet", len(workload))
+    rows = [PlannedRow(InputRow(i, file, i, {}), list(p), o) for i, (p, o) in enumerate(workload)]
     return Planner(config, LengthPredictor({}, ignore_eos=True)).plan(rows).static_occupancy
 
 
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     combos = [(w, s) for w in workloads for s in WORKLOAD_SYSTEMS[w]]
     runs: list[dict] = []
     first_texts: dict = {}
-    print(f"\n{'round':>5} {'workload':<8} {'system':<19} {'wall s':>8} {'tok/s':>8} {'shards s/c':>10} "
+    print(f"\n{'round':>5} {'workload':<8} {'system':<19} {'wall s':>8} {'tok/s':>8} {'windows s/c':>11} "
           f"{'overruns':>8} {'steps':>6} {'ms/step':>8} {'other cpu s':>11} {'other cores':>11}", flush=True)
     for rnd in range(args.repeats):
         shift = rnd % len(combos)
@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             rate = tokens / load.wall_s
             runs.append({"round": rnd, "workload": workload, "system": system, "wall_s": round(load.wall_s, 3),
                          "generated_tokens": tokens, "tokens_per_s": round(rate, 2),
-                         "num_shards_static": summary.num_shards_static,
-                         "num_shards_continuous": summary.num_shards_continuous,
+                         "num_windows_static": summary.num_windows_static,
+                         "num_windows_continuous": summary.num_windows_continuous,
                          "engine": {k: summary.engine.get(k) for k in (
                              "num_steps", "step_ms_mean", "step_ms_p50", "running_mean", "num_preemptions",
                              "num_overruns")},
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             other = "n/a" if load.other_cpu_s is None else f"{load.other_cpu_s:.1f}"
             cores = "n/a" if load.other_cores is None else f"{load.other_cores:.2f}"
             print(f"{rnd:>5} {workload:<8} {system:<19} {load.wall_s:>8.2f} {rate:>8.1f} "
-                  f"{summary.num_shards_static:>4}/{summary.num_shards_continuous:<5} "
+                  f"{summary.num_windows_static:>5}/{summary.num_windows_continuous:<5} "
                   f"{summary.engine.get('num_overruns', 0):>8} {summary.engine.get('num_steps', 0):>6} "
                   f"{summary.engine.get('step_ms_mean', 0):>8.1f} {other:>11} {cores:>11}", flush=True)
 

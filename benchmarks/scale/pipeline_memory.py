@@ -68,10 +68,10 @@ def committed(rows):
     with SignalGuard(None) as guard:
         commits = CommitSchedule(Committer(manifest, PartWriter(out, schema), "row_id", rows_per_part=1000), guard,
                                  config)
-        for row_id, digest, text, n, num_prompt, shard, index in rows:
+        for row_id, digest, text, n, num_prompt, path, index in rows:
             commits.add({"row_id": row_id, "prompt_hash": digest, "generated_text": " ab" * n,
                          "finish_reason": "length", "num_prompt_tokens": num_prompt, "num_generated_tokens": n,
-                         "error": None, "text": text, "n": n}, shard, index)
+                         "error": None, "text": text, "n": n}, path, index)
         commits.commit()
     return len(manifest.state.parts)
 
@@ -93,7 +93,7 @@ elif stages == "input":
         pass
 else:
     parts = committed((p.row.row_id, p.prompt_hash, p.row.values["text"], p.max_new_tokens, p.num_prompt_tokens,
-                       p.row.shard.path, p.row.row_index) for p in planned_rows(src))
+                       p.row.file.path, p.row.row_index) for p in planned_rows(src))
 wall = time.monotonic() - t0
 print(json.dumps({"rows": num_rows, "stages": stages,
                   "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

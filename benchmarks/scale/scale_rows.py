@@ -13,7 +13,7 @@ the manifest), not the model, is what is measured. Each size runs `python -m bat
   number of cores other processes kept busy meanwhile (benchmarks/sysload.py).
 - the largest size is also SIGKILLed half way (once half its rows are committed) and resumed:
   resume start = seconds from the resumed run's "resuming" log line (model loaded, engine built,
-  manifest read) to its first "shard" line (the first row handed to the engine, after every
+  manifest read) to its first "window" line (the first row handed to the engine, after every
   committed row was skipped).
 - status: `python -m batchgen status --output DIR --json` on the killed directory, wall seconds
   of the whole command (interpreter start included), and job_status() alone in this process.
@@ -145,14 +145,14 @@ def _stamp(line: str) -> float | None:
 
 
 def resume_start_s(log_file: Path) -> float:
-    resumed = first_shard = None
+    resumed = first_window = None
     for line in log_file.read_text().splitlines():
         if resumed is None and "resuming" in line:
             resumed = _stamp(line)
-        elif resumed is not None and " shard " in line and first_shard is None:
-            first_shard = _stamp(line)
-    assert resumed is not None and first_shard is not None, log_file
-    return round(first_shard - resumed, 3)
+        elif resumed is not None and re.search(r" window \d+ \(", line) and first_window is None:
+            first_window = _stamp(line)
+    assert resumed is not None and first_window is not None, log_file
+    return round(first_window - resumed, 3)
 
 
 def status_times(out: Path) -> dict:

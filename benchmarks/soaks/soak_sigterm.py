@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -41,7 +42,7 @@ import pyarrow.parquet as pq
 from tests.tiny import save_tiny_model_dir
 
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-       "BATCHGEN_LOG_LEVEL": "INFO"}  # INFO: the soak waits for the "shard ..." line before signalling
+       "BATCHGEN_LOG_LEVEL": "INFO"}  # INFO: the soak waits for the "window ..." line before signalling
 
 
 def job_args(model_dir: Path, src: Path, out: Path, args) -> list[str]:
@@ -68,14 +69,17 @@ def run_to_end(cmd: list[str]) -> float:
     return time.monotonic() - t0
 
 
+WINDOW_LINE = re.compile(rb"(^|\s)window \d+ \(")  # the job core's log line as it feeds a window
+
+
 def wait_generating(proc: subprocess.Popen, timeout_s: float = 300.0) -> bool:
-    """True once the job logs its first shard (generation begins), False if it exits first. Its
+    """True once the job logs its first planning window (generation begins), False if it exits first. Its
     stderr keeps being drained by a thread, so the job never blocks on a full pipe."""
     started = threading.Event()
 
     def drain():
         for line in proc.stderr:
-            if b" shard " in line or line.startswith(b"shard "):
+            if WINDOW_LINE.search(line):
                 started.set()
 
     threading.Thread(target=drain, daemon=True).start()
@@ -123,7 +127,7 @@ def main() -> None:
         cmd = job_args(model_dir, src, out, args)
         sampled = continued = signals = 0
         exit_s, first_token_s = [], []
-        # the reference's job time (from its first shard to the end, roughly) bounds where a signal
+        # the reference's job time (from its first window to the end, roughly) bounds where a signal
         # can land mid-generation; half of it, so most attempts are stopped, not finished
         stream_s = ref["wall_seconds"]
         soak_started = time.monotonic()

@@ -4,7 +4,7 @@ headless Chromium to a screenshot.
     OMP_NUM_THREADS=1 python -m benchmarks.tools.report_check            # embedded SmolLM2-135M, ~2 minutes
 
 Runs `batchgen run` on examples/docs.parquet (the embedded model, --window-rows 20 so there are
-several shards, a few empty prompts appended so there are error rows) with a Prometheus textfile,
+several windows, a few empty prompts appended so there are error rows) with a Prometheus textfile,
 SIGKILLs it after --kill-after seconds, resumes it to the end, then writes `batchgen report --png`
 and, where Debian's `chromium` is installed, a full-page screenshot of the HTML. Everything goes
 to benchmarks/results/report_check/ (gitignored): the output directory, report.html, the PNGs,

@@ -23,7 +23,7 @@ def test_defaults_apply_when_nothing_is_given():
     config = build_config(None, **REQUIRED)
     defaults = JobConfig()
     assert config.max_new_tokens == defaults.max_new_tokens == 256
-    assert config.mode == "auto"  # the length planner chooses per shard
+    assert config.mode == "auto"  # the length planner chooses per window
     assert config.prompt_column == "text"
     assert config.inputs == ["in.parquet"]
 

@@ -67,7 +67,7 @@ def test_metrics_match_the_summary_after_a_normal_run(fixture, tmp_path, one_thr
     assert (commits, committed) == (summary.num_commits, summary.num_rows)
     last = read_kind(metrics_dir(out), "commits").to_pylist()[-1]
     assert last["output_rows"] == summary.output_rows == NUM_ROWS
-    # one record per second per kind (rows: per shard and mode)
+    # one record per second per kind (rows: per window and mode)
     times = read_kind(metrics_dir(out), "steps")["time_s"].to_pylist()
     assert len(times) == len(set(times))
     values = read_textfile(prom)

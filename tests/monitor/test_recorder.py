@@ -61,13 +61,13 @@ def test_steps_aggregate_to_one_record_per_second(tmp_path, clock):
 def test_rows_and_commits(tmp_path, clock):
     rec = make(tmp_path)
     for i in range(40):
-        rec.on_row(shard=i % 2, mode="static", num_prompt_tokens=5, num_generated_tokens=i, predicted_tokens=20,
+        rec.on_row(window=i % 2, mode="static", num_prompt_tokens=5, num_generated_tokens=i, predicted_tokens=20,
                    error=False)
-    rec.on_row(shard=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0, predicted_tokens=None, error=True)
+    rec.on_row(window=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0, predicted_tokens=None, error=True)
     rec.on_commit(seconds=0.5, output_rows=41, output_rows_error=1)
     rec.close()
     rows = read_kind(metrics_dir(tmp_path), "rows")
-    assert sorted(zip(rows["shard"].to_pylist(), rows["num_rows"].to_pylist(), strict=True),
+    assert sorted(zip(rows["window"].to_pylist(), rows["num_rows"].to_pylist(), strict=True),
                   key=lambda x: (x[0] is None, x[0] or 0)) == [(0, 20), (1, 20), (None, 1)]
     assert sum(rows["num_generated_tokens"].to_pylist()) == sum(range(40))
     samples = rows["sample_actual_tokens"].to_pylist()
@@ -135,9 +135,10 @@ def test_rows_records_and_counters_carry_what_rows_took_from_other_rows(tmp_path
 
     directory = metrics_dir(tmp_path)
     directory.mkdir()
-    old = pa.schema([f for f in ROWS_SCHEMA if f.name not in ("num_shareable_prefix_tokens",
-                                                             "num_prefix_hit_prompt_tokens",
-                                                             "num_rows_from_duplicates")])
+    old = pa.schema([f.with_name("shard") if f.name == "window" else f  # the window column's old name
+                     for f in ROWS_SCHEMA if f.name not in ("num_shareable_prefix_tokens",
+                                                            "num_prefix_hit_prompt_tokens",
+                                                            "num_rows_from_duplicates")])
     pq.write_table(pa.Table.from_pylist([{"run_id": "r0", "time_s": 999_000, "shard": 0, "mode": "static",
                                           "num_rows": 3, "num_rows_error": 0, "num_prompt_tokens": 30,
                                           "num_generated_tokens": 9, "sample_predicted_tokens": [],
@@ -145,18 +146,19 @@ def test_rows_records_and_counters_carry_what_rows_took_from_other_rows(tmp_path
                    directory / "rows-00000001-00000001.parquet")  # written before these columns existed
     rec = make(tmp_path)
     assert rec.snapshot().totals.num_rows == 3 and rec.snapshot().totals.num_shareable_prefix_tokens == 0
-    rec.on_row(shard=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
+    rec.on_row(window=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
                error=False)  # a group's leader
     for _ in range(3):  # its followers
-        rec.on_row(shard=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
+        rec.on_row(window=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
                    error=False, num_shareable_prefix_tokens=64, num_prefix_hit_prompt_tokens=48)
-    rec.on_row(shard=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
+    rec.on_row(window=0, mode="continuous", num_prompt_tokens=80, num_generated_tokens=4, predicted_tokens=4,
                error=False, from_duplicate=True)
     rec.close()
     rows = read_kind(directory, "rows")
     assert rows["num_shareable_prefix_tokens"].to_pylist() == [None, 192]
     assert rows["num_prefix_hit_prompt_tokens"].to_pylist() == [None, 144]
     assert rows["num_rows_from_duplicates"].to_pylist() == [None, 1]
+    assert rows["window"].to_pylist() == [0, 0]
     totals = make(tmp_path, run_id="r2").snapshot().totals  # a resume's counters start from the files
     assert (totals.num_rows, totals.num_shareable_prefix_tokens, totals.num_prefix_hit_prompt_tokens,
             totals.num_rows_from_duplicates) == (8, 192, 144, 1)

@@ -23,7 +23,7 @@ from batchgen.jobs.commands.run import run_job
 from batchgen.monitor.report import error_reasons, render_job_report
 from tests.jobs.kill_harness import JOB_ENV, job_args, make_fixture, reaped, sigkill, wait_until_locked
 
-FIGURES = ["tokens_per_s", "batch_kv", "step_times", "lengths", "rows_per_shard", "errors"]
+FIGURES = ["tokens_per_s", "batch_kv", "step_times", "lengths", "rows_per_window", "errors"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def fixture(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def finished_job(fixture, tmp_path_factory):
-    """A finished job whose input has 7 empty prompts (error rows), in two shards."""
+    """A finished job whose input has 7 empty prompts (error rows), in two planning windows."""
     directory = tmp_path_factory.mktemp("finished")
     table = pq.read_table(fixture.src)
     texts = [("" if i % 23 == 0 else t) for i, t in enumerate(table["text"].to_pylist())]

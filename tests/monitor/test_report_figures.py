@@ -41,10 +41,10 @@ def test_error_rows_chart_ticks_are_whole_rows(drawn):
 
 def test_rows_failed_before_planning_are_rejected_rows_on_whole_ticks(drawn):
     rows = pa.Table.from_pylist([
-        {"run_id": "r", "time_s": 1, "shard": None, "mode": None, "num_rows": 2, "num_rows_error": 2},
-        {"run_id": "r", "time_s": 1, "shard": 0, "mode": "continuous", "num_rows": 1, "num_rows_error": 0},
+        {"run_id": "r", "time_s": 1, "window": None, "mode": None, "num_rows": 2, "num_rows_error": 2},
+        {"run_id": "r", "time_s": 1, "window": 0, "mode": "continuous", "num_rows": 1, "num_rows_error": 0},
     ], schema=ROWS_SCHEMA)
-    report._rows_per_shard(rows)
+    report._rows_per_window(rows)
     ax = drawn[-1].axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "rejected before planning" in labels and not any("no prompt" in label for label in labels), labels

@@ -73,3 +73,28 @@ def test_temp_files_of_a_killed_write_are_removed_and_bad_files_skipped(tmp_path
 def test_reading_nothing_gives_an_empty_table_of_the_schema(tmp_path, kind):
     table = read_kind(tmp_path / "absent", kind)
     assert table.num_rows == 0 and "time_s" in table.column_names
+
+
+def test_the_window_column_is_read_under_its_old_name_and_merged_into_the_new(tmp_path, monkeypatch):
+    """Files an earlier batchgen wrote call the planning window's column "shard"; a resumed job
+    appends files that call it "window", and merges both."""
+    from batchgen.monitor.records import RowsSecond
+
+    def rows(first_s: int, window: int) -> list[dict]:
+        return [RowsSecond(first_s, window, "static").record("run-a")]
+
+    monkeypatch.setattr(store, "MERGE_SEGMENTS", 3)
+    s = SegmentStore(tmp_path)
+    s.append("rows", rows(0, 7))
+    s.append("rows", rows(1, 8))
+    for path in tmp_path.iterdir():  # as the version before wrote them
+        table = pq.read_table(path)
+        pq.write_table(table.rename_columns(["shard" if c == "window" else c for c in table.column_names]), path)
+    assert "window" not in pq.read_schema(tmp_path / "rows-00000001-00000001.parquet").names
+    assert read_kind(tmp_path, "rows")["window"].to_pylist() == [7, 8]
+    assert read_kind(tmp_path, "rows", columns=["time_s", "window"]).to_pylist() == [
+        {"time_s": 0, "window": 7}, {"time_s": 1, "window": 8}]
+    s = SegmentStore(tmp_path)  # the resume
+    s.append("rows", rows(2, 9))  # the third small file: merged with the two old ones
+    assert [(g.first, g.last) for g in list_segments(tmp_path, "rows")] == [(1, 3)]
+    assert pq.read_table(tmp_path / "rows-00000001-00000003.parquet")["window"].to_pylist() == [7, 8, 9]

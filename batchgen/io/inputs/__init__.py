@@ -1,1 +1,1 @@
-"""Reading input shards: discovery, Parquet, JSON Lines and OpenAI Batch files as bounded Arrow batches."""
+"""Reading input files: discovery, Parquet, JSON Lines and OpenAI Batch files as bounded Arrow batches."""

@@ -1,4 +1,4 @@
-"""Finding a job's input shards: files, directories and globs, on any filesystem pyarrow knows.
+"""Finding a job's input files: files, directories and globs, on any filesystem pyarrow knows.
 
 Every path goes through pyarrow.fs, so s3://, gs:// (and any scheme pyarrow knows) work wherever
 the user has credentials, and local paths need no special case beyond making them absolute.
@@ -34,7 +34,7 @@ _GLOB_CHARS = frozenset("*?[")
 
 
 @dataclass(frozen=True, slots=True)
-class InputShard:
+class InputFile:
     path: str  # as resolved: an absolute local path, or a URI such as s3://bucket/key
     format: str  # "parquet" | "jsonl" | "openai-batch"
     num_rows: int | None  # from the Parquet footer; None for JSONL (unknown without reading it)
@@ -45,7 +45,7 @@ class InputShard:
 
     @property
     def num_rows_read(self) -> int | None:
-        """Rows this shard reads: its row range's, else the file's (None: JSONL, unknown unread)."""
+        """Rows read of this file: its row range's, else the file's (None: JSONL, unknown unread)."""
         return self.rows[1] - self.rows[0] if self.rows is not None else self.num_rows
 
     @property
@@ -54,8 +54,8 @@ class InputShard:
         return self.rows[0] if self.rows is not None else 0
 
 
-def resolve_inputs(patterns: list[str], input_format: str = "auto") -> list[InputShard]:
-    """Expand files, directories (recursively) and globs into shards, in a stable order.
+def resolve_inputs(patterns: list[str], input_format: str = "auto") -> list[InputFile]:
+    """Expand files, directories (recursively) and globs into input files, in a stable order.
 
     Order: pattern by pattern, sorted by path within each; a file named twice is kept once, at
     its first place. Parquet footers are read here, so a corrupt file fails before generation.
@@ -63,14 +63,14 @@ def resolve_inputs(patterns: list[str], input_format: str = "auto") -> list[Inpu
     by wildcards, as pyarrow.dataset does. `input_format` (see JSONL_SUFFIXES above) overrides the
     format a file's suffix gives.
     """
-    shards: dict[str, InputShard] = {}
+    found: dict[str, InputFile] = {}
     for pattern in patterns:
-        for shard in _resolve_pattern(pattern, input_format):
-            shards.setdefault(shard.path, shard)
-    return list(shards.values())
+        for file in _resolve_pattern(pattern, input_format):
+            found.setdefault(file.path, file)
+    return list(found.values())
 
 
-def _resolve_pattern(pattern: str, input_format: str) -> list[InputShard]:
+def _resolve_pattern(pattern: str, input_format: str) -> list[InputFile]:
     fs, uri_prefix, fs_pattern = _locate(pattern)
     head, glob_parts = _split_at_glob(fs_pattern)
     if glob_parts:
@@ -88,7 +88,7 @@ def _resolve_pattern(pattern: str, input_format: str) -> list[InputShard]:
             if input_format == "auto":
                 _format_of(fs_pattern, pattern)  # an explicitly named file must have a known suffix
             files = [info]
-    return [_open_shard(fs, info, uri_prefix + info.path, input_format) for info in files]
+    return [_open_file(fs, info, uri_prefix + info.path, input_format) for info in files]
 
 
 def _locate(pattern: str) -> tuple[pafs.FileSystem, str, str]:
@@ -209,7 +209,7 @@ def _format_of(path: str, display: str) -> str:
     raise InputError(f"unsupported file type (supported: {SUPPORTED_SUFFIXES})", path=display)
 
 
-def _open_shard(fs: pafs.FileSystem, info: pafs.FileInfo, display: str, input_format: str = "auto") -> InputShard:
+def _open_file(fs: pafs.FileSystem, info: pafs.FileInfo, display: str, input_format: str = "auto") -> InputFile:
     if input_format == "openai-batch":
         if not info.path.lower().endswith(JSONL_SUFFIXES):
             raise InputError(f"--input-format openai-batch reads JSON Lines files ({', '.join(JSONL_SUFFIXES)}), "
@@ -223,4 +223,4 @@ def _open_shard(fs: pafs.FileSystem, info: pafs.FileInfo, display: str, input_fo
     elif fmt == "parquet":
         with open_parquet(fs, info.path, display) as parquet_file:
             num_rows = parquet_file.metadata.num_rows
-    return InputShard(path=display, format=fmt, num_rows=num_rows, size=info.size, mtime_ns=info.mtime_ns)
+    return InputFile(path=display, format=fmt, num_rows=num_rows, size=info.size, mtime_ns=info.mtime_ns)

@@ -1,7 +1,7 @@
-"""JSON Lines as Arrow: decode records line by line, type them with one schema per shard.
+"""JSON Lines as Arrow: decode records line by line, type them with one schema per file.
 
-batchgen.io.inputs.discovery finds the shards and batchgen.io.inputs.readers dispatches on their format; this
-module opens a JSONL shard through the filesystem it is handed and turns its byte stream into typed
+batchgen.io.inputs.discovery finds the files and batchgen.io.inputs.readers dispatches on their format; this
+module opens a JSONL file through the filesystem it is handed and turns its byte stream into typed
 record batches.
 
 Decoding: each line is strict UTF-8 and `json.loads` (never eval); blank lines are skipped and do
@@ -11,8 +11,8 @@ trailing newline that does not decode is skipped with a warning, because a write
 leaves exactly that and failing the whole job over it helps nobody.
 
 Parquet files carry their own schema; JSON Lines does not, and letting pyarrow infer a type per
-batch makes batches of one shard disagree (int64 in one, string in the next, null where a batch
-happens to hold only nulls) and crashes on mixed columns. So a JSONL shard gets one schema, from
+batch makes batches of one file disagree (int64 in one, string in the next, null where a batch
+happens to hold only nulls) and crashes on mixed columns. So a JSONL file gets one schema, from
 its first records, and every batch is built against it.
 
 Typing rules (per column, over the non-null values of the sample):
@@ -53,7 +53,7 @@ from batchgen.io.inputs.cells import with_invalid_cells, with_json_cells
 logger = logging.getLogger(__name__)
 
 _READ_CHUNK_BYTES = 1 << 20
-# Records read to decide a JSONL shard's columns and types; they are held in memory meanwhile,
+# Records read to decide a JSONL file's columns and types; they are held in memory meanwhile,
 # so this bounds memory as well as how late in a file a new key or a type conflict can hide.
 JSONL_SCHEMA_SAMPLE_RECORDS = 1000
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
@@ -201,7 +201,7 @@ def records_to_batches(
                 "they are not read",
                 path, row, sorted(record.keys() - known_keys), num_sample_records,
             )
-            warn_new_keys = False  # once per shard: the log is for people, not one line per row
+            warn_new_keys = False  # once per file: the log is for people, not one line per row
         converted = {}
         for field in schema:
             value = record.get(field.name)
@@ -227,7 +227,7 @@ def _batch(rows: list[dict[str, Any]], schema: pa.Schema, nested: list[list]) ->
     return with_json_cells(batch, nested) if nested else batch
 
 
-# ---------------------------------------------------------------- a shard
+# ---------------------------------------------------------------- a file
 
 
 def _records(fs: pafs.FileSystem, fs_path: str, display: str) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -1,10 +1,10 @@
 """OpenAI Batch API request files as Arrow: one fixed schema, one row per request line.
 
 A request line is `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}`.
-Lines are decoded as any JSON Lines shard is (batchgen.io.inputs.jsonl.read_records: strict UTF-8, a
+Lines are decoded as any JSON Lines file is (batchgen.io.inputs.jsonl.read_records: strict UTF-8, a
 malformed line raises InputError naming the file, the row and the line, a truncated last line is
 skipped with a warning), then laid out in OPENAI_BATCH_SCHEMA, whatever the sample of the file
-holds, so every shard of a job has the same columns and types:
+holds, so every file of a job has the same columns and types:
 
     custom_id  the row id; missing, null, empty or not a string is an InputError (exit 2): the API
                refuses such a file at upload, and the output is keyed by it
@@ -137,7 +137,7 @@ class KindCheck:
 
 def openai_batch_batches(fs: pafs.FileSystem, fs_path: str, display: str, columns: list[str] | None,
                          batch_size: int) -> Iterator[pa.RecordBatch]:
-    """The shard's requests as batches of OPENAI_BATCH_SCHEMA (only `columns`, if given). A file that
+    """The file's requests as batches of OPENAI_BATCH_SCHEMA (only `columns`, if given). A file that
     mixes embeddings and generation requests raises InputError at the first request of the other kind."""
     schema = OPENAI_BATCH_SCHEMA if columns is None else pa.schema([OPENAI_BATCH_SCHEMA.field(c) for c in columns])
     rows: list[dict[str, Any]] = []

@@ -1,6 +1,6 @@
-"""Reading one input shard, whatever its format: its schema, its columns, its rows as bounded batches.
+"""Reading one input file, whatever its format: its schema, its columns, its rows as bounded batches.
 
-The shards come from batchgen.io.inputs.discovery; Parquet and JSON Lines each have their module
+The files come from batchgen.io.inputs.discovery; Parquet and JSON Lines each have their module
 (batchgen.io.inputs.parquet, batchgen.io.inputs.jsonl). Problems a user can fix raise InputError naming the
 file, and where known the row and column.
 """
@@ -13,52 +13,52 @@ import pyarrow as pa
 
 from batchgen.errors import InputError
 from batchgen.io.inputs.cells import with_oversized_cells
-from batchgen.io.inputs.discovery import InputShard, filesystem
+from batchgen.io.inputs.discovery import InputFile, filesystem
 from batchgen.io.inputs.jsonl import jsonl_batches, sample_records
 from batchgen.io.inputs.openai_batch import OPENAI_BATCH_SCHEMA, check_first_request, openai_batch_batches
 from batchgen.io.inputs.parquet import open_parquet, parquet_batches
 
 
-def read_schema(shard: InputShard) -> pa.Schema:
-    """The shard's Arrow schema: the Parquet schema, or the one JSONL batches will carry. An empty
+def read_schema(file: InputFile) -> pa.Schema:
+    """The file's Arrow schema: the Parquet schema, or the one JSONL batches will carry. An empty
     file (0 bytes; JSON Lines without a record) has no rows and an empty schema (`holds_no_rows`)."""
-    if shard.size == 0:
+    if file.size == 0:
         return pa.schema([])
-    if shard.format == "parquet":
-        with open_parquet(*filesystem(shard.path), shard.path) as parquet_file:
+    if file.format == "parquet":
+        with open_parquet(*filesystem(file.path), file.path) as parquet_file:
             return parquet_file.schema_arrow
-    if shard.format == "openai-batch":  # a fixed schema; the first request is read to check the file
-        check_first_request(*filesystem(shard.path), shard.path)
+    if file.format == "openai-batch":  # a fixed schema; the first request is read to check the file
+        check_first_request(*filesystem(file.path), file.path)
         return OPENAI_BATCH_SCHEMA
-    schema, _, records = sample_records(*filesystem(shard.path), shard.path)
+    schema, _, records = sample_records(*filesystem(file.path), file.path)
     records.close()
     return schema
 
 
-def holds_no_rows(shard: InputShard) -> bool:
+def holds_no_rows(file: InputFile) -> bool:
     """An empty file: 0 bytes, a Parquet footer of 0 rows, JSON Lines without a record. An empty
     partition of a scheduled job looks like this; its columns cannot (JSON Lines) or need not be checked."""
-    if shard.size == 0 or shard.num_rows == 0:
+    if file.size == 0 or file.num_rows == 0:
         return True
-    if shard.format == "parquet":
+    if file.format == "parquet":
         return False
-    _, sample, records = sample_records(*filesystem(shard.path), shard.path)
+    _, sample, records = sample_records(*filesystem(file.path), file.path)
     records.close()
     return not sample
 
 
-def read_columns(shard: InputShard) -> list[str]:
+def read_columns(file: InputFile) -> list[str]:
     """Column names: Parquet's schema, or for JSONL the keys of its first records, first seen first."""
-    return read_schema(shard).names
+    return read_schema(file).names
 
 
-def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) -> Iterator[pa.RecordBatch]:
-    """Stream the shard in file order as record batches of at most `batch_size` rows.
+def iter_batches(file: InputFile, columns: list[str] | None, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """Stream the file in its order as record batches of at most `batch_size` rows.
 
     Only `columns` are read (None = all), in the order given. The i-th row over all batches is
-    row i of the shard (0-based); for JSONL that is the i-th non-blank line. A Parquet shard with a
+    row i of the file (0-based); for JSONL that is the i-th non-blank line. A Parquet file with a
     row range (a sharded job's share of a file) yields only those rows: row i is the file's row
-    `shard.first_row + i`. Missing columns are
+    `file.first_row + i`. Missing columns are
     checked before the first batch, so this raises at once rather than on first iteration.
 
     JSON Lines policy (details in batchgen.io.inputs.jsonl):
@@ -81,43 +81,43 @@ def iter_batches(shard: InputShard, columns: list[str] | None, batch_size: int) 
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
-    if shard.size == 0:  # an empty file: no rows (a 0-byte Parquet file has no footer to read)
+    if file.size == 0:  # an empty file: no rows (a 0-byte Parquet file has no footer to read)
         return iter(())
-    if shard.format == "parquet":
-        _check_columns(shard, columns, read_columns(shard))
-        return _capped(parquet_batches(*filesystem(shard.path), shard.path, columns, batch_size, rows=shard.rows),
-                       shard)
-    assert shard.rows is None, "JSON Lines files (Batch request ones too) are split whole (row count unknown unread)"
-    if shard.format == "openai-batch":
-        _check_columns(shard, columns, OPENAI_BATCH_SCHEMA.names)
-        return _capped(openai_batch_batches(*filesystem(shard.path), shard.path, columns, batch_size), shard)
-    schema, sample, records = sample_records(*filesystem(shard.path), shard.path)
+    if file.format == "parquet":
+        _check_columns(file, columns, read_columns(file))
+        return _capped(parquet_batches(*filesystem(file.path), file.path, columns, batch_size, rows=file.rows),
+                       file)
+    assert file.rows is None, "JSON Lines files (Batch request ones too) are split whole (row count unknown unread)"
+    if file.format == "openai-batch":
+        _check_columns(file, columns, OPENAI_BATCH_SCHEMA.names)
+        return _capped(openai_batch_batches(*filesystem(file.path), file.path, columns, batch_size), file)
+    schema, sample, records = sample_records(*filesystem(file.path), file.path)
     if not sample:  # no records: no rows, whichever columns were asked for
         return iter(())
     try:
-        _check_columns(shard, columns, schema.names)
+        _check_columns(file, columns, schema.names)
     except InputError:
         records.close()
         raise
     if columns is not None:
         schema = pa.schema([schema.field(name) for name in columns])
-    return _capped(jsonl_batches(sample, records, schema, batch_size, shard.path, warn_new_keys=columns is None),
-                   shard)
+    return _capped(jsonl_batches(sample, records, schema, batch_size, file.path, warn_new_keys=columns is None),
+                   file)
 
 
-def _capped(batches: Iterator[pa.RecordBatch], shard: InputShard) -> Iterator[pa.RecordBatch]:
+def _capped(batches: Iterator[pa.RecordBatch], file: InputFile) -> Iterator[pa.RecordBatch]:
     """The batches, each listing its cells of more than MAX_CELL_BYTES (batchgen.io.inputs.cells)."""
-    first_row = shard.first_row
+    first_row = file.first_row
     for batch in batches:
-        yield with_oversized_cells(batch, shard.path, first_row)
+        yield with_oversized_cells(batch, file.path, first_row)
         first_row += batch.num_rows
 
 
-def _check_columns(shard: InputShard, columns: list[str] | None, existing: list[str]) -> None:
+def _check_columns(file: InputFile, columns: list[str] | None, existing: list[str]) -> None:
     if columns is None:
         return
     assert len(set(columns)) == len(columns), f"duplicate columns requested: {columns}"
     for name in columns:
         if name not in existing:
             listed = ", ".join(repr(c) for c in existing[:50]) + (", ..." if len(existing) > 50 else "")
-            raise InputError(f"no such column; the file has: {listed}", path=shard.path, column=name)
+            raise InputError(f"no such column; the file has: {listed}", path=file.path, column=name)

@@ -54,7 +54,8 @@ seq - 1) back from the newest entry and replay only that chain.
 A part: {"name", "temp", "num_rows", "num_bytes", "sha256", "ids": [...], "errors": [positions of
          its error rows], "shard": [index into "shards", per row], "row": [input row index, per row],
          "hashes": [prompt hash per row, null for error rows]}.
-"shard" and "row" are hidden bookkeeping for `batchgen compact` (input order) and `status`.
+"shard" and "row" are hidden bookkeeping for `batchgen compact` (input order) and `status`; "shards" and
+"shard" name input files (their keys keep their first name: batchgen.io.manifest.part_record.FILES_KEY).
 A part named again in "write" replaces the earlier version (a part minus its replaced rows).
 Every entry is checked against the state before it is written (ManifestState.validate).
 
@@ -73,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.errors import AlreadyExists, OutputError, OutputLocked
+from batchgen.io.manifest.part_record import FILES_KEY
 from batchgen.io.manifest.snapshot import SNAPSHOT_EVERY_ENTRIES, snapshot_payload, stale_rows_files
 from batchgen.io.manifest.state import (  # re-exported: the manifest's readers import them from here
     ENTRY_RE,
@@ -218,11 +220,11 @@ class Manifest:
             self.store.sync()  # the staged temps' names: an entry must never outlive its files
         except OSError as e:
             raise OutputError(f"cannot sync {self.out_dir}: {e.strerror or e}") from e
-        shard_paths = sorted({s for _, r in parts for s in r.shards})
-        index = {path: i for i, path in enumerate(shard_paths)}
+        file_paths = sorted({f for _, r in parts for f in r.files})
+        index = {path: i for i, path in enumerate(file_paths)}
         self._entry_attempted = False
         try:
-            self.append(op, shards=shard_paths, write=[r.to_json(index) for _, r in parts], remove=list(remove))
+            self.append(op, **{FILES_KEY: file_paths}, write=[r.to_json(index) for _, r in parts], remove=list(remove))
         except BaseException:
             # refused before its entry was written (the lease lost, another writer's entry in the way):
             # nothing commits these parts, and in an object store they sit under final names where a

@@ -3,12 +3,12 @@
 Without them a long job leaves one entry per commit, and every start and every `batchgen status`
 replays them all. Every SNAPSHOT_EVERY_ENTRIES entries the writer (batchgen.io.manifest.manifest) writes:
 
-    _manifest/NNNNNNNN.rows.parquet   per committed row: part index, id, error flag, input shard
+    _manifest/NNNNNNNN.rows.parquet   per committed row: part index, id, error flag, input file
                                       index, input row index, prompt hash (temp + fsync + rename)
     _manifest/NNNNNNNN.json           {"op": "snapshot", "fingerprint", "begin_seq", "inputs",
                                       "last_commit_time", "last_write_op", "shards": [paths],
                                       "parts": [{"name", "temp", "num_rows", "num_bytes", "sha256",
-                                      "shard_counts": [[shard index, ok rows, error rows], ...]}],
+                                      "shard_counts": [[input file index, ok rows, error rows], ...]}],
                                       "rows": {"name", "num_rows", "num_bytes", "sha256"}}
 
 then deletes the entries before it (oldest first, so a crash leaves a contiguous suffix) and the
@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from batchgen.errors import OutputError
 from batchgen.io.manifest.entries import MANIFEST_DIR
-from batchgen.io.manifest.part_record import PartRecord
+from batchgen.io.manifest.part_record import FILE_COUNTS_KEY, FILE_KEY, FILES_KEY, PartRecord
 from batchgen.io.manifest.snapshot_rows import RowLists, RowsReader
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import OutputStore
@@ -51,18 +51,18 @@ def rows_file_name(seq: int) -> str:
 def snapshot_payload(out_dir: OutputStore, state: ManifestState, seq: int) -> dict[str, Any]:
     """Write the rows file of a snapshot at `seq` (durable) and return the entry's payload."""
     store = open_store(out_dir)
-    shard_index: dict[str, int] = {}
+    file_index: dict[str, int] = {}
     parts = []
     for record in state.parts.values():
-        counts = [[shard_index.setdefault(path, len(shard_index)), ok, err]
-                  for path, (ok, err) in record.shard_counts.items()]
+        counts = [[file_index.setdefault(path, len(file_index)), ok, err]
+                  for path, (ok, err) in record.file_counts.items()]
         parts.append({"name": record.name, "temp": record.temp, "num_rows": record.num_rows,
-                      "num_bytes": record.num_bytes, "sha256": record.sha256, "shard_counts": counts})
+                      "num_bytes": record.num_bytes, "sha256": record.sha256, FILE_COUNTS_KEY: counts})
     name = rows_file_name(seq)
     path = f"{MANIFEST_DIR}/{name}"
     counted: list[int] = []
     try:  # whole or absent (temp + fsync + rename + directory fsync, or one PUT); the entry commits it
-        store.place(path, lambda file: counted.append(_write_rows(store, state, shard_index, file)))
+        store.place(path, lambda file: counted.append(_write_rows(store, state, file_index, file)))
     except OSError as e:
         raise OutputError(f"cannot write the manifest snapshot {store / path}: {e.strerror or e}") from e
     num_rows = counted[0]
@@ -70,34 +70,34 @@ def snapshot_payload(out_dir: OutputStore, state: ManifestState, seq: int) -> di
     return {"fingerprint": state.fingerprint, "begin_seq": state.begin_seq, "inputs": state.inputs,
             "last_commit_time": state.last_commit_time, "last_write_op": state.last_op,
             "partials": state.partials,  # in-flight checkpoints outlive the entries a snapshot drops
-            "shards": list(shard_index), "parts": parts,
+            FILES_KEY: list(file_index), "parts": parts,
             "rows": {"name": name, "num_rows": num_rows, "num_bytes": num_bytes, "sha256": sha256}}
 
 
-def _write_rows(store: OutputStore, state: ManifestState, shard_index: dict[str, int], temp) -> int:
+def _write_rows(store: OutputStore, state: ManifestState, file_index: dict[str, int], temp) -> int:
     """Stream every part's rows into the file `temp`, a few parts per row group: bounded memory."""
     source = RowLists(store)
     try:
-        return _stream_rows(state, shard_index, temp, source)
+        return _stream_rows(state, file_index, temp, source)
     finally:
         source.close()
         pa.default_memory_pool().release_unused()  # the encoders' buffers: back to the system, not kept
 
 
-def _stream_rows(state: ManifestState, shard_index: dict[str, int], temp, source: RowLists) -> int:
+def _stream_rows(state: ManifestState, file_index: dict[str, int], temp, source: RowLists) -> int:
     id_type = None
     writer = None
     pending: list[pa.Table] = []
     num_pending = num_rows = 0
     for part_index, record in enumerate(state.parts.values()):
-        shards, rows, hashes = source.of(record)
+        files, rows, hashes = source.of(record)
         errors = set(record.error_ids)
         ids = pa.array(list(record.ids))
         id_type = id_type or ids.type
         pending.append(pa.table({
             "part": pa.array([part_index] * record.num_rows, pa.int32()), "id": ids.cast(id_type),
             "error": pa.array([i in errors for i in record.ids], pa.bool_()),
-            "shard": pa.array([shard_index[s] for s in shards], pa.int32()), "row": pa.array(rows, pa.int64()),
+            FILE_KEY: pa.array([file_index[f] for f in files], pa.int32()), "row": pa.array(rows, pa.int64()),
             "hash": pa.array(list(hashes) if hashes is not None else [None] * record.num_rows, pa.string())}))
         num_pending += record.num_rows
         if num_pending >= _ROW_GROUP_ROWS:
@@ -113,7 +113,7 @@ def _stream_rows(state: ManifestState, shard_index: dict[str, int], temp, source
 
 def _empty() -> pa.Table:
     return pa.table({"part": pa.array([], pa.int32()), "id": pa.array([], pa.string()),
-                     "error": pa.array([], pa.bool_()), "shard": pa.array([], pa.int32()),
+                     "error": pa.array([], pa.bool_()), FILE_KEY: pa.array([], pa.int32()),
                      "row": pa.array([], pa.int64()), "hash": pa.array([], pa.string())})
 
 
@@ -122,7 +122,7 @@ def _flush(writer: pq.ParquetWriter | None, tables: list[pa.Table], temp) -> pq.
     if writer is None:
         # dictionaries only where values repeat: on the unique ids, hashes and row numbers a dictionary
         # is built, overflows and is thrown away on every row group (time and transient memory)
-        writer = pq.ParquetWriter(temp, table.schema, compression="zstd", use_dictionary=["part", "shard"])
+        writer = pq.ParquetWriter(temp, table.schema, compression="zstd", use_dictionary=["part", FILE_KEY])
     writer.write_table(table.cast(writer.schema))
     return writer
 
@@ -131,7 +131,7 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
     """Set `state` (cleared) to the snapshot's. `state.with_ids=False` (status): counts only, the
     rows file is not read."""
     seq, out_dir, with_ids = entry["seq"], state.out_dir, state.with_ids
-    shards = entry["shards"]
+    files = entry[FILES_KEY]
     state.fingerprint = entry["fingerprint"]
     state.begin_seq = entry["begin_seq"]
     state.inputs = entry["inputs"]
@@ -140,11 +140,11 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
     if with_ids:
         state.ok_ids.reserve(entry["rows"]["num_rows"])  # hashed ids: one table size, not a rehash every doubling
     columns = ["part", "id", "error", *(["hash"] if state.keep_hashes else []),
-               *(["shard", "row"] if keep_rows else [])]
+               *([FILE_KEY, "row"] if keep_rows else [])]
     reader = RowsReader(out_dir, entry, columns) if with_ids else None
     for p in entry["parts"]:
         n = p["num_rows"]
-        counts = {shards[i]: [ok, err] for i, ok, err in p["shard_counts"]}
+        counts = {files[i]: [ok, err] for i, ok, err in p[FILE_COUNTS_KEY]}
         if reader is None:  # through add(): counted, and known to the id index should a later entry drop it
             state.add(PartRecord(p["name"], p["temp"], seq, n, p["num_bytes"], p["sha256"], [], [], counts))
             continue
@@ -155,7 +155,7 @@ def apply_snapshot(state: ManifestState, entry: dict[str, Any], *, keep_rows: bo
         record = PartRecord(p["name"], p["temp"], seq, n, p["num_bytes"], p["sha256"], ids, error_ids, counts,
                             hashes=rows.get("hash"))
         if keep_rows:
-            record.shards = [shards[i] for i in rows["shard"]]
+            record.files = [files[i] for i in rows[FILE_KEY]]
             record.rows = rows["row"]
         state.add(record, ids)
     if reader is not None:

@@ -1,6 +1,6 @@
 """Reading a manifest snapshot's rows file (batchgen.io.manifest.snapshot writes it): streamed a
 few thousand rows at a time and checked against the sha256 its entry recorded, and the per-row
-lists (input shard, row index, prompt hash) of any committed part, from its entry or its snapshot.
+lists (input file, row index, prompt hash) of any committed part, from its entry or its snapshot.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from batchgen.errors import DamagedSnapshot, OutputError
 from batchgen.io.manifest.entries import MANIFEST_DIR, read_entry
-from batchgen.io.manifest.part_record import PartRecord
+from batchgen.io.manifest.part_record import FILE_KEY, FILES_KEY, PartRecord
 from batchgen.io.store.factory import open_store
 from batchgen.io.store.store import OutputStore
 
@@ -38,8 +38,8 @@ class RowLists:
         self.position = 0  # the reader's next row
 
     def of(self, record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
-        if record.shards is not None and record.rows is not None and record.hashes is not None:
-            return record.shards, record.rows, record.hashes
+        if record.files is not None and record.rows is not None and record.hashes is not None:
+            return record.files, record.rows, record.hashes
         if record.seq not in self.entries:
             entry = read_entry(self.out_dir, record.seq)
             self.entries = {seq: e for seq, e in self.entries.items() if e[0]["op"] == "snapshot"}
@@ -47,7 +47,7 @@ class RowLists:
         entry, parts = self.entries[record.seq]
         if entry["op"] != "snapshot":
             p = parts[record.name]
-            return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
+            return [entry[FILES_KEY][i] for i in p[FILE_KEY]], p["row"], p.get("hashes")
         if self.offsets is None:
             self.offsets, start = {}, 0
             for p in entry["parts"]:
@@ -56,13 +56,13 @@ class RowLists:
         start, n = self.offsets[record.name]
         rows = self._take(entry, start, n)
         hashes = rows["hash"]
-        return ([entry["shards"][i] for i in rows["shard"]], rows["row"],
+        return ([entry[FILES_KEY][i] for i in rows[FILE_KEY]], rows["row"],
                 None if all(h is None for h in hashes) else hashes)
 
     def _take(self, entry: dict[str, Any], start: int, n: int) -> dict[str, list[Any]]:
         if self.reader is None or start < self.position:  # first use, or (never seen) out of order
             self.close()
-            self.reader, self.position = RowsReader(self.out_dir, entry, ["shard", "row", "hash"]), 0
+            self.reader, self.position = RowsReader(self.out_dir, entry, [FILE_KEY, "row", "hash"]), 0
         self.reader.skip(start - self.position)
         self.position = start + n
         return self.reader.take(n)
@@ -174,28 +174,28 @@ def read_rows(out_dir: OutputStore | None, entry: dict[str, Any]) -> pa.Table:
 
 def snapshot_part(out_dir: str | Path | OutputStore, entry: dict[str, Any], name: str
                   ) -> tuple[list[str], list[int], list[str | None] | None]:
-    """(shard path, row index, prompt hash) per row of part `name`, carried over by snapshot `entry`."""
+    """(input file path, row index, prompt hash) per row of part `name`, carried over by snapshot `entry`."""
     index = next(i for i, p in enumerate(entry["parts"]) if p["name"] == name)
     table = read_rows(open_store(out_dir), entry)
     table = table.filter(pc.equal(table.column("part"), index))
-    shards = entry["shards"]
+    files = entry[FILES_KEY]
     hashes = table.column("hash").to_pylist()
-    return ([shards[i] for i in table.column("shard").to_pylist()], table.column("row").to_pylist(),
+    return ([files[i] for i in table.column(FILE_KEY).to_pylist()], table.column("row").to_pylist(),
             None if all(h is None for h in hashes) else hashes)
 
 
 def part_rows(out_dir: str | Path | OutputStore, record: PartRecord) -> tuple[list[str], list[int]]:
-    """(input shard path, input row index) per row of a committed part, from its entry."""
-    if record.shards is not None and record.rows is not None:
-        return record.shards, record.rows
+    """(input file path, input row index) per row of a committed part, from its entry."""
+    if record.files is not None and record.rows is not None:
+        return record.files, record.rows
     return part_row_lists(out_dir, record)[:2]
 
 
 def part_row_lists(out_dir: str | Path | OutputStore,
                    record: PartRecord) -> tuple[list[str], list[int], list[str | None] | None]:
-    """(shard path, row index, prompt hash or None) per row of a committed part, from its entry."""
+    """(input file path, row index, prompt hash or None) per row of a committed part, from its entry."""
     entry = read_entry(out_dir, record.seq)
     if entry["op"] == "snapshot":  # a part carried over by a snapshot: its rows are in the snapshot's file
         return snapshot_part(out_dir, entry, record.name)
     p = next(p for p in entry["write"] if p["name"] == record.name)
-    return [entry["shards"][i] for i in p["shard"]], p["row"], p.get("hashes")
+    return [entry[FILES_KEY][i] for i in p[FILE_KEY]], p["row"], p.get("hashes")

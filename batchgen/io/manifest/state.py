@@ -39,7 +39,7 @@ from batchgen.io.manifest.entries import (  # re-exported: readers of the state 
     read_entry,
     read_entry_file,
 )
-from batchgen.io.manifest.part_record import PartRecord
+from batchgen.io.manifest.part_record import FILE_KEY, FILES_KEY, PartRecord
 from batchgen.io.manifest.prompt_hashes import PromptHashes
 from batchgen.io.manifest.snapshot import apply_snapshot
 from batchgen.io.manifest.snapshot_rows import part_row_lists, part_rows
@@ -105,14 +105,14 @@ class ManifestState:
             if record is not None:
                 leaving.update(record.ids)
         seen: set[Any] = set()
-        num_shards = len(entry["shards"])
+        num_files = len(entry[FILES_KEY])
         for p in entry.get("write", []):
             ids = p["ids"]
             n = p["num_rows"]
-            _require(len(ids) == n == len(p["shard"]) == len(p["row"]), f"part {p['name']}: row lists disagree")
+            _require(len(ids) == n == len(p[FILE_KEY]) == len(p["row"]), f"part {p['name']}: row lists disagree")
             _require("hashes" not in p or len(p["hashes"]) == n, f"part {p['name']}: hashes disagree")
             _require(all(0 <= i < n for i in p["errors"]), f"part {p['name']}: error position out of range")
-            _require(all(0 <= s < num_shards for s in p["shard"]), f"part {p['name']}: shard index out of range")
+            _require(all(0 <= f < num_files for f in p[FILE_KEY]), f"part {p['name']}: input file index out of range")
             for row_id in ids:
                 twice = row_id in seen or ((row_id in self.ok_ids or row_id in self.error_ids)
                                            and row_id not in leaving)
@@ -143,7 +143,7 @@ class ManifestState:
             self.last_seq = seq
             return  # last_op stays the last write op (batchgen compact reads it)
         elif op in WRITE_OPS:
-            written = [PartRecord.from_json(p, seq, entry["shards"], keep_rows) for p in entry.get("write", [])]
+            written = [PartRecord.from_json(p, seq, entry[FILES_KEY], keep_rows) for p in entry.get("write", [])]
             for name in [*entry.get("remove", []), *(r.name for r in written)]:
                 self.drop(name)
             for record in written:
@@ -202,8 +202,8 @@ class ManifestState:
         assert not self.ok_ids & self.error_ids.keys()
         assert self.prompt_hashes.keys() <= self.ok_ids
         for record in self.parts.values():
-            assert len(record.ids) == record.num_rows == sum(map(sum, record.shard_counts.values())), record.name
-            assert len(record.error_ids) == sum(c[1] for c in record.shard_counts.values()), record.name
+            assert len(record.ids) == record.num_rows == sum(map(sum, record.file_counts.values())), record.name
+            assert len(record.error_ids) == sum(c[1] for c in record.file_counts.values()), record.name
             assert all(self.error_ids[i] == record.name for i in record.error_ids), record.name
 
 

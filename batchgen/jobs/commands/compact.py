@@ -1,8 +1,8 @@
-"""`batchgen compact`: rewrite a finished output directory as one part per input shard, in input order.
+"""`batchgen compact`: rewrite a finished output directory as one part per input file, in input order.
 
 A job writes parts in commit order and rows within a part in finishing order; downstream tools
 that want input order, or fewer files, run this once the job is complete (`_SUCCESS`). Each
-committed row's input shard and row index are in the manifest (hidden bookkeeping, not output
+committed row's input file and row index are in the manifest (hidden bookkeeping, not output
 columns), so no input file is read.
 
 It is a commit like any other (batchgen.io.manifest.manifest): the new parts are staged, one "compact"
@@ -81,13 +81,13 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
         batch_files = recorded_batch_files(store)  # --output-format openai-batch / both
         if state.last_op == "compact" or not state.parts:
             return CompactSummary(str(out_dir), before, before, state.num_committed_rows)
-        rows_by_shard: dict[str, list[tuple[int, str, int]]] = {}  # shard -> [(row, part, position)]
+        rows_by_file: dict[str, list[tuple[int, str, int]]] = {}  # input file path -> [(row, part, position)]
         for record in state.parts.values():
-            assert record.shards is not None and record.rows is not None
-            for position, (shard, row) in enumerate(zip(record.shards, record.rows, strict=True)):
-                rows_by_shard.setdefault(shard, []).append((row, record.name, position))
+            assert record.files is not None and record.rows is not None
+            for position, (path, row) in enumerate(zip(record.files, record.rows, strict=True)):
+                rows_by_file.setdefault(path, []).append((row, record.name, position))
         listed = [s["path"] for s in state.inputs["inputs"]] if state.inputs else []
-        order = [p for p in listed if p in rows_by_shard] + sorted(set(rows_by_shard) - set(listed))
+        order = [p for p in listed if p in rows_by_file] + sorted(set(rows_by_file) - set(listed))
         first = next(iter(state.parts))
         schema = store.read_schema(first)
         writer = PartWriter(store, schema)
@@ -98,15 +98,15 @@ def compact_output(out_dir: str | Path | OutputStore) -> CompactSummary:
         errors = state.error_ids
         staged = []
         try:
-            for shard in order:
-                items = sorted(rows_by_shard[shard])
+            for path in order:
+                items = sorted(rows_by_file[path])
                 # a row of several samples is that many rows of its part, its samples in order
                 rows = items if samples is None else [(row, name, file_row) for row, name, position in items
                                                       for file_row in samples.of(name, position)]
                 part = writer.stage_tables(reader.gather(rows), tag=tag)
                 ids = [state.parts[name].ids[pos] for _, name, pos in items]
                 hashes = [state.prompt_hashes.get(i) for i in ids] if state.prompt_hashes else None
-                staged.append((part, PartRecord.staged(part, ids, [i in errors for i in ids], [shard] * len(items),
+                staged.append((part, PartRecord.staged(part, ids, [i in errors for i in ids], [path] * len(items),
                                                        [row for row, _, _ in items], hashes,
                                                        with_samples=with_samples)))
         except BaseException:

@@ -1,15 +1,15 @@
 """`batchgen plan`: the dry run. Tokenize, plan, calibrate, estimate; write nothing.
 
-It reads the input as `batchgen run` would (same checks, same prompts), plans every shard with
+It reads the input as `batchgen run` would (same checks, same prompts), plans every window with
 batchgen.jobs.planning.planner (with --output naming a job's directory or object-store prefix, or one shard's
 of a sharded job, only the rows a resume would run: the committed ones are counted, not planned, and
-the output-length model the job saved there is used), and reports per shard the rows, prompt and predicted
+the output-length model the job saved there is used), and reports per window the rows, prompt and predicted
 output lengths, the mode with its reason, the KV memory needed and an estimated time. Memory stays
-bounded like the job's: one window of rows at a time, per-shard aggregates, and bounded samples for
+bounded like the job's: one window of rows at a time, per-window aggregates, and bounded samples for
 the job-wide quantiles.
 
 Estimated time comes from a machine profile (batchgen.jobs.planning.profile): what an engine step costs
-here, as overhead + seconds per token, applied to each shard's predicted work, plus the model's
+here, as overhead + seconds per token, applied to each window's predicted work, plus the model's
 load, timed as the plan loads it (the run loads it the same way). `calibrate=True` measures the
 profile with a short calibration run (batchgen.jobs.planning.estimate) and stores it; otherwise the
 plan reads the stored one, else scales the built-in CPU one, and generates nothing: it costs the
@@ -50,7 +50,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         check_room_for_prompts(config)  # as a run checks it: from the model's files, before any load
     inputs = open_inputs(config, need_output=False)
     if input_is_empty(config, inputs):  # a run would load no model and finish at once
-        return {"empty_input": True, "inputs": inputs.scan.to_json(), "num_rows": 0, "shards": []}
+        return {"empty_input": True, "inputs": inputs.scan.to_json(), "num_rows": 0, "windows": []}
     # the job's (or this shard's) output: a local directory or an object-store prefix, read, never written
     out = open_store(shard_output_dir(config.output, config.shard_index, config.num_shards)) if config.output else None
     # --overwrite: the run would start over, so nothing committed there is skipped or learned from
@@ -62,7 +62,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
     resume = ResumeRule(state, config.retry_errors, check_prompts) if state is not None else None
     if resume is not None and (resume.nothing_to_do(inputs) or prompts_unchanged(config, inputs, resume)):
         return {"nothing_to_do": True, "output": str(out_dir), "num_rows": 0, "num_rows_done": state.num_committed_rows,
-                "num_error_rows_done": len(state.error_ids), "shards": []}
+                "num_error_rows_done": len(state.error_ids), "windows": []}
     if Task(config.task) != Task.GENERATE:  # one forward pass per row: nothing to predict, no KV cache
         from batchgen.jobs.commands.plan_encode import plan_encode_job
 
@@ -100,14 +100,14 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
 
     rng = random.Random(0)
     prompt_tally, p50_tally, p90_tally = Tally(rng), Tally(rng), Tally(rng)
-    shards: list[dict[str, Any]] = []
+    windows: list[dict[str, Any]] = []
     work = []
     sample: list[list[int]] = []
     size = OutputSize([f.name for f in inputs.source.passthrough_fields])
     for plan in planner.plans(job.rows(on_error=lambda row, message: size.add(row.row_id, row.values))):
         if not sample:  # the calibration's prompts, and the text's bytes per token either way
             num_sample_rows = calibration_rows if calibrate and calibration_rows > 0 else 16
-            step = max(1, plan.num_rows // num_sample_rows)  # spread over the shard, not its longest rows
+            step = max(1, plan.num_rows // num_sample_rows)  # spread over the window, not its longest rows
             sample = [r.prompt_token_ids for r in plan.rows[::step][:num_sample_rows]]
         for r in plan.rows:
             # a row with n samples writes n output rows, each with its own text
@@ -118,7 +118,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         entry = plan.describe()
         entry["kv_bytes"] = kv_bytes(plan, plan.batch_size, block_size, bytes_per_token, engine.kv_window, budget,
                                      engine.kv_groups)
-        shards.append(entry)
+        windows.append(entry)
         work.append(window_work(plan, budget, lambda r: planned_copy(config, r), config.prefix_order))
 
     setup = {"model": loaded.name, "revision": loaded.revision, "device": str(loaded.device),
@@ -131,8 +131,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
     else:
         profile = load_profile(setup, device_type=loaded.device.type,
                                num_weights=sum(p.numel() for p in loaded.model.parameters()))
-    total_s = (load_s or 0.0) if profile is not None and shards else None
-    for entry, w in zip(shards, work, strict=True):
+    total_s = (load_s or 0.0) if profile is not None and windows else None
+    for entry, w in zip(windows, work, strict=True):
         if total_s is None:
             entry["estimated_seconds"] = None
             entry["estimates"] = None
@@ -149,8 +149,8 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         "max_num_batched_tokens": budget,
         "static_min_occupancy": config.static_min_occupancy,
         "num_rows": prompt_tally.count, "num_error_rows": job.num_error_rows, "num_rows_done": job.num_rows_skipped,
-        "num_shards": len(shards),
-        "num_shards_static": sum(s["mode"] == Policy.STATIC for s in shards),
+        "num_windows": len(windows),
+        "num_windows_static": sum(s["mode"] == Policy.STATIC for s in windows),
         "prompt_tokens": prompt_tally.describe(), "predicted_output_tokens": p50_tally.total,
         "output_tokens_p50": p50_tally.describe(), "output_tokens_p90": p90_tally.describe(),
         "learned_rows": job.predictor.num_learned_rows,
@@ -161,7 +161,7 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         "lora": lora,
         "kv": {"bytes_per_token": bytes_per_token, "cache_bytes": cache_bytes,
                "cache_tokens": planner.kv_capacity_tokens,
-               "needed_bytes_max": max((s["kv_bytes"]["needed"] for s in shards), default=0)},
+               "needed_bytes_max": max((s["kv_bytes"]["needed"] for s in windows), default=0)},
         "calibration": None if calibration is None else {
             "num_rows": calibration.num_rows, "num_steps": calibration.num_steps,
             "step_overhead_ms": round(1000 * calibration.step_overhead_s, 3),
@@ -173,12 +173,12 @@ def plan_job(config: JobConfig, *, loaded: LoadedModel | None = None, calibrate:
         "model_load_seconds": None if load_s is None else round(load_s, 3),
         "estimated_seconds": None if total_s is None else round(total_s, 3),  # the model's load included
         "output_size": size.describe(p50_tally.total, text_bytes_per_token(loaded.tokenizer, sample)),
-        "shards": shards,
+        "windows": windows,
     }
 
 
 def plan_lines(report: dict[str, Any]) -> list[str]:
-    """The plan for people: a header, then one line per shard."""
+    """The plan for people: a header, then one line per window."""
     if report.get("empty_input"):
         return ["nothing to plan: the input holds no rows; a run would load no model, write _SUCCESS and exit 0"]
     if report.get("nothing_to_do"):
@@ -192,14 +192,14 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     done = f"; {report['num_rows_done']} committed before, not planned" if report["num_rows_done"] else ""
     lines = [
         f"plan: {plural(report['num_rows'], 'row')} ({plural(report['num_error_rows'], 'error row')}{done}) in "
-        f"{plural(report['num_shards'], 'shard')} of at most {report['window_rows']} rows; mode {report['mode']}: "
-        f"{report['num_shards_static']} static, {report['num_shards'] - report['num_shards_static']} continuous",
+        f"{plural(report['num_windows'], 'window')} of at most {report['window_rows']} rows; mode {report['mode']}: "
+        f"{report['num_windows_static']} static, {report['num_windows'] - report['num_windows_static']} continuous",
         f"prompt tokens: mean {p['mean']}, p50 {p['p50']}, p90 {p['p90']}, max {p['max']}, total {p['total']}",
         f"predicted output tokens per row: p50 mean {o50['mean']} (p50 {o50['p50']}, p90 {o50['p90']}, max "
         f"{o50['max']}); p90 mean {o90['mean']}; total {report['predicted_output_tokens']}; learned from "
         f"{report['learned_rows']} earlier rows",
         f"KV cache: {size_text(kv['bytes_per_token'])} per token; the engine's cache holds {kv['cache_tokens']} tokens "
-        f"({size_text(kv['cache_bytes'])}); the most a shard needs at once: {size_text(kv['needed_bytes_max'])}",
+        f"({size_text(kv['cache_bytes'])}); the most a window needs at once: {size_text(kv['needed_bytes_max'])}",
     ]
     if report["shareable_prefix_tokens"] or report["rows_from_duplicates"]:
         how = ("computed once, by the first row of each group (--prefix-order)" if report["prefix_order"]
@@ -212,9 +212,9 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     lines.append(f"output size: ~{size_text(size['total_bytes'])} uncompressed: generated text ~"
                  f"{size_text(size['generated_text_bytes'])} ({size['bytes_per_token']} bytes per token), copied input "
                  f"columns ~{size_text(size['copied_columns_bytes'])} ({copied}; --keep-columns chooses them)")
-    if report["shards"]:
-        first = report["shards"][0]
-        lines.append(f"batch (first shard): {first['batch_size_reason']}")
+    if report["windows"]:
+        first = report["windows"][0]
+        lines.append(f"batch (first window): {first['batch_size_reason']}")
     cal, profile = report["calibration"], report["profile"]
     if cal is not None:
         lines.append(f"calibration: {cal['num_steps']} steps on {cal['num_rows']} rows: a step costs "
@@ -227,10 +227,10 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"estimated time {report['estimated_seconds']:.1f} s{_load_part(report)}: a step costs "
                      f"{profile['step_overhead_ms']} ms + {profile['ms_per_token']} ms per token, from "
                      f"{profile['description']}")
-    lines.append(f"{'shard':>5} {'rows':>7} {'mode':<10} {'est s':>9} {'occupancy':>9}  source (first row): reason")
-    for s in report["shards"]:
+    lines.append(f"{'window':>6} {'rows':>7} {'mode':<10} {'est s':>9} {'occupancy':>9}  source (first row): reason")
+    for s in report["windows"]:
         est = "-" if s["estimated_seconds"] is None else f"{s['estimated_seconds']:.1f}"
-        lines.append(f"{s['index']:>5} {s['num_rows']:>7} {s['mode']:<10} {est:>9} {s['static_occupancy']:>9.0%}  "
+        lines.append(f"{s['index']:>6} {s['num_rows']:>7} {s['mode']:<10} {est:>9} {s['static_occupancy']:>9.0%}  "
                      f"{Path(s['path']).name} ({s['first_row']}): {s['reason']}")
     return lines
 

@@ -116,7 +116,7 @@ def plan_encode_job(config: JobConfig, inputs: JobInputs, *, resume: ResumeRule 
         "model_load_seconds": None,  # no weights are read: the run adds their load
         "estimated_seconds": None if profile is None else work.seconds(profile.calibration),
         "output_size": encode_output_size(size, bytes_per_row),
-        "shards": [],
+        "windows": [],
     }
 
 

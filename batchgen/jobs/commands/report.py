@@ -6,7 +6,7 @@ set of shard directories is read by batchgen.jobs.sharding.sharded (monitor/ doe
 The shards ran as separate processes (often at the same time, on other machines). Their metrics
 records are put together: the throughput over time is the job's (the shards' tokens per second
 added up in each time bin), the step-time histogram and the length sample hold every shard's
-steps and rows. One job's "rows per planned shard" figure becomes rows per job shard (ok, error,
+steps and rows. One job's "rows per window" figure becomes rows per job shard (ok, error,
 remaining, from the manifests), and the error reasons are counted over every shard's committed
 parts. A shard on an object store keeps no metrics (batchgen.jobs.executors.local): its share of the time
 series is empty, and its line and the row figures still come from its manifest.

@@ -20,8 +20,8 @@ SIGTERM / SIGINT commit the finished rows and exit 143 / 130 (batchgen.jobs.dura
 One shard of a sharded job (--num-shards, batchgen.jobs.rows.split) is such a job over its share of
 the input, in OUTPUT/shard-I-of-N/.
 
-Rows reach the engine through the length planner (batchgen.jobs.planning.planner): windows of rows become
-shards with predicted output lengths, a run order and a mode each, which the job core
+Rows reach the engine through the length planner (batchgen.jobs.planning.planner): windows of rows, each
+planned with predicted output lengths, a run order and a mode, which the job core
 (batchgen.jobs.pipeline.core) runs: one engine at a time, a static rerun where a continuous engine fails.
 This module is the local executor around that core: the reader feeds it, and each finished row
 goes to the committer, the progress line and the output-length predictor, whose state is saved

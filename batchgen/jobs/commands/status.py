@@ -1,7 +1,7 @@
 """`batchgen status`: what an output directory holds, for Airflow sensors and for people.
 
 Read-only: it takes no lock and changes nothing, so it is safe to poll while a job runs. The
-counts come from the manifest (batchgen.io.manifest.manifest): committed rows per input shard, split
+counts come from the manifest (batchgen.io.manifest.manifest): committed rows per input file, split
 into ok ("done") and error rows, against the row counts the latest run recorded for its inputs.
 A sharded job's OUTPUT shows every shard and the totals (batchgen.jobs.sharding.sharded).
 
@@ -50,20 +50,20 @@ def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
     state = load_manifest(store, with_ids=False)  # counts only: O(parts) after a snapshot
     done: dict[str, list[int]] = {}
     for record in state.parts.values():
-        for path, (num_ok, num_error) in record.shard_counts.items():
+        for path, (num_ok, num_error) in record.file_counts.items():
             counts = done.setdefault(path, [0, 0])
             counts[0] += num_ok
             counts[1] += num_error
     inputs = state.inputs["inputs"] if state.inputs else []
-    shards = []
-    for shard in inputs:
-        num_ok, num_error = done.pop(shard["path"], (0, 0))
-        shards.append(_shard(shard["path"], shard["num_rows"], num_ok, num_error))
+    files = []
+    for file in inputs:
+        num_ok, num_error = done.pop(file["path"], (0, 0))
+        files.append(_file(file["path"], file["num_rows"], num_ok, num_error))
     for path, (num_ok, num_error) in sorted(done.items()):  # committed by a run with other inputs
-        shards.append(_shard(path, None, num_ok, num_error))
+        files.append(_file(path, None, num_ok, num_error))
     holder = store.holder()  # the local lock's or the object store's lease holder
     complete = store.exists(SUCCESS_FILE)
-    totals = {key: sum(s[key] or 0 for s in shards) for key in ("rows", "done", "errored", "remaining")}
+    totals = {key: sum(f[key] or 0 for f in files) for key in ("rows", "done", "errored", "remaining")}
     state_name = "running" if holder is not None else "complete" if complete else "incomplete"
     return {
         "output": str(out_dir),
@@ -74,7 +74,7 @@ def job_status(out_dir: str | Path | OutputStore) -> dict[str, Any]:
         # committed rows whose --id-column id the latest run did not find in its input: kept, not deleted
         "orphans": state.inputs.get("orphans") if state.inputs else None,
         **totals,
-        "shards": shards,
+        "files": files,  # per input file
         "fingerprint": fingerprint_summary(state.fingerprint),
         "last_commit_time": state.last_commit_time,
         "num_parts": len(state.parts),
@@ -101,11 +101,11 @@ def _not_started_status(out_dir, holder: dict[str, Any] | None) -> dict[str, Any
     an output before its first run sees "not started", not a failure."""
     return {"output": str(out_dir), "state": NOT_STARTED if holder is None else "starting", "complete": False,
             "running": holder, "max_rows": None, "orphans": None, "rows": 0, "done": 0, "errored": 0,
-            "remaining": None, "shards": [], "fingerprint": None, "last_commit_time": None, "num_parts": 0,
+            "remaining": None, "files": [], "fingerprint": None, "last_commit_time": None, "num_parts": 0,
             "partial_rows": 0, "partial_tokens": 0, "num_entries": 0, "live": None}
 
 
-def _shard(path: str, num_rows: int | None, num_ok: int, num_error: int) -> dict[str, Any]:
+def _file(path: str, num_rows: int | None, num_ok: int, num_error: int) -> dict[str, Any]:
     remaining = None if num_rows is None else max(num_rows - num_ok - num_error, 0)
     return {"path": path, "rows": num_rows, "done": num_ok, "errored": num_error, "remaining": remaining}
 
@@ -131,10 +131,10 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         f"rows{limit}: {status['rows']} in the input, {status['done']} done, {status['errored']} errored, "
         f"{status['remaining']} remaining",
     ]
-    for shard in status["shards"]:
-        rows = "?" if shard["rows"] is None else shard["rows"]
-        remaining = "?" if shard["remaining"] is None else shard["remaining"]
-        lines.append(f"  {shard['path']}: {rows} rows, {shard['done']} done, {shard['errored']} errored, "
+    for file in status["files"]:
+        rows = "?" if file["rows"] is None else file["rows"]
+        remaining = "?" if file["remaining"] is None else file["remaining"]
+        lines.append(f"  {file['path']}: {rows} rows, {file['done']} done, {file['errored']} errored, "
                      f"{remaining} remaining")
     orphans = status.get("orphans")
     if orphans and orphans["num_rows"]:
@@ -186,7 +186,7 @@ def sharded_status(output: str | Path | OutputStore) -> dict[str, Any]:
         per_shard.append({"index": index, **{key: status[key] for key in (
             "output", "state", "rows", "done", "errored", "remaining", "running", "last_commit_time", "num_parts",
             "partial_rows", "live")}, "fingerprint": (status["fingerprint"] or {}).get("digest")})
-        inputs += [{**s, "job_shard": index} for s in status["shards"]]
+        inputs += [{**f, "job_shard": index} for f in status["files"]]
         fingerprint = status["fingerprint"] or fingerprint
     complete = store.exists(SUCCESS_FILE)
     running = [s["running"] for s in per_shard if s.get("running")]
@@ -203,7 +203,7 @@ def sharded_status(output: str | Path | OutputStore) -> dict[str, Any]:
         "shards_complete": sum(s["state"] == "complete" for s in per_shard),
         "rows": sum(s["rows"] for s in per_shard) if known else None, **totals,
         "remaining": sum(s["remaining"] or 0 for s in per_shard) if known else None,
-        "shards": inputs,  # the input files (a file cut between shards: once per shard)
+        "files": inputs,  # the input files (a file cut between shards: once per shard)
         "job_shards": per_shard,
         "fingerprint": fingerprint if len(digests) == 1 else None,
         "fingerprints_differ": len(digests) > 1,

@@ -40,7 +40,7 @@ class CommitCounts:
 @dataclass(slots=True)
 class _Pending:
     outs: list[dict[str, Any]]  # the row's output rows: one, or one per sample
-    shard: str
+    path: str  # the input file the row came from
     row: int
 
     @property
@@ -65,11 +65,11 @@ class Committer:
     def __len__(self) -> int:
         return len(self.buffer)
 
-    def add(self, out: dict[str, Any] | list[dict[str, Any]], shard: str, row: int) -> None:
+    def add(self, out: dict[str, Any] | list[dict[str, Any]], path: str, row: int) -> None:
         """Buffer one input row's output: a row, or its samples' rows (committed together)."""
         outs = out if isinstance(out, list) else [out]
         assert len(outs) == 1 or self.with_samples, "several output rows for one id need the sample_index column"
-        self.buffer.append(_Pending(outs, shard, row))
+        self.buffer.append(_Pending(outs, path, row))
 
     def commit(self) -> None:
         """Stage, commit and publish the buffer (one manifest entry); a no-op when empty."""
@@ -99,7 +99,7 @@ class Committer:
                 part = self.writer.stage_part([out for p in chunk for out in p.outs], tag=seq_tag)
                 staged.append((part, PartRecord.staged(
                     part, [p.out[self.id_name] for p in chunk], [p.out["error"] is not None for p in chunk],
-                    [p.shard for p in chunk], [p.row for p in chunk],
+                    [p.path for p in chunk], [p.row for p in chunk],
                     [p.out[PROMPT_HASH] for p in chunk] if self.with_hashes else None, with_samples=self.with_samples)))
             for name, ids in superseded.items():
                 rewrite = self._rewrite_without(name, ids, seq_tag)
@@ -151,12 +151,12 @@ class Committer:
         id_type = table.schema.field(self.id_name).type
         kept = table.filter(pc.invert(pc.is_in(table.column(self.id_name), value_set=pa.array(list(ids), id_type))))
         kept_ids = list(dict.fromkeys(kept.column(self.id_name).to_pylist()))  # a row's samples: its id once
-        shards, rows, hashes = part_row_lists(self.manifest.store, record)
+        paths, rows, hashes = part_row_lists(self.manifest.store, record)
         position = {row_id: i for i, row_id in enumerate(record.ids)}
         part = self.writer.stage_part(kept, name=name, tag=seq_tag)
         errors = set(record.error_ids)
         return part, PartRecord.staged(part, kept_ids, [i in errors for i in kept_ids],
-                                       [shards[position[i]] for i in kept_ids],
+                                       [paths[position[i]] for i in kept_ids],
                                        [rows[position[i]] for i in kept_ids],
                                        None if hashes is None else [hashes[position[i]] for i in kept_ids],
                                        with_samples=SAMPLE_INDEX in table.schema.names)

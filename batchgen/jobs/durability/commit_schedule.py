@@ -42,10 +42,10 @@ class CommitSchedule:
     def __len__(self) -> int:
         return len(self.committer)
 
-    def add(self, out: dict[str, Any] | list[dict[str, Any]], shard: str, row: int) -> None:
-        """Buffer one finished input row's output (a row, or one per sample; its source shard path and
+    def add(self, out: dict[str, Any] | list[dict[str, Any]], path: str, row: int) -> None:
+        """Buffer one finished input row's output (a row, or one per sample; its input file's path and
         row index); commit when due."""
-        self.committer.add(out, shard, row)
+        self.committer.add(out, path, row)
         if self.due():
             self.commit()
 

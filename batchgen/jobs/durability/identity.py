@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchgen.errors import InputError, InputsChanged
-from batchgen.io.inputs.discovery import InputShard, filesystem
+from batchgen.io.inputs.discovery import InputFile, filesystem
 
 log = logging.getLogger("batchgen")
 
@@ -48,27 +48,27 @@ CONTENT_DIGEST_MAX_BYTES = 4 << 20
 _READ_BYTES = 1 << 20
 
 
-def file_identity(shard: InputShard, schema: pa.Schema) -> dict[str, Any]:
+def file_identity(file: InputFile, schema: pa.Schema) -> dict[str, Any]:
     """What identifies the file's content, cheaply: no row is read."""
     text = schema.remove_metadata().to_string(show_field_metadata=False)
-    identity: dict[str, Any] = {"size": shard.size, "mtime_ns": shard.mtime_ns,
+    identity: dict[str, Any] = {"size": file.size, "mtime_ns": file.mtime_ns,
                                 "schema": hashlib.sha256(text.encode()).hexdigest()[:16]}
-    if shard.num_rows is not None:
-        identity["num_rows"] = shard.num_rows  # the Parquet footer's count (JSONL: unknown unread)
-    digest = content_digest(shard)
+    if file.num_rows is not None:
+        identity["num_rows"] = file.num_rows  # the Parquet footer's count (JSONL: unknown unread)
+    digest = content_digest(file)
     if digest is not None:
         identity["digest"] = digest
-    if shard.rows is not None:
+    if file.rows is not None:
         # a sharded job's share of the file (batchgen.jobs.rows.split): another split (other files, another
         # --num-shards) moves rows between shards, which a resume of this shard must not miss
-        identity["rows"] = list(shard.rows)
+        identity["rows"] = list(file.rows)
     return identity
 
 
-def content_digest(shard: InputShard) -> str | None:
+def content_digest(file: InputFile) -> str | None:
     """"sha256:<hex16>" of the whole file (up to CONTENT_DIGEST_MAX_BYTES), "footer:<hex16>" of a
     larger Parquet file's footer, None for a larger JSON Lines file (see the module docstring)."""
-    fs, fs_path = filesystem(shard.path)
+    fs, fs_path = filesystem(file.path)
     h = hashlib.sha256()
     try:
         with fs.open_input_file(fs_path) as f:
@@ -77,7 +77,7 @@ def content_digest(shard: InputShard) -> str | None:
                 while chunk := f.read(_READ_BYTES):
                     h.update(chunk)
                 return f"sha256:{h.hexdigest()[:16]}"
-            if shard.format != "parquet":
+            if file.format != "parquet":
                 return None
             f.seek(size - 8)  # the footer's length (4 bytes, little-endian), then "PAR1"
             footer_length = int.from_bytes(f.read(4), "little")
@@ -85,7 +85,7 @@ def content_digest(shard: InputShard) -> str | None:
             h.update(f.read(footer_length))
             return f"footer:{h.hexdigest()[:16]}"
     except OSError as e:
-        raise InputError(f"cannot read the file to identify it: {e}", path=shard.path) from e
+        raise InputError(f"cannot read the file to identify it: {e}", path=file.path) from e
 
 
 def input_changes(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[str]:

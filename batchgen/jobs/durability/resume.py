@@ -109,7 +109,7 @@ class ResumeRule:
         tokenizer, so such a rerun is never "nothing to do" here."""
         if not self.state.num_committed_rows or self.num_rows_done < inputs.scan.num_rows:
             return False
-        batches = _in_groups(inputs.source.iter_id_batches(inputs.scan.shard_rows), LOOKUP_ROWS)
+        batches = _in_groups(inputs.source.iter_id_batches(inputs.scan.file_rows), LOOKUP_ROWS)
         return all(self.settle(ids)[0].all() for ids in batches)
 
 

@@ -179,7 +179,7 @@ class LocalJob:
             self.job.predictor.observe(planned.num_prompt_tokens, completion.num_generated_tokens, prediction)
             if self.monitor is not None:
                 policy = self.core.engines.policy
-                self.monitor.recorder.on_row(shard=planned.window_index, mode=None if policy is None else policy.value,
+                self.monitor.recorder.on_row(window=planned.window_index, mode=None if policy is None else policy.value,
                                              num_prompt_tokens=completion.num_prompt_tokens,
                                              num_generated_tokens=completion.num_generated_tokens,
                                              predicted_tokens=prediction.p50, error=False,
@@ -199,7 +199,7 @@ class LocalJob:
 
     def failed(self, row: InputRow, message: str) -> None:
         if self.monitor is not None:
-            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
+            self.monitor.recorder.on_row(window=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
                                          predicted_tokens=None, error=True)
         self.emit(row, self.output_row(row, error=message))
 
@@ -218,7 +218,7 @@ class LocalJob:
         is_error = self.summary.count_row(outs[0])  # rows count input rows; the prompt counts once
         self.summary.num_generated_tokens += sum(o["num_generated_tokens"] or 0 for o in outs[1:])
         self.progress.update(num_generated_tokens=sum(o["num_generated_tokens"] or 0 for o in outs), error=is_error)
-        self.commits.add(outs if len(outs) > 1 else outs[0], row.shard.path, row.row_index)
+        self.commits.add(outs if len(outs) > 1 else outs[0], row.file.path, row.row_index)
 
     def save_lengths(self) -> None:
         """Save the learned output lengths with each commit (inside its critical section)."""
@@ -254,8 +254,8 @@ class LocalJob:
         s.num_rows_skipped = job.num_rows_skipped
         s.num_rows_retried = job.num_rows_retried
         s.num_rows_changed = job.num_rows_changed
-        s.num_shards_static = core.num_windows[Policy.STATIC]
-        s.num_shards_continuous = core.num_windows[Policy.CONTINUOUS]
+        s.num_windows_static = core.num_windows[Policy.STATIC]
+        s.num_windows_continuous = core.num_windows[Policy.CONTINUOUS]
         s.num_static_fallbacks = core.num_static_fallbacks
         s.wall_seconds = wall_seconds
         s.engine = core.engines.summary()

@@ -108,7 +108,7 @@ class EncodeJob:
         truncated = planned.num_truncated_tokens > 0
         self.summary.num_rows_truncated += int(truncated)
         if self.monitor is not None:
-            self.monitor.recorder.on_row(shard=planned.window_index, mode=self.task,
+            self.monitor.recorder.on_row(window=planned.window_index, mode=self.task,
                                          num_prompt_tokens=sum(r.num_prompt_tokens for r in results),
                                          num_generated_tokens=0, predicted_tokens=None, error=False)
         outs = [encode_output_row(self.task, self.id_name, self.passthrough, self.names, planned.row, result=r,
@@ -118,7 +118,7 @@ class EncodeJob:
 
     def failed(self, row: InputRow, message: str) -> None:
         if self.monitor is not None:
-            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
+            self.monitor.recorder.on_row(window=None, mode=None, num_prompt_tokens=0, num_generated_tokens=0,
                                          predicted_tokens=None, error=True)
         self.emit(row, [encode_output_row(self.task, self.id_name, self.passthrough, self.names, row,
                                           error=message)])
@@ -127,7 +127,7 @@ class EncodeJob:
         is_error = self.summary.count_row(outs[0])  # rows count input rows
         self.summary.num_prompt_tokens += sum(o["num_prompt_tokens"] or 0 for o in outs[1:])
         self.progress.update(error=is_error)
-        self.commits.add(outs if len(outs) > 1 else outs[0], row.shard.path, row.row_index)
+        self.commits.add(outs if len(outs) > 1 else outs[0], row.file.path, row.row_index)
 
     def predicted_work(self) -> PredictedWork | None:
         """This run's prompt tokens (None before a row is planned): the rows not planned yet count as the

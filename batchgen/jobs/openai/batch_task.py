@@ -29,19 +29,19 @@ def resolve_batch_task(config: JobConfig) -> None:
     if config.input_format != OPENAI_BATCH or not config.inputs:
         return
     first: tuple[str, str, str] | None = None  # (kind, file, url) of the job's first request batchgen answers
-    for shard in resolve_inputs(list(config.inputs), config.input_format):
-        if shard.size == 0:
+    for file in resolve_inputs(list(config.inputs), config.input_format):
+        if file.size == 0:
             continue
-        request = check_first_request(*filesystem(shard.path), shard.path)
+        request = check_first_request(*filesystem(file.path), file.path)
         kind = None if request is None else request_kind(request[1])
         if kind is None:
             continue
         if first is None:
-            first = (kind, shard.path, request[1])
+            first = (kind, file.path, request[1])
         elif kind != first[0]:
             raise InputError(f"its first request is a {request[1]} request, but {first[1]} holds {first[2]} "
                              "requests: embeddings and completions cannot share a job; run each as its own job",
-                             path=shard.path, row=request[0], column="url")
+                             path=file.path, row=request[0], column="url")
     if first is None:
         return
     kind, path, url = first

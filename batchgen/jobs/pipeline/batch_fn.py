@@ -29,7 +29,7 @@ from batchgen.config.constraint import writes_json_valid
 from batchgen.config.job import JobConfig
 from batchgen.engine.model.loader import LoadedModel, load_model
 from batchgen.engine.request import Completion
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.io.store.schema import (
     ADAPTER,
     JSON_VALID,
@@ -189,12 +189,12 @@ class BatchGenerator:
         paths = column(SOURCE_PATH, [_TABLE_SOURCE] * n)
         indexes = column(SOURCE_ROW, list(range(n)))
         invalid = column(INVALID, [None] * n)
-        shards: dict[str, InputShard] = {}
+        files: dict[str, InputFile] = {}
         rows = []
         for i in range(n):
             path = paths[i] if paths[i] is not None else _TABLE_SOURCE
-            shard = shards.setdefault(path, InputShard(path, "parquet", None))
-            rows.append(InputRow(ids[i], shard, indexes[i], values[i], invalid[i]))
+            file = files.setdefault(path, InputFile(path, "parquet", None))
+            rows.append(InputRow(ids[i], file, indexes[i], values[i], invalid[i]))
         return rows
 
     def _derive_schema(self, table: pa.Table) -> pa.Schema:
@@ -220,7 +220,7 @@ def output_table(table: pa.Table, rows: list[InputRow], outputs: list[dict[str, 
     kept = [i for i, out in enumerate(outputs) if out is not None]
     result = pa.Table.from_pylist([outputs[i] for i in kept], schema=schema)
     if SOURCE_PATH in table.column_names:
-        result = result.append_column(PROVENANCE_FIELDS[0], pa.array([rows[i].shard.path for i in kept], pa.string()))
+        result = result.append_column(PROVENANCE_FIELDS[0], pa.array([rows[i].file.path for i in kept], pa.string()))
         result = result.append_column(PROVENANCE_FIELDS[1], pa.array([rows[i].row_index for i in kept], pa.int64()))
         for k, f in enumerate(REUSE_FIELDS if reuse is not None else ()):
             result = result.append_column(f, pa.array([reuse[i][k] for i in kept], f.type))

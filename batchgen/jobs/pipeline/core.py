@@ -12,13 +12,13 @@ sample_index), so the executor writes a row's samples in one commit and exactly-
 of row ids. A sample that finished before a stop is not checkpointed: its seed and index make it
 again, token for token, when the row is resumed.
 
-`generate` pulls a shard's rows only when the engine asks for them, so a window is planned with
-what the rows before it taught. Consecutive shards planned in one mode stream through one
-`engine.generate` call (a "stretch"), so no shard boundary drains the engine. The job holds one
-engine at a time (EngineSlot): a shard in the other mode drops it and builds one with the other
+`generate` pulls a window's rows only when the engine asks for them, so a window is planned with
+what the rows before it taught. Consecutive windows planned in one mode stream through one
+`engine.generate` call (a "stretch"), so no window boundary drains the engine. The job holds one
+engine at a time (EngineSlot): a window in the other mode drops it and builds one with the other
 policy over the same model. If a continuous engine fails with an engine error (not a user's error,
 and not an exception raised while pulling our own rows), the rows it had not finished and the rest
-of that shard run again in static mode, and the stretch goes on.
+of that window run again in static mode, and the stretch goes on.
 """
 
 from __future__ import annotations
@@ -79,11 +79,11 @@ def row_seed(base_seed: int, row_id: Any) -> int:
 
 
 class EngineSlot:
-    """The job's engine: one at a time, built for the mode of the shards it runs.
+    """The job's engine: one at a time, built for the mode of the windows it runs.
 
     Only one KV cache is ever allocated, sized exactly as a one-mode job's (two caches side by
     side would each get half the memory, or need a split of the budget); the price is one cache
-    allocation per mode switch, which consecutive same-mode shards never pay. Every engine after
+    allocation per mode switch, which consecutive same-mode windows never pay. Every engine after
     the first gets the first one's block count, so each prompt built for the first one fits.
     """
 
@@ -137,7 +137,7 @@ class EngineSlot:
 
 
 class JobCore:
-    """Planned shards in, (row, completion) pairs out, in finishing order; see the module docstring."""
+    """Planned windows in, (row, completion) pairs out, in finishing order; see the module docstring."""
 
     def __init__(self, config: JobConfig, loaded: LoadedModel, *,
                  continuations_for: Callable[[PlannedRow], dict[int, Continuation]] | None = None,
@@ -153,7 +153,7 @@ class JobCore:
         self.keys = itertools.count()
         self.num_windows = {Policy.STATIC: 0, Policy.CONTINUOUS: 0}
         self.num_static_fallbacks = 0
-        self.window_index: int | None = None  # the shard whose rows the engine was fed last
+        self.window_index: int | None = None  # the window whose rows the engine was fed last
         self.constraint = job_constraint(config)  # --json-schema / --regex / --choices; a row's own wins
         self.duplicates = DuplicatePrompts() if config.dedup else None  # copies of a prompt run once
         # of the rows sent to the engine: prompt tokens another row holds too, and those the cache gave
@@ -161,7 +161,7 @@ class JobCore:
         self.num_prefix_hit_prompt_tokens = 0
 
     def context(self) -> tuple[str | None, int | None]:
-        """(engine mode, newest shard fed): what a metrics record of this moment is labelled with."""
+        """(engine mode, newest window fed): what a metrics record of this moment is labelled with."""
         policy = self.engines.policy
         return (None if policy is None else policy.value), self.window_index
 
@@ -196,12 +196,12 @@ class JobCore:
                 self.pending[request.request_id].continuations[request.sample_index or 0] = c
             unfinished = [request for row in self.pending.values() for request in row.requests()]
             log.warning("the continuous engine failed (%s); running its %d unfinished rows and the rest of the "
-                        "shard in static mode", failure, len(unfinished))
+                        "window in static mode", failure, len(unfinished))
             self.num_static_fallbacks += 1
             self.engines.drop(collect=True)
             static = self.engines.get(Policy.STATIC)
             static.fit_batch_size(stretch.batch_size)
-            for completion in static.generate(itertools.chain(unfinished, stretch.shard_rest),
+            for completion in static.generate(itertools.chain(unfinished, stretch.window_rest),
                                               between_steps=self.between_steps):
                 yield from self._finished(completion)
                 yield from self._served_copies()
@@ -245,7 +245,7 @@ class JobCore:
         config = self.config
         self.num_windows[plan.mode] += 1
         self.window_index = plan.index
-        log.info("shard %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
+        log.info("window %d (%s, %d rows from row %d): %s; %s", plan.index, plan.path, plan.num_rows,
                  plan.first_row_index, plan.mode, plan.reason)
         for planned in plan.rows:
             if self.refuse_samples is not None and planned.num_samples > 1:
@@ -297,19 +297,19 @@ class _PendingRow:
 
 
 class _Stretch:
-    """The requests of consecutive shards planned in one mode: what one engine.generate call pulls.
+    """The requests of consecutive windows planned in one mode: what one engine.generate call pulls.
 
-    It ends before the first shard planned in another mode (`next_plan`, where the next stretch
-    begins). `shard_rest` is the shard in progress' requests not handed out yet, which a static
+    It ends before the first window planned in another mode (`next_plan`, where the next stretch
+    begins). `window_rest` is the window in progress' requests not handed out yet, which a static
     fallback takes over. Pulling a request may read input, plan a window and write error rows:
     an exception raised there (`failed`) is ours and never blamed on the engine.
     """
 
     def __init__(self, core: JobCore, first: WindowPlan, plans: Iterator[WindowPlan]):
         self.mode = first.mode
-        self.batch_size = first.batch_size  # the first shard's: an engine's batch is set while it is idle
+        self.batch_size = first.batch_size  # the first window's: an engine's batch is set while it is idle
         self.next_plan: WindowPlan | None = None
-        self.shard_rest: Iterator[Request] = iter(())
+        self.window_rest: Iterator[Request] = iter(())
         self.failed = False
         self.done = False  # every request of the stretch has been handed out
         self._requests = self._pull(core, first, plans)
@@ -320,8 +320,8 @@ class _Stretch:
     def _pull(self, core: JobCore, plan: WindowPlan, plans: Iterator[WindowPlan]) -> Iterator[Request]:
         try:
             while True:
-                self.shard_rest = core.window_requests(plan)
-                yield from self.shard_rest
+                self.window_rest = core.window_requests(plan)
+                yield from self.window_rest
                 plan = next(plans, None)
                 if plan is None or plan.mode != self.mode:
                     self.next_plan = plan

@@ -27,10 +27,10 @@ def input_is_empty(config: JobConfig, inputs: JobInputs) -> bool:
     if inputs.scan.num_rows:
         return False
     source = inputs.source
-    job_files = source.shards
+    job_files = source.files
     if source.job_files is not None:  # a shard of a sharded job: is the whole job's input empty?
-        job_files = [shard for shard, _ in source.job_files]
-        if not all(holds_no_rows(shard) for shard in job_files):
+        job_files = [file for file, _ in source.job_files]
+        if not all(holds_no_rows(file) for file in job_files):
             return False
     files = plural(len(job_files), "input file")
     if not config.allow_empty_input:

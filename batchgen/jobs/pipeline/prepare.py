@@ -138,7 +138,7 @@ def seq_token_needs(config: JobConfig, inputs: JobInputs, loaded: LoadedModel, r
 def prompt_side(config: JobConfig, template: Template, loaded: LoadedModel, engine: LLMEngine, *,
                 out_dir: Path | OutputStore | None) -> tuple[PromptBuilder, LengthPredictor, Planner]:
     """The prompt builder (sized for `engine`'s context), the output-length predictor (learned state
-    from `out_dir`, if any) and the planner (sized for its KV cache): what turns rows into shards.
+    from `out_dir`, if any) and the planner (sized for its KV cache): what turns rows into planned windows.
     Shared by prepare_job and the engine-side batch function (batchgen.jobs.pipeline.batch_fn)."""
     builder = PromptBuilder.for_job(config, loaded.tokenizer, template, engine.max_tokens_per_seq)
     predictor = LengthPredictor.load(out_dir, length_model_key(loaded, builder), ignore_eos=config.ignore_eos)

@@ -8,7 +8,7 @@ at the measured cost of each, so it is sane from the first engine step, prefill 
 a meter (or before a row is planned) finished rows stand in for work.
 
 Both tick on a timer from the moment the job starts, not when a row finishes: rows run longest
-predicted output first, so in a shard's first minutes few rows finish while every slot works.
+predicted output first, so in a window's first minutes few rows finish while every slot works.
 
 On a terminal, log lines are written through the bar (tqdm's logging redirect), so they never
 print into it. A terminal of width 0 (some CI consoles) gets the log lines instead of a bar.

@@ -25,9 +25,9 @@ class JobSummary:
     num_parts_written: int = 0
     wall_seconds: float = 0.0
     engine: dict = field(default_factory=dict)
-    # the length planner (batchgen.jobs.planning.planner): shards by mode, static reruns of failed continuous runs
-    num_shards_static: int = 0
-    num_shards_continuous: int = 0
+    # the length planner (batchgen.jobs.planning.planner): windows by mode, static reruns of failed continuous runs
+    num_windows_static: int = 0
+    num_windows_continuous: int = 0
     num_static_fallbacks: int = 0
     num_rows_from_duplicates: int = 0  # rows written from another row's run (--dedup: the same prompt and settings)
     # prompt tokens of the rows generated that another row holds too (jobs/planning/prefix_groups.py),
@@ -105,12 +105,12 @@ class JobSummary:
             share = self.num_prefix_hit_prompt_tokens / self.num_shareable_prefix_tokens
             out.append(f"prefix: {self.num_prefix_hit_prompt_tokens} of {self.num_shareable_prefix_tokens} shareable "
                        f"prompt tokens came from the prefix cache ({100 * share:.0f}%)")
-        if self.num_shards_static or self.num_shards_continuous:
+        if self.num_windows_static or self.num_windows_continuous:
             mae = "n/a" if self.length_mae is None else f"{self.length_mae:.1f}"
             rho = "n/a" if self.length_spearman is None else f"{self.length_spearman:.2f}"
             sources = ", ".join(f"{k} {v}" for k, v in sorted(self.length_sources.items())) or "none"
-            out.append(f"plan: {self.num_shards_static} static and {self.num_shards_continuous} continuous "
-                       f"{'shard' if self.num_shards_static + self.num_shards_continuous == 1 else 'shards'}, "
+            out.append(f"plan: {self.num_windows_static} static and {self.num_windows_continuous} continuous "
+                       f"{'window' if self.num_windows_static + self.num_windows_continuous == 1 else 'windows'}, "
                        f"{plural(self.num_static_fallbacks, 'static fallback')}; output length predicted (p50) "
                        f"vs actual: MAE {mae} tokens, Spearman {rho} over "
                        f"{plural(self.num_length_predictions, 'row')} ({sources})")

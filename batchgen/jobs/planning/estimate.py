@@ -1,12 +1,12 @@
-"""What `batchgen plan` estimates: time from a short calibration run, KV memory per shard, and
+"""What `batchgen plan` estimates: time from a short calibration run, KV memory per window, and
 job-wide length quantiles in bounded memory.
 
-Estimated time comes from a few engine steps over a sample of the first shard's prompts (a
+Estimated time comes from a few engine steps over a sample of the first window's prompts (a
 handful of generated tokens each, then one row alone), fitted as
 
     step seconds = overhead + seconds_per_token x tokens in the step
 
-and applied to each shard's predicted work: continuous runs its prompt tokens in chunks of the step
+and applied to each window's predicted work: continuous runs its prompt tokens in chunks of the step
 budget and its output tokens batch_size at a time; static runs each predicted batch until its
 longest member (p90) finishes. Rows --dedup serves from a copy run nothing, and with --prefix-order
 a row's shared prefix tokens are computed once, by its group's leader. The calibration runs the
@@ -84,7 +84,7 @@ def _fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 @dataclass(slots=True)
 class WindowWork:
-    """What a shard's time estimate needs, kept instead of its rows."""
+    """What a window's time estimate needs, kept instead of its rows."""
 
     num_rows: int
     num_sequences: int  # a row runs one per sample
@@ -119,7 +119,7 @@ class Tally:
 
 def window_work(plan: WindowPlan, budget: int, is_copy: Callable[[PlannedRow], bool] = lambda r: False,
                 prefix_order: bool = False) -> WindowWork:
-    """The shard's work. `is_copy`: rows --dedup serves without running them. With `prefix_order`, a
+    """The window's work. `is_copy`: rows --dedup serves without running them. With `prefix_order`, a
     row's shared prefix tokens are computed by its group's leader alone (planning/prefix_groups.py);
     without it the estimate computes every prompt token (what the cache gives by chance is not in it)."""
     def computed(r: PlannedRow) -> int:
@@ -139,7 +139,7 @@ def window_work(plan: WindowPlan, budget: int, is_copy: Callable[[PlannedRow], b
 def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token: int,
              kv_window: int | None = None, budget: int | None = None,
              kv_groups: KVGroups | None = None) -> dict[str, int]:
-    """KV memory the shard needs at its peak: the largest static batch's reservations (prompt + p90,
+    """KV memory the window needs at its peak: the largest static batch's reservations (prompt + p90,
     whole blocks), or for continuous the batch_size longest rows at prompt + p50. With `kv_window`
     (every layer's sliding window, whose out-of-window blocks the engine returns) a continuous row
     holds at most its window plus one step's chunk of `budget` tokens; static reservations are
@@ -174,7 +174,7 @@ def kv_bytes(plan: WindowPlan, batch_size: int, block_size: int, bytes_per_token
 
 
 def window_seconds(calibration: Calibration, work: WindowWork, batch_size: int, budget: int) -> dict[str, float]:
-    """The shard's estimated seconds in each mode."""
+    """The window's estimated seconds in each mode."""
     continuous_steps = ceil_div(work.prompt_tokens, budget) + ceil_div(work.output_tokens,
                                                                        min(batch_size, work.num_sequences))
     tokens = work.prompt_tokens + work.output_tokens

@@ -1,10 +1,9 @@
 """Length-aware planning: input rows -> windows, each with predicted lengths, a run order and a mode.
 
-Windows. A window is at most `window_rows` consecutive rows of one input file (docs/architecture.md:
-a shard is an input file, a partition a sharded job's share; the plan's JSON and the metrics call
-a window's index "shard", for compatibility). Only one window is held at a time (its rows' columns
-and prompt token ids) and no sort reaches past it, so a file of any size is planned in bounded
-memory. A window is planned when the engine asks for its first row, so it is predicted with what
+Windows. A window is at most `window_rows` consecutive rows of one input file (never called a shard:
+that is the --num-shards partition, docs/architecture.md). Only one window is held at a time (its
+rows' columns and prompt token ids) and no sort reaches past it, so a file of any size is planned in
+bounded memory. A window is planned when the engine asks for its first row, so it is predicted with what
 the rows before it taught.
 
 Order. Rows run by predicted output length, longest first (`sort_by_length`), in either mode.
@@ -112,7 +111,7 @@ class WindowPlan:
         return len(self.rows)
 
     def describe(self) -> dict[str, Any]:
-        """The shard as `batchgen plan --json` shows it (without per-row data)."""
+        """The window as `batchgen plan --json` shows it (without per-row data)."""
         p50 = [r.prediction.p50 for r in self.rows]  # of each sample: a row's samples are drawn alike
         sources: dict[str, int] = {}
         for r in self.rows:
@@ -176,7 +175,7 @@ class Planner:
         cv = coefficient_of_variation([r.num_prompt_tokens + r.prediction.p50 for r in window])
         prefill_steps = max_prefill_steps(ordered, batches, limits.max_num_batched_tokens)
         mode, reason = choose_mode(config.mode, occupancy, config.static_min_occupancy, window, prefill_steps)
-        plan = WindowPlan(self.num_windows, window[0].row.shard.path, window[0].row.row_index, ordered, mode, reason,
+        plan = WindowPlan(self.num_windows, window[0].row.file.path, window[0].row.row_index, ordered, mode, reason,
                          occupancy, cv, batches, limits.max_num_seqs, limits.reason)
         self.num_windows += 1
         return plan
@@ -196,7 +195,7 @@ def windows(rows: Iterable[PlannedRow], window_rows: int) -> Iterator[list[Plann
     """Consecutive rows of one file, at most window_rows of them; a new file starts a new window."""
     window: list[PlannedRow] = []
     for r in rows:
-        if window and (len(window) >= window_rows or r.row.shard.path != window[0].row.shard.path):
+        if window and (len(window) >= window_rows or r.row.file.path != window[0].row.file.path):
             yield window
             window = []
         window.append(r)

@@ -54,7 +54,7 @@ def lookaheads(rows: Iterable[PlannedRow], max_rows: int, max_tokens: int = MAX_
     num_tokens = 0
     for r in rows:
         if buffer and (len(buffer) >= max_rows or num_tokens + r.num_prompt_tokens > max_tokens
-                       or r.row.shard.path != buffer[0].row.shard.path):
+                       or r.row.file.path != buffer[0].row.file.path):
             yield buffer
             buffer, num_tokens = [], 0
         buffer.append(r)

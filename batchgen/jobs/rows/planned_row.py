@@ -36,7 +36,7 @@ class PlannedRow:
     num_truncated_tokens: int = 0
     known_output_tokens: int | None = None  # from --length-column
     prediction: LengthPrediction | None = None
-    window_index: int | None = None  # the WindowPlan it was planned in (the metrics' "shard" column)
+    window_index: int | None = None  # the WindowPlan it was planned in (the metrics' "window" column)
     sampling: dict[str, Any] | None = None  # the row's own sampling settings (--sampling-column)
     seed: int | None = None  # the row's own seed (a Batch API request's); None = derived from the job's
     stop: tuple[str, ...] | None = None  # the row's own stop strings (a Batch API request's); None = the job's

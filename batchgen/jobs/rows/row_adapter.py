@@ -25,7 +25,7 @@ def row_adapter(row: InputRow, config: JobConfig) -> str | None:
     cell = row.values.get(column)
     if cell is None or cell == "":
         return None
-    where = f"{row.shard.path}, row {row.row_index}, column {column!r}"
+    where = f"{row.file.path}, row {row.row_index}, column {column!r}"
     if not isinstance(cell, str):
         raise RowError(f"{where}: a LoRA adapter's name must be text, got {type(cell).__name__}", column=column)
     if cell not in config.lora:

@@ -69,7 +69,7 @@ def check_compiles(planned: PlannedRow, config: JobConfig, compile_constraint: C
 
 def where(row: InputRow, column: str) -> str:
     """The file, row and column of a cell, as its error row names them."""
-    return f"{row.shard.path} row {row.row_index}: column {column!r}"
+    return f"{row.file.path} row {row.row_index}: column {column!r}"
 
 
 def _object(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Input rows of a job: checked up front, then streamed shard by shard with stable ids.
+"""Input rows of a job: checked up front, then streamed file by file with stable ids.
 
 Everything a user can get wrong about the input (missing file, missing column, corrupt footer,
 empty file, a template naming a column that does not exist, two files whose columns have types
@@ -27,7 +27,7 @@ from batchgen.config.job import OPENAI_BATCH, JobConfig
 from batchgen.config.suggest import closest
 from batchgen.errors import ConfigError, InputError
 from batchgen.io.inputs.cells import invalid_cells, json_cells
-from batchgen.io.inputs.discovery import InputShard, resolve_inputs
+from batchgen.io.inputs.discovery import InputFile, resolve_inputs
 from batchgen.io.inputs.readers import holds_no_rows, iter_batches, read_schema
 from batchgen.io.store.schema import ADAPTER, JSON_VALID, LOGPROBS, OUTPUT_FIXED_FIELDS
 from batchgen.jobs.prompting.chat_rows import is_conversation
@@ -42,7 +42,7 @@ DERIVED_ID_COLUMN = "row_id"  # output id column when ids are derived from file 
 @dataclass(slots=True)
 class InputRow:
     row_id: Any  # the id column's value, or "<file>:<row index>"
-    shard: InputShard
+    file: InputFile
     row_index: int  # 0-based within the file (also in a sharded job's share of it)
     values: dict[str, Any]  # the columns read (template, max-tokens and passthrough columns)
     error: str | None = None  # a cell did not hold valid text (read with U+FFFD): an error row
@@ -52,13 +52,13 @@ class InputRow:
 
 
 class RowSource:
-    def __init__(self, config: JobConfig, shards: list[InputShard], schema: pa.Schema,
-                 template: Template, shard_schemas: list[pa.Schema] | None = None):
+    def __init__(self, config: JobConfig, files: list[InputFile], schema: pa.Schema,
+                 template: Template, file_schemas: list[pa.Schema] | None = None):
         self.config = config
-        self.shards = shards
-        self.shard_schemas = shard_schemas if shard_schemas is not None else [schema] * len(shards)
-        self.max_rows = config.max_rows  # rows read at most, over all shards in order; None = all
-        self.job_files: list[tuple[InputShard, pa.Schema]] | None = None  # a sharded job's files, all of them
+        self.files = files
+        self.file_schemas = file_schemas if file_schemas is not None else [schema] * len(files)
+        self.max_rows = config.max_rows  # rows read at most, over all files in order; None = all
+        self.job_files: list[tuple[InputFile, pa.Schema]] | None = None  # a sharded job's files, all of them
         self.template = template
         # an input of empty JSON Lines files alone has no columns: its (absent) ids are strings
         self.id_field = (schema.field(config.id_column) if config.id_column in schema.names
@@ -66,7 +66,7 @@ class RowSource:
         self.passthrough_fields = _passthrough(config, schema, self.id_field.name)
         needed = [*template.columns, *_optional_columns(config), *[f.name for f in self.passthrough_fields]]
         self.read_columns = list(dict.fromkeys(needed))
-        self._shard_labels = _shard_labels(shards)
+        self._file_labels = _file_labels(files)
 
     @classmethod
     def open(cls, config: JobConfig) -> RowSource:
@@ -75,61 +75,61 @@ class RowSource:
         columns) and on the labels of derived ids, and fail alike on a bad file."""
         source = cls._open_all(config)
         if config.num_shards is not None:
-            source._restrict(split_inputs(source.shards, config.num_shards, config.shard_index, config.max_rows))
+            source._restrict(split_inputs(source.files, config.num_shards, config.shard_index, config.max_rows))
         return source
 
-    def _restrict(self, share: list[InputShard]) -> None:
+    def _restrict(self, share: list[InputFile]) -> None:
         """Read only a sharded job's share (batchgen.jobs.rows.split): some files, some cut to a row
         range. Labels stay those of all files; --max-rows was applied before the split."""
-        self.job_files = list(zip(self.shards, self.shard_schemas, strict=True))  # every file of the job
-        position = {s.path: i for i, s in enumerate(self.shards)}
+        self.job_files = list(zip(self.files, self.file_schemas, strict=True))  # every file of the job
+        position = {s.path: i for i, s in enumerate(self.files)}
         keep = [position[s.path] for s in share]
-        self.shards = share
-        self.shard_schemas = [self.shard_schemas[i] for i in keep]
-        self._shard_labels = [self._shard_labels[i] for i in keep]
+        self.files = share
+        self.file_schemas = [self.file_schemas[i] for i in keep]
+        self._file_labels = [self._file_labels[i] for i in keep]
         self.max_rows = None
 
     @classmethod
     def _open_all(cls, config: JobConfig) -> RowSource:
-        shards = resolve_inputs(config.inputs, config.input_format)
+        files = resolve_inputs(config.inputs, config.input_format)
         template = Template(config.template, config.prompt_column)
         schemas = []
-        for shard in shards:
-            schema = read_schema(shard)  # corrupt files fail here, naming the file
-            if schema.names or not holds_no_rows(shard):  # an empty JSON Lines file has no columns to check
-                _check_columns(config, template, schema, shard.path)
+        for file in files:
+            schema = read_schema(file)  # corrupt files fail here, naming the file
+            if schema.names or not holds_no_rows(file):  # an empty JSON Lines file has no columns to check
+                _check_columns(config, template, schema, file.path)
             schemas.append(schema)
         used = schemas
         if config.keep_columns is not None:  # only the columns the job reads need to agree
             names = {*template.columns, *_optional_columns(config), *config.keep_columns}
             used = [pa.schema([f for f in schema if f.name in names]) for schema in schemas]
-        return cls(config, shards, unify_schemas(shards, used), template, schemas)
+        return cls(config, files, unify_schemas(files, used), template, schemas)
 
     @property
     def num_rows(self) -> int | None:
-        """Total rows if every shard knows its count (Parquet), capped by --max-rows."""
-        counts = [s.num_rows_read for s in self.shards]
+        """Total rows if every file knows its count (Parquet), capped by --max-rows."""
+        counts = [s.num_rows_read for s in self.files]
         total = None if any(c is None for c in counts) else sum(counts)
         if self.max_rows is not None:
             return self.max_rows if total is None else min(total, self.max_rows)
         return total
 
-    def iter_ids(self, shard_rows: list[tuple[str, int]]) -> Iterator[Any]:
+    def iter_ids(self, file_rows: list[tuple[str, int]]) -> Iterator[Any]:
         """The ids of the rows `__iter__` yields, reading the id column alone (derived ids: nothing).
-        `shard_rows`: (path, rows read) per shard, from the input scan (which applied --max-rows)."""
-        for ids in self.iter_id_batches(shard_rows):
+        `file_rows`: (path, rows read) per file, from the input scan (which applied --max-rows)."""
+        for ids in self.iter_id_batches(file_rows):
             yield from ids
 
-    def iter_id_batches(self, shard_rows: list[tuple[str, int]]) -> Iterator[list[Any]]:
+    def iter_id_batches(self, file_rows: list[tuple[str, int]]) -> Iterator[list[Any]]:
         """The same ids, a list per input batch (a batch id lookup takes them so)."""
         batch_size = self.config.read_batch_size
-        for shard, label, (_, num_rows) in zip(self.shards, self._shard_labels, shard_rows, strict=True):
+        for file, label, (_, num_rows) in zip(self.files, self._file_labels, file_rows, strict=True):
             if not self.config.id_column:
-                for start in range(shard.first_row, shard.first_row + num_rows, batch_size):
-                    yield [f"{label}:{i}" for i in range(start, min(start + batch_size, shard.first_row + num_rows))]
+                for start in range(file.first_row, file.first_row + num_rows, batch_size):
+                    yield [f"{label}:{i}" for i in range(start, min(start + batch_size, file.first_row + num_rows))]
                 continue
             n = 0
-            for batch in iter_batches(shard, [self.config.id_column], batch_size):
+            for batch in iter_batches(file, [self.config.id_column], batch_size):
                 yield batch.column(0).to_pylist()[: num_rows - n]
                 n += batch.num_rows
                 if n >= num_rows:
@@ -143,11 +143,11 @@ class RowSource:
         """The rows in input batches, each batch's ids known before any row of it is built: a
         resume skips committed rows a batch at a time (batchgen.jobs.durability.resume) and never builds them."""
         remaining = self.max_rows
-        for shard, label, schema in zip(self.shards, self._shard_labels, self.shard_schemas, strict=True):
-            row_index = shard.first_row  # ids and the manifest count rows from the file's start
+        for file, label, schema in zip(self.files, self._file_labels, self.file_schemas, strict=True):
+            row_index = file.first_row  # ids and the manifest count rows from the file's start
             # a passthrough column this file lacks is null in its rows (values.get gives None)
             columns = [c for c in self.read_columns if c in schema.names]
-            for batch in iter_batches(shard, columns, self.config.read_batch_size):
+            for batch in iter_batches(file, columns, self.config.read_batch_size):
                 if remaining is not None:
                     if remaining <= 0:
                         return
@@ -156,11 +156,11 @@ class RowSource:
                 if self.config.id_column:
                     ids = batch.column(self.config.id_column).to_pylist()
                     if batch.column(self.config.id_column).null_count:
-                        raise InputError("id is null; every row needs an id", path=shard.path,
+                        raise InputError("id is null; every row needs an id", path=file.path,
                                          row=row_index + ids.index(None), column=self.config.id_column)
                 else:
                     ids = [f"{label}:{i}" for i in range(row_index, row_index + batch.num_rows)]
-                yield RowChunk(shard, row_index, ids, batch, self.template)
+                yield RowChunk(file, row_index, ids, batch, self.template)
                 row_index += batch.num_rows
 
 
@@ -168,7 +168,7 @@ class RowSource:
 class RowChunk:
     """One input batch: its rows' ids, and the rows themselves built only when asked for."""
 
-    shard: InputShard
+    file: InputFile
     first_row: int  # the row index (within its file) of the batch's first row
     ids: list[Any]
     batch: pa.RecordBatch
@@ -183,7 +183,7 @@ class RowChunk:
         typed = [c for c in columns if not _text_like(batch.schema.field(c).type)]
         where = range(len(self.ids)) if positions is None else positions
         for k, values in zip(where, batch.to_pylist(), strict=True):
-            row = InputRow(self.ids[k], self.shard, self.first_row + k, values, invalid.get(k))
+            row = InputRow(self.ids[k], self.file, self.first_row + k, values, invalid.get(k))
             if row.error is None and (typed or k in nested):
                 row.error, row.messages = self._non_text(values, typed, nested.get(k, ()), row.row_index)
             yield row
@@ -209,7 +209,7 @@ class RowChunk:
                 messages = value
                 continue
             label = f"prompt column {name!r}" if name == template.prompt_column else f"column {name!r}"
-            message = f"{label} holds a {type(value).__name__}, not text ({self.shard.path}, row {row})"
+            message = f"{label} holds a {type(value).__name__}, not text ({self.file.path}, row {row})"
             if is_conversation(value):
                 message += ("; chat messages are a conversation only as the prompt column with no --template "
                             "(or as OpenAI Batch requests: --input-format openai-batch)")
@@ -225,13 +225,13 @@ def _text_like(arrow_type: pa.DataType) -> bool:
             or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
 
 
-def unify_schemas(shards: list[InputShard], schemas: list[pa.Schema]) -> pa.Schema:
+def unify_schemas(files: list[InputFile], schemas: list[pa.Schema]) -> pa.Schema:
     """One schema over every file (pyarrow's permissive unification); a conflict names both files."""
     first: dict[str, tuple[pa.DataType, str]] = {}  # column -> (type, path) where first seen
-    for shard, schema in zip(shards, schemas, strict=True):
+    for file, schema in zip(files, schemas, strict=True):
         for f in schema:
             if f.name not in first:
-                first[f.name] = (f.type, shard.path)
+                first[f.name] = (f.type, file.path)
                 continue
             seen_type, seen_path = first[f.name]
             try:
@@ -240,7 +240,7 @@ def unify_schemas(shards: list[InputShard], schemas: list[pa.Schema]) -> pa.Sche
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 raise InputError(f"holds {f.type}, but {seen_path} holds {seen_type} in this column; input "
                                  "files must agree on column types (drop the column with --keep-columns, or "
-                                 "convert one file)", path=shard.path, column=f.name) from None
+                                 "convert one file)", path=file.path, column=f.name) from None
     try:
         return pa.unify_schemas(schemas, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a conflict between promoted types
@@ -329,8 +329,8 @@ def _passthrough(config: JobConfig, schema: pa.Schema, id_name: str) -> list[pa.
     return fields
 
 
-def _shard_labels(shards: list[InputShard]) -> list[str]:
-    """A short stable label per shard for derived ids: the file name, or the path if names repeat."""
-    names = [os.path.basename(s.path.rstrip("/")) for s in shards]
+def _file_labels(files: list[InputFile]) -> list[str]:
+    """A short stable label per file for derived ids: the file name, or the path if names repeat."""
+    names = [os.path.basename(s.path.rstrip("/")) for s in files]
     repeated = {n for n, c in Counter(names).items() if c > 1}
-    return [s.path if n in repeated else n for s, n in zip(shards, names, strict=True)]
+    return [s.path if n in repeated else n for s, n in zip(files, names, strict=True)]

@@ -28,11 +28,11 @@ from __future__ import annotations
 import dataclasses
 
 from batchgen.errors import ConfigError
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 
 
-def split_inputs(files: list[InputShard], num_shards: int, shard_index: int,
-                 max_rows: int | None = None) -> list[InputShard]:
+def split_inputs(files: list[InputFile], num_shards: int, shard_index: int,
+                 max_rows: int | None = None) -> list[InputFile]:
     """Shard `shard_index`'s share of `files` (all the job's files, in input order): the files it
     reads, each with the row range it reads where the file is cut (a Parquet file's `rows`)."""
     assert 0 <= shard_index < num_shards, (shard_index, num_shards)
@@ -71,7 +71,7 @@ def _owner(point: int, total: int, num_shards: int) -> int:
     return 0 if total == 0 else min(point * num_shards // total, num_shards - 1)
 
 
-def _weight(f: InputShard, by_rows: bool) -> int:
+def _weight(f: InputFile, by_rows: bool) -> int:
     if by_rows:
         return f.num_rows
     return max(f.size or 0, 1)  # bytes; a size the filesystem does not give still takes a place

@@ -24,9 +24,9 @@ def small_cap(monkeypatch):
 
 def listed(path, fmt="auto", batch_size=2) -> dict[int, str]:
     """{file row: message} over every batch of the file."""
-    (shard,) = resolve_inputs([str(path)], fmt)
+    (file,) = resolve_inputs([str(path)], fmt)
     out, first = {}, 0
-    for batch in iter_batches(shard, None, batch_size):
+    for batch in iter_batches(file, None, batch_size):
         out.update({first + row: message for row, message in invalid_cells(batch).items()})
         first += batch.num_rows
     return out

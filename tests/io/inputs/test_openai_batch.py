@@ -44,9 +44,9 @@ def write_requests(path, lines) -> None:
 
 
 def read_rows(path) -> list[dict]:
-    [shard] = resolve_inputs([str(path)], "openai-batch")
-    assert shard.format == "openai-batch"
-    return [row for batch in iter_batches(shard, None, 2) for row in batch.to_pylist()]
+    [file] = resolve_inputs([str(path)], "openai-batch")
+    assert file.format == "openai-batch"
+    return [row for batch in iter_batches(file, None, 2) for row in batch.to_pylist()]
 
 
 def test_requests_built_with_openai_types_are_read(tmp_path):
@@ -56,8 +56,8 @@ def test_requests_built_with_openai_types_are_read(tmp_path):
         text_request("b", "Once upon a time", max_tokens=4),
         chat_request("c", "more"),
     ])
-    [shard] = resolve_inputs([str(path)], "openai-batch")
-    assert read_schema(shard) == OPENAI_BATCH_SCHEMA
+    [file] = resolve_inputs([str(path)], "openai-batch")
+    assert read_schema(file) == OPENAI_BATCH_SCHEMA
     rows = read_rows(path)
     assert [r["custom_id"] for r in rows] == ["a", "b", "c"]
     assert [r["url"] for r in rows] == ["/v1/chat/completions", "/v1/completions", "/v1/chat/completions"]
@@ -71,8 +71,8 @@ def test_requests_built_with_openai_types_are_read(tmp_path):
 def test_gzip_and_only_the_columns_asked_for(tmp_path):
     path = tmp_path / "requests.jsonl.gz"
     write_requests(path, [text_request(f"r{i}", "x") for i in range(5)])
-    [shard] = resolve_inputs([str(path)], "openai-batch")
-    batches = list(iter_batches(shard, ["custom_id"], 2))
+    [file] = resolve_inputs([str(path)], "openai-batch")
+    batches = list(iter_batches(file, ["custom_id"], 2))
     assert [b.num_rows for b in batches] == [2, 2, 1]
     assert batches[0].schema.names == ["custom_id"]
 
@@ -106,8 +106,8 @@ def test_request_level_problems_are_rows_not_failures(tmp_path):
         {"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": "not an object"},
         {"custom_id": "c", "method": "GET", "url": "/v1/completions"},
     ])
-    [shard] = resolve_inputs([str(path)], "openai-batch")
-    [batch] = list(iter_batches(shard, None, 10))
+    [file] = resolve_inputs([str(path)], "openai-batch")
+    [batch] = list(iter_batches(file, None, 10))
     cells = invalid_cells(batch)
     assert list(cells) == [0]
     assert split_api_error(cells[0]) == ("invalid_request", "priority", cells[0].split(": ", 1)[1])
@@ -139,8 +139,8 @@ def test_forced_format_reads_any_suffix(tmp_path):
     path.write_text('{"text": "hello"}\n', encoding="utf-8")
     with pytest.raises(InputError, match="unsupported file type"):
         resolve_inputs([str(path)])
-    [shard] = resolve_inputs([str(path)], "jsonl")
-    assert shard.format == "jsonl" and read_schema(shard).names == ["text"]
+    [file] = resolve_inputs([str(path)], "jsonl")
+    assert file.format == "jsonl" and read_schema(file).names == ["text"]
 
 
 def test_api_error_round_trip():

@@ -32,23 +32,23 @@ def write_jsonl(path, records, *, tail=b""):
     return path
 
 
-def read_all(shard, columns=None, batch_size=4):
-    return pa.Table.from_batches(list(iter_batches(shard, columns, batch_size))).to_pylist()
+def read_all(file, columns=None, batch_size=4):
+    return pa.Table.from_batches(list(iter_batches(file, columns, batch_size))).to_pylist()
 
 
-def only_shard(path):
-    (shard,) = resolve_inputs([str(path)])
-    return shard
+def only_file(path):
+    (file,) = resolve_inputs([str(path)])
+    return file
 
 
 # ---------------------------------------------------------------- resolving
 
 
 def test_parquet_file_reads_footer(tmp_path):
-    shard = only_shard(write_parquet(tmp_path / "a.parquet", num_rows=7))
-    assert (shard.format, shard.num_rows) == ("parquet", 7)
-    assert shard.path == str(tmp_path / "a.parquet")
-    assert read_columns(shard) == ["id", "text", "score"]
+    file = only_file(write_parquet(tmp_path / "a.parquet", num_rows=7))
+    assert (file.format, file.num_rows) == ("parquet", 7)
+    assert file.path == str(tmp_path / "a.parquet")
+    assert read_columns(file) == ["id", "text", "score"]
 
 
 def test_directory_is_recursive_sorted_and_skips_bookkeeping(tmp_path):
@@ -61,10 +61,10 @@ def test_directory_is_recursive_sorted_and_skips_bookkeeping(tmp_path):
     (tmp_path / ".e.parquet").write_bytes(b"partial")
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / "meta.json").write_text("{}")  # .json only when named: directories hold configs
-    shards = resolve_inputs([str(tmp_path)])
-    assert [s.path for s in shards] == [str(tmp_path / n) for n in ("a.jsonl", "b.parquet", "sub/c.jsonl.gz")]
-    assert [s.format for s in shards] == ["jsonl", "parquet", "jsonl"]
-    assert shards[0].num_rows is None
+    files = resolve_inputs([str(tmp_path)])
+    assert [s.path for s in files] == [str(tmp_path / n) for n in ("a.jsonl", "b.parquet", "sub/c.jsonl.gz")]
+    assert [s.format for s in files] == ["jsonl", "parquet", "jsonl"]
+    assert files[0].num_rows is None
 
 
 def test_glob_order_relative_paths_and_dedup(tmp_path, monkeypatch):
@@ -72,9 +72,9 @@ def test_glob_order_relative_paths_and_dedup(tmp_path, monkeypatch):
         write_parquet(tmp_path / "d" / name)
     (tmp_path / "d" / "b9.txt").write_text("")
     monkeypatch.chdir(tmp_path)
-    shards = resolve_inputs(["d/b*", "d/*.parquet", "./d/a.parquet"])
+    files = resolve_inputs(["d/b*", "d/*.parquet", "./d/a.parquet"])
     expected = [str(tmp_path / "d" / n) for n in ("b0.parquet", "b1.parquet", "a.parquet")]
-    assert [s.path for s in shards] == expected
+    assert [s.path for s in files] == expected
 
 
 def test_double_star_glob_and_glob_matching_directories(tmp_path):
@@ -91,10 +91,10 @@ def test_double_star_glob_and_glob_matching_directories(tmp_path):
 def test_file_uri_goes_through_pyarrow_filesystem(tmp_path):
     write_parquet(tmp_path / "a.parquet", num_rows=3)
     write_jsonl(tmp_path / "b.jsonl", [{"x": 1}])
-    shards = resolve_inputs([f"file://{tmp_path}/*"])
-    assert [s.path for s in shards] == [f"file://{tmp_path}/a.parquet", f"file://{tmp_path}/b.jsonl"]
-    assert read_all(shards[0], ["id"]) == [{"id": 0}, {"id": 1}, {"id": 2}]
-    assert read_all(shards[1]) == [{"x": 1}]
+    files = resolve_inputs([f"file://{tmp_path}/*"])
+    assert [s.path for s in files] == [f"file://{tmp_path}/a.parquet", f"file://{tmp_path}/b.jsonl"]
+    assert read_all(files[0], ["id"]) == [{"id": 0}, {"id": 1}, {"id": 2}]
+    assert read_all(files[1]) == [{"x": 1}]
 
 
 @pytest.mark.parametrize(
@@ -132,25 +132,25 @@ def test_corrupt_parquet_fails_at_resolve(tmp_path, damage):
 def test_zero_byte_file_holds_no_rows(tmp_path, name):
     """An empty partition of a scheduled job: no rows and no columns, whatever the format."""
     (tmp_path / name).write_bytes(b"")
-    shard = only_shard(tmp_path / name)
-    assert holds_no_rows(shard) and read_columns(shard) == []
-    assert list(iter_batches(shard, ["text"], 8)) == []
+    file = only_file(tmp_path / name)
+    assert holds_no_rows(file) and read_columns(file) == []
+    assert list(iter_batches(file, ["text"], 8)) == []
 
 
 def test_zero_row_parquet_yields_nothing(tmp_path):
     path = tmp_path / "zero.parquet"
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
-    shard = only_shard(path)
-    assert shard.num_rows == 0 and list(iter_batches(shard, ["text"], 8)) == []
+    file = only_file(path)
+    assert file.num_rows == 0 and list(iter_batches(file, ["text"], 8)) == []
 
 
 def test_blank_only_jsonl_holds_no_rows(tmp_path):
     path = tmp_path / "blank.jsonl"
     path.write_bytes(b"\n  \n\n")
-    shard = only_shard(path)
-    assert holds_no_rows(shard) and read_columns(shard) == [] and list(iter_batches(shard, ["text"], 8)) == []
+    file = only_file(path)
+    assert holds_no_rows(file) and read_columns(file) == [] and list(iter_batches(file, ["text"], 8)) == []
     (tmp_path / "one.jsonl").write_text('\n{"text": "a"}\n')
-    assert not holds_no_rows(only_shard(tmp_path / "one.jsonl"))
+    assert not holds_no_rows(only_file(tmp_path / "one.jsonl"))
 
 
 # ---------------------------------------------------------------- streaming
@@ -163,8 +163,8 @@ def test_batches_are_bounded_and_keep_file_order(tmp_path, fmt):
         write_parquet(path, num_rows=23, row_group_size=7)  # row groups cut across batches
     else:
         write_jsonl(path, [{"id": i, "text": f"t{i}", "score": i / 2} for i in range(23)])
-    shard = only_shard(path)
-    batches = list(iter_batches(shard, None, batch_size=5))
+    file = only_file(path)
+    batches = list(iter_batches(file, None, batch_size=5))
     assert all(0 < b.num_rows <= 5 for b in batches)
     rows = pa.Table.from_batches(batches).to_pylist()
     assert [r["id"] for r in rows] == list(range(23)) and rows[3] == {"id": 3, "text": "t3", "score": 1.5}
@@ -177,7 +177,7 @@ def test_column_projection_in_requested_order(tmp_path, fmt):
         write_parquet(path, num_rows=3)
     else:
         write_jsonl(path, [{"id": i, "text": f"t{i}", "score": i / 2} for i in range(3)])
-    batches = list(iter_batches(only_shard(path), ["text", "id"], 2))
+    batches = list(iter_batches(only_file(path), ["text", "id"], 2))
     assert all(b.schema.names == ["text", "id"] for b in batches)
     assert pa.Table.from_batches(batches).to_pylist()[2] == {"text": "t2", "id": 2}
 
@@ -190,7 +190,7 @@ def test_missing_column_lists_existing_ones(tmp_path, fmt):
     else:
         write_jsonl(path, [{"id": 1, "text": "a", "score": 0.5}])
     with pytest.raises(InputError) as info:
-        iter_batches(only_shard(path), ["text", "prompt"], 4)  # raises before iteration
+        iter_batches(only_file(path), ["text", "prompt"], 4)  # raises before iteration
     message = str(info.value)
     assert str(path) in message and "column 'prompt'" in message
     assert "'id', 'text', 'score'" in message and info.value.column == "prompt"
@@ -199,10 +199,10 @@ def test_missing_column_lists_existing_ones(tmp_path, fmt):
 def test_jsonl_blank_lines_missing_keys_and_key_union(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_bytes(b'{"a": 1}\n\n   \n{"b": "x"}\r\n{"a": 3, "b": "z"}\n')
-    shard = only_shard(path)
-    assert read_columns(shard) == ["a", "b"]
-    assert read_all(shard) == [{"a": 1, "b": None}, {"a": None, "b": "x"}, {"a": 3, "b": "z"}]
-    assert read_schema(shard) == pa.schema([("a", pa.int64()), ("b", pa.string())])
+    file = only_file(path)
+    assert read_columns(file) == ["a", "b"]
+    assert read_all(file) == [{"a": 1, "b": None}, {"a": None, "b": "x"}, {"a": 3, "b": "z"}]
+    assert read_schema(file) == pa.schema([("a", pa.int64()), ("b", pa.string())])
 
 
 def test_jsonl_mixed_types_become_json_text(tmp_path):
@@ -212,11 +212,11 @@ def test_jsonl_mixed_types_become_json_text(tmp_path):
         {"mixed": {"three": 3}, "num": None, "flag": None, "nested": None, "big": None},
         {"mixed": True, "num": -4, "flag": True, "nested": "plain", "big": 1},
     ]
-    shard = only_shard(write_jsonl(tmp_path / "mixed.jsonl", records))
-    assert read_schema(shard) == pa.schema([("mixed", pa.string()), ("num", pa.float64()),
+    file = only_file(write_jsonl(tmp_path / "mixed.jsonl", records))
+    assert read_schema(file) == pa.schema([("mixed", pa.string()), ("num", pa.float64()),
                                             ("flag", pa.bool_()), ("nested", pa.string()),
                                             ("big", pa.int64())])
-    rows = read_all(shard, batch_size=2)
+    rows = read_all(file, batch_size=2)
     assert [r["mixed"] for r in rows] == ["1", "two", '{"three": 3}', "true"]
     assert [r["num"] for r in rows] == [1.0, 2.5, None, -4.0]
     assert [r["nested"] for r in rows] == ['{"k": [1, 2]}', '[1, "a"]', None, "plain"]
@@ -227,14 +227,14 @@ def test_jsonl_late_value_that_does_not_fit_names_row_and_column(tmp_path, monke
     monkeypatch.setattr("batchgen.io.inputs.jsonl.JSONL_SCHEMA_SAMPLE_RECORDS", 3)
     path = write_jsonl(tmp_path / "late.jsonl", [{"n": i} for i in range(5)] + [{"n": "five"}])
     with pytest.raises(InputError, match=r"row 5, column 'n': a JSON string does not fit column type int64"):
-        read_all(only_shard(path), batch_size=2)
+        read_all(only_file(path), batch_size=2)
 
 
 def test_jsonl_keys_after_the_sample_warn_once(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr("batchgen.io.inputs.jsonl.JSONL_SCHEMA_SAMPLE_RECORDS", 2)
     path = write_jsonl(tmp_path / "late.jsonl", [{"a": 1}, {"a": 2}, {"a": 3, "b": 1}, {"a": 4, "b": 2}])
     with caplog.at_level(logging.WARNING):
-        assert read_all(only_shard(path)) == [{"a": 1}, {"a": 2}, {"a": 3}, {"a": 4}]
+        assert read_all(only_file(path)) == [{"a": 1}, {"a": 2}, {"a": 3}, {"a": 4}]
     warnings = [r.getMessage() for r in caplog.records if "absent" in r.getMessage()]
     assert len(warnings) == 1 and "row 2 has keys ['b'] absent from the first 2 records" in warnings[0]
 
@@ -252,7 +252,7 @@ def test_bad_jsonl_line_names_file_row_and_line(tmp_path, content, row, message)
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
     with pytest.raises(InputError, match=message) as info:
-        read_all(only_shard(path), batch_size=1)
+        read_all(only_file(path), batch_size=1)
     assert info.value.row == row and info.value.path == str(path)
     assert str(info.value).startswith(f"{path}, row {row}: ")
 
@@ -261,14 +261,14 @@ def test_malformed_line_found_after_the_sample(tmp_path, monkeypatch):
     monkeypatch.setattr("batchgen.io.inputs.jsonl.JSONL_SCHEMA_SAMPLE_RECORDS", 2)
     path = write_jsonl(tmp_path / "bad.jsonl", [{"a": i} for i in range(4)], tail=b"{oops\n")
     with pytest.raises(InputError, match="row 4: malformed JSON"):
-        read_all(only_shard(path))
+        read_all(only_file(path))
 
 
 @pytest.mark.parametrize("tail", [b'{"a": 99, "b": "cut', b'{"a": "caf\xc3'])
 def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, caplog, tail):
     path = write_jsonl(tmp_path / "killed.jsonl", [{"a": 1}, {"a": 2}], tail=tail)
     with caplog.at_level(logging.WARNING, logger="batchgen.io.inputs.jsonl"):
-        assert read_all(only_shard(path)) == [{"a": 1}, {"a": 2}]
+        assert read_all(only_file(path)) == [{"a": 1}, {"a": 2}]
     messages = [r.getMessage() for r in caplog.records]
     assert any("truncated last line 3" in m and str(path) in m for m in messages)
 
@@ -276,29 +276,29 @@ def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, caplog, tail):
 def test_unterminated_but_valid_last_line_is_kept(tmp_path):
     path = tmp_path / "no-newline.jsonl"
     path.write_bytes(b'{"a": 1}\n{"a": 2}')
-    assert read_all(only_shard(path)) == [{"a": 1}, {"a": 2}]
+    assert read_all(only_file(path)) == [{"a": 1}, {"a": 2}]
 
 
 def test_bom_and_dot_json(tmp_path):
     path = tmp_path / "data.json"
     path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": 2}\n')
-    assert read_all(only_shard(path)) == [{"a": 1}, {"a": 2}]
+    assert read_all(only_file(path)) == [{"a": 1}, {"a": 2}]
     (tmp_path / "array.json").write_text('[{"a": 1}]')
     with pytest.raises(InputError, match=r"not an object \(\.json files are read as JSON Lines\)"):
-        read_columns(only_shard(tmp_path / "array.json"))
+        read_columns(only_file(tmp_path / "array.json"))
 
 
 def test_corrupt_gzip_is_an_input_error(tmp_path):
     path = tmp_path / "data.jsonl.gz"
     path.write_bytes(gzip.compress(b'{"a": 1}\n' * 1000)[:-40])
     with pytest.raises(InputError, match="read failed") as info:
-        read_all(only_shard(path))
+        read_all(only_file(path))
     assert info.value.path == str(path)
 
 
 def test_parquet_batch_size_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="batch_size"):
-        iter_batches(only_shard(write_parquet(tmp_path / "a.parquet")), None, 0)
+        iter_batches(only_file(write_parquet(tmp_path / "a.parquet")), None, 0)
 
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
@@ -310,7 +310,7 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
 def test_jsonl_values_are_never_lost(tmp_path_factory, values):
     """Whatever kinds a column mixes, each value reads back equal, or as its exact JSON text."""
     path = write_jsonl(tmp_path_factory.mktemp("prop") / "v.jsonl", [{"v": v} for v in values])
-    got_values = [r["v"] for r in read_all(only_shard(path), batch_size=5)]
+    got_values = [r["v"] for r in read_all(only_file(path), batch_size=5)]
     for value, got in zip(values, got_values, strict=True):
         if isinstance(got, str) and not isinstance(value, str):
             assert json.loads(got) == value

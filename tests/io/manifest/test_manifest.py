@@ -30,7 +30,7 @@ from batchgen.io.store.schema import output_schema
 from batchgen.io.store.writers import PartWriter
 
 SCHEMA = output_schema(pa.field("id", pa.int64()), [])
-SHARD = "/data/in.parquet"
+FILE = "/data/in.parquet"
 
 
 class Crash(BaseException):
@@ -46,7 +46,7 @@ def rows(ids, *, error_ids=()):
 
 def stage(writer, ids, *, error_ids=(), tag=".00000001", name=None):
     part = writer.stage_part(rows(ids, error_ids=error_ids), tag=tag, name=name)
-    return part, PartRecord.staged(part, list(ids), [i in error_ids for i in ids], [SHARD] * len(ids),
+    return part, PartRecord.staged(part, list(ids), [i in error_ids for i in ids], [FILE] * len(ids),
                                    list(ids))
 
 
@@ -87,11 +87,12 @@ def test_commit_publishes_and_a_reload_sees_the_same(out):
     first = json.loads((out / MANIFEST_DIR / "00000002.json").read_text())
     (part,) = first["write"]
     assert part["ids"] == [0, 1, 2] and part["errors"] == [1] and part["num_rows"] == 3
-    assert part["shard"] == [0, 0, 0] and first["shards"] == [SHARD] and part["row"] == [0, 1, 2]
+    # the input file keys are the ones every version wrote (part_record.FILES_KEY): older readers read them
+    assert part["shard"] == [0, 0, 0] and first["shards"] == [FILE] and part["row"] == [0, 1, 2]
     assert len(part["sha256"]) == 64 and part["num_bytes"] == (out / part["name"]).stat().st_size
     record = state.parts[part["name"]]
-    assert record.shard_counts == {SHARD: [2, 1]}
-    assert part_rows(out, record) == ([SHARD] * 3, [0, 1, 2])  # read back from the entry
+    assert record.file_counts == {FILE: [2, 1]}
+    assert part_rows(out, record) == ([FILE] * 3, [0, 1, 2])  # read back from the entry
 
 
 @pytest.mark.parametrize("stage_name", ["fsync_staged", "file_write", "file_fsync", "file_rename"])

@@ -39,8 +39,8 @@ def rows(ids, error_ids):
 
 def commit(manifest, writer, ids, error_ids=()):
     part = writer.stage_part(rows(ids, error_ids), tag=f".{manifest.state.last_seq + 1:08d}")
-    shard = f"/data/shard-{ids[0] % 3}.parquet"
-    record = PartRecord.staged(part, list(ids), [i in error_ids for i in ids], [shard] * len(ids),
+    file = f"/data/shard-{ids[0] % 3}.parquet"
+    record = PartRecord.staged(part, list(ids), [i in error_ids for i in ids], [file] * len(ids),
                                [i * 10 for i in ids], [None if i in error_ids else f"{i:016x}" for i in ids])
     manifest.commit([(part, record)])
 
@@ -72,14 +72,14 @@ def test_a_long_job_keeps_a_bounded_manifest_and_reloads_the_same_state(out):
     state.check_integrity()
     assert (state.ok_ids, state.error_ids, state.prompt_hashes) == (live.ok_ids, live.error_ids, live.prompt_hashes)
     assert state.prompt_hashes[4] == f"{4:016x}" and len(state.parts) == 40
-    assert {n: r.shard_counts for n, r in state.parts.items()} == {n: r.shard_counts for n, r in live.parts.items()}
+    assert {n: r.file_counts for n, r in state.parts.items()} == {n: r.file_counts for n, r in live.parts.items()}
     first = next(iter(state.parts.values()))  # carried by the snapshot: its rows come from the rows file
     assert part_rows(out, first) == (["/data/shard-0.parquet"] * 2, [0, 10])
     kept = load_manifest(out, keep_rows=True)
     assert kept.parts[first.name].rows == [0, 10]
     # status reads counts only: the rows file is not needed
     light = load_manifest(out, with_ids=False)
-    assert {n: r.shard_counts for n, r in light.parts.items()} == {n: r.shard_counts for n, r in live.parts.items()}
+    assert {n: r.file_counts for n, r in light.parts.items()} == {n: r.file_counts for n, r in live.parts.items()}
     rows_file = next((out / MANIFEST_DIR).glob("*.rows.parquet"))
     rows_file.rename(rows_file.with_suffix(".moved"))
     load_manifest(out, with_ids=False)
@@ -193,7 +193,7 @@ def test_counts_only_loads_count_every_committed_row_after_a_snapshot(out):
     full, light = load_manifest(out), load_manifest(out, with_ids=False)
     full.check_integrity()
     assert full.num_committed_rows == light.num_committed_rows == 2 * (2 * EVERY + 2) - 1
-    assert {n: r.shard_counts for n, r in light.parts.items()} == {n: r.shard_counts for n, r in full.parts.items()}
+    assert {n: r.file_counts for n, r in light.parts.items()} == {n: r.file_counts for n, r in full.parts.items()}
 
 
 def rows_file(out):

@@ -8,16 +8,16 @@ import pytest
 from batchgen.errors import OutputError
 from batchgen.io.manifest.state import ManifestState, PartRecord
 
-SHARD = "/in.parquet"
+FILE = "/in.parquet"
 
 
 def record(name, ids, errors=(), hashes=None):
     return PartRecord(name, f".{name}.tmp", 1, len(ids), 0, "", list(ids), [i for i in ids if i in errors],
-                      {SHARD: [len(ids) - len(errors), len(errors)]}, hashes=hashes)
+                      {FILE: [len(ids) - len(errors), len(errors)]}, hashes=hashes)
 
 
 def entry(name, ids, errors=(), remove=()):
-    return {"op": "commit", "seq": 9, "time": 0.0, "shards": [SHARD], "remove": list(remove),
+    return {"op": "commit", "seq": 9, "time": 0.0, "shards": [FILE], "remove": list(remove),
             "write": [{"name": name, "temp": "t", "num_rows": len(ids), "num_bytes": 0, "sha256": "", "ids": ids,
                        "errors": [n for n, i in enumerate(ids) if i in errors], "shard": [0] * len(ids),
                        "row": list(range(len(ids)))}]}
@@ -42,7 +42,7 @@ def test_every_kind_of_duplicate_is_refused_before_it_is_written_and_damage_on_l
     # as an entry lists it: an error row and an ok row with the same id in one part
     part = entry("p1", ["z", "z"])["write"][0] | {"errors": [1]}
     with pytest.raises(OutputError, match="id 'z' is committed twice"):
-        ManifestState().add(PartRecord.from_json(part, 1, [SHARD], keep_rows=False))
+        ManifestState().add(PartRecord.from_json(part, 1, [FILE], keep_rows=False))
 
 
 def test_the_views_follow_adds_and_drops():

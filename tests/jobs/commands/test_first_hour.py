@@ -76,8 +76,8 @@ def test_job_level_min_tokens_holds_back_eos(tmp_path, eos_model_dir, loaded_eos
 
 def test_summary_lines_count_in_the_singular():
     summary = RunSummary(output_dir="out", model="m", mode="auto", num_rows=1, num_rows_ok=1, num_commits=1,
-                         num_shards_continuous=1, num_length_predictions=1, output_rows=1, complete=True)
+                         num_windows_continuous=1, num_length_predictions=1, output_rows=1, complete=True)
     text = "\n".join(summary.lines())
     assert "done: 1 row (1 ok, 0 errors, 0 truncated prompts)" in text
-    assert "1 commit;" in text and "1 continuous shard," in text and "0 static fallbacks" in text
-    assert "1 commits" not in text and "1 rows" not in text and "1 shards" not in text
+    assert "1 commit;" in text and "1 continuous window," in text and "0 static fallbacks" in text
+    assert "1 commits" not in text and "1 rows" not in text and "1 windows" not in text

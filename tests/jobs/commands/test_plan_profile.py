@@ -73,4 +73,4 @@ def test_the_plans_kv_cache_and_batch_size_are_the_runs(src, tiny_model_dir, loa
     run_job(job(src, tmp_path / "out", tiny_model_dir), loaded=loaded)
     ran = engines[0]
     assert report["kv"]["cache_tokens"] == planned.kv_capacity_tokens == ran.kv_capacity_tokens
-    assert [s["batch_size"] for s in report["shards"]] == [ran.limits.max_num_seqs]
+    assert [s["batch_size"] for s in report["windows"]] == [ran.limits.max_num_seqs]

@@ -29,8 +29,8 @@ class FakeCommitter:
     def __len__(self) -> int:
         return len(self.buffer)
 
-    def add(self, out, shard, row) -> None:
-        self.buffer.append((out, shard, row))
+    def add(self, out, path, row) -> None:
+        self.buffer.append((out, path, row))
 
     def commit(self) -> None:
         if self.signal_on_commit:

@@ -270,7 +270,7 @@ def test_an_engine_failure_keeps_the_rows_that_finished(tiny_model_dir, loaded, 
 
     def failing_step(self):
         steps.append(1)
-        if len(steps) >= 10:  # from then on: the static fallback of a continuous shard fails too
+        if len(steps) >= 10:  # from then on: the static fallback of a continuous window fails too
             raise EngineError("the engine fell over")
         return real_step(self)
 

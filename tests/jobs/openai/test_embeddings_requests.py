@@ -10,7 +10,7 @@ import pytest
 from openai.types.embedding_create_params import EmbeddingCreateParams
 
 from batchgen.config.job import JobConfig
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.io.inputs.openai_batch import split_api_error
 from batchgen.jobs.openai.embeddings import MAX_INPUTS, parse_embeddings
 from batchgen.jobs.openai.requests import prepare_request_row
@@ -18,7 +18,7 @@ from batchgen.jobs.prompting.prompts import PromptBuilder, Template
 from batchgen.jobs.rows.rows import InputRow
 
 URL = "/v1/embeddings"
-SHARD = InputShard("requests.jsonl", "openai-batch", None)
+FILE = InputFile("requests.jsonl", "openai-batch", None)
 
 
 def row(body, url=URL, method="POST", checked=True) -> InputRow:
@@ -26,7 +26,7 @@ def row(body, url=URL, method="POST", checked=True) -> InputRow:
         pydantic.TypeAdapter(EmbeddingCreateParams).validate_python({"model": "text-embedding-3-small", **body})
     values = {"custom_id": "e1", "method": method, "url": url, "model": None,
               "body": None if body is None else json.dumps(body)}
-    return InputRow("e1", SHARD, 0, values)
+    return InputRow("e1", FILE, 0, values)
 
 
 def error_of(request_row: InputRow, builder=None) -> tuple[str, str | None, str]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from batchgen.config.job import JobConfig
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.io.inputs.openai_batch import split_api_error
 from batchgen.jobs.openai.requests import parse_request, prepare_request_row
 from batchgen.jobs.prompting.prompts import PromptBuilder, Template
@@ -15,13 +15,13 @@ from batchgen.jobs.rows.rows import InputRow
 
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
-SHARD = InputShard("requests.jsonl", "openai-batch", None)
+FILE = InputFile("requests.jsonl", "openai-batch", None)
 
 
 def row(body, url=CHAT, method="POST", custom_id="r1") -> InputRow:
     values = {"custom_id": custom_id, "method": method, "url": url, "model": None,
               "body": None if body is None else json.dumps(body)}
-    return InputRow(custom_id, SHARD, 0, values)
+    return InputRow(custom_id, FILE, 0, values)
 
 
 def user(text: str) -> list[dict]:

@@ -45,6 +45,6 @@ def test_a_job_with_n_samples_plans_every_samples_row(tmp_path, tiny_model_dir, 
     pq.write_table(pa.table({"text": TEXTS}), src)
     one, three = plan(src, tiny_model_dir, loaded), plan(src, tiny_model_dir, loaded, n=3)
     assert three["predicted_output_tokens"] == 3 * one["predicted_output_tokens"]
-    assert three["shards"][0]["num_sequences"] == 9 and one["shards"][0]["num_sequences"] == 3
+    assert three["windows"][0]["num_sequences"] == 9 and one["windows"][0]["num_sequences"] == 3
     assert three["output_size"]["copied_columns"] == {"text": 3 * sum(len(t.encode()) for t in TEXTS)}
     assert three["output_size"]["generated_text_bytes"] >= 3 * one["output_size"]["generated_text_bytes"] - 3

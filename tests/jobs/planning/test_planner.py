@@ -1,7 +1,7 @@
-"""The length planner: shards and windows, run order, the mode per shard and its reason; then, through
+"""The length planner: windows, run order, the mode per window and its reason; then, through
 run_job on the tiny random Llama, that the plan never changes a row's output: static equals
 continuous under greedy decoding, rows that overrun a far too low prediction still finish, mode
-switches between shards, the static fallback after an injected engine fault, and the learned
+switches between windows, the static fallback after an injected engine fault, and the learned
 lengths saved for the next run."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from batchgen.config.job import build_config
 from batchgen.engine.engine import LLMEngine
 from batchgen.engine.model.loader import load_model
 from batchgen.errors import ConfigError, EngineError
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.jobs.commands.run import run_job
 from batchgen.jobs.pipeline import core, prepare
 from batchgen.jobs.planning.length import LENGTH_MODEL_FILE, LengthPredictor
@@ -31,13 +31,13 @@ from batchgen.jobs.rows.rows import InputRow
 
 # ---------------------------------------------------------------- planner decisions (no model)
 
-SHARD_A = InputShard("/data/a.parquet", "parquet", None)
-SHARD_B = InputShard("/data/b.parquet", "parquet", None)
+FILE_A = InputFile("/data/a.parquet", "parquet", None)
+FILE_B = InputFile("/data/b.parquet", "parquet", None)
 
 
-def rows(prompt_lens, *, max_new=256, known=None, shard=SHARD_A) -> list[PlannedRow]:
+def rows(prompt_lens, *, max_new=256, known=None, file=FILE_A) -> list[PlannedRow]:
     known = known if known is not None else [None] * len(prompt_lens)
-    return [PlannedRow(InputRow(f"{shard.path}:{i}", shard, i, {}), [7] * n, max_new, 0, k)
+    return [PlannedRow(InputRow(f"{file.path}:{i}", file, i, {}), [7] * n, max_new, 0, k)
             for i, (n, k) in enumerate(zip(prompt_lens, known, strict=True))]
 
 
@@ -48,7 +48,7 @@ def planner(predictor=None, **overrides) -> Planner:
 
 
 def test_uniform_outputs_run_static_whatever_the_prompts():
-    """Prompt lengths never idle a static slot: alike outputs make a shard uniform."""
+    """Prompt lengths never idle a static slot: alike outputs make a window uniform."""
     prompts = [random.Random(i).randint(5, 120) for i in range(64)]
     plan = planner().plan(rows(prompts, known=[10] * 64))
     assert plan.mode == Policy.STATIC and plan.static_occupancy == 1.0
@@ -85,7 +85,7 @@ def test_mixed_known_lengths_sorted_into_alike_batches():
     assert [r.prediction.p50 for r in ordered.rows] == sorted(known, reverse=True)  # continuous, longest first
 
 
-def test_learned_tight_lengths_turn_a_shard_static():
+def test_learned_tight_lengths_turn_a_window_static():
     predictor = LengthPredictor({})
     before = planner(predictor, static_min_occupancy=0.95).plan(rows([40] * 32))
     for i in range(200):
@@ -129,9 +129,9 @@ def test_a_rows_samples_count_as_sequences():
 
 
 def test_windows_split_by_file_and_size():
-    mixed = rows([5] * 5) + rows([5] * 2, shard=SHARD_B)
-    sizes = [(w[0].row.shard.path, len(w)) for w in windows(mixed, 2)]
-    assert sizes == [(SHARD_A.path, 2), (SHARD_A.path, 2), (SHARD_A.path, 1), (SHARD_B.path, 2)]
+    mixed = rows([5] * 5) + rows([5] * 2, file=FILE_B)
+    sizes = [(w[0].row.file.path, len(w)) for w in windows(mixed, 2)]
+    assert sizes == [(FILE_A.path, 2), (FILE_A.path, 2), (FILE_A.path, 1), (FILE_B.path, 2)]
     p = planner(window_rows=3)
     plans = list(p.plans(mixed))
     assert [(s.index, s.first_row_index, s.num_rows) for s in plans] == [(0, 0, 3), (1, 3, 2), (2, 0, 2)]
@@ -181,7 +181,7 @@ def reference(eos_model_dir, loaded, tmp_path_factory):
     src = write_input(tmp / "in.parquet", budget=BUDGETS)
     summary = run_job(job(src, tmp / "out", eos_model_dir, mode="continuous", max_new_tokens_column="budget"),
                       loaded=loaded)
-    assert summary.num_shards_continuous == 1 and summary.num_shards_static == 0
+    assert summary.num_windows_continuous == 1 and summary.num_windows_static == 0
     result = output(tmp / "out")
     assert {r["finish_reason"] for r in result.values()} == {"stop", "length"}  # both ways a row ends
     return src, result
@@ -196,9 +196,9 @@ def test_static_and_auto_equal_continuous_under_greedy(eos_model_dir, loaded, re
     assert output(tmp_path / "out") == expected
     assert summary.num_rows == len(TEXTS) and summary.num_static_fallbacks == 0
     if overrides["mode"] == "static":
-        assert summary.num_shards_static == 1
+        assert summary.num_windows_static == 1
     else:
-        assert summary.num_shards_static + summary.num_shards_continuous == 3
+        assert summary.num_windows_static + summary.num_windows_continuous == 3
 
 
 def test_rows_far_past_their_prediction_still_finish(eos_model_dir, loaded, reference, tmp_path, monkeypatch):
@@ -224,7 +224,7 @@ def test_rows_far_past_their_prediction_still_finish(eos_model_dir, loaded, refe
     assert summary.length_mae > 0  # the claim was wrong, and the summary says by how much
 
 
-def test_each_shard_gets_its_own_mode(eos_model_dir, loaded, tmp_path):
+def test_each_window_gets_its_own_mode(eos_model_dir, loaded, tmp_path):
     """Two files: alike lengths (static) and lengths a batch cannot hide (continuous); one engine
     at a time, rebuilt at each switch; the output equals an all-continuous run."""
     a = write_input(tmp_path / "a.parquet", TEXTS[:8], budget=[6] * 8)
@@ -247,7 +247,7 @@ def test_each_shard_gets_its_own_mode(eos_model_dir, loaded, tmp_path):
                                   max_new_tokens_column="budget"), loaded=loaded)
         results[mode] = output(tmp_path / mode)
         if mode == "auto":
-            assert (summary.num_shards_static, summary.num_shards_continuous) == (1, 1)
+            assert (summary.num_windows_static, summary.num_windows_continuous) == (1, 1)
             assert built == [Policy.CONTINUOUS, Policy.STATIC, Policy.CONTINUOUS]
             assert summary.length_mae == 0 and summary.length_spearman == pytest.approx(1.0)
             assert summary.engine["num_requests_finished"] == 11
@@ -258,7 +258,7 @@ def test_each_shard_gets_its_own_mode(eos_model_dir, loaded, tmp_path):
 
 @pytest.mark.parametrize("fault", [RuntimeError("injected fault"), EngineError("injected engine error")],
                          ids=["exception", "EngineError"])
-def test_a_continuous_engine_fault_reruns_the_shard_static(eos_model_dir, loaded, reference, tmp_path, monkeypatch,
+def test_a_continuous_engine_fault_reruns_the_window_static(eos_model_dir, loaded, reference, tmp_path, monkeypatch,
                                                            caplog, fault):
     src, expected = reference
     steps = []
@@ -267,7 +267,7 @@ def test_a_continuous_engine_fault_reruns_the_shard_static(eos_model_dir, loaded
     def flaky(self):
         if self.config.policy is Policy.CONTINUOUS:
             steps.append(1)
-            if len(steps) == 5:  # mid-shard: rows running, rows finished, rows not yet admitted
+            if len(steps) == 5:  # mid-window: rows running, rows finished, rows not yet admitted
                 raise fault
         return step(self)
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import random
 
 from batchgen.config.job import build_config
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.jobs.planning.length import LengthPredictor
 from batchgen.jobs.planning.planner import Planner
 from batchgen.jobs.planning.prefix_groups import PrefixGrouper
 from batchgen.jobs.rows.planned_row import PlannedRow
 from batchgen.jobs.rows.rows import InputRow
 
-SHARD = InputShard("/data/a.parquet", "parquet", None)
+FILE = InputFile("/data/a.parquet", "parquet", None)
 BS = 16
 
 
@@ -25,7 +25,7 @@ def doc(d: int, num_tokens: int = 40) -> list[int]:
 
 def make_rows(prompts: list[list[int]], known: list[int] | None = None) -> list[PlannedRow]:
     known = known or [None] * len(prompts)
-    return [PlannedRow(InputRow(i, SHARD, i, {}), list(p), 64, 0, k)
+    return [PlannedRow(InputRow(i, FILE, i, {}), list(p), 64, 0, k)
             for i, (p, k) in enumerate(zip(prompts, known, strict=True))]
 
 

@@ -58,7 +58,7 @@ def test_grouped_rows_give_the_same_output_and_take_every_shareable_token_from_t
     # each document's 70+ shared bytes are 4 full 16-token blocks, for its 2 rows after the first
     assert grouped.num_shareable_prefix_tokens == plain.num_shareable_prefix_tokens == NUM_DOCS * 2 * 4 * 16
     assert grouped.num_prefix_hit_prompt_tokens == grouped.num_shareable_prefix_tokens
-    assert grouped.num_shards_static + grouped.num_shards_continuous == NUM_DOCS  # a window per document
+    assert grouped.num_windows_static + grouped.num_windows_continuous == NUM_DOCS  # a window per document
     assert "prefix: 640 of 640 shareable prompt tokens came from the prefix cache (100%)" in grouped.lines()
     assert grouped.to_dict()["num_prefix_hit_prompt_tokens"] == 640
     facts = dict(build_job_report(tmp_path / "a").facts)  # batchgen report, from _summary.json

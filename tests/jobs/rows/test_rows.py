@@ -111,7 +111,7 @@ def test_missing_named_columns(tmp_path, flag, overrides):
         _open(tmp_path, [path], **overrides)
 
 
-def test_every_shard_is_checked_before_any_row_is_read(tmp_path):
+def test_every_file_is_checked_before_any_row_is_read(tmp_path):
     good = _parquet(tmp_path / "a.parquet", text=["a"])
     bad = _jsonl(tmp_path / "b.jsonl", [{"body": "no text column here"}])
     with pytest.raises(InputError, match=r"b.jsonl: prompt column 'text' not found; columns: body"):
@@ -135,7 +135,7 @@ def test_input_files_that_disagree_on_types(tmp_path):
     assert str(a) in str(e.value) and str(b) in str(e.value) and "'n'" in str(e.value)  # names both files
 
 
-def test_max_rows_spans_shards(tmp_path):
+def test_max_rows_spans_files(tmp_path):
     a = _parquet(tmp_path / "a.parquet", text=["a0", "a1", "a2"])
     b = _parquet(tmp_path / "b.parquet", text=["b0", "b1", "b2"])
     source = _open(tmp_path, [a, b], max_rows=4, read_batch_size=2)

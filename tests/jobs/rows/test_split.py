@@ -8,17 +8,17 @@ from hypothesis import strategies as st
 
 from batchgen.config.rules import check_shard_flags
 from batchgen.errors import ConfigError
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.jobs.rows.split import split_inputs
 from batchgen.jobs.sharding.sharded import parse_shard_dir, shard_dir_name
 
 
-def parquet(name: str, rows: int, size: int | None = None) -> InputShard:
-    return InputShard(f"/in/{name}.parquet", "parquet", rows, size=size or rows * 10 + 100)
+def parquet(name: str, rows: int, size: int | None = None) -> InputFile:
+    return InputFile(f"/in/{name}.parquet", "parquet", rows, size=size or rows * 10 + 100)
 
 
-def jsonl(name: str, size: int) -> InputShard:
-    return InputShard(f"/in/{name}.jsonl", "jsonl", None, size=size)
+def jsonl(name: str, size: int) -> InputFile:
+    return InputFile(f"/in/{name}.jsonl", "jsonl", None, size=size)
 
 
 def rows_by_file(files, num_shards, max_rows=None) -> dict[str, list[tuple[int, int, int]]]:

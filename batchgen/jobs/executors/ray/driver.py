@@ -159,16 +159,16 @@ class RayJob:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = not config.quiet
         columns = source.read_columns
-        read_schema = unify_schemas(source.shards, [pa.schema([f for f in s if f.name in columns])
-                                                    for s in source.shard_schemas])
+        read_schema = unify_schemas(source.files, [pa.schema([f for f in s if f.name in columns])
+                                                   for s in source.file_schemas])
         read_schema = pa.schema([read_schema.field(c) for c in columns])
-        spec = ReadSpec(shards=source.shards, labels=source._shard_labels,
-                        num_rows=[n for _, n in scan.shard_rows], columns=columns, schema=read_schema,
+        spec = ReadSpec(files=source.files, labels=source._file_labels,
+                        num_rows=[n for _, n in scan.file_rows], columns=columns, schema=read_schema,
                         id_column=config.id_column, id_type=source.id_field.type,
                         read_batch_size=config.read_batch_size, skip=ray.put(self.skip),
                         hashes=None if self.hashes is None else ray.put(self.hashes))
-        files = ray.data.from_items([{"shard": i} for i in range(len(source.shards))],
-                                    override_num_blocks=max(1, len(source.shards)))
+        files = ray.data.from_items([{"file": i} for i in range(len(source.files))],
+                                    override_num_blocks=max(1, len(source.files)))
         rows = files.map_batches(read_file, fn_kwargs={"spec": spec}, batch_size=1, batch_format="pyarrow",
                                  num_cpus=0)
         return _split_blocks(rows, batch_rows)
@@ -254,7 +254,7 @@ class RayJob:
         s.num_prefix_hit_prompt_tokens += hits
         s.num_rows_from_duplicates += from_duplicate
         if self.monitor is not None:
-            self.monitor.recorder.on_row(shard=None, mode=None, num_prompt_tokens=out["num_prompt_tokens"] or 0,
+            self.monitor.recorder.on_row(window=None, mode=None, num_prompt_tokens=out["num_prompt_tokens"] or 0,
                                          num_generated_tokens=out.get("num_generated_tokens") or 0,
                                          predicted_tokens=None, error=is_error, num_shareable_prefix_tokens=shared,
                                          num_prefix_hit_prompt_tokens=hits, from_duplicate=from_duplicate)

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from batchgen.config.job import JobConfig
 from batchgen.io.inputs.cells import invalid_cells
-from batchgen.io.inputs.discovery import InputShard
+from batchgen.io.inputs.discovery import InputFile
 from batchgen.io.inputs.readers import iter_batches, read_schema
 from batchgen.jobs.pipeline.batch_columns import COMMITTED_HASH, INVALID, ROW_ID, SOURCE_PATH, SOURCE_ROW
 
@@ -36,9 +36,9 @@ MODEL_FINGERPRINT = "__batchgen_model_fingerprint"  # JSON of the actor's model 
 class ReadSpec:
     """What a read task needs to turn one input file into rows: shipped once to the workers."""
 
-    shards: list[InputShard]
-    labels: list[str]  # per shard: the derived ids' file label (batchgen.jobs.rows.rows._shard_labels)
-    num_rows: list[int]  # per shard: rows this run reads (the scan applied --max-rows)
+    files: list[InputFile]
+    labels: list[str]  # per file: the derived ids' file label (batchgen.jobs.rows.rows._file_labels)
+    num_rows: list[int]  # per file: rows this run reads (the scan applied --max-rows)
     columns: list[str]  # the columns the job reads, in RowSource.read_columns order
     schema: pa.Schema  # those columns' types unified over the files, so every block has one schema
     id_column: str | None
@@ -64,23 +64,23 @@ def _get(ref: Any) -> Any:
 
 
 def read_file(batch: dict[str, Any], spec: ReadSpec) -> Iterator[pa.Table]:
-    """map_batches function (batch_size=1): the shard index in `batch` -> tables of its unsettled rows."""
+    """map_batches function (batch_size=1): the file index in `batch` -> tables of its unsettled rows."""
     skip = _get(spec.skip) or set()
     hashes = _get(spec.hashes)
-    for index in batch["shard"]:
-        yield from _read_shard(spec, int(index), skip, hashes)
+    for index in batch["file"]:
+        yield from _read_input_file(spec, int(index), skip, hashes)
 
 
-def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> Iterator[pa.Table]:
-    shard, label, limit = spec.shards[index], spec.labels[index], spec.num_rows[index]
+def _read_input_file(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> Iterator[pa.Table]:
+    file, label, limit = spec.files[index], spec.labels[index], spec.num_rows[index]
     if limit <= 0:
         return
-    num_read = 0  # rows of this shard read so far; its rows may be a range of the file (a sharded job's share)
-    present = set(read_schema(shard).names)  # a passthrough column this file lacks is null in its rows
+    num_read = 0  # rows of this file read so far; its rows may be a range of the file (a sharded job's share)
+    present = set(read_schema(file).names)  # a passthrough column this file lacks is null in its rows
     columns = [c for c in spec.columns if c in present]
-    for batch in iter_batches(shard, columns, spec.read_batch_size):
+    for batch in iter_batches(file, columns, spec.read_batch_size):
         batch = batch.slice(0, limit - num_read)
-        row_index = shard.first_row + num_read  # ids and the manifest count rows from the file's start
+        row_index = file.first_row + num_read  # ids and the manifest count rows from the file's start
         invalid = invalid_cells(batch)
         if spec.id_column:
             ids = batch.column(batch.schema.get_field_index(spec.id_column)).to_pylist()
@@ -90,7 +90,7 @@ def _read_shard(spec: ReadSpec, index: int, skip: set, hashes: dict | None) -> I
         if keep:
             # whole: Ray Data merges a task's output into big blocks anyway, and the driver splits
             # them into actor batches after the read (batchgen.jobs.executors.ray.driver._split_blocks)
-            yield _table(spec, batch, ids, keep, row_index, invalid, shard.path, hashes)
+            yield _table(spec, batch, ids, keep, row_index, invalid, file.path, hashes)
         num_read += batch.num_rows
         if num_read >= limit:
             return
