@@ -19,7 +19,7 @@ def _collected(*args: str) -> set[str]:
 
 
 def test_soak_selects_the_sigterm_test_and_not_its_neighbours():
-    path = "tests/jobs/pipeline/test_signals.py"
+    path = "tests/jobs/durability/test_signals.py"
     soaks, others = _collected("-m", "soak", path), _collected("-m", "not soak", path)
     assert soaks == {"test_sigterm_to_a_running_process"}
     assert others and not soaks & others
