@@ -60,23 +60,20 @@ def libc_function(name: str):
 
 
 @functools.cache
+def _typed_libc_function(name: str, argtypes: tuple, restype):
+    """`libc_function(name)` with its argument and result types set, once per process; or None."""
+    fn = libc_function(name)
+    if fn is not None:
+        fn.argtypes, fn.restype = list(argtypes), restype
+    return fn
+
+
 def _malloc_trim():
-    fn = libc_function("malloc_trim")
-    if fn is None:
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return fn
+    return _typed_libc_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
 
 
-@functools.cache
 def _mallopt():
-    fn = libc_function("mallopt")
-    if fn is None:
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    return _typed_libc_function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
 
 
 def keep_freed_pages(environ: MutableMapping[str, str] = os.environ) -> bool:
