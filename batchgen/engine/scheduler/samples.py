@@ -64,16 +64,20 @@ def prefix_for(seq: Sequence, bm: BlockManager) -> tuple[list[int] | None, bool]
         return cached, False
     if leader.status is SequenceStatus.WAITING or len(leader.block_table) < num_blocks:
         return None, False
-    return leader.block_table[:num_blocks], leader.num_computed_tokens < num_blocks * bm.block_size
+    # a leader that itself awaits its own leader (a chain: a row's samples following a row that follows
+    # a document's first row) counts as computed tokens it has not written: its blocks wait with it
+    computed = leader.num_computed_tokens >= num_blocks * bm.block_size and not leader.awaits_leader_tokens
+    return leader.block_table[:num_blocks], not computed
 
 
 def awaiting(seq: Sequence) -> bool:
-    """Admitted with its leader's blocks, which the leader has not computed yet: skip it this step.
-    Clears the mark once the leader has."""
+    """Admitted with its leader's blocks, which the leader (or, along a chain, the leader's own
+    leader) has not computed yet: skip it this step. Clears the mark once they are written."""
     if not seq.awaits_leader_tokens:
         return False
-    assert seq.prompt_leader is not None and seq.prompt_leader.status is SequenceStatus.RUNNING
-    if seq.prompt_leader.num_computed_tokens < seq.awaits_leader_tokens:
+    leader = seq.prompt_leader
+    assert leader is not None and leader.status is SequenceStatus.RUNNING
+    if leader.num_computed_tokens < seq.awaits_leader_tokens or awaiting(leader):
         return True
     seq.awaits_leader_tokens = 0
     return False

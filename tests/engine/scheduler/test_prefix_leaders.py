@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from batchgen.config.choices import Policy
@@ -139,8 +139,22 @@ def group_workloads(draw):
     return config, seqs, draw(st.integers(0, 2**32 - 1))
 
 
+def chained_leaders() -> tuple[dict, list[Sequence], int]:
+    """A chain of leaders (0 <- 1 <- 2 <- 3) admitted in one step: row 2 awaits row 1's blocks, so
+    row 3, which forks row 2's, must await them too, although row 2 counts them as computed."""
+    prompts = [[0, 0], [0, 0], [0, 0, 0], [0, 0, 0], [0, 0]]
+    seqs = [Sequence.from_request(i, Request(str(i), p, SamplingParams(max_new_tokens=1)))
+            for i, p in enumerate(prompts)]
+    for follower, leader in ((1, 0), (2, 1), (3, 2)):
+        samples.follow_prefix(seqs[follower], seqs[leader], 1)
+    config = dict(num_blocks=6, block_size=1, max_model_len=12, max_num_seqs=4, max_num_batched_tokens=3,
+                  policy=Policy.CONTINUOUS, prefix_caching=False)
+    return config, seqs, 0
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(group_workloads())
+@example(chained_leaders())
 def test_random_prefix_groups_keep_every_invariant(workload):
     config, seqs, seed = workload
     sched = make_scheduler(**config)
