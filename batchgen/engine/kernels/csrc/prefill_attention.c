@@ -76,7 +76,10 @@ ALWAYS_INLINE void causal_softmax(float* s, uint16_t* p16, int rows, int64_t str
         const float sink = r->sinks ? r->sinks[h0 + m % G] : 0.f;
         if (r->sinks && sink > row_max) row_max = sink;
         const __m512 mx = _mm512_set1_ps(row_max);
-        for (int t = 0; t < len; t += 16) {
+        /* the 16-key groups that hold this row's keys; the tile's later rows see up to len, this
+         * one's probabilities past its own position (and before its window) are zeros */
+        const int t0 = lo & ~15, t1 = (n + 15) & ~15;
+        for (int t = t0; t < t1; t += 16) {
             const __mmask16 k = lanes_in(t, lo, n);
             const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_loadu_ps(sm + t), mx)));
             _mm512_storeu_ps(sm + t, e);
@@ -86,13 +89,18 @@ ALWAYS_INLINE void causal_softmax(float* s, uint16_t* p16, int rows, int64_t str
         const __m512 inv = _mm512_set1_ps(1.f / sum);
 #ifdef __AVX512BF16__
         if (p16) {
-            for (int t = 0; t < len; t += 16)
-                _mm256_storeu_si256((__m256i*)(p16 + m * stride + t),
+            uint16_t* pm = p16 + m * stride;
+            memset(pm, 0, sizeof(uint16_t) * t0);
+            for (int t = t0; t < t1; t += 16)
+                _mm256_storeu_si256((__m256i*)(pm + t),
                                     (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(sm + t), inv)));
+            memset(pm + t1, 0, sizeof(uint16_t) * (len - t1));
             continue;
         }
 #endif
-        for (int t = 0; t < len; t += 16) _mm512_storeu_ps(sm + t, _mm512_mul_ps(_mm512_loadu_ps(sm + t), inv));
+        memset(sm, 0, sizeof(float) * t0);
+        for (int t = t0; t < t1; t += 16) _mm512_storeu_ps(sm + t, _mm512_mul_ps(_mm512_loadu_ps(sm + t), inv));
+        memset(sm + t1, 0, sizeof(float) * (len - t1));
     }
 }
 

@@ -30,8 +30,7 @@ static void pack_int8_f32(const int8_t* k_cache, const int8_t* v_cache, const ui
                           const uint16_t* v_scales, const int32_t* table, int block_size, int ctx, int ctx_pad,
                           int KVH, int h, int D, float* kp, float* vp) {
     float k[MAX_D], v[MAX_D];
-    memset(kp, 0, sizeof(float) * ctx_pad * D);
-    memset(vp, 0, sizeof(float) * ctx_pad * D);
+    zero_past_context(kp, vp, ctx, ctx_pad, D, sizeof(float));
     for (int t = 0; t < ctx; t++) {
         const int64_t slot = slot_of(table, block_size, t), row = (slot * KVH + h) * D;
         const float ks = int8_scale(k_scales, slot, KVH, h), vs = int8_scale(v_scales, slot, KVH, h);
@@ -48,8 +47,7 @@ static void pack_int8_bf16(const int8_t* k_cache, const int8_t* v_cache, const u
                            const uint16_t* v_scales, const int32_t* table, int block_size, int ctx, int ctx_pad,
                            int KVH, int h, int D, uint16_t* kp, uint16_t* vp) {
     uint16_t k[MAX_D], v[MAX_D];
-    memset(kp, 0, sizeof(uint16_t) * ctx_pad * D);
-    memset(vp, 0, sizeof(uint16_t) * ctx_pad * D);
+    zero_past_context(kp, vp, ctx, ctx_pad, D, sizeof(uint16_t));
     for (int t = 0; t < ctx; t++) {
         const int64_t slot = slot_of(table, block_size, t), row = (slot * KVH + h) * D;
         const float ks = int8_scale(k_scales, slot, KVH, h), vs = int8_scale(v_scales, slot, KVH, h);

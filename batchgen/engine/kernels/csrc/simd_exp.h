@@ -24,12 +24,10 @@ ALWAYS_INLINE __m512 exp16(__m512 x_in) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-    /* 2^n as two factors, so n = 128 (x near 88) does not overflow the exponent field */
-    const __m512i n1 = _mm512_srai_epi32(_mm512_cvtps_epi32(n), 1);
-    const __m512i n2 = _mm512_sub_epi32(_mm512_cvtps_epi32(n), n1);
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
-    return _mm512_mask_blend_ps(overflow, _mm512_mul_ps(_mm512_mul_ps(y, s1), s2), _mm512_set1_ps(INFINITY));
+    /* y * 2^n in one instruction (vscalefps), rounded once where it is denormal; n stays in
+     * [-126, 127] by the clamp. The same bits as building 2^n in the exponent field as two factors
+     * (checked over all 2^32 inputs when this replaced that), in fewer instructions. */
+    return _mm512_mask_blend_ps(overflow, _mm512_scalef_ps(y, n), _mm512_set1_ps(INFINITY));
 }
 
 #endif
