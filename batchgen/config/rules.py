@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -100,7 +101,7 @@ VALUES: dict[str, Allowed] = {  # setting -> its own values, in the order they a
     "max_rows": Allowed(lambda value: not value < 0, ">= 0", unset_ok=True),
     "max_prompt_tokens": POSITIVE_OR_UNSET,
     "max_error_rate": Allowed(lambda value: 0.0 <= value <= 1.0, "in [0, 1]", unset_ok=True),
-    "temperature": Allowed(lambda value: not value < 0, ">= 0"),
+    "temperature": Allowed(lambda value: 0 <= value < math.inf, "a finite number >= 0"),
     "top_p": Allowed(lambda value: 0.0 < value <= 1.0, "in (0, 1]"),
     "top_k": Allowed(lambda value: not value < 1, ">= 1, or -1 / 0 for no limit", unset_ok=True, then=";"),
     "mode": _one_of(MODES), "device": _one_of(DEVICES), "dtype": _one_of(DTYPES), "quantize": _one_of(QUANTIZE),

@@ -100,7 +100,7 @@ def test_parse_bytes_rejects(text):
      r"--max-num-batched-tokens \(YAML max_num_batched_tokens\) must be a positive integer"),
     (dict(rows_per_part=0), r"--rows-per-part \(YAML rows_per_part\) must be a positive integer"),
     (dict(max_rows=-1), r"--max-rows \(YAML max_rows\) must be >= 0"),
-    (dict(temperature=-0.1), r"--temperature \(YAML temperature\) must be >= 0"),
+    (dict(temperature=-0.1), r"--temperature \(YAML temperature\) must be a finite number >= 0"),
     (dict(top_p=0.0), r"--top-p \(YAML top_p\) must be in \(0, 1\], got 0.0"),
     (dict(top_p=1.5), r"--top-p \(YAML top_p\) must be in \(0, 1\]"),
     (dict(top_k=-5), r"--top-k \(YAML top_k\) must be >= 1, or -1 / 0 for no limit; got -5"),

@@ -22,6 +22,8 @@ def test_every_row_is_a_setting():
     ("ray_keep_warm_s", "x", "--ray-keep-warm (YAML ray_keep_warm) must be a number of seconds >= 0, got 'x'"),
     ("static_min_occupancy", float("nan"), "must be a number in [0, 1], got nan"),
     ("top_k", -2, "--top-k (YAML top_k) must be >= 1, or -1 / 0 for no limit; got -2"),
+    ("temperature", float("nan"), "--temperature (YAML temperature) must be a finite number >= 0, got nan"),
+    ("temperature", float("inf"), "--temperature (YAML temperature) must be a finite number >= 0, got inf"),
     ("mode", "fast", "--mode (YAML mode) must be one of auto, continuous, static; got 'fast'"),
     ("cuda_graphs", 1, "--cuda-graphs (YAML cuda_graphs) must be true or false, got 1"),
     ("n", 129, "--n (YAML n) must be an integer in [1, 128] (samples per row), got 129"),

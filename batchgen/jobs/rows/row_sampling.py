@@ -8,6 +8,7 @@ or holds a value out of range makes that row an error row, with the reason; the 
 from __future__ import annotations
 
 import json
+import math
 import numbers
 from typing import Any
 
@@ -69,8 +70,8 @@ def _check(overrides: dict[str, Any], column: str) -> None:
         return value
 
     temperature, top_p, top_k = number("temperature"), number("top_p"), number("top_k", integer=True)
-    if temperature is not None and temperature < 0:
-        raise RowError(f"column {column!r}: temperature must be >= 0, got {temperature}", column=column)
+    if temperature is not None and not 0 <= temperature < math.inf:  # NaN too: a float cell or JSON may hold one
+        raise RowError(f"column {column!r}: temperature must be a finite number >= 0, got {temperature}", column=column)
     if top_p is not None and not 0 < top_p <= 1:
         raise RowError(f"column {column!r}: top_p must be in (0, 1], got {top_p}", column=column)
     min_p = number("min_p")
