@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from batchgen.config.job import build_config
 from batchgen.errors import ConfigError, InputError
 from batchgen.jobs.rows.rows import DERIVED_ID_COLUMN, RowSource
-
-
-def _parquet(path, **columns):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(columns), path)
-    return path
-
-
-def _jsonl(path, records):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
+from tests.test_cli import write_jsonl, write_parquet
 
 
 def _open(tmp_path, inputs, **overrides) -> RowSource:
@@ -32,8 +19,8 @@ def _open(tmp_path, inputs, **overrides) -> RowSource:
 
 
 def test_derived_ids_are_file_name_and_row_index(tmp_path):
-    a = _parquet(tmp_path / "a.parquet", text=["x", "y", "z"])
-    b = _jsonl(tmp_path / "b.jsonl", [{"text": "p"}, {"text": "q"}])
+    a = write_parquet(tmp_path / "a.parquet", text=["x", "y", "z"])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"text": "p"}, {"text": "q"}])
     source = _open(tmp_path, [a, b], read_batch_size=2)  # indices continue across record batches
     rows = list(source)
     assert [r.row_id for r in rows] == ["a.parquet:0", "a.parquet:1", "a.parquet:2", "b.jsonl:0", "b.jsonl:1"]
@@ -45,9 +32,9 @@ def test_derived_ids_are_file_name_and_row_index(tmp_path):
 
 
 def test_repeated_file_names_get_path_based_ids(tmp_path):
-    one = _parquet(tmp_path / "2024" / "part.parquet", text=["a", "b"])
-    two = _parquet(tmp_path / "2025" / "part.parquet", text=["c"])
-    other = _parquet(tmp_path / "2025" / "extra.parquet", text=["d"])
+    one = write_parquet(tmp_path / "2024" / "part.parquet", text=["a", "b"])
+    two = write_parquet(tmp_path / "2025" / "part.parquet", text=["c"])
+    other = write_parquet(tmp_path / "2025" / "extra.parquet", text=["d"])
     rows = list(_open(tmp_path, [tmp_path]))  # a directory, walked recursively
     ids = [r.row_id for r in rows]
     # sorted by path; the repeated name gets its full path, the unique one keeps its short label
@@ -59,7 +46,7 @@ def test_repeated_file_names_get_path_based_ids(tmp_path):
 
 
 def test_id_column_gives_the_ids(tmp_path):
-    path = _parquet(tmp_path / "in.parquet", doc_id=[10, 20, 30], text=["a", "b", "c"], lang=["en", "de", "fr"])
+    path = write_parquet(tmp_path / "in.parquet", doc_id=[10, 20, 30], text=["a", "b", "c"], lang=["en", "de", "fr"])
     source = _open(tmp_path, [path], id_column="doc_id")
     assert [r.row_id for r in source] == [10, 20, 30]
     assert source.id_field == pa.field("doc_id", pa.int64())
@@ -68,13 +55,13 @@ def test_id_column_gives_the_ids(tmp_path):
 
 
 def test_null_id_is_an_input_error(tmp_path):
-    path = _parquet(tmp_path / "in.parquet", doc_id=["a", None], text=["x", "y"])
+    path = write_parquet(tmp_path / "in.parquet", doc_id=["a", None], text=["x", "y"])
     with pytest.raises(InputError, match=r"in.parquet, row 1, column 'doc_id': id is null"):
         list(_open(tmp_path, [path], id_column="doc_id"))
 
 
 def test_passthrough_is_every_column_or_keep_columns(tmp_path):
-    path = _parquet(tmp_path / "in.parquet", text=["a"], title=["t"], lang=["en"], n=[1])
+    path = write_parquet(tmp_path / "in.parquet", text=["a"], title=["t"], lang=["en"], n=[1])
     assert [f.name for f in _open(tmp_path, [path]).passthrough_fields] == ["text", "title", "lang", "n"]
     source = _open(tmp_path, [path], keep_columns=["lang", "title"], template="{title}: {text}")
     assert [f.name for f in source.passthrough_fields] == ["lang", "title"]
@@ -85,7 +72,7 @@ def test_passthrough_is_every_column_or_keep_columns(tmp_path):
 
 
 def test_missing_prompt_column_lists_the_columns(tmp_path):
-    path = _parquet(tmp_path / "in.parquet", body=["a"], title=["t"])
+    path = write_parquet(tmp_path / "in.parquet", body=["a"], title=["t"])
     with pytest.raises(InputError) as info:
         _open(tmp_path, [path])
     message = str(info.value)
@@ -95,7 +82,7 @@ def test_missing_prompt_column_lists_the_columns(tmp_path):
 
 
 def test_template_naming_a_missing_column(tmp_path):
-    path = _parquet(tmp_path / "in.parquet", text=["a"])
+    path = write_parquet(tmp_path / "in.parquet", text=["a"])
     with pytest.raises(ConfigError, match=r"template names column 'title', which does not exist; columns: text"):
         _open(tmp_path, [path], template="{title}: {text}")
 
@@ -106,21 +93,21 @@ def test_template_naming_a_missing_column(tmp_path):
     ("--keep-columns", dict(keep_columns=["nope"])),
 ])
 def test_missing_named_columns(tmp_path, flag, overrides):
-    path = _parquet(tmp_path / "in.parquet", text=["a"], other=[1])
+    path = write_parquet(tmp_path / "in.parquet", text=["a"], other=[1])
     with pytest.raises(InputError, match=f"{flag} '.*' not found; columns: text, other"):
         _open(tmp_path, [path], **overrides)
 
 
 def test_every_file_is_checked_before_any_row_is_read(tmp_path):
-    good = _parquet(tmp_path / "a.parquet", text=["a"])
-    bad = _jsonl(tmp_path / "b.jsonl", [{"body": "no text column here"}])
+    good = write_parquet(tmp_path / "a.parquet", text=["a"])
+    bad = write_jsonl(tmp_path / "b.jsonl", [{"body": "no text column here"}])
     with pytest.raises(InputError, match=r"b.jsonl: prompt column 'text' not found; columns: body"):
         _open(tmp_path, [good, bad])
 
 
 @pytest.mark.parametrize("column", ["error", "generated_text", "finish_reason", DERIVED_ID_COLUMN])
 def test_input_column_that_would_overwrite_an_output_column(tmp_path, column):
-    path = _parquet(tmp_path / "in.parquet", text=["a"], **{column: ["x"]})
+    path = write_parquet(tmp_path / "in.parquet", text=["a"], **{column: ["x"]})
     with pytest.raises(ConfigError, match=f"'{column}' would overwrite output columns"):
         _open(tmp_path, [path])
     # keeping only other columns resolves it
@@ -128,16 +115,16 @@ def test_input_column_that_would_overwrite_an_output_column(tmp_path, column):
 
 
 def test_input_files_that_disagree_on_types(tmp_path):
-    a = _parquet(tmp_path / "a.parquet", text=["a"], n=[1])
-    b = _parquet(tmp_path / "b.parquet", text=["b"], n=[[1, 2]])
+    a = write_parquet(tmp_path / "a.parquet", text=["a"], n=[1])
+    b = write_parquet(tmp_path / "b.parquet", text=["b"], n=[[1, 2]])
     with pytest.raises(InputError, match="input files must agree on column types") as e:
         _open(tmp_path, [a, b])
     assert str(a) in str(e.value) and str(b) in str(e.value) and "'n'" in str(e.value)  # names both files
 
 
 def test_max_rows_spans_files(tmp_path):
-    a = _parquet(tmp_path / "a.parquet", text=["a0", "a1", "a2"])
-    b = _parquet(tmp_path / "b.parquet", text=["b0", "b1", "b2"])
+    a = write_parquet(tmp_path / "a.parquet", text=["a0", "a1", "a2"])
+    b = write_parquet(tmp_path / "b.parquet", text=["b0", "b1", "b2"])
     source = _open(tmp_path, [a, b], max_rows=4, read_batch_size=2)
     assert source.num_rows == 4
     assert [r.row_id for r in source] == ["a.parquet:0", "a.parquet:1", "a.parquet:2", "b.parquet:0"]
@@ -148,7 +135,7 @@ def test_max_rows_spans_files(tmp_path):
 
 
 def test_jsonl_row_count_is_unknown_until_read(tmp_path):
-    path = _jsonl(tmp_path / "in.jsonl", [{"text": str(i)} for i in range(5)])
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": str(i)} for i in range(5)])
     assert _open(tmp_path, [path]).num_rows is None
     source = _open(tmp_path, [path], max_rows=2)
     assert source.num_rows == 2
@@ -162,9 +149,10 @@ def test_numbers_in_a_prompt_column_are_text_in_either_format(tmp_path):
 
     from batchgen.jobs.prompting.template import Template
 
-    jsonl = _jsonl(tmp_path / "a.jsonl", [{"text": 12345}, {"text": 7}])
-    ints = _parquet(tmp_path / "i.parquet", text=pa.array([12345, 7], pa.int64()))
-    decimals = _parquet(tmp_path / "d.parquet", text=pa.array([Decimal("12345"), Decimal("2.50")], pa.decimal128(9, 2)))
+    jsonl = write_jsonl(tmp_path / "a.jsonl", [{"text": 12345}, {"text": 7}])
+    ints = write_parquet(tmp_path / "i.parquet", text=pa.array([12345, 7], pa.int64()))
+    decimals = write_parquet(tmp_path / "d.parquet",
+                             text=pa.array([Decimal("12345"), Decimal("2.50")], pa.decimal128(9, 2)))
     template = Template("Q: {text}", "text")
     for path, expected in ((jsonl, ["12345", "7"]), (ints, ["12345", "7"]), (decimals, ["12345.00", "2.50"])):
         rows = list(_open(tmp_path, [path]))
