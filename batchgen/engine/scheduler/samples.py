@@ -64,20 +64,23 @@ def prefix_for(seq: Sequence, bm: BlockManager) -> tuple[list[int] | None, bool]
         return cached, False
     if leader.status is SequenceStatus.WAITING or len(leader.block_table) < num_blocks:
         return None, False
-    # a leader that itself awaits its own leader (a chain: a row's samples following a row that follows
-    # a document's first row) counts as computed tokens it has not written: its blocks wait with it
-    computed = leader.num_computed_tokens >= num_blocks * bm.block_size and not leader.awaits_leader_tokens
-    return leader.block_table[:num_blocks], not computed
+    return leader.block_table[:num_blocks], not wrote(leader, num_blocks * bm.block_size)
+
+
+def wrote(leader: Sequence, num_tokens: int) -> bool:
+    """Whether `leader` has written the K/V of its first `num_tokens` tokens. A leader that itself
+    awaits its own leader (a chain: a row's samples following a row that follows a document's first
+    row) counts tokens as computed that nobody has written yet."""
+    return leader.num_computed_tokens >= num_tokens and not awaiting(leader)
 
 
 def awaiting(seq: Sequence) -> bool:
-    """Admitted with its leader's blocks, which the leader (or, along a chain, the leader's own
-    leader) has not computed yet: skip it this step. Clears the mark once they are written."""
+    """Admitted with its leader's blocks, which are not written yet (`wrote`): skip it this step.
+    Clears the mark once they are."""
     if not seq.awaits_leader_tokens:
         return False
-    leader = seq.prompt_leader
-    assert leader is not None and leader.status is SequenceStatus.RUNNING
-    if leader.num_computed_tokens < seq.awaits_leader_tokens or awaiting(leader):
+    assert seq.prompt_leader is not None and seq.prompt_leader.status is SequenceStatus.RUNNING
+    if not wrote(seq.prompt_leader, seq.awaits_leader_tokens):
         return True
     seq.awaits_leader_tokens = 0
     return False

@@ -307,7 +307,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         for sibling in self._awaiting(seq):  # samples.py: it computed their blocks, unless it never ran
-            if seq.num_computed_tokens >= sibling.awaits_leader_tokens and not samples.awaiting(seq):
+            if samples.wrote(seq, sibling.awaits_leader_tokens):
                 sibling.awaits_leader_tokens = 0
             else:
                 self._release_to_waiting(sibling, front=True)
