@@ -46,21 +46,18 @@ static void pack_f32(const float* k_cache, const float* v_cache, const int32_t* 
 }
 
 #ifdef __AVX512BF16__
-/* context token t's K and V rows (D values each) into that layout */
-ALWAYS_INLINE void place_bf16(const uint16_t* k, const uint16_t* v, int t, int D, uint16_t* kp, uint16_t* vp) {
-    uint16_t* kg = kp + (int64_t)(t / 16) * D * 16 + (t % 16) * 2;
-    for (int d = 0; d < D; d += 2) {
-        kg[d * 16] = k[d];
-        kg[d * 16 + 1] = k[d + 1];
-    }
-    uint16_t* vj = vp + (int64_t)(t / 2) * D * 2 + t % 2;
-    for (int d = 0; d < D; d++) vj[d * 2] = v[d];
-}
-
 /* Token t's K row into its group: the D/2 bf16 pairs are 32-bit words, each to its own 16-key row. */
 ALWAYS_INLINE void place_k_bf16(const uint16_t* k, int t, int D, uint16_t* kp) {
     uint16_t* kg = kp + (int64_t)(t / 16) * D * 16 + (t % 16) * 2;
     for (int d = 0; d < D; d += 2) memcpy(kg + d * 16, k + d, 4);
+}
+
+/* context token t's K and V rows (D values each) into that layout, one token at a time (the int8
+ * pack, which dequantizes each row first; pack_bf16 places V two tokens at a time) */
+ALWAYS_INLINE void place_bf16(const uint16_t* k, const uint16_t* v, int t, int D, uint16_t* kp, uint16_t* vp) {
+    place_k_bf16(k, t, D, kp);
+    uint16_t* vj = vp + (int64_t)(t / 2) * D * 2 + t % 2;
+    for (int d = 0; d < D; d++) vj[d * 2] = v[d];
 }
 
 /* Two consecutive tokens' V rows (v1 NULL: a zero pad token) interleaved into their pair row, 16
