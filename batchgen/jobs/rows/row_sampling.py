@@ -8,13 +8,12 @@ or holds a value out of range makes that row an error row, with the reason; the 
 from __future__ import annotations
 
 import json
-import math
 import numbers
 from typing import Any
 
 from batchgen.config.choices import MAX_SAMPLES
 from batchgen.config.job import JobConfig, check_penalties
-from batchgen.config.rules import TOP_K_OFF
+from batchgen.config.rules import TOP_K_OFF, VALUES
 from batchgen.config.token_controls import as_params, read_logit_bias, read_token_ids
 from batchgen.jobs.prompting.prompts import RowError
 
@@ -69,11 +68,11 @@ def _check(overrides: dict[str, Any], column: str) -> None:
                            f"got {value!r}", column=column)
         return value
 
-    temperature, top_p, top_k = number("temperature"), number("top_p"), number("top_k", integer=True)
-    if temperature is not None and not 0 <= temperature < math.inf:  # NaN too: a float cell or JSON may hold one
-        raise RowError(f"column {column!r}: temperature must be a finite number >= 0, got {temperature}", column=column)
-    if top_p is not None and not 0 < top_p <= 1:
-        raise RowError(f"column {column!r}: top_p must be in (0, 1], got {top_p}", column=column)
+    for key in ("temperature", "top_p"):  # the job setting's own rule (NaN refused: a float cell or JSON may hold one)
+        value, rule = number(key), VALUES[key]
+        if value is not None and not rule.ok(value):
+            raise RowError(f"column {column!r}: {key} must be {rule.words}, got {value}", column=column)
+    top_k = number("top_k", integer=True)
     min_p = number("min_p")
     if min_p is not None and not 0 <= min_p <= 1:
         raise RowError(f"column {column!r}: min_p must be in [0, 1], got {min_p}", column=column)

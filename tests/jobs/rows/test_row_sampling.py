@@ -21,3 +21,9 @@ def test_a_temperature_that_is_not_a_finite_number_from_0_is_the_rows_error(cell
 
 def test_a_finite_temperature_passes():
     assert row_sampling({"s": '{"temperature": 1.5}'}, "s") == {"temperature": 1.5}
+
+
+@pytest.mark.parametrize("top_p", ["0", "1.5", "NaN"])
+def test_a_top_p_outside_0_to_1_is_the_rows_error(top_p):
+    with pytest.raises(RowError, match=r"column 's': top_p must be in \(0, 1\], got"):
+        row_sampling({"s": f'{{"top_p": {top_p}}}'}, "s")
