@@ -29,7 +29,7 @@ from batchgen.engine.kv.hybrid import make_block_manager
 from batchgen.engine.lora import load as lora
 from batchgen.engine.memory import plan_kv_blocks
 from batchgen.engine.metrics import EngineMetrics, StepStats
-from batchgen.engine.model import experts, families, prepack
+from batchgen.engine.model import experts, families, head_rows, prepack
 from batchgen.engine.model.loader import find_eos_token_ids
 from batchgen.engine.model_runner import ModelRunner
 from batchgen.engine.request import Completion, Continuation, FinishReason, Request
@@ -69,6 +69,8 @@ class LLMEngine:
             experts.group_experts(model)  # MoE experts: one grouped pass on weights reordered the same way
         if config.fuse_pointwise and not config.compile:  # inductor fuses these itself
             fused.fuse_pointwise(model)
+        if not config.compile:  # a compiled forward would guard on the head's row count
+            head_rows.install(model)
         # after prepack and fusing (wrapping each projection's forward as it is now), before KV sizing
         self.lora_adapters = lora.load(model, config)
         text_config = getattr(model.config, "text_config", None) or model.config

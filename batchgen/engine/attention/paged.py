@@ -46,6 +46,9 @@ class AttentionMetadata:
     group_slot_mappings: list[torch.Tensor] | None = None
     group_steps: list[Any] | None = None
     group_windows: tuple[int | None, ...] | None = None
+    # [S] the step's rows the LM head reads, where only they need the last layer's output
+    # (engine/model/head_rows.py); None: every row
+    head_rows: torch.Tensor | None = None
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
