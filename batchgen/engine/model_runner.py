@@ -66,7 +66,6 @@ class ModelRunner:
                  kv_window: int | None = None, kv_groups: KVGroups | None = None):
         self.model = model
         self._forward = compile_forward(model) if compile else _forward
-        self._compiled = compile
         self.kv_cache = kv_cache  # replaced by allocate_cache
         self.device = device
         self.backend = backend
@@ -183,8 +182,9 @@ class ModelRunner:
         if self.kv_groups is not None:
             self._add_group_metadata(meta, scheduled, packed)
         ids, pos, keep = _to_device(input_ids, dev), _to_device(positions, dev), _to_device(logits_idx, dev)
-        if len(logits_idx) < t and not self._compiled and all(a is None for a, _, _ in adapter_spans):
-            meta.head_rows = keep  # adapters' row spans cover the whole step: their steps keep every row
+        # not with adapters (their row spans cover the whole step) nor compiled (it would guard on S)
+        if len(logits_idx) < t and order is None and self._forward is _forward:
+            meta.head_rows = keep
         t0 = time.perf_counter()
         with forward_context(meta), lora_step(step_groups(adapter_spans, dev)):
             logits = self._forward(self.model, ids[None], pos[None], keep)[0]  # [S, vocab_size]
